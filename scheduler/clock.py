@@ -1,0 +1,83 @@
+"""Time as the engine sees it. The engine reads time only through a `Clock` it is given."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Wall-clock time (aware UTC) for due times, monotonic time for leases and deadlines."""
+
+    def now(self) -> datetime:
+        """The current wall-clock time as an aware UTC datetime."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never jumps; only differences mean anything."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait `seconds` of this clock's time (returns at once for seconds <= 0)."""
+        ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class FakeClock:
+    """A clock tests move by hand; sleepers wake when `advance` passes their deadline."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        if self._now.tzinfo is None:
+            raise ValueError("FakeClock needs an aware start time")
+        self._mono = 1000.0
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
+
+    def now(self) -> datetime:
+        return self._now
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self._mono + seconds, fut))
+        await fut
+
+    def advance(self, seconds: float) -> None:
+        """Move both clocks forward and wake every sleeper whose deadline has passed."""
+        self._now += timedelta(seconds=seconds)
+        self._mono += seconds
+        due = [f for t, f in self._sleepers if t <= self._mono]
+        self._sleepers = [(t, f) for t, f in self._sleepers if t > self._mono]
+        for fut in due:
+            if not fut.done():
+                fut.set_result(None)
+
+    def jump_wall(self, seconds: float) -> None:
+        """Move only the wall clock (an NTP step); the monotonic clock is unaffected."""
+        self._now += timedelta(seconds=seconds)
+
+
+def to_rfc3339(dt: datetime) -> str:
+    """RFC 3339 UTC with milliseconds and a Z: 2026-11-22T06:00:00.000Z."""
+    if dt.tzinfo is None:
+        raise ValueError("naive datetime")
+    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,0 +1,215 @@
+"""The `hanzo.mq.v1` task envelope: strict validation at the edge, raw bytes kept for delivery.
+
+The daemon delivers the producer's bytes, never a re-serialisation, so unknown top-level fields
+pass through untouched. Every broken rule yields one message naming the field, the value and the
+rule; all of them are reported at once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from scheduler.errors import EnvelopeError
+
+SCHEMA = "hanzo.mq.v1"
+HEADER_RESERVE = 4096
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
+_TYPE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+_REQUIRED = ("schema", "id", "type", "source", "timestamp", "data")
+
+
+class EnvelopeModel(BaseModel):
+    """The envelope's known fields, validated strictly; unknown fields are allowed."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+    schema_: str = Field(alias="schema")
+    id: str
+    type: str
+    source: str
+    timestamp: datetime
+    priority: int = 5
+    org_id: str | None = None
+    team_id: str | None = None
+    delay_until: datetime | None = None
+    ttl_seconds: int | None = None
+    data: dict[str, Any]
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema(cls, v: str) -> str:
+        if v != SCHEMA:
+            raise ValueError(f"must be {SCHEMA!r}")
+        return v
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not _ID.match(v):
+            raise ValueError("must be 1-200 printable ASCII characters without spaces")
+        return v
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        if not _TYPE.match(v):
+            raise ValueError("must be a dot-delimited name like inference.chat.request")
+        return v
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @field_validator("timestamp", "delay_until")
+    @classmethod
+    def _aware(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            raise ValueError("must carry a UTC offset or Z (naive times are rejected)")
+        return None if v is None else v.astimezone(UTC)
+
+    @field_validator("priority")
+    @classmethod
+    def _priority(cls, v: int) -> int:
+        if not 1 <= v <= 10:
+            raise ValueError("must be from 1 (highest) to 10 (lowest)")
+        return v
+
+    @field_validator("ttl_seconds")
+    @classmethod
+    def _ttl(cls, v: int | None) -> int | None:
+        if v is not None and v <= 0:
+            raise ValueError("must be greater than 0")
+        return v
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A valid envelope: the fields the daemon acts on, plus the producer's exact bytes."""
+
+    id: str
+    type: str
+    source: str
+    timestamp: datetime
+    priority: int
+    delay_until: datetime | None
+    ttl_seconds: int | None
+    org_id: str | None
+    team_id: str | None
+    raw: bytes
+
+    @property
+    def expires_at(self) -> datetime | None:
+        if self.ttl_seconds is None:
+            return None
+        return self.timestamp + timedelta(seconds=self.ttl_seconds)
+
+    def due_at(self, now: datetime) -> datetime:
+        """When to deliver: `delay_until`, or now when it is absent or past."""
+        if self.delay_until is None or self.delay_until < now:
+            return now
+        return self.delay_until
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Limits that depend on the deployment: payload size and how far ahead a task may be due."""
+
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    max_delay: timedelta = timedelta(days=400)
+
+    @property
+    def max_envelope_bytes(self) -> int:
+        return self.max_payload - HEADER_RESERVE
+
+
+def parse_envelope(raw: bytes, now: datetime, limits: Limits | None = None) -> Envelope:
+    """Validate `raw` as a `hanzo.mq.v1` envelope at time `now`; raise EnvelopeError if broken."""
+    limits = limits or Limits()
+    if len(raw) > limits.max_envelope_bytes:
+        problem = f"{len(raw)} bytes exceeds the limit of {limits.max_envelope_bytes} bytes"
+        raise EnvelopeError([("payload", problem)], "too_large")
+    try:
+        model = EnvelopeModel.model_validate_json(raw)
+    except ValidationError as exc:
+        raise EnvelopeError(_problems(_decode(raw), exc)) from None
+    env = Envelope(
+        id=model.id,
+        type=model.type,
+        source=model.source,
+        timestamp=model.timestamp,
+        priority=model.priority,
+        delay_until=model.delay_until,
+        ttl_seconds=model.ttl_seconds,
+        org_id=model.org_id,
+        team_id=model.team_id,
+        raw=raw,
+    )
+    _check_time(env, now, limits)
+    return env
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise EnvelopeError([("payload", f"is not UTF-8 ({exc.reason})")], "unparseable") from None
+    except json.JSONDecodeError as exc:
+        problem = f"is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        raise EnvelopeError([("payload", problem)], "unparseable") from None
+    if not isinstance(doc, dict):
+        kind = type(doc).__name__
+        raise EnvelopeError([("payload", f"must be a JSON object, got {kind}")], "unparseable")
+    return doc
+
+
+def _problems(doc: dict[str, Any], exc: ValidationError) -> list[tuple[str, str]]:
+    problems = [(f, "is required") for f in _REQUIRED if f not in doc]
+    seen = {f for f, _ in problems}
+    return problems + [p for p in _translate(exc, doc) if p[0] not in seen]
+
+
+_TYPE_WORDS = {
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "dict_type": "must be a JSON object",
+    "datetime_type": "must be an ISO 8601 date-time string",
+    "datetime_parsing": "is not an ISO 8601 date-time",
+    "datetime_from_date_parsing": "is not an ISO 8601 date-time",
+}
+
+
+def _translate(exc: ValidationError, doc: dict[str, Any]) -> list[tuple[str, str]]:
+    out = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else "payload"
+        field = "schema" if field == "schema_" else field
+        if err["type"] == "missing":
+            continue  # reported above with the other required fields
+        rule = _TYPE_WORDS.get(err["type"]) or str(err["msg"]).removeprefix("Value error, ")
+        out.append((field, f"{rule} (got {_show(doc.get(field))})"))
+    return out
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_time(env: Envelope, now: datetime, limits: Limits) -> None:
+    if env.expires_at is not None and env.expires_at <= now:
+        problem = f"task expired at {env.expires_at.isoformat()} (timestamp + ttl_seconds)"
+        raise EnvelopeError([("ttl_seconds", problem)], "expired")
+    if env.delay_until is not None and env.delay_until - now > limits.max_delay:
+        days = limits.max_delay.total_seconds() / 86400
+        problem = f"{env.delay_until.isoformat()} is more than {days:g} days ahead"
+        raise EnvelopeError([("delay_until", problem)], "too_far")

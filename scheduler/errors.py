@@ -1,0 +1,65 @@
+"""The exception tree of mq-scheduler. Foreign errors are translated at one point per system."""
+
+from __future__ import annotations
+
+
+class SchedulerError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(SchedulerError, ValueError):
+    """A setting is missing or has a wrong value; the message names the variable."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"{variable}: {problem}")
+        self.variable = variable
+        self.problem = problem
+
+
+class EnvelopeError(SchedulerError, ValueError):
+    """A task envelope broke one or more rules; each problem names its field.
+
+    `reason` is a short machine code (`unparseable`, `invalid_envelope`, `too_large`, `expired`,
+    `too_far`) used as a metric label and in the dead-letter record.
+    """
+
+    def __init__(self, problems: list[tuple[str, str]], reason: str = "invalid_envelope") -> None:
+        super().__init__("; ".join(f"{field}: {message}" for field, message in problems))
+        self.problems = problems
+        self.reason = reason
+
+    @property
+    def field(self) -> str:
+        return self.problems[0][0]
+
+
+class TargetRefusedError(SchedulerError, ValueError):
+    """A task's target subject is outside the allow-list or under a refused prefix."""
+
+    def __init__(self, subject: str, message: str) -> None:
+        super().__init__(f"target '{subject}': {message}")
+        self.subject = subject
+
+
+class TaskLookupError(SchedulerError, LookupError):
+    """No task with this id (for this target)."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"no task with id {task_id!r}")
+        self.task_id = task_id
+
+
+class FencedError(SchedulerError, RuntimeError):
+    """A state change was refused because a newer leader epoch exists."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__(f"epoch {epoch} is fenced off: a newer leader has taken office")
+        self.epoch = epoch
+
+
+class ServiceUnavailableError(SchedulerError, ConnectionError):
+    """A backing service (NATS or PostgreSQL) could not be reached within the retry budget."""
+
+    def __init__(self, service: str, detail: str) -> None:
+        super().__init__(f"{service} unavailable: {detail}")
+        self.service = service

@@ -1,0 +1,95 @@
+"""Every Prometheus metric of the daemon, defined once. Names carry `_total` / `_seconds` suffixes.
+
+Metrics live in their own registry so tests and several daemons in one process do not collide;
+`Metrics()` makes a fresh set.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+DB_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+_P = "mq_scheduler_"
+
+
+class Metrics:
+    """The daemon's metrics in one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.info = Gauge(
+            _P + "build_info", "Version and instance.", ["version", "instance"], registry=r
+        )
+        self.connected = Gauge(
+            _P + "connected", "1 while connected to the service.", ["service"], registry=r
+        )
+        self.reconnects = Counter(
+            _P + "reconnects_total", "Reconnections per service.", ["service"], registry=r
+        )
+        self.disconnects = Counter(
+            _P + "disconnects_total", "Lost connections per service.", ["service"], registry=r
+        )
+        self.is_leader = Gauge(_P + "is_leader", "1 while this instance leads.", registry=r)
+        self.leader_epoch = Gauge(
+            _P + "leader_epoch", "Fencing epoch this instance holds (0: none).", registry=r
+        )
+        self.lease_renew_seconds = Histogram(
+            _P + "lease_renew_seconds", "Lease renew round trip.", buckets=DB_BUCKETS, registry=r
+        )
+        self.pending = Gauge(
+            _P + "pending_tasks", "Delayed tasks waiting to fire (from PostgreSQL).", registry=r
+        )
+        self.heap_size = Gauge(
+            _P + "heap_size", "Tasks held in the in-memory horizon heap.", registry=r
+        )
+        self.fired = Counter(
+            _P + "fired_total", "Deliveries acknowledged by JetStream.", ["kind"], registry=r
+        )
+        self.lateness = Histogram(
+            _P + "lateness_seconds",
+            "Fire time minus due time.",
+            ["kind"],
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
+        self.intake = Counter(_P + "intake_total", "Intake outcomes.", ["outcome"], registry=r)
+        self.dead_letters = Counter(
+            _P + "dead_letters_total", "Dead-lettered tasks by reason.", ["reason"], registry=r
+        )
+        self.expired = Counter(_P + "expired_total", "Tasks that expired undelivered.", registry=r)
+        self.publish_retries = Counter(
+            _P + "publish_retries_total",
+            "Publish attempts that failed and will be retried.",
+            registry=r,
+        )
+        self.db_seconds = Histogram(
+            _P + "db_seconds",
+            "PostgreSQL statement latency.",
+            ["op"],
+            buckets=DB_BUCKETS,
+            registry=r,
+        )
+        self.dup_window_short = Gauge(
+            _P + "duplicate_window_short",
+            "1 when a target stream's duplicate window is shorter than the failover span.",
+            ["stream"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,226 @@
+"""Settings from `SCHEDULER_*` environment variables and an optional YAML config file.
+
+The environment wins over the file (`SCHEDULER_CONFIG` or `--config` names it; its keys are the
+variable names without the prefix, in lower case). A wrong value fails at start with a message
+naming the variable. Secrets never appear in `repr` or logs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from scheduler.durations import parse_duration
+from scheduler.errors import ConfigError
+
+ENV_PREFIX = "SCHEDULER_"
+CONFIG_ENV = "SCHEDULER_CONFIG"
+
+Duration = Annotated[timedelta, Field()]
+CommaList = Annotated[list[str], NoDecode]
+
+_DURATION_FIELDS = (
+    "horizon",
+    "backoff",
+    "campaign_interval",
+    "fence_margin",
+    "intake_ack_wait",
+    "max_delay",
+    "shutdown_grace",
+    "dlq_max_age",
+    "intake_duplicate_window",
+)
+
+
+def _default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    """Every knob of the daemon; defaults as in docs/configuration (design section 9)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", validate_default=True, frozen=True
+    )
+
+    nats_url: str | None = None
+    nats_creds: Path | None = None
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    nats_tls_ca: Path | None = None
+    database_url: SecretStr | None = None
+    schedules_dir: Path = Path("schedules")
+    instance_id: str = Field(default_factory=_default_instance_id, min_length=1)
+    lease_ttl: float = Field(default=5.0, gt=0)
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=8055, ge=0, le=65535)
+    metrics_port: int = Field(default=9090, ge=0, le=65535)
+    admin_token: SecretStr | None = None
+    read_token: SecretStr | None = None
+    intake_stream: str = Field(default="MQ_DELAY", min_length=1)
+    intake_subject: str = "mq.delay.>"
+    intake_consumer: str = "scheduler-intake"
+    intake_ack_wait: Duration = timedelta(seconds=10)
+    intake_duplicate_window: Duration = timedelta(minutes=2)
+    target_allow: CommaList = ["mq.>"]
+    provision: bool = True
+    horizon: Duration = timedelta(minutes=5)
+    batch: int = Field(default=1000, ge=1, le=100_000)
+    max_attempts: int = Field(default=5, ge=1)
+    backoff: Duration = timedelta(seconds=1)
+    campaign_interval: Duration = timedelta(seconds=0.5)
+    fence_margin: Duration | None = None
+    fire_log_retention: int = Field(default=14, ge=1)
+    max_delay: Duration = timedelta(days=400)
+    dlq_stream: str = "MQ_DLQ"
+    dlq_subject_prefix: str = "mq.dlq"
+    dlq_max_age: Duration = timedelta(days=14)
+    tasks_stream: str = "MQ_TASKS"
+    leader_bucket: str = "scheduler_leader"
+    state_bucket: str = "scheduler_state"
+    data_dir: Path = Path(".scheduler-data")
+    shutdown_grace: Duration = timedelta(seconds=20)
+    log_level: str = "INFO"
+    log_format: str = Field(default="text", pattern="^(text|json)$")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config = os.environ.get(CONFIG_ENV)
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if config:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config))
+        return tuple(sources)
+
+    @field_validator(*_DURATION_FIELDS, mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return None if value is None else parse_duration(value)
+
+    @field_validator("target_allow", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",")]
+        if isinstance(value, list) and not [p for p in value if p]:
+            raise ValueError("needs at least one subject pattern")
+        return [p for p in value if p] if isinstance(value, list) else value
+
+    @field_validator("database_url", mode="after")
+    @classmethod
+    def _database_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            _check_postgres_url(value.get_secret_value())
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level(cls, value: Any) -> Any:
+        levels = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
+        if str(value).upper() not in levels:
+            raise ValueError(f"must be one of {', '.join(sorted(levels))}")
+        return str(value).upper()
+
+    @model_validator(mode="after")
+    def _margin(self) -> Settings:
+        if self.fence_margin is not None and self.fence_margin.total_seconds() >= self.lease_ttl:
+            raise ValueError("SCHEDULER_FENCE_MARGIN must be shorter than SCHEDULER_LEASE_TTL")
+        return self
+
+    # -- derived values -------------------------------------------------------------------------
+    @property
+    def effective_fence_margin(self) -> float:
+        """Self-fence margin in seconds: the setting, or max(0.5 s, TTL/5)."""
+        if self.fence_margin is not None:
+            return self.fence_margin.total_seconds()
+        return max(0.5, self.lease_ttl / 5)
+
+    @property
+    def nats_servers(self) -> list[str]:
+        return [u.strip() for u in (self.nats_url or "").split(",") if u.strip()]
+
+    @property
+    def database_dsn(self) -> str | None:
+        """The PostgreSQL URL in the plain `postgresql://` form asyncpg takes."""
+        if self.database_url is None:
+            return None
+        url = self.database_url.get_secret_value()
+        rest = url.split("://", 1)[1]
+        return "postgresql://" + rest
+
+    @property
+    def redacted_database_url(self) -> str | None:
+        return None if self.database_dsn is None else redact_url(self.database_dsn)
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        """A copy with some fields replaced (validated again)."""
+        data = {k: getattr(self, k) for k in type(self).model_fields}
+        data.update(changes)
+        return type(self)(**data)
+
+
+def _check_postgres_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres", "postgresql+asyncpg"):
+        raise ValueError(
+            f"must start with postgresql:// (got scheme {parts.scheme or 'none'!r}); "
+            "a unix socket is written postgresql://user@/db?host=/path/to/dir"
+        )
+    host = parse_qs(parts.query).get("host")
+    if not parts.hostname and not host:
+        raise ValueError("names no host: give user@host/db or ?host=/socket/dir")
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Load and validate settings; every problem becomes one ConfigError naming the variable."""
+    if config_file is not None:
+        if not Path(config_file).is_file():
+            raise ConfigError(CONFIG_ENV, f"config file {str(config_file)!r} does not exist")
+        os.environ[CONFIG_ENV] = str(config_file)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise _config_error(exc) from None
+
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    problems = [_describe(err) for err in exc.errors()]
+    variable, first = problems[0]
+    others = "".join(f"; {v}: {m}" for v, m in problems[1:])
+    return ConfigError(variable, first + others)
+
+
+def _describe(err: Any) -> tuple[str, str]:
+    name = str(err["loc"][0]) if err["loc"] else ""
+    variable = ENV_PREFIX + name.upper() if name else "settings"
+    shown = "<redacted>" if name in {"database_url", "nats_password"} else err.get("input")
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return variable, f"{message} (got {shown!r})"

@@ -1,0 +1,69 @@
+"""Subject rules: deriving a task's target from the delay lane, and the trust boundary.
+
+A task published to `mq.delay.<rest>` is delivered to `mq.<rest>`; NATS permissions on the delay
+lane therefore bound what a producer can make the daemon publish. The target is also checked
+against the daemon's own allow-list and a fixed list of refused prefixes (design section 5a).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from scheduler.errors import TargetRefusedError
+
+REFUSED_PREFIXES = ("mq.delay.", "mq.dlq.", "$JS.", "$KV.", "$SYS.", "_INBOX.")
+_TOKEN = re.compile(r"^[^\s.*>]+$")
+
+
+def delay_lane_prefix(intake_subject: str) -> str:
+    """`mq.delay.>` -> `mq.delay.`: the prefix every delay-lane subject starts with."""
+    if not intake_subject.endswith(".>"):
+        raise ValueError(f"intake subject {intake_subject!r} must end in '.>'")
+    return intake_subject[:-1]
+
+
+def target_from_delay_subject(subject: str, lane_prefix: str = "mq.delay.") -> str:
+    """`mq.delay.inference.chat` -> `mq.inference.chat`."""
+    if not subject.startswith(lane_prefix) or len(subject) == len(lane_prefix):
+        raise TargetRefusedError(subject, f"is not under the delay lane {lane_prefix}>")
+    return "mq." + subject[len(lane_prefix) :]
+
+
+def target_from_rest(rest: str) -> str:
+    """The `<rest>` of an API subject (`scheduler.v1.cancel.<rest>`) -> `mq.<rest>`."""
+    return "mq." + rest
+
+
+def dlq_subject(target: str, prefix: str = "mq.dlq") -> str:
+    """`mq.inference.chat` -> `mq.dlq.inference.chat`; a target outside `mq.` keeps its name."""
+    rest = target[3:] if target.startswith("mq.") else target
+    return f"{prefix}.{rest}"
+
+
+def is_literal(subject: str) -> bool:
+    """True when `subject` is a valid literal subject: non-empty tokens, no wildcards."""
+    return bool(subject) and all(_TOKEN.match(tok) for tok in subject.split("."))
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` matches one token, a final `>` one or more."""
+    ptoks, stoks = pattern.split("."), subject.split(".")
+    for i, ptok in enumerate(ptoks):
+        if ptok == ">":
+            return len(stoks) > i
+        if i >= len(stoks) or (ptok != "*" and ptok != stoks[i]):
+            return False
+    return len(ptoks) == len(stoks)
+
+
+def check_target(subject: str, allow: Sequence[str]) -> str:
+    """Return `subject` if the daemon may publish a task there, else raise TargetRefusedError."""
+    if not is_literal(subject):
+        raise TargetRefusedError(subject, "is not a literal subject (wildcards or empty tokens)")
+    for prefix in REFUSED_PREFIXES:
+        if subject.startswith(prefix):
+            raise TargetRefusedError(subject, f"targets under {prefix} are always refused")
+    if not any(matches(pattern, subject) for pattern in allow):
+        raise TargetRefusedError(subject, f"is outside the allow-list ({', '.join(allow)})")
+    return subject

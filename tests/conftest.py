@@ -1,0 +1,150 @@
+"""Real-service test harness: nats-server and PostgreSQL started once per session on free ports.
+
+`NATS_URL` / `DATABASE_URL` point the suite at servers you already run instead. Each test gets
+a fresh database cloned from a migrated template and a JetStream namespace emptied after it; the
+teardown checks that the test closed every connection it opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import nats
+import pytest
+
+from scheduler import migrate
+from scheduler.embedded import NatsServer, Postgres, free_port
+from scheduler.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def nats_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int | None]]:
+    """(client URL, monitoring port or None) of the session's nats-server."""
+    if os.environ.get("NATS_URL"):
+        yield os.environ["NATS_URL"], None
+        return
+    monitor = free_port()
+    server = NatsServer(tmp_path_factory.mktemp("nats"), extra=["-m", str(monitor)]).start()
+    yield server.url, monitor
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A DSN with the right to create databases, on the session's PostgreSQL."""
+    if os.environ.get("DATABASE_URL"):
+        yield os.environ["DATABASE_URL"]
+        return
+    pg = Postgres(tmp_path_factory.mktemp("pg")).start()
+    yield pg.url
+    pg.stop()
+
+
+def _dsn_for(admin_dsn: str, database: str) -> str:
+    base, _, query = admin_dsn.partition("?")
+    head, _, _old = base.rpartition("/")
+    return f"{head}/{database}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_admin_dsn: str) -> str:
+    """The name of a database migrated to head, cloned for every test."""
+    name = f"mqs_tpl_{uuid.uuid4().hex[:8]}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(pg_admin_dsn)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    migrate.upgrade(_dsn_for(pg_admin_dsn, name))
+    return name
+
+
+@pytest.fixture
+async def database_url(pg_admin_dsn: str, pg_template: str) -> AsyncIterator[str]:
+    """A fresh migrated database for this test; dropped afterwards, checking nothing leaked."""
+    name = f"mqs_t_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(pg_admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+        yield _dsn_for(pg_admin_dsn, name)
+        leaked = await _wait_no_connections(admin, name)
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+    assert leaked == 0, f"test left {leaked} PostgreSQL connection(s) open"
+
+
+async def _wait_no_connections(admin: asyncpg.Connection, name: str) -> int:
+    count = 0
+    for _ in range(60):
+        count = await admin.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name
+        )
+        if count == 0:
+            break
+        await asyncio.sleep(0.05)
+    return int(count)
+
+
+@pytest.fixture
+async def nats_url(nats_service: tuple[str, int | None]) -> AsyncIterator[str]:
+    """The session's NATS; every stream is deleted after the test and leaked clients are caught."""
+    url, monitor = nats_service
+    yield url
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for info in await js.streams_info():
+        await js.delete_stream(info.config.name)
+    await nc.close()
+    if monitor is not None:
+        leaked = await _wait_no_clients(monitor)
+        assert leaked == 0, f"test left {leaked} NATS connection(s) open"
+
+
+async def _wait_no_clients(monitor: int) -> int:
+    count = 0
+    for _ in range(60):
+        raw = await asyncio.to_thread(_http_get, f"http://127.0.0.1:{monitor}/connz")
+        count = int(json.loads(raw)["num_connections"])
+        if count == 0:
+            break
+        await asyncio.sleep(0.05)
+    return count
+
+
+def _http_get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return bytes(resp.read())
+
+
+@pytest.fixture
+def settings(nats_url: str, database_url: str, tmp_path: Path) -> Settings:
+    """Settings pointing at this test's NATS and database, with ports picked by the OS."""
+    return Settings(
+        nats_url=nats_url,
+        database_url=database_url,
+        http_port=0,
+        metrics_port=0,
+        data_dir=tmp_path / "data",
+        instance_id="test-1",
+        lease_ttl=3,
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/integration and tests/faults talks to real servers."""
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        if "integration" in parts or "faults" in parts:
+            item.add_marker(pytest.mark.integration)

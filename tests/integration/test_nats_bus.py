@@ -1,0 +1,93 @@
+"""The NATS connection and provisioning against a real nats-server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nats
+import pytest
+from nats.errors import OutboundBufferLimitError
+from nats.js import api as js_api
+
+from scheduler.bus.nats import NatsBus, provision
+from scheduler.embedded import NatsServer
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+from tests.helpers import wait_until
+
+
+async def test_provision_creates_streams_consumer_and_buckets(settings: Settings) -> None:
+    """First provisioning creates MQ_DELAY, MQ_DLQ, MQ_TASKS, the consumer and both buckets."""
+    bus = NatsBus(settings, Metrics())
+    await bus.connect(attempts=3)
+    try:
+        notes = await provision(bus, embedded=True)
+        assert {(n.kind, n.name, n.status) for n in notes} == {
+            ("stream", "MQ_DELAY", "created"),
+            ("stream", "MQ_DLQ", "created"),
+            ("stream", "MQ_TASKS", "created"),
+            ("consumer", "MQ_DELAY/scheduler-intake", "created"),
+            ("bucket", "scheduler_leader", "created"),
+            ("bucket", "scheduler_state", "created"),
+        }
+        assert bus.js is not None
+        delay = await bus.js.stream_info("MQ_DELAY")
+        assert delay.config.retention == js_api.RetentionPolicy.WORK_QUEUE
+        assert delay.config.duplicate_window == 120
+        leader = await bus.js.stream_info("KV_scheduler_leader")
+        assert leader.config.max_age == settings.lease_ttl
+        consumer = await bus.js.consumer_info("MQ_DELAY", "scheduler-intake")
+        assert consumer.config.ack_wait == 10
+        again = await provision(bus, embedded=True)
+        assert {n.status for n in again} == {"exists"}
+        assert bus.version_problem() is None
+    finally:
+        await bus.close()
+
+
+async def test_existing_stream_covering_the_lane_is_reported(settings: Settings) -> None:
+    """When a stream already captures `mq.>`, provisioning reports it instead of failing."""
+    nc = await nats.connect(settings.nats_url)
+    try:
+        await nc.jetstream().add_stream(name="HANZO_MQ", subjects=["mq.>"])
+        bus = NatsBus(settings, Metrics())
+        await bus.connect(attempts=3)
+        try:
+            notes = {n.name: n for n in await provision(bus, embedded=False)}
+        finally:
+            await bus.close()
+        assert notes["MQ_DELAY"].status == "covered"
+        assert notes["MQ_DELAY"].detail == "HANZO_MQ"
+        assert notes["MQ_DLQ"].status == "covered"
+        assert notes["HANZO_MQ/scheduler-intake"].status == "created"
+    finally:
+        await nc.close()
+
+
+async def test_publish_while_disconnected_fails_instead_of_buffering(tmp_path: Path) -> None:
+    """With the reconnect buffer disabled, a publish during an outage raises at once."""
+    server = NatsServer(tmp_path / "nats").start()
+    metrics = Metrics()
+    bus = NatsBus(Settings(nats_url=server.url, instance_id="t"), metrics)
+    await bus.connect(attempts=3)
+    try:
+        assert metrics.connected.labels("nats")._value.get() == 1
+        server.kill()
+        assert bus.nc is not None
+        await wait_until(lambda: not bus.connected.is_set())
+        with pytest.raises(OutboundBufferLimitError):
+            await bus.nc.publish("mq.tasks.x", b"stale")
+        assert metrics.connected.labels("nats")._value.get() == 0
+    finally:
+        await bus.close()
+        server.stop()
+
+
+async def test_connect_gives_up_after_bounded_attempts() -> None:
+    """A bounded connect to a port nobody serves fails with the service named."""
+    from scheduler.embedded import free_port
+    from scheduler.errors import ServiceUnavailableError
+
+    bus = NatsBus(Settings(nats_url=f"nats://127.0.0.1:{free_port()}", instance_id="t"), Metrics())
+    with pytest.raises(ServiceUnavailableError, match="NATS unavailable"):
+        await bus.connect(attempts=2)

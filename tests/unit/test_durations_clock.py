@@ -1,0 +1,80 @@
+"""Duration parsing and the fake clock the engine tests rely on."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from scheduler.clock import FakeClock, to_rfc3339
+from scheduler.durations import format_duration, parse_duration
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("0s", 0),
+        ("500ms", 0.5),
+        ("0.5s", 0.5),
+        ("10s", 10),
+        ("5m", 300),
+        ("1h30m", 5400),
+        ("2d", 172800),
+        ("1w", 604800),
+        (15, 15),
+        ("7", 7),
+        ("2.5", 2.5),
+    ],
+)
+def test_durations_parse(text: str | int, seconds: float) -> None:
+    """Durations in the usual spellings, and bare numbers as seconds."""
+    assert parse_duration(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5x", "m5", "1h 30m", "-1s", "1.2.3s", "s"])
+def test_bad_durations_are_refused(text: str) -> None:
+    """Malformed or negative durations raise ValueError."""
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_format_round_trips() -> None:
+    """Formatting gives a spelling that parses back to the same duration."""
+    for td in (
+        timedelta(0),
+        timedelta(milliseconds=250),
+        timedelta(hours=1, minutes=30),
+        timedelta(days=2, seconds=5),
+    ):
+        assert parse_duration(format_duration(td)) == td
+
+
+async def test_fake_clock_wakes_sleepers_in_order() -> None:
+    """Sleepers wake only when `advance` passes their deadline; wall jumps wake nobody."""
+    clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
+    woke: list[str] = []
+
+    async def sleeper(name: str, seconds: float) -> None:
+        await clock.sleep(seconds)
+        woke.append(name)
+
+    tasks = [asyncio.create_task(sleeper("a", 1)), asyncio.create_task(sleeper("b", 3))]
+    await asyncio.sleep(0)
+    clock.jump_wall(10)
+    await asyncio.sleep(0)
+    assert woke == []
+    clock.advance(1.5)
+    await asyncio.sleep(0)
+    assert woke == ["a"]
+    clock.advance(2)
+    await asyncio.gather(*tasks)
+    assert woke == ["a", "b"]
+    assert clock.now() == datetime(2026, 1, 1, 0, 0, 13, 500000, tzinfo=UTC)
+
+
+def test_rfc3339_is_utc_with_z() -> None:
+    """RFC 3339 output is UTC with milliseconds and a Z; naive input is refused."""
+    assert to_rfc3339(datetime(2026, 1, 1, 1, tzinfo=UTC)) == "2026-01-01T01:00:00.000Z"
+    with pytest.raises(ValueError):
+        to_rfc3339(datetime(2026, 1, 1))

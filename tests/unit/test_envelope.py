@@ -1,0 +1,175 @@
+"""Every envelope rule of design section 3, fed a bad value, checked by its message."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from scheduler.envelope import HEADER_RESERVE, Limits, parse_envelope
+from scheduler.errors import EnvelopeError
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def envelope(**changes: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "schema": "hanzo.mq.v1",
+        "id": "task_01HQ3X7K8M2N4P5R6S7T8U9V0W",
+        "type": "inference.chat.request",
+        "source": "cloud-api",
+        "timestamp": "2026-11-22T11:59:59.000Z",
+        "priority": 5,
+        "org_id": "org_hanzo",
+        "team_id": "team_abc123",
+        "delay_until": "2026-11-22T12:00:10Z",
+        "ttl_seconds": 300,
+        "data": {"k": 1},
+    }
+    for key, value in changes.items():
+        if value is _DROP:
+            doc.pop(key)
+        else:
+            doc[key] = value
+    return doc
+
+
+_DROP = object()
+
+
+def raw(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def problems(doc: dict[str, Any] | bytes, limits: Limits | None = None) -> EnvelopeError:
+    data = doc if isinstance(doc, bytes) else raw(doc)
+    with pytest.raises(EnvelopeError) as info:
+        parse_envelope(data, NOW, limits)
+    return info.value
+
+
+def test_valid_envelope_keeps_the_producer_bytes_and_unknown_fields() -> None:
+    """A valid envelope is accepted and its raw bytes, unknown fields included, are kept."""
+    data = b'{"schema":"hanzo.mq.v1", "id":"a1","type":"t.x","source":"s",' + (
+        b'"timestamp":"2026-11-22T11:00:00Z","data":{},"x-custom":[1,2]}'
+    )
+    env = parse_envelope(data, NOW)
+    assert env.raw == data
+    assert env.priority == 5
+    assert env.delay_until is None
+    assert env.due_at(NOW) == NOW
+
+
+def test_delay_until_with_offset_is_normalised_to_utc() -> None:
+    """`delay_until` with a +01:00 offset is the same instant in UTC."""
+    env = parse_envelope(raw(envelope(delay_until="2026-11-22T13:00:05+01:00")), NOW)
+    assert env.delay_until == datetime(2026, 11, 22, 12, 0, 5, tzinfo=UTC)
+    assert env.due_at(NOW) == env.delay_until
+
+
+def test_past_delay_until_is_due_now() -> None:
+    """A task whose `delay_until` has passed is due at once."""
+    env = parse_envelope(raw(envelope(delay_until="2026-11-22T11:00:00Z")), NOW)
+    assert env.due_at(NOW) == NOW
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("schema", "hanzo.mq.v2", "schema: must be 'hanzo.mq.v1'"),
+        ("schema", 1, "schema: must be a string"),
+        ("id", "", "id: must be 1-200 printable ASCII characters"),
+        ("id", "has space", "id: must be 1-200 printable ASCII characters"),
+        ("id", "x" * 201, "id: must be 1-200 printable ASCII characters"),
+        ("id", 42, "id: must be a string (got 42)"),
+        ("type", "a..b", "type: must be a dot-delimited name"),
+        ("type", None, "type: must be a string (got null)"),
+        ("source", " ", "source: must not be empty"),
+        ("timestamp", "yesterday", "timestamp: is not an ISO 8601 date-time"),
+        ("timestamp", "2026-11-22T11:00:00", "timestamp: must carry a UTC offset or Z"),
+        ("priority", 0, "priority: must be from 1 (highest) to 10 (lowest) (got 0)"),
+        ("priority", 11, "priority: must be from 1 (highest) to 10 (lowest) (got 11)"),
+        ("priority", "1", 'priority: must be an integer (got "1")'),
+        ("priority", True, "priority: must be an integer (got true)"),
+        ("priority", 2.5, "priority: must be an integer (got 2.5)"),
+        ("org_id", 7, "org_id: must be a string (got 7)"),
+        ("team_id", [], "team_id: must be a string (got [])"),
+        ("delay_until", "2026-11-22T12:00:10", "delay_until: must carry a UTC offset or Z"),
+        ("delay_until", 1764000000, "delay_until: must be an ISO 8601 date-time string"),
+        ("delay_until", "soon", "delay_until: is not an ISO 8601 date-time"),
+        ("ttl_seconds", 0, "ttl_seconds: must be greater than 0 (got 0)"),
+        ("ttl_seconds", -5, "ttl_seconds: must be greater than 0 (got -5)"),
+        ("ttl_seconds", "60", 'ttl_seconds: must be an integer (got "60")'),
+        ("data", [1], "data: must be a JSON object (got [1])"),
+        ("data", "x", 'data: must be a JSON object (got "x")'),
+    ],
+)
+def test_each_bad_field_is_named_with_its_rule(field: str, value: Any, expected: str) -> None:
+    """A bad value in one field gives one message naming that field, the rule and the value."""
+    err = problems(envelope(**{field: value}))
+    assert str(err).startswith(expected), str(err)
+    assert err.field == field
+    assert err.reason == "invalid_envelope"
+    assert len(err.problems) == 1
+
+
+@pytest.mark.parametrize("field", ["schema", "id", "type", "source", "timestamp", "data"])
+def test_required_fields_are_required(field: str) -> None:
+    """Dropping a required field names it."""
+    err = problems(envelope(**{field: _DROP}))
+    assert err.problems == [(field, "is required")]
+
+
+@pytest.mark.parametrize("field", ["priority", "org_id", "team_id", "delay_until", "ttl_seconds"])
+def test_optional_fields_may_be_absent(field: str) -> None:
+    """Optional fields may be left out."""
+    assert parse_envelope(raw(envelope(**{field: _DROP})), NOW).id
+
+
+def test_all_broken_fields_are_reported_at_once() -> None:
+    """Several broken fields give several messages, in one error."""
+    err = problems(envelope(priority=99, ttl_seconds=0, data=None))
+    assert [f for f, _ in err.problems] == ["priority", "ttl_seconds", "data"]
+
+
+def test_unparseable_payloads() -> None:
+    """Non-JSON, non-UTF-8 and non-object payloads are `unparseable`."""
+    assert problems(b"{not json").reason == "unparseable"
+    assert "is not JSON" in str(problems(b"{not json"))
+    assert "is not UTF-8" in str(problems(b"\xff\xfe"))
+    assert "must be a JSON object, got list" in str(problems(b"[1, 2]"))
+
+
+def test_oversize_payload_is_refused_before_parsing() -> None:
+    """A payload above max_payload minus the header reserve is `too_large`."""
+    limits = Limits(max_payload=HEADER_RESERVE + 200)
+    doc = envelope(data={"blob": "x" * 300})
+    err = problems(doc, limits)
+    assert err.reason == "too_large"
+    assert f"exceeds the limit of {limits.max_envelope_bytes} bytes" in str(err)
+
+
+def test_expired_task_is_refused() -> None:
+    """A task past `timestamp + ttl_seconds` is `expired`."""
+    err = problems(envelope(timestamp="2026-11-22T11:00:00Z", ttl_seconds=60))
+    assert err.reason == "expired"
+    assert err.field == "ttl_seconds"
+
+
+def test_delay_beyond_max_delay_is_refused() -> None:
+    """`delay_until` more than max_delay ahead is `too_far`; exactly at the limit is fine."""
+    limits = Limits(max_delay=timedelta(days=400))
+    at_limit = (NOW + timedelta(days=400)).isoformat()
+    assert parse_envelope(raw(envelope(delay_until=at_limit, ttl_seconds=_DROP)), NOW, limits)
+    beyond = (NOW + timedelta(days=400, seconds=1)).isoformat()
+    err = problems(envelope(delay_until=beyond, ttl_seconds=_DROP), limits)
+    assert err.reason == "too_far"
+    assert "more than 400 days ahead" in str(err)
+
+
+def test_expiry_is_timestamp_plus_ttl() -> None:
+    """`expires_at` is `timestamp + ttl_seconds`."""
+    env = parse_envelope(raw(envelope()), NOW)
+    assert env.expires_at == datetime(2026, 11, 22, 12, 4, 59, tzinfo=UTC)

@@ -1,0 +1,165 @@
+"""Settings: every default of design section 9, precise errors naming the variable, redaction."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from scheduler.errors import ConfigError
+from scheduler.settings import load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("SCHEDULER_"):
+            monkeypatch.delenv(key)
+
+
+def test_defaults_match_the_design() -> None:
+    """Every variable of the configuration table has its documented default."""
+    s = load_settings()
+    assert s.nats_url is None and s.database_url is None
+    assert s.nats_creds is None and s.nats_user is None and s.nats_password is None
+    assert s.nats_tls_ca is None
+    assert s.schedules_dir == Path("schedules")
+    assert s.instance_id  # host name + pid
+    assert s.lease_ttl == 5
+    assert (s.http_port, s.metrics_port) == (8055, 9090)
+    assert s.admin_token is None and s.read_token is None
+    assert (s.intake_stream, s.intake_subject) == ("MQ_DELAY", "mq.delay.>")
+    assert s.target_allow == ["mq.>"]
+    assert s.provision is True
+    assert s.http_host == "127.0.0.1"
+    assert s.horizon == timedelta(minutes=5)
+    assert s.batch == 1000
+    assert (s.max_attempts, s.backoff) == (5, timedelta(seconds=1))
+    assert s.campaign_interval == timedelta(seconds=0.5)
+    assert s.effective_fence_margin == 1.0  # max(0.5 s, 5 s / 5)
+    assert s.intake_ack_wait == timedelta(seconds=10)
+    assert s.fire_log_retention == 14
+
+
+def test_environment_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SCHEDULER_* variables set the fields, with durations and comma lists parsed."""
+    monkeypatch.setenv("SCHEDULER_NATS_URL", "nats://a:4222, nats://b:4222")
+    monkeypatch.setenv("SCHEDULER_LEASE_TTL", "3")
+    monkeypatch.setenv("SCHEDULER_HORIZON", "90s")
+    monkeypatch.setenv("SCHEDULER_TARGET_ALLOW", "mq.inference.>, mq.batch.*")
+    monkeypatch.setenv("SCHEDULER_PROVISION", "false")
+    monkeypatch.setenv("SCHEDULER_FENCE_MARGIN", "250ms")
+    s = load_settings()
+    assert s.nats_servers == ["nats://a:4222", "nats://b:4222"]
+    assert s.lease_ttl == 3
+    assert s.horizon == timedelta(seconds=90)
+    assert s.target_allow == ["mq.inference.>", "mq.batch.*"]
+    assert s.provision is False
+    assert s.effective_fence_margin == 0.25
+
+
+def test_fence_margin_default_scales_with_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without SCHEDULER_FENCE_MARGIN the margin is max(0.5 s, TTL/5)."""
+    monkeypatch.setenv("SCHEDULER_LEASE_TTL", "2")
+    assert load_settings().effective_fence_margin == 0.5
+    monkeypatch.setenv("SCHEDULER_LEASE_TTL", "30")
+    assert load_settings().effective_fence_margin == 6.0
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("SCHEDULER_LEASE_TTL", "-1", "greater than 0"),
+        ("SCHEDULER_LEASE_TTL", "soon", "valid number"),
+        ("SCHEDULER_HTTP_PORT", "70000", "less than or equal to 65535"),
+        ("SCHEDULER_HORIZON", "5x", "is not a duration"),
+        ("SCHEDULER_BACKOFF", "-1s", "is not a duration"),
+        ("SCHEDULER_BATCH", "0", "greater than or equal to 1"),
+        ("SCHEDULER_PROVISION", "maybe", "valid boolean"),
+        ("SCHEDULER_TARGET_ALLOW", " , ", "at least one subject pattern"),
+        ("SCHEDULER_DATABASE_URL", "mysql://x@h/db", "must start with postgresql://"),
+        ("SCHEDULER_DATABASE_URL", "postgresql:///db", "names no host"),
+        ("SCHEDULER_LOG_LEVEL", "chatty", "must be one of"),
+    ],
+)
+def test_wrong_values_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str
+) -> None:
+    """A wrong value fails with a ConfigError naming the variable and the problem."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.variable == variable
+    assert str(info.value).startswith(f"{variable}: ")
+    assert message in str(info.value)
+
+
+def test_fence_margin_must_be_shorter_than_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fence margin at or above the lease TTL is refused."""
+    monkeypatch.setenv("SCHEDULER_LEASE_TTL", "2")
+    monkeypatch.setenv("SCHEDULER_FENCE_MARGIN", "2s")
+    with pytest.raises(ConfigError, match="SCHEDULER_FENCE_MARGIN must be shorter"):
+        load_settings()
+
+
+def test_unix_socket_database_url_is_accepted() -> None:
+    """pgserver's `postgresql://user@/db?host=/path` form is valid and passed on as is."""
+    s = load_settings(database_url="postgresql://postgres:@/postgres?host=/tmp/pg")
+    assert s.database_dsn == "postgresql://postgres:@/postgres?host=/tmp/pg"
+
+
+def test_driver_scheme_is_normalised() -> None:
+    """A `postgresql+asyncpg://` URL is accepted and handed to asyncpg as `postgresql://`."""
+    s = load_settings(database_url="postgresql+asyncpg://u@db.example/app")
+    assert s.database_dsn == "postgresql://u@db.example/app"
+
+
+def test_secrets_never_show_in_repr_or_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passwords and tokens are redacted in repr, and a bad URL's error hides the URL."""
+    s = load_settings(
+        database_url="postgresql://app:hunter2@db/app",
+        nats_password="s3cret",
+        admin_token="tok-admin",
+    )
+    text = repr(s) + str(s)
+    for secret in ("hunter2", "s3cret", "tok-admin"):
+        assert secret not in text
+    assert s.redacted_database_url == "postgresql://app:***@db/app"
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", "mysql://app:hunter2@db/app")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "hunter2" not in str(info.value)
+
+
+def test_config_file_sets_keys_and_environment_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A YAML config file sets fields; an environment variable overrides the file."""
+    config = tmp_path / "scheduler.yaml"
+    config.write_text("lease_ttl: 7\nhorizon: 2m\nbatch: 50\n")
+    monkeypatch.setenv("SCHEDULER_BATCH", "75")
+    monkeypatch.setenv("SCHEDULER_CONFIG", str(config))
+    s = load_settings()
+    assert s.lease_ttl == 7
+    assert s.horizon == timedelta(minutes=2)
+    assert s.batch == 75
+
+
+def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
+    """Naming a config file that does not exist fails with SCHEDULER_CONFIG named."""
+    with pytest.raises(ConfigError, match="SCHEDULER_CONFIG: config file"):
+        load_settings(tmp_path / "nope.yaml")
+
+
+def test_unknown_config_file_key_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelt key in the config file is refused rather than ignored."""
+    config = tmp_path / "scheduler.yaml"
+    config.write_text("lease_tll: 7\n")
+    monkeypatch.setenv("SCHEDULER_CONFIG", str(config))
+    with pytest.raises(ConfigError, match="SCHEDULER_LEASE_TLL"):
+        load_settings()

@@ -1,0 +1,80 @@
+"""Target derivation and the trust boundary of design section 5a."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.errors import TargetRefusedError
+from scheduler.subjects import (
+    check_target,
+    delay_lane_prefix,
+    dlq_subject,
+    matches,
+    target_from_delay_subject,
+)
+
+
+def test_delay_lane_maps_to_target() -> None:
+    """`mq.delay.<rest>` is delivered to `mq.<rest>`."""
+    assert target_from_delay_subject("mq.delay.inference.chat") == "mq.inference.chat"
+    assert delay_lane_prefix("mq.delay.>") == "mq.delay."
+
+
+def test_subject_outside_the_lane_is_refused() -> None:
+    """A subject that is not under the lane (or is the bare prefix) is refused."""
+    with pytest.raises(TargetRefusedError):
+        target_from_delay_subject("mq.inference.chat")
+    with pytest.raises(TargetRefusedError):
+        target_from_delay_subject("mq.delay.")
+
+
+@pytest.mark.parametrize(
+    ("target", "dlq"),
+    [("mq.inference.chat", "mq.dlq.inference.chat"), ("jobs.x", "mq.dlq.jobs.x")],
+)
+def test_dead_letter_subject(target: str, dlq: str) -> None:
+    """The DLQ subject drops the `mq.` prefix; other targets keep their whole name."""
+    assert dlq_subject(target) == dlq
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "expected"),
+    [
+        ("mq.>", "mq.a", True),
+        ("mq.>", "mq", False),
+        ("mq.*", "mq.a", True),
+        ("mq.*", "mq.a.b", False),
+        ("mq.a.b", "mq.a.b", True),
+        ("mq.*.c", "mq.b.c", True),
+    ],
+)
+def test_subject_matching(pattern: str, subject: str, expected: bool) -> None:
+    """`*` matches one token and `>` one or more, as in NATS."""
+    assert matches(pattern, subject) is expected
+
+
+@pytest.mark.parametrize(
+    ("target", "why"),
+    [
+        ("mq.delay.loop", "mq.delay."),
+        ("mq.dlq.x", "mq.dlq."),
+        ("$JS.API.STREAM.DELETE.X", "$JS."),
+        ("$KV.bucket.key", "$KV."),
+        ("$SYS.REQ.SERVER.PING", "$SYS."),
+        ("_INBOX.abc", "_INBOX."),
+        ("mq.*", "wildcards"),
+        ("mq.a.>", "wildcards"),
+        ("mq..a", "wildcards or empty tokens"),
+        ("other.subject", "outside the allow-list"),
+    ],
+)
+def test_refused_targets(target: str, why: str) -> None:
+    """Loops, system subjects, wildcards and subjects outside the allow-list are refused."""
+    allow = ["mq.>", "$JS.>", "$KV.>", "$SYS.>", "_INBOX.>"]
+    with pytest.raises(TargetRefusedError, match=why.replace("$", r"\$").replace(".", r"\.")):
+        check_target(target, allow)
+
+
+def test_allowed_target_passes() -> None:
+    """A literal subject inside the allow-list is accepted."""
+    assert check_target("mq.inference.chat", ["mq.inference.>"]) == "mq.inference.chat"
