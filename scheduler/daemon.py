@@ -20,10 +20,14 @@ from scheduler.api.app import Served, build_api, build_metrics_app, serve
 from scheduler.bus.nats import NatsBus, ProvisionNote, provision
 from scheduler.clock import Clock, SystemClock
 from scheduler.embedded import NatsServer, Postgres
+from scheduler.engine.delayed import DelayedEngine
+from scheduler.engine.office import FixedOffice, Office, take_office
 from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
+from scheduler.service import SchedulerService
 from scheduler.settings import Settings
 from scheduler.store.postgres import PostgresStore, create_pool
+from scheduler.store.tasks import TaskStore
 
 log = logging.getLogger("scheduler.daemon")
 
@@ -67,6 +71,9 @@ class Daemon:
         self.endpoints = Endpoints()
         self.bus: NatsBus | None = None
         self.store: PostgresStore | None = None
+        self.tasks: TaskStore | None = None
+        self.office: Office | None = None
+        self.engine: DelayedEngine | None = None
         self.provisioned: list[ProvisionNote] = []
         self.warnings: list[str] = []
         self.migrated = False
@@ -89,6 +96,7 @@ class Daemon:
                 log.info("daemon.running instance=%s", self.settings.instance_id)
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self._upkeep_loop(), name="fire-log-upkeep")
+                    tg.create_task(self._engine_loop(), name="engine")
                     tg.create_task(self._stop.wait(), name="stop-signal")
                 self.state = RunState.STOPPING
                 log.info("daemon.stopping")
@@ -118,6 +126,44 @@ class Daemon:
         if s.provision:
             self.provisioned = await provision(self.bus, embedded=self.embedded)
         self.settings = s
+        self.tasks = TaskStore(self.store)
+        service = SchedulerService(self.bus.nc, s, self.tasks, self.clock, self.stats)
+        await service.start()
+        stack.push_async_callback(service.stop)
+        self.office = FixedOffice(await take_office(self.store.pool, s.instance_id))
+        self.metrics.is_leader.set(1)
+        self.metrics.leader_epoch.set(self.office.epoch or 0)
+        self.engine = DelayedEngine(
+            s, self.bus, self.tasks, self.office, self.clock, self.metrics, self._intake_stream()
+        )
+
+    def _intake_stream(self) -> str:
+        """The configured intake stream, or the stream found covering the delay lane."""
+        for note in self.provisioned:
+            if note.kind == "stream" and note.name == self.settings.intake_stream:
+                return note.detail if note.status == "covered" else note.name
+        return self.settings.intake_stream
+
+    async def _engine_loop(self) -> None:
+        """Run terms of office until stopped (one long term for a single instance)."""
+        assert self.engine is not None and self.office is not None
+        while not self._stop.is_set():
+            await self.engine.run_term(self._stop)
+            if self.office.lost.is_set():
+                await self._wait_stop(self.settings.campaign_interval.total_seconds())
+
+    def stats(self) -> dict[str, Any]:
+        """What `scheduler.v1.stats` answers."""
+        return {
+            "instance": self.settings.instance_id,
+            "role": self._role(),
+            "epoch": self.office.epoch if self.office else None,
+            "heap": len(self.engine.heap) if self.engine else 0,
+            "version": __version__,
+        }
+
+    def _role(self) -> str:
+        return "leader" if self.office is not None and self.office.may_act() else "standby"
 
     async def _start_embedded(self, stack: AsyncExitStack) -> Settings:
         """Start whichever server has no URL (embedded mode), or fail naming the variable."""
@@ -178,7 +224,8 @@ class Daemon:
         ready = self.state is RunState.RUNNING and nats_ok and self.migrated
         body = {
             "state": self.state.value,
-            "role": "single",
+            "role": self._role(),
+            "epoch": self.office.epoch if self.office else None,
             "instance": self.settings.instance_id,
             "nats": "connected" if nats_ok else "disconnected",
             "postgres": "migrated" if self.migrated else "pending",

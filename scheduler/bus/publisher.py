@@ -1,0 +1,147 @@
+"""Pipelined JetStream publishing: many publishes in flight, their PubAcks collected on one inbox.
+
+`js.publish` waits for each ack in turn (~3.6k/s here); `publish_async` costs ~27 us of client
+CPU per message. This publisher sends a core publish with a per-message reply subject under one
+wildcard inbox subscription and resolves a future per ack, at ~11 us of CPU per message
+(field notes). Every message carries `Nats-Msg-Id`, so a retry after a lost ack is dropped by the
+target stream's duplicate window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+
+@dataclass(frozen=True, slots=True)
+class PubAck:
+    stream: str
+    seq: int
+    duplicate: bool
+
+
+class PublishError(Exception):
+    """A publish was not acknowledged: no stream, a JetStream error, a timeout or a lost link."""
+
+    def __init__(self, subject: str, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.subject = subject
+        self.permanent = permanent
+
+
+Item = tuple[str, bytes, dict[str, str]]
+
+
+class Publisher:
+    """Publishes to JetStream with up to `max_inflight` unacknowledged messages at once."""
+
+    def __init__(self, nc: Client, timeout: float = 5.0, max_inflight: int = 1000) -> None:
+        self.nc = nc
+        self.timeout = timeout
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._pending: dict[str, tuple[asyncio.Future[PubAck], str, asyncio.TimerHandle]] = {}
+        self._prefix = ""
+        self._next = 0
+        self._sub = None
+
+    async def start(self) -> Publisher:
+        self._prefix = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(self._prefix + ".*", cb=self._on_ack)
+        return self
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # connection already closed: nothing left to unsubscribe
+                pass
+            self._sub = None
+        for token in list(self._pending):
+            self._fail(token, "publisher closed")
+
+    async def publish(
+        self, subject: str, payload: bytes, headers: dict[str, str]
+    ) -> asyncio.Future[PubAck]:
+        """Send one message; the returned future resolves with its PubAck or a PublishError."""
+        await self._slots.acquire()
+        self._next += 1
+        token = str(self._next)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[PubAck] = loop.create_future()
+        timer = loop.call_later(self.timeout, self._fail, token, "no acknowledgement in time")
+        self._pending[token] = (fut, subject, timer)
+        try:
+            await self.nc.publish(
+                subject, payload, reply=f"{self._prefix}.{token}", headers=headers
+            )
+        except (
+            Exception
+        ) as exc:  # closed, reconnecting (no buffer), too large: all fail the message
+            self._fail(token, f"publish failed: {exc!r}")
+        return fut
+
+    async def publish_many(self, items: Sequence[Item]) -> list[PubAck | PublishError]:
+        """Publish all `items` pipelined and return, in order, a PubAck or a PublishError each."""
+        futures = [await self.publish(*item) for item in items]
+        results: list[PubAck | PublishError] = []
+        for fut in futures:
+            try:
+                results.append(await fut)
+            except PublishError as exc:
+                results.append(exc)
+        return results
+
+    async def _on_ack(self, msg: Msg) -> None:
+        token = msg.subject.rsplit(".", 1)[-1]
+        entry = self._pending.pop(token, None)
+        if entry is None:
+            return  # a late ack after its timeout: the task was already retried
+        fut, subject, timer = entry
+        timer.cancel()
+        self._slots.release()
+        if fut.done():
+            return
+        outcome = _parse_ack(msg, subject)
+        if isinstance(outcome, PubAck):
+            fut.set_result(outcome)
+        else:
+            fut.set_exception(outcome)
+
+    def _fail(self, token: str, message: str) -> None:
+        entry = self._pending.pop(token, None)
+        if entry is None:
+            return
+        fut, subject, timer = entry
+        timer.cancel()
+        self._slots.release()
+        if not fut.done():
+            fut.set_exception(PublishError(subject, message))
+
+
+def _parse_ack(msg: Msg, subject: str) -> PubAck | PublishError:
+    status = (msg.headers or {}).get("Status")
+    if status == "503":
+        return PublishError(subject, f"no stream captures {subject}")
+    if status:
+        return PublishError(
+            subject, f"status {status} {(msg.headers or {}).get('Description', '')}"
+        )
+    try:
+        doc = json.loads(msg.data)
+    except ValueError:
+        return PublishError(subject, f"unreadable PubAck {msg.data[:80]!r}")
+    if "error" in doc:
+        err = doc["error"]
+        return PublishError(
+            subject, f"JetStream error {err.get('err_code')}: {err.get('description')}"
+        )
+    return PubAck(
+        stream=str(doc.get("stream", "")),
+        seq=int(doc.get("seq", 0)),
+        duplicate=bool(doc.get("duplicate", False)),
+    )

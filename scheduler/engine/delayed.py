@@ -1,0 +1,182 @@
+"""The delayed-delivery engine: heap, loader, intake and firing, run while in office.
+
+Taking office: re-publish tasks an earlier leader claimed but never marked fired (the target
+stream's duplicate window drops the repeats), then run the loader, intake and firing loops
+together until the daemon stops or office is lost. The heap is rebuilt from PostgreSQL each time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import timedelta
+
+from nats.aio.msg import Msg
+
+from scheduler.bus.nats import NatsBus
+from scheduler.bus.publisher import Publisher
+from scheduler.clock import Clock
+from scheduler.engine.firing import Firing
+from scheduler.engine.heap import HorizonHeap, TaskRef
+from scheduler.engine.intake import Intake
+from scheduler.engine.office import Office
+from scheduler.envelope import Limits
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+from scheduler.store.tasks import TaskStore, from_ms, to_ms
+
+log = logging.getLogger("scheduler.engine")
+
+PAGE = 20_000
+MAX_HEAP = 500_000
+SWEEP_EVERY = 5.0
+COUNT_EVERY = 15.0
+RESCHEDULED_SUBJECT = "scheduler.v1.internal.rescheduled"
+
+
+class OfficeLost(Exception):
+    """Raised inside the engine's task group to stop every loop at once."""
+
+
+class DelayedEngine:
+    """Owns the heap and the loops of delayed delivery for one term of office."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        bus: NatsBus,
+        tasks: TaskStore,
+        office: Office,
+        clock: Clock,
+        metrics: Metrics,
+        intake_stream: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.tasks = tasks
+        self.office = office
+        self.clock = clock
+        self.metrics = metrics
+        self.intake_stream = intake_stream or settings.intake_stream
+        self.heap = HorizonHeap()
+        self.wake = asyncio.Event()
+        self.heap_lock = asyncio.Lock()
+
+    async def run_term(self, stop: asyncio.Event) -> None:
+        """One term of office: until `stop` is set or office is lost."""
+        epoch = await self.office.wait_for_office()
+        assert self.bus.nc is not None and self.bus.js is not None
+        publisher = await Publisher(self.bus.nc, timeout=5.0).start()
+        sub = await self.bus.nc.subscribe(RESCHEDULED_SUBJECT, cb=self._on_rescheduled)
+        firing = Firing(
+            self.settings,
+            self.heap,
+            self.tasks,
+            publisher,
+            self.office,
+            self.clock,
+            self.metrics,
+            self.wake,
+            self.heap_lock,
+        )
+        limits = Limits(max_payload=self.bus.max_payload, max_delay=self.settings.max_delay)
+        intake = Intake(
+            self.settings,
+            self.heap,
+            self.tasks,
+            publisher,
+            self.clock,
+            self.metrics,
+            self.wake,
+            self.heap_lock,
+            limits,
+        )
+        log.info("engine.term_started epoch=%d", epoch)
+        try:
+            await firing.fire(epoch, await self.tasks.reclaim_orphans(epoch))
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(firing.run(epoch, stop), name="firing")
+                tg.create_task(
+                    intake.run(self.bus.js, self.intake_stream, stop, self.office.may_act),
+                    name="intake",
+                )
+                tg.create_task(self._loader(stop), name="loader")
+                tg.create_task(self._watch_office(stop), name="office-watch")
+        except* OfficeLost:
+            log.warning("engine.office_lost epoch=%d", epoch)
+        finally:
+            await sub.unsubscribe()
+            await publisher.close()
+            self.heap.reset()
+            self.metrics.heap_size.set(0)
+            log.info("engine.term_ended epoch=%d", epoch)
+
+    async def _watch_office(self, stop: asyncio.Event) -> None:
+        lost = asyncio.ensure_future(self.office.lost.wait())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({lost, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            stopped.cancel()
+        if self.office.lost.is_set() and not stop.is_set():
+            raise OfficeLost()
+
+    async def _loader(self, stop: asyncio.Event) -> None:
+        """Keep the heap filled up to now + horizon; sweep for stragglers; count pending."""
+        last_sweep = last_count = 0.0
+        while not stop.is_set() and self.office.may_act():
+            full = await self.load_once()
+            now = self.clock.monotonic()
+            if now - last_sweep >= SWEEP_EVERY:
+                await self.sweep()
+                last_sweep = now
+            if now - last_count >= COUNT_EVERY:
+                self.metrics.pending.set(await self.tasks.pending_count())
+                last_count = now
+            if not full:
+                await _wait_or_stop(stop, 1.0)
+
+    async def load_once(self) -> bool:
+        """Load one page past the cursor; return True when the page was full (more to load)."""
+        if len(self.heap) >= MAX_HEAP:
+            return False
+        until_ms = to_ms(self.clock.now() + self.settings.horizon)
+        async with self.heap_lock:
+            page = await self.tasks.load_page(self.heap.cursor, from_ms(until_ms), PAGE)
+            complete = None if len(page) == PAGE else until_ms
+            self.heap.loaded(page, complete)
+        if page:
+            self.metrics.heap_size.set(len(self.heap))
+            self.wake.set()
+        return len(page) == PAGE
+
+    async def sweep(self) -> None:
+        """Re-offer pending tasks overdue by over a second: a lost reschedule notice, say."""
+        nxt = self.heap.next_due_ms()
+        now_ms = to_ms(self.clock.now())
+        if nxt is not None and nxt < now_ms - 1000:
+            return  # firing is behind; overdue tasks are on the heap already
+        for ref in await self.tasks.overdue(self.clock.now() - timedelta(seconds=2), 1000):
+            self.heap.push(ref)
+            self.wake.set()
+
+    async def _on_rescheduled(self, msg: Msg) -> None:
+        try:
+            doc = json.loads(msg.data)
+            ref = TaskRef(str(doc["id"]), int(doc["due_ms"]), int(doc["priority"]), int(doc["seq"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("engine.bad_reschedule_notice data=%r", msg.data[:200])
+            return
+        async with self.heap_lock:  # see Firing._failed: never race the loader's cursor
+            pushed = self.heap.offer(ref)
+        if pushed:
+            self.wake.set()
+
+
+async def _wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass

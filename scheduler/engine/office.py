@@ -1,0 +1,74 @@
+"""What the engine needs to know about leadership, and the single-instance stand-in.
+
+The engine acts only while it holds office: `epoch` is its fencing token (checked by PostgreSQL
+on every state change) and `may_act()` is the local self-fence (false once the lease could have
+expired). `scheduler.engine.leader.Leadership` implements the same protocol with a JetStream KV
+lease; `FixedOffice` is the stand-in for a single instance and for engine tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import asyncpg
+
+
+class Office(Protocol):
+    """The engine's view of leadership."""
+
+    @property
+    def epoch(self) -> int | None:
+        """The fencing epoch while in office, else None."""
+        ...
+
+    def may_act(self) -> bool:
+        """True while in office and before the local self-fence deadline."""
+        ...
+
+    async def wait_for_office(self) -> int:
+        """Return the epoch once this instance takes office (at once if it holds it)."""
+        ...
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set when office is lost (renew failed, deadline passed, fenced); cleared on taking it."""
+        ...
+
+
+async def take_office(pool: asyncpg.Pool, instance: str) -> int:
+    """Increment the fencing epoch in PostgreSQL and return it: every older epoch is now fenced."""
+    async with pool.acquire() as conn:
+        return int(
+            await conn.fetchval(
+                "UPDATE leadership SET epoch = epoch + 1, instance = $1, since = now() "
+                "WHERE id = 1 RETURNING epoch",
+                instance,
+            )
+        )
+
+
+class FixedOffice:
+    """Always in office with one epoch, taken from PostgreSQL at start (single instance)."""
+
+    def __init__(self, epoch: int) -> None:
+        self._epoch = epoch
+        self._lost = asyncio.Event()
+
+    @property
+    def epoch(self) -> int | None:
+        return None if self._lost.is_set() else self._epoch
+
+    def may_act(self) -> bool:
+        return not self._lost.is_set()
+
+    async def wait_for_office(self) -> int:
+        return self._epoch
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self._lost
+
+    def depose(self) -> None:
+        """Mark office lost (a fenced write showed a newer leader exists)."""
+        self._lost.set()

@@ -1,0 +1,177 @@
+"""The request-reply API: NATS micro service `mq-scheduler` on `scheduler.v1.<verb>.<rest>`.
+
+The `<rest>` of the subject names the task's target `mq.<rest>`, so NATS permissions on these
+subjects bound whose tasks a caller may touch. Replies are JSON; errors carry a code and a
+message: `{"error": {"code": "bad_request", "message": "..."}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from nats.aio.client import Client
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import Service
+
+from scheduler import __version__
+from scheduler.clock import Clock, to_rfc3339
+from scheduler.engine.delayed import RESCHEDULED_SUBJECT
+from scheduler.envelope import Limits, parse_envelope
+from scheduler.errors import EnvelopeError, TargetRefusedError
+from scheduler.settings import Settings
+from scheduler.store.tasks import TaskStore
+from scheduler.subjects import check_target
+
+log = logging.getLogger("scheduler.service")
+
+PREFIX = "scheduler.v1"
+Handler = Callable[[str, dict[str, Any], bytes], Awaitable[dict[str, Any]]]
+
+
+class BadRequest(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class SchedulerService:
+    """Handlers of the micro service; every instance serves them (they work on PostgreSQL)."""
+
+    def __init__(
+        self,
+        nc: Client,
+        settings: Settings,
+        tasks: TaskStore,
+        clock: Clock,
+        stats: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.tasks = tasks
+        self.clock = clock
+        self.stats = stats
+        self.service: Service | None = None
+
+    async def start(self) -> None:
+        self.service = await add_service(
+            self.nc,
+            name="mq-scheduler",
+            version=__version__,
+            description="delayed delivery and cron scheduling for hanzo.mq.v1 tasks",
+        )
+        verbs: dict[str, Handler] = {
+            "schedule": self.schedule,
+            "cancel": self.cancel,
+            "reschedule": self.reschedule,
+            "get": self.get,
+        }
+        for verb, handler in verbs.items():
+            await self.service.add_endpoint(
+                name=verb, subject=f"{PREFIX}.{verb}.>", handler=self._wrap(verb, handler)
+            )
+        await self.service.add_endpoint(
+            name="stats", subject=f"{PREFIX}.stats", handler=self._stats
+        )
+
+    async def stop(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+
+    def _wrap(self, verb: str, handler: Handler) -> Callable[[Request], Awaitable[None]]:
+        prefix = f"{PREFIX}.{verb}."
+
+        async def run(req: Request) -> None:
+            try:
+                target = check_target(
+                    "mq." + req.subject[len(prefix) :], self.settings.target_allow
+                )
+                body = json.loads(req.data) if verb != "schedule" else {}
+                if not isinstance(body, dict):
+                    raise BadRequest("bad_request", "body must be a JSON object")
+                reply = await handler(target, body, req.data)
+            except (TargetRefusedError, EnvelopeError) as exc:
+                reply = _error("bad_request", str(exc))
+            except BadRequest as exc:
+                reply = _error(exc.code, str(exc))
+            except ValueError as exc:
+                reply = _error("bad_request", f"body is not JSON: {exc}")
+            log.info(
+                "api.%s subject=%s result=%s",
+                verb,
+                req.subject,
+                reply.get("status") or reply.get("error"),
+            )
+            await req.respond(json.dumps(reply, default=str).encode())
+
+        return run
+
+    async def _stats(self, req: Request) -> None:
+        await req.respond(json.dumps(self.stats(), default=str).encode())
+
+    async def schedule(self, target: str, _: dict[str, Any], raw: bytes) -> dict[str, Any]:
+        """Validate and put the envelope on the delay lane; it is durable once this returns."""
+        limits = Limits(max_payload=self.nc.max_payload, max_delay=self.settings.max_delay)
+        env = parse_envelope(raw, self.clock.now(), limits)
+        subject = self.settings.intake_subject[:-1] + target[len("mq.") :]
+        await self.nc.jetstream().publish(subject, raw, headers={"Nats-Msg-Id": env.id})
+        due = env.due_at(self.clock.now())
+        return {"status": "scheduled", "id": env.id, "target": target, "due_at": to_rfc3339(due)}
+
+    async def cancel(self, target: str, body: dict[str, Any], _: bytes) -> dict[str, Any]:
+        task_id = _task_id(body)
+        return {"status": await self.tasks.cancel(task_id, target), "id": task_id}
+
+    async def reschedule(self, target: str, body: dict[str, Any], _: bytes) -> dict[str, Any]:
+        task_id, due = _task_id(body), _due(body, self.clock.now(), self.settings)
+        status, ref = await self.tasks.reschedule(task_id, target, due)
+        if ref is not None:
+            notice = {
+                "id": ref.task_id,
+                "due_ms": ref.due_ms,
+                "priority": ref.priority,
+                "seq": ref.seq,
+            }
+            await self.nc.publish(RESCHEDULED_SUBJECT, json.dumps(notice).encode())
+            return {"status": status, "id": task_id, "due_at": to_rfc3339(due)}
+        return {"status": status, "id": task_id}
+
+    async def get(self, target: str, body: dict[str, Any], _: bytes) -> dict[str, Any]:
+        task = await self.tasks.get(_task_id(body), target)
+        if task is None:
+            return {"status": "not_found", "id": body.get("id")}
+        return {"status": "found", "task": {k: _plain(v) for k, v in task.items()}}
+
+
+def _task_id(body: dict[str, Any]) -> str:
+    task_id = body.get("id")
+    if not isinstance(task_id, str) or not task_id:
+        raise BadRequest("bad_request", "id: must be a non-empty string")
+    return task_id
+
+
+def _due(body: dict[str, Any], now: datetime, settings: Settings) -> datetime:
+    raw = body.get("delay_until")
+    if not isinstance(raw, str):
+        raise BadRequest("bad_request", "delay_until: must be an ISO 8601 string with an offset")
+    try:
+        due = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest("bad_request", f"delay_until: {raw!r} is not ISO 8601") from None
+    if due.tzinfo is None:
+        raise BadRequest("bad_request", "delay_until: must carry a UTC offset or Z")
+    if due - now > settings.max_delay:
+        raise BadRequest("too_far", f"delay_until: more than {settings.max_delay.days} days ahead")
+    return due
+
+
+def _plain(value: Any) -> Any:
+    return to_rfc3339(value) if isinstance(value, datetime) else value
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}

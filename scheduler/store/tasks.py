@@ -1,0 +1,389 @@
+"""Delayed tasks in PostgreSQL: intake, loading in firing order, claim, outcome, cancel, reschedule.
+
+Every state change a leader makes (claim, fired, retry, expire, dead) runs in a *fenced*
+transaction: it first reads the fencing epoch `FOR SHARE` and aborts with FencedError when a newer
+leader has taken office. `FOR SHARE` also makes a new leader's epoch increment wait for such a
+transaction in flight, so once `take_office` returns no older epoch can commit anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from scheduler.engine.heap import TaskRef
+from scheduler.errors import FencedError
+from scheduler.store.postgres import PostgresStore
+
+_TASK_COLUMNS = (
+    "id, target, payload, headers, priority, due_at, scheduled_for, expires_at, attempts, seq"
+)
+
+
+def ceil_ms(dt: datetime) -> datetime:
+    """Round up to the millisecond, so a task is never due before the time the producer asked."""
+    micro = dt.microsecond
+    if micro % 1000 == 0:
+        return dt
+    return dt.replace(microsecond=0) + timedelta(milliseconds=math.ceil(micro / 1000))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+def to_ms(dt: datetime) -> int:
+    """Epoch milliseconds, floored, in exact integer arithmetic (never rounds a time up)."""
+    return (dt - _EPOCH) // _MS
+
+
+def from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A validated task from the delay lane, ready to store."""
+
+    id: str
+    target: str
+    payload: bytes
+    headers: dict[str, str]
+    priority: int
+    due_at: datetime
+    scheduled_for: datetime
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    """A task this leader has claimed and is about to publish."""
+
+    id: str
+    target: str
+    payload: bytes
+    headers: dict[str, str]
+    priority: int
+    due_at: datetime
+    scheduled_for: datetime
+    expires_at: datetime | None
+    attempts: int
+    seq: int
+
+    @property
+    def due_ms(self) -> int:
+        return to_ms(self.due_at)
+
+    @property
+    def ref(self) -> TaskRef:
+        return TaskRef(self.id, self.due_ms, self.priority, self.seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    task: ClaimedTask
+    fired_at: datetime
+    stream: str
+    stream_seq: int
+
+
+def _claimed(row: asyncpg.Record) -> ClaimedTask:
+    return ClaimedTask(
+        id=row["id"],
+        target=row["target"],
+        payload=bytes(row["payload"]),
+        headers=json.loads(row["headers"]),
+        priority=row["priority"],
+        due_at=row["due_at"],
+        scheduled_for=row["scheduled_for"],
+        expires_at=row["expires_at"],
+        attempts=row["attempts"],
+        seq=row["seq"],
+    )
+
+
+class TaskStore:
+    """Statements on `delayed_messages`, `fire_log` and `dead_letters`."""
+
+    def __init__(self, db: PostgresStore) -> None:
+        self.db = db
+
+    @asynccontextmanager
+    async def fenced(self, epoch: int, op: str) -> AsyncIterator[asyncpg.Connection]:
+        """A transaction that aborts with FencedError unless `epoch` is the current one."""
+        async with self.db.timed(op) as conn, conn.transaction():
+            current = await conn.fetchval("SELECT epoch FROM leadership WHERE id = 1 FOR SHARE")
+            if current != epoch:
+                raise FencedError(epoch)
+            yield conn
+
+    async def insert(self, tasks: Sequence[NewTask]) -> list[TaskRef]:
+        """Store a batch in one round trip; a task id seen before is stored once (no error)."""
+        if not tasks:
+            return []
+        cols = list(
+            zip(
+                *(
+                    (
+                        t.id,
+                        t.target,
+                        t.payload,
+                        json.dumps(t.headers),
+                        t.priority,
+                        t.due_at,
+                        t.scheduled_for,
+                        t.expires_at,
+                    )
+                    for t in tasks
+                ),
+                strict=True,
+            )
+        )
+        async with self.db.timed("insert") as conn:
+            rows = await conn.fetch(
+                "INSERT INTO delayed_messages (id, target, payload, headers, priority, due_at, "
+                "scheduled_for, expires_at) SELECT * FROM unnest($1::text[], $2::text[], "
+                "$3::bytea[], $4::jsonb[], $5::smallint[], $6::timestamptz[], $7::timestamptz[], "
+                "$8::timestamptz[]) ON CONFLICT (id) DO NOTHING "
+                "RETURNING id, due_at, priority, seq",
+                *[list(c) for c in cols],
+            )
+        return [TaskRef(r["id"], to_ms(r["due_at"]), r["priority"], r["seq"]) for r in rows]
+
+    async def load_page(
+        self, after: tuple[int, int, int], until: datetime, limit: int
+    ) -> list[TaskRef]:
+        """Pending tasks with key > `after` due by `until`, in firing order (the partial index)."""
+        due_ms, priority, seq = after
+        async with self.db.timed("load") as conn:
+            rows = await conn.fetch(
+                "SELECT id, due_at, priority, seq FROM delayed_messages WHERE status = 'pending' "
+                "AND (due_at, priority, seq) > ($1, $2, $3) AND due_at <= $4 "
+                "ORDER BY due_at, priority, seq LIMIT $5",
+                from_ms(max(due_ms, 0)) if due_ms >= 0 else datetime(1970, 1, 1, tzinfo=UTC),
+                priority,
+                min(seq, 2**62),
+                until,
+                limit,
+            )
+        return [TaskRef(r["id"], to_ms(r["due_at"]), r["priority"], r["seq"]) for r in rows]
+
+    async def overdue(self, before: datetime, limit: int) -> list[TaskRef]:
+        """Pending tasks due before `before`: the sweep that catches anything the heap missed."""
+        async with self.db.timed("sweep") as conn:
+            rows = await conn.fetch(
+                "SELECT id, due_at, priority, seq FROM delayed_messages WHERE status = 'pending' "
+                "AND due_at < $1 ORDER BY due_at, priority, seq LIMIT $2",
+                before,
+                limit,
+            )
+        return [TaskRef(r["id"], to_ms(r["due_at"]), r["priority"], r["seq"]) for r in rows]
+
+    async def claim(self, epoch: int, ids: Sequence[str], until: datetime) -> list[ClaimedTask]:
+        """Claim the pending tasks among `ids` due by `until`; cancelled ones are skipped."""
+        async with self.fenced(epoch, "claim") as conn:
+            rows = await conn.fetch(
+                "UPDATE delayed_messages SET status = 'claimed', claimed_epoch = $1, "
+                "claimed_at = now(), attempts = attempts + 1, updated_at = now() "
+                "WHERE id = ANY($2::text[]) AND status = 'pending' AND due_at <= $3 "
+                f"RETURNING {_TASK_COLUMNS}",
+                epoch,
+                list(ids),
+                until,
+            )
+        return sorted((_claimed(r) for r in rows), key=lambda t: (t.due_at, t.priority, t.seq))
+
+    async def reclaim_orphans(self, epoch: int) -> list[ClaimedTask]:
+        """Take over tasks an earlier leader claimed but never marked fired (to publish again)."""
+        async with self.fenced(epoch, "reclaim") as conn:
+            rows = await conn.fetch(
+                "UPDATE delayed_messages SET claimed_epoch = $1, updated_at = now() "
+                f"WHERE status = 'claimed' AND claimed_epoch <> $1 RETURNING {_TASK_COLUMNS}",
+                epoch,
+            )
+        return sorted((_claimed(r) for r in rows), key=lambda t: (t.due_at, t.priority, t.seq))
+
+    async def mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
+        """Record deliveries: status fired, and one `fire_log` row each, in one transaction."""
+        if not fired:
+            return
+        ids = [f.task.id for f in fired]
+        at = [f.fired_at for f in fired]
+        seqs = [f.stream_seq for f in fired]
+        async with self.fenced(epoch, "fired") as conn:
+            await conn.execute(
+                "UPDATE delayed_messages d SET status = 'fired', fired_at = u.fired_at, "
+                "stream_seq = u.seq, updated_at = now() FROM unnest($2::text[], "
+                "$3::timestamptz[], $4::bigint[]) AS u(id, fired_at, seq) "
+                "WHERE d.id = u.id AND d.status = 'claimed' AND d.claimed_epoch = $1",
+                epoch,
+                ids,
+                at,
+                seqs,
+            )
+            await conn.execute(
+                "INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, attempt, "
+                "epoch, instance, stream, stream_seq) SELECT 'delayed', u.id, u.subject, u.sched, "
+                "u.fired_at, u.attempt, $1, $2, u.stream, u.seq FROM unnest($3::text[], "
+                "$4::text[], $5::timestamptz[], $6::timestamptz[], $7::int[], $8::text[], "
+                "$9::bigint[]) AS u(id, subject, sched, fired_at, attempt, stream, seq)",
+                epoch,
+                instance,
+                ids,
+                [f.task.target for f in fired],
+                [f.task.scheduled_for for f in fired],
+                at,
+                [f.task.attempts for f in fired],
+                [f.stream for f in fired],
+                seqs,
+            )
+
+    async def retry_later(
+        self, epoch: int, items: Sequence[tuple[ClaimedTask, datetime, str]]
+    ) -> None:
+        """Put failed publishes back to pending with a later due time and the error text."""
+        if not items:
+            return
+        async with self.fenced(epoch, "retry") as conn:
+            await conn.execute(
+                "UPDATE delayed_messages d SET status = 'pending', due_at = u.due, "
+                "last_error = u.err, updated_at = now() FROM unnest($2::text[], "
+                "$3::timestamptz[], $4::text[]) AS u(id, due, err) "
+                "WHERE d.id = u.id AND d.status = 'claimed' AND d.claimed_epoch = $1",
+                epoch,
+                [t.id for t, _, _ in items],
+                [d for _, d, _ in items],
+                [e for _, _, e in items],
+            )
+
+    async def expire(self, epoch: int, ids: Sequence[str]) -> None:
+        """Mark claimed tasks expired: past `timestamp + ttl_seconds`, never delivered."""
+        if not ids:
+            return
+        async with self.fenced(epoch, "expire") as conn:
+            await conn.execute(
+                "UPDATE delayed_messages SET status = 'expired', updated_at = now() "
+                "WHERE id = ANY($2::text[]) AND status = 'claimed' AND claimed_epoch = $1",
+                epoch,
+                list(ids),
+            )
+
+    async def kill(self, epoch: int, items: Sequence[tuple[ClaimedTask, str, str]]) -> None:
+        """Dead-letter claimed tasks: status dead plus a `dead_letters` row with the error."""
+        if not items:
+            return
+        async with self.fenced(epoch, "dead") as conn:
+            await conn.execute(
+                "WITH u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[]) "
+                "AS u(id, err, reason)), d AS (UPDATE delayed_messages m SET status = 'dead', "
+                "last_error = u.err, updated_at = now() FROM u WHERE m.id = u.id AND "
+                "m.status = 'claimed' AND m.claimed_epoch = $1 RETURNING m.*, u.err, u.reason) "
+                "INSERT INTO dead_letters (original_id, subject, payload, error, attempts, "
+                "first_seen, reason, stage, target, raw, headers) SELECT id, target, "
+                "convert_from(payload, 'UTF8')::jsonb, err, attempts, created_at, reason, "
+                "'firing', target, payload, headers FROM d",
+                epoch,
+                [t.id for t, _, _ in items],
+                [e for _, e, _ in items],
+                [r for _, _, r in items],
+            )
+
+    async def record_bad_intake(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Dead-letter rows for intake messages that were never tasks (bad input)."""
+        if not rows:
+            return
+        async with self.db.timed("dead_intake") as conn:
+            await conn.executemany(
+                "INSERT INTO dead_letters (original_id, subject, payload, error, attempts, "
+                "first_seen, reason, stage, target, raw, headers) "
+                "VALUES ($1, $2, $3::jsonb, $4, 1, now(), $5, 'intake', $6, $7, $8::jsonb)",
+                [
+                    (
+                        r["original_id"],
+                        r["subject"],
+                        json.dumps(r["payload"]),
+                        r["error"],
+                        r["reason"],
+                        r["target"],
+                        r["raw"],
+                        json.dumps(r["headers"]),
+                    )
+                    for r in rows
+                ],
+            )
+
+    async def cancel(self, task_id: str, target: str) -> str:
+        """`cancelled` (now or before), `too_late` (claimed or done), or `not_found`."""
+        async with self.db.timed("cancel") as conn:
+            done = await conn.fetchval(
+                "UPDATE delayed_messages SET status = 'cancelled', updated_at = now() "
+                "WHERE id = $1 AND target = $2 AND status = 'pending' RETURNING id",
+                task_id,
+                target,
+            )
+            if done:
+                return "cancelled"
+            status = await conn.fetchval(
+                "SELECT status FROM delayed_messages WHERE id = $1 AND target = $2", task_id, target
+            )
+        return {None: "not_found", "cancelled": "cancelled"}.get(status, "too_late")
+
+    async def reschedule(
+        self, task_id: str, target: str, due: datetime
+    ) -> tuple[str, TaskRef | None]:
+        """Move a pending task to `due`: `rescheduled` (+ its heap ref), `too_late`, `not_found`."""
+        due = ceil_ms(due)
+        async with self.db.timed("reschedule") as conn:
+            row = await conn.fetchrow(
+                "UPDATE delayed_messages SET due_at = $3, scheduled_for = $3, updated_at = now() "
+                "WHERE id = $1 AND target = $2 AND status = 'pending' "
+                "RETURNING id, due_at, priority, seq",
+                task_id,
+                target,
+                due,
+            )
+            if row:
+                return "rescheduled", TaskRef(
+                    row["id"], to_ms(row["due_at"]), row["priority"], row["seq"]
+                )
+            status = await conn.fetchval(
+                "SELECT status FROM delayed_messages WHERE id = $1 AND target = $2", task_id, target
+            )
+        return ("not_found" if status is None else "too_late"), None
+
+    async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
+        """A task's state for the API (no payload bytes)."""
+        async with self.db.timed("get") as conn:
+            row = await conn.fetchrow(
+                "SELECT id, target, status, priority, due_at, scheduled_for, expires_at, attempts, "
+                "fired_at, stream_seq, last_error, created_at FROM delayed_messages "
+                "WHERE id = $1 AND ($2::text IS NULL OR target = $2)",
+                task_id,
+                target,
+            )
+        return None if row is None else dict(row)
+
+    async def pending_count(self) -> int:
+        async with self.db.timed("count") as conn:
+            return int(
+                await conn.fetchval(
+                    "SELECT count(*) FROM delayed_messages WHERE status = 'pending'"
+                )
+            )
+
+    async def purge_finished(self, retention_days: int) -> int:
+        """Delete fired, cancelled and expired tasks older than the retention."""
+        async with self.db.timed("purge") as conn:
+            status = await conn.execute(
+                "DELETE FROM delayed_messages WHERE status IN ('fired', 'cancelled', 'expired') "
+                "AND updated_at < now() - make_interval(days => $1)",
+                retention_days,
+            )
+        return int(status.split()[-1])
