@@ -97,6 +97,7 @@ class Daemon:
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self._upkeep_loop(), name="fire-log-upkeep")
                     tg.create_task(self._engine_loop(), name="engine")
+                    tg.create_task(self._lag_probe(), name="loop-lag")
                     tg.create_task(self._stop.wait(), name="stop-signal")
                 self.state = RunState.STOPPING
                 log.info("daemon.stopping")
@@ -208,6 +209,14 @@ class Daemon:
             except Exception as exc:  # upkeep must never take the daemon down; retried next hour
                 log.warning("fire_log.upkeep_failed error=%r", exc)
             await self._wait_stop(UPKEEP_INTERVAL)
+
+    async def _lag_probe(self) -> None:
+        """Measure how late the event loop runs a 10 ms timer (CPU starvation shows here first)."""
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            start = loop.time()
+            await asyncio.sleep(0.01)
+            self.metrics.loop_lag.observe(max(0.0, loop.time() - start - 0.01))
 
     async def _wait_stop(self, seconds: float) -> None:
         try:

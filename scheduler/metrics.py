@@ -84,6 +84,12 @@ class Metrics:
             buckets=DB_BUCKETS,
             registry=r,
         )
+        self.loop_lag = Histogram(
+            _P + "event_loop_lag_seconds",
+            "How late a 10 ms timer fires: the daemon's own scheduling delay.",
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
         self.dup_window_short = Gauge(
             _P + "duplicate_window_short",
             "1 when a target stream's duplicate window is shorter than the failover span.",

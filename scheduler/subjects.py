@@ -7,6 +7,7 @@ against the daemon's own allow-list and a fixed list of refused prefixes (design
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -59,11 +60,20 @@ def matches(pattern: str, subject: str) -> bool:
 
 def check_target(subject: str, allow: Sequence[str]) -> str:
     """Return `subject` if the daemon may publish a task there, else raise TargetRefusedError."""
+    refusal = _refusal(subject, tuple(allow))
+    if refusal is not None:
+        raise TargetRefusedError(subject, refusal)
+    return subject
+
+
+@functools.lru_cache(maxsize=4096)
+def _refusal(subject: str, allow: tuple[str, ...]) -> str | None:
+    """Why `subject` is refused, or None (cached: a deployment has few distinct targets)."""
     if not is_literal(subject):
-        raise TargetRefusedError(subject, "is not a literal subject (wildcards or empty tokens)")
+        return "is not a literal subject (wildcards or empty tokens)"
     for prefix in REFUSED_PREFIXES:
         if subject.startswith(prefix):
-            raise TargetRefusedError(subject, f"targets under {prefix} are always refused")
+            return f"targets under {prefix} are always refused"
     if not any(matches(pattern, subject) for pattern in allow):
-        raise TargetRefusedError(subject, f"is outside the allow-list ({', '.join(allow)})")
-    return subject
+        return f"is outside the allow-list ({', '.join(allow)})"
+    return None

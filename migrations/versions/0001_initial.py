@@ -39,7 +39,6 @@ CREATE INDEX delayed_messages_pending_due
     ON delayed_messages (due_at, priority, seq) WHERE status = 'pending';
 CREATE INDEX delayed_messages_claimed
     ON delayed_messages (due_at, priority, seq) WHERE status = 'claimed';
-CREATE INDEX delayed_messages_target ON delayed_messages (target, status);
 """
 
 FIRE_LOG = """

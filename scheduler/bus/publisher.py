@@ -44,7 +44,9 @@ class Publisher:
         self.nc = nc
         self.timeout = timeout
         self._slots = asyncio.Semaphore(max_inflight)
-        self._pending: dict[str, tuple[asyncio.Future[PubAck], str, asyncio.TimerHandle]] = {}
+        # token -> (future, subject, deadline on the loop's clock)
+        self._pending: dict[str, tuple[asyncio.Future[PubAck], str, float]] = {}
+        self._reaper: asyncio.Task[None] | None = None
         self._prefix = ""
         self._next = 0
         self._sub = None
@@ -52,9 +54,23 @@ class Publisher:
     async def start(self) -> Publisher:
         self._prefix = self.nc.new_inbox()
         self._sub = await self.nc.subscribe(self._prefix + ".*", cb=self._on_ack)
+        self._reaper = asyncio.create_task(self._reap(), name="publisher-timeouts")
         return self
 
+    async def _reap(self) -> None:
+        """Fail publishes whose ack is overdue (one sweep a tick beats a timer per message)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(0.25, self.timeout / 4))
+            now = loop.time()
+            for token in [t for t, (_, _, deadline) in self._pending.items() if deadline <= now]:
+                self._fail(token, "no acknowledgement in time")
+
     async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
@@ -73,8 +89,7 @@ class Publisher:
         token = str(self._next)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[PubAck] = loop.create_future()
-        timer = loop.call_later(self.timeout, self._fail, token, "no acknowledgement in time")
-        self._pending[token] = (fut, subject, timer)
+        self._pending[token] = (fut, subject, loop.time() + self.timeout)
         try:
             await self.nc.publish(
                 subject, payload, reply=f"{self._prefix}.{token}", headers=headers
@@ -101,8 +116,7 @@ class Publisher:
         entry = self._pending.pop(token, None)
         if entry is None:
             return  # a late ack after its timeout: the task was already retried
-        fut, subject, timer = entry
-        timer.cancel()
+        fut, subject, _ = entry
         self._slots.release()
         if fut.done():
             return
@@ -116,8 +130,7 @@ class Publisher:
         entry = self._pending.pop(token, None)
         if entry is None:
             return
-        fut, subject, timer = entry
-        timer.cancel()
+        fut, subject, _ = entry
         self._slots.release()
         if not fut.done():
             fut.set_exception(PublishError(subject, message))

@@ -94,7 +94,7 @@ class DelayedEngine:
         )
         log.info("engine.term_started epoch=%d", epoch)
         try:
-            await firing.fire(epoch, await self.tasks.reclaim_orphans(epoch))
+            firing.arm(await self.tasks.reclaim_orphans(epoch))
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(firing.run(epoch, stop), name="firing")
                 tg.create_task(

@@ -1,20 +1,22 @@
 """The firing loop: from the horizon heap to JetStream, exactly on time, once.
 
-One batch at a time: pop what is due within `CLAIM_AHEAD_MS`, claim it in PostgreSQL (a cancel
-that commits first wins), wait until each task's due millisecond, publish it pipelined with
-`Nats-Msg-Id` = task id, then record the outcome. The bookkeeping of one batch (mark fired, fire
-log, retries, dead letters) runs while the next batch publishes. Never early: a task is published
-only once the wall clock has reached its due time, re-checked after every wake.
+Three cooperating loops. The claimer pops what falls due within `LOOKAHEAD_MS` and claims it in
+PostgreSQL (a cancel that commits first wins) so the claim's round trip is never on the critical
+path. The dispatcher publishes each armed task the moment the wall clock reaches its due
+millisecond (never before: re-checked after every wake), pipelined, with `Nats-Msg-Id` = task id.
+The bookkeeper records acknowledged outcomes every few milliseconds in one transaction (mark
+fired, fire log, retries, dead letters, expiries).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import functools
+import heapq
 import logging
 import random
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339
@@ -28,7 +30,9 @@ from scheduler.subjects import check_target, dlq_subject
 
 log = logging.getLogger("scheduler.firing")
 
-CLAIM_AHEAD_MS = 20
+LOOKAHEAD_MS = 50
+BOOK_EVERY = 0.01
+BOOK_BATCH = 500
 MAX_BACKOFF = 60.0
 
 
@@ -56,73 +60,129 @@ class Firing:
         self.clock = clock
         self.metrics = metrics
         self.wake = wake
-        self._books: asyncio.Task[None] | None = None
+        self.armed: list[tuple[int, int, int, str, ClaimedTask]] = []
+        self.armed_event = asyncio.Event()
+        self.outcome_event = asyncio.Event()
+        self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
+        self._expired: list[ClaimedTask] = []
+        self._inflight = 0
+        self._closing = False
+        self._books_closing = False
 
     def now_ms(self) -> int:
         return to_ms(self.clock.now())
 
     async def run(self, epoch: int, stop: asyncio.Event) -> None:
-        """Fire due tasks until `stop` is set or office is lost."""
+        """Claim, publish and record until `stop` is set or office is lost."""
+        dispatcher = asyncio.create_task(self._dispatch(), name="dispatch")
+        books = asyncio.create_task(self._keep_books(epoch), name="books")
         try:
             while not stop.is_set() and self.office.may_act():
                 if not await self.step(epoch):
-                    await self._wait(self._idle_seconds())
+                    await self._wait(self.wake, self._idle_seconds())
         finally:
-            await self.drain()
+            await self._finish(dispatcher, books)
 
     async def step(self, epoch: int) -> bool:
-        """Fire one batch if anything is due; return whether there was one."""
-        horizon = self.now_ms() + CLAIM_AHEAD_MS
-        entries = self.heap.pop_due(horizon, self.settings.batch)
+        """Claim what falls due within the lookahead and arm it; return whether there was any."""
+        until = self.now_ms() + LOOKAHEAD_MS
+        entries = self.heap.pop_due(until, self.settings.batch)
         self.metrics.heap_size.set(len(self.heap))
         if not entries:
             return False
-        claimed = await self.tasks.claim(epoch, [e[3] for e in entries], from_ms(horizon))
-        await self.fire(epoch, claimed)
+        self.arm(await self.tasks.claim(epoch, [e[3] for e in entries], from_ms(until)))
         return True
+
+    def arm(self, claimed: Sequence[ClaimedTask]) -> None:
+        """Hand claimed tasks to the dispatcher, which publishes each at its due millisecond."""
+        for t in claimed:
+            heapq.heappush(self.armed, (t.due_ms, t.priority, t.seq, t.id, t))
+        self.armed_event.set()
 
     def _idle_seconds(self) -> float:
         nxt = self.heap.next_due_ms()
         if nxt is None:
             return 1.0
-        return min(1.0, max(0.0, (nxt - CLAIM_AHEAD_MS - self.now_ms()) / 1000))
+        return min(1.0, max(0.0, (nxt - LOOKAHEAD_MS - self.now_ms()) / 1000))
 
-    async def _wait(self, seconds: float) -> None:
-        """Sleep up to `seconds`, waking early when intake or the loader adds tasks."""
-        self.wake.clear()
+    async def _wait(self, event: asyncio.Event, seconds: float) -> None:
+        """Sleep up to `seconds` of the clock's time, waking early when `event` is set."""
+        event.clear()
         if seconds <= 0:
             return
         sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
-        waker = asyncio.ensure_future(self.wake.wait())
+        waker = asyncio.ensure_future(event.wait())
         try:
             await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             sleeper.cancel()
             waker.cancel()
 
-    async def fire(self, epoch: int, claimed: Sequence[ClaimedTask]) -> None:
-        """Publish claimed tasks at their due times, then hand the outcome to bookkeeping."""
-        now = self.clock.now()
-        expired = [t for t in claimed if t.expires_at is not None and t.expires_at <= now]
-        live = [t for t in claimed if t not in expired]
-        futures: list[tuple[ClaimedTask, asyncio.Future[PubAck]]] = []
-        for due_ms, group in itertools.groupby(live, key=lambda t: t.due_ms):
-            await self._until(due_ms)
-            fired_at = to_rfc3339(self.clock.now())
-            for task in group:
-                futures.append((task, await self._send(task, fired_at)))
-        outcomes = []
-        for task, fut in futures:
-            try:
-                outcomes.append((task, await fut, self.clock.now()))
-            except PublishError as exc:
-                outcomes.append((task, exc, self.clock.now()))
-        await self._book(epoch, outcomes, expired)
+    async def _dispatch(self) -> None:
+        """Publish armed tasks the moment the wall clock reaches their due time, never before."""
+        while self.armed or not self._closing:
+            if not self.armed:
+                await self._wait(self.armed_event, 1.0)
+                continue
+            left = self.armed[0][0] - self.now_ms()
+            if left > 0:  # re-checked after every wake: robust to wall-clock steps
+                await self._wait(self.armed_event, left / 1000)
+                continue
+            await self._publish_due()
 
-    async def _until(self, due_ms: int) -> None:
-        """Wait until the wall clock reaches `due_ms` (re-checked: robust to clock steps)."""
-        while (left := due_ms - self.now_ms()) > 0:
-            await self.clock.sleep(left / 1000)
+    async def _publish_due(self) -> None:
+        now = self.clock.now()
+        now_ms, fired_at = to_ms(now), to_rfc3339(now)
+        while self.armed and self.armed[0][0] <= now_ms:
+            task = heapq.heappop(self.armed)[-1]
+            if task.expires_at is not None and task.expires_at <= now:
+                self._expired.append(task)
+                continue
+            fut = await self._send(task, fired_at)
+            self._inflight += 1
+            fut.add_done_callback(functools.partial(self._done, task))
+
+    def _done(self, task: ClaimedTask, fut: asyncio.Future[PubAck]) -> None:
+        self._inflight -= 1
+        if fut.cancelled():
+            outcome: PubAck | PublishError = PublishError(task.target, "publish cancelled")
+        else:
+            exc = fut.exception()
+            outcome = exc if isinstance(exc, PublishError) else fut.result()
+        self._outcomes.append((task, outcome, self.clock.now()))
+        if len(self._outcomes) >= BOOK_BATCH:
+            self.outcome_event.set()
+
+    async def _keep_books(self, epoch: int) -> None:
+        """Record outcomes every few milliseconds, one transaction per flush, in order."""
+        while True:
+            await self._wait(self.outcome_event, BOOK_EVERY)
+            outcomes, self._outcomes = self._outcomes, []
+            expired, self._expired = self._expired, []
+            if outcomes or expired:
+                await self._record(epoch, outcomes, expired)
+            elif self._books_closing:
+                return
+
+    async def _finish(self, dispatcher: asyncio.Task[None], books: asyncio.Task[None]) -> None:
+        """Graceful stop: publish what is armed (due within the lookahead) and record it all.
+
+        After losing office nothing more is published; armed tasks stay claimed and the next
+        leader re-publishes them (the duplicate window drops a repeat)."""
+        self._closing = True
+        self.armed_event.set()
+        if self.office.may_act():
+            await dispatcher
+        else:
+            dispatcher.cancel()
+            await asyncio.gather(dispatcher, return_exceptions=True)
+            self.armed.clear()
+        async with asyncio.timeout(self.publisher.timeout + 1):
+            while self._inflight:  # noqa: ASYNC110 (futures resolve via callbacks)
+                await asyncio.sleep(0.005)
+        self._books_closing = True
+        self.outcome_event.set()
+        await books
 
     async def _send(self, task: ClaimedTask, fired_at: str) -> asyncio.Future[PubAck]:
         try:
@@ -139,18 +199,6 @@ class Firing:
             "Mq-Attempt": str(task.attempts),
         }
         return await self.publisher.publish(task.target, task.payload, headers)
-
-    async def _book(self, epoch: int, outcomes: list, expired: list[ClaimedTask]) -> None:
-        """Run the bookkeeping of this batch in the background; at most one batch behind."""
-        if self._books is not None:
-            await self._books
-        self._books = asyncio.create_task(self._record(epoch, outcomes, expired), name="books")
-
-    async def drain(self) -> None:
-        """Wait for the last batch's bookkeeping."""
-        if self._books is not None:
-            books, self._books = self._books, None
-            await books
 
     async def _record(self, epoch: int, outcomes: list, expired: list[ClaimedTask]) -> None:
         fired = [Fired(t, at, r.stream, r.seq) for t, r, at in outcomes if isinstance(r, PubAck)]

@@ -31,6 +31,8 @@ from scheduler.subjects import check_target, delay_lane_prefix, dlq_subject
 
 log = logging.getLogger("scheduler.intake")
 
+YIELD_EVERY = 100
+
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
@@ -99,15 +101,21 @@ class Intake:
     async def handle(self, msgs: list[Msg]) -> None:
         """Store, dead-letter and ack one fetched batch."""
         now = self.clock.now()
-        results = [self.classify(m, now) for m in msgs]
+        results: list[NewTask | Rejected] = []
+        for i, msg in enumerate(msgs):
+            results.append(self.classify(msg, now))
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # let the dispatcher publish on time during a big batch
         good = [(m, r) for m, r in zip(msgs, results, strict=True) if isinstance(r, NewTask)]
         bad = [r for r in results if isinstance(r, Rejected)]
         if good:
             await self._store([m for m, _ in good], [t for _, t in good])
         if bad:
             await self._reject(bad)
-        for msg, _ in good:
+        for i, (msg, _) in enumerate(good):
             await msg.ack()
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
 
     async def _store(self, msgs: list[Msg], tasks: list[NewTask]) -> None:
         async with self.heap_lock:
