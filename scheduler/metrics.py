@@ -84,6 +84,12 @@ class Metrics:
             buckets=DB_BUCKETS,
             registry=r,
         )
+        self.dispatch_lateness = Histogram(
+            _P + "dispatch_lateness_seconds",
+            "Publish call time minus due time (the daemon's share of lateness).",
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
         self.loop_lag = Histogram(
             _P + "event_loop_lag_seconds",
             "How late a 10 ms timer fires: the daemon's own scheduling delay.",

@@ -133,8 +133,10 @@ class Firing:
     async def _publish_due(self) -> None:
         now = self.clock.now()
         now_ms, fired_at = to_ms(now), to_rfc3339(now)
+        observe = self.metrics.dispatch_lateness.observe
         while self.armed and self.armed[0][0] <= now_ms:
-            task = heapq.heappop(self.armed)[-1]
+            due_ms, *_, task = heapq.heappop(self.armed)
+            observe((now_ms - due_ms) / 1000)
             if task.expires_at is not None and task.expires_at <= now:
                 self._expired.append(task)
                 continue

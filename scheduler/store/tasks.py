@@ -187,18 +187,28 @@ class TaskStore:
         return [TaskRef(r["id"], to_ms(r["due_at"]), r["priority"], r["seq"]) for r in rows]
 
     async def claim(self, epoch: int, ids: Sequence[str], until: datetime) -> list[ClaimedTask]:
-        """Claim the pending tasks among `ids` due by `until`; cancelled ones are skipped."""
-        async with self.fenced(epoch, "claim") as conn:
+        """Claim the pending tasks among `ids` due by `until`; cancelled ones are skipped.
+
+        One statement, one round trip: the epoch check (`FOR SHARE`) and the update commit
+        together. The outer join always yields a row, so a fenced epoch is told apart from
+        an empty claim."""
+        async with self.db.timed("claim") as conn:
             rows = await conn.fetch(
-                "UPDATE delayed_messages SET status = 'claimed', claimed_epoch = $1, "
-                "claimed_at = now(), attempts = attempts + 1, updated_at = now() "
-                "WHERE id = ANY($2::text[]) AND status = 'pending' AND due_at <= $3 "
-                f"RETURNING {_TASK_COLUMNS}",
+                "WITH lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 "
+                "FOR SHARE), upd AS (UPDATE delayed_messages SET status = 'claimed', "
+                "claimed_epoch = $1, claimed_at = now(), attempts = attempts + 1, "
+                "updated_at = now() FROM lead WHERE id = ANY($2::text[]) AND "
+                f"status = 'pending' AND due_at <= $3 RETURNING {_TASK_COLUMNS}) "
+                "SELECT (SELECT count(*) FROM lead) AS in_office, upd.* "
+                "FROM (SELECT 1) AS one LEFT JOIN upd ON true",
                 epoch,
                 list(ids),
                 until,
             )
-        return sorted((_claimed(r) for r in rows), key=lambda t: (t.due_at, t.priority, t.seq))
+        if not rows or rows[0]["in_office"] == 0:
+            raise FencedError(epoch)
+        claimed = [_claimed(r) for r in rows if r["id"] is not None]
+        return sorted(claimed, key=lambda t: (t.due_at, t.priority, t.seq))
 
     async def reclaim_orphans(self, epoch: int) -> list[ClaimedTask]:
         """Take over tasks an earlier leader claimed but never marked fired (to publish again)."""
@@ -211,39 +221,34 @@ class TaskStore:
         return sorted((_claimed(r) for r in rows), key=lambda t: (t.due_at, t.priority, t.seq))
 
     async def mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
-        """Record deliveries: status fired, and one `fire_log` row each, in one transaction."""
+        """Record deliveries: status fired and one `fire_log` row each, in one statement."""
         if not fired:
             return
-        ids = [f.task.id for f in fired]
-        at = [f.fired_at for f in fired]
-        seqs = [f.stream_seq for f in fired]
-        async with self.fenced(epoch, "fired") as conn:
-            await conn.execute(
-                "UPDATE delayed_messages d SET status = 'fired', fired_at = u.fired_at, "
-                "stream_seq = u.seq, updated_at = now() FROM unnest($2::text[], "
-                "$3::timestamptz[], $4::bigint[]) AS u(id, fired_at, seq) "
-                "WHERE d.id = u.id AND d.status = 'claimed' AND d.claimed_epoch = $1",
-                epoch,
-                ids,
-                at,
-                seqs,
-            )
-            await conn.execute(
-                "INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, attempt, "
-                "epoch, instance, stream, stream_seq) SELECT 'delayed', u.id, u.subject, u.sched, "
-                "u.fired_at, u.attempt, $1, $2, u.stream, u.seq FROM unnest($3::text[], "
-                "$4::text[], $5::timestamptz[], $6::timestamptz[], $7::int[], $8::text[], "
-                "$9::bigint[]) AS u(id, subject, sched, fired_at, attempt, stream, seq)",
+        async with self.db.timed("fired") as conn:
+            in_office = await conn.fetchval(
+                "WITH lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 "
+                "FOR SHARE), u AS (SELECT * FROM unnest($3::text[], $4::text[], "
+                "$5::timestamptz[], $6::timestamptz[], $7::int[], $8::text[], $9::bigint[]) "
+                "AS u(id, subject, sched, fired_at, attempt, stream, seq)), "
+                "upd AS (UPDATE delayed_messages d SET status = 'fired', fired_at = u.fired_at, "
+                "stream_seq = u.seq, updated_at = now() FROM u, lead WHERE d.id = u.id AND "
+                "d.status = 'claimed' AND d.claimed_epoch = $1 RETURNING d.id), "
+                "ins AS (INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, "
+                "attempt, epoch, instance, stream, stream_seq) SELECT 'delayed', u.id, "
+                "u.subject, u.sched, u.fired_at, u.attempt, $1, $2, u.stream, u.seq "
+                "FROM u, lead RETURNING 1) SELECT count(*) FROM lead",
                 epoch,
                 instance,
-                ids,
+                [f.task.id for f in fired],
                 [f.task.target for f in fired],
                 [f.task.scheduled_for for f in fired],
-                at,
+                [f.fired_at for f in fired],
                 [f.task.attempts for f in fired],
                 [f.stream for f in fired],
-                seqs,
+                [f.stream_seq for f in fired],
             )
+        if in_office == 0:
+            raise FencedError(epoch)
 
     async def retry_later(
         self, epoch: int, items: Sequence[tuple[ClaimedTask, datetime, str]]
