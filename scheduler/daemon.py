@@ -200,12 +200,15 @@ class Daemon:
             self.warnings.append(problem)
 
     async def _upkeep_loop(self) -> None:
-        """Keep the fire log's partitions two days ahead and drop the expired ones, hourly."""
+        """Hourly: fire-log partitions two days ahead, expired ones dropped, old tasks purged."""
         assert self.store is not None
         while not self._stop.is_set():
             try:
                 for change in await self.store.fire_log_upkeep(self.settings.fire_log_retention):
                     log.info("fire_log.partition %s", change)
+                if self.tasks is not None:
+                    purged = await self.tasks.purge_finished(self.settings.fire_log_retention)
+                    log.info("delayed_messages.purged rows=%d", purged)
             except Exception as exc:  # upkeep must never take the daemon down; retried next hour
                 log.warning("fire_log.upkeep_failed error=%r", exc)
             await self._wait_stop(UPKEEP_INTERVAL)

@@ -94,3 +94,27 @@ async def test_fire_log_upkeep_creates_ahead_moves_default_rows_and_drops_old(
             assert await store.schema_revision() == head.get_current_head()
     finally:
         await store.close()
+
+
+async def test_purge_deletes_only_old_finished_tasks(database_url: str) -> None:
+    """The upkeep purge removes fired/cancelled/expired tasks past the retention, nothing else."""
+    from scheduler.store.tasks import TaskStore
+
+    pool = await create_pool(database_url, min_size=1, max_size=2)
+    tasks = TaskStore(PostgresStore(pool, Metrics()))
+    try:
+        old = datetime.now(UTC) - timedelta(days=20)
+        for i, status in enumerate(["fired", "cancelled", "expired", "dead", "pending", "fired"]):
+            stamp = old if i < 5 else datetime.now(UTC)
+            await pool.execute(
+                "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for, "
+                "status, updated_at) VALUES ($1, 'mq.x', '{}', $2, $2, $3, $2)",
+                f"t{i}",
+                stamp,
+                status,
+            )
+        assert await tasks.purge_finished(14) == 3
+        left = {r["id"] for r in await pool.fetch("SELECT id FROM delayed_messages")}
+        assert left == {"t3", "t4", "t5"}
+    finally:
+        await pool.close()
