@@ -32,6 +32,7 @@ PAGE = 20_000
 MAX_HEAP = 500_000
 SWEEP_EVERY = 5.0
 COUNT_EVERY = 15.0
+STALE_CLAIM = timedelta(seconds=30)
 RESCHEDULED_SUBJECT = "scheduler.v1.internal.rescheduled"
 
 
@@ -101,7 +102,7 @@ class DelayedEngine:
                     intake.run(self.bus.js, self.intake_stream, stop, self.office.may_act),
                     name="intake",
                 )
-                tg.create_task(self._loader(stop), name="loader")
+                tg.create_task(self._loader(stop, firing, epoch), name="loader")
                 tg.create_task(self._watch_office(stop), name="office-watch")
         except* OfficeLost:
             log.warning("engine.office_lost epoch=%d", epoch)
@@ -123,18 +124,23 @@ class DelayedEngine:
         if self.office.lost.is_set() and not stop.is_set():
             raise OfficeLost()
 
-    async def _loader(self, stop: asyncio.Event) -> None:
+    async def _loader(self, stop: asyncio.Event, firing: Firing, epoch: int) -> None:
         """Keep the heap filled up to now + horizon; sweep for stragglers; count pending."""
         last_sweep = last_count = 0.0
         while not stop.is_set() and self.office.may_act():
-            full = await self.load_once()
-            now = self.clock.monotonic()
-            if now - last_sweep >= SWEEP_EVERY:
-                await self.sweep()
-                last_sweep = now
-            if now - last_count >= COUNT_EVERY:
-                self.metrics.pending.set(await self.tasks.pending_count())
-                last_count = now
+            try:
+                full = await self.load_once()
+                now = self.clock.monotonic()
+                if now - last_sweep >= SWEEP_EVERY:
+                    await self.sweep()
+                    firing.arm(await self.tasks.reclaim_orphans(epoch, STALE_CLAIM))
+                    last_sweep = now
+                if now - last_count >= COUNT_EVERY:
+                    self.metrics.pending.set(await self.tasks.pending_count())
+                    last_count = now
+            except Exception as exc:  # PostgreSQL away: the heap keeps what it has; retry
+                log.warning("loader.failed error=%r", exc)
+                full = False
             if not full:
                 await _wait_or_stop(stop, 1.0)
 

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339
-from scheduler.engine.heap import HorizonHeap, TaskRef
+from scheduler.engine.heap import Entry, HorizonHeap, TaskRef
 from scheduler.engine.office import Office
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
@@ -33,6 +33,7 @@ log = logging.getLogger("scheduler.firing")
 LOOKAHEAD_MS = 50
 BOOK_EVERY = 0.01
 BOOK_BATCH = 500
+CLAIMS_IN_FLIGHT = 2
 MAX_BACKOFF = 60.0
 
 
@@ -66,6 +67,8 @@ class Firing:
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
         self._expired: list[ClaimedTask] = []
         self._inflight = 0
+        self._claims: set[asyncio.Task[None]] = set()
+        self._claim_slots = asyncio.Semaphore(CLAIMS_IN_FLIGHT)
         self._closing = False
         self._books_closing = False
 
@@ -84,14 +87,39 @@ class Firing:
             await self._finish(dispatcher, books)
 
     async def step(self, epoch: int) -> bool:
-        """Claim what falls due within the lookahead and arm it; return whether there was any."""
+        """Claim what falls due within the lookahead; return whether there was any.
+
+        Up to `CLAIMS_IN_FLIGHT` claims run at once, so one slow round trip does not hold up
+        the next window (a burst of tasks due at one instant drains at the database's pace)."""
         until = self.now_ms() + LOOKAHEAD_MS
         entries = self.heap.pop_due(until, self.settings.batch)
         self.metrics.heap_size.set(len(self.heap))
         if not entries:
             return False
-        self.arm(await self.tasks.claim(epoch, [e[3] for e in entries], from_ms(until)))
+        await self._claim_slots.acquire()
+        claim = asyncio.create_task(self._claim(epoch, entries, until), name="claim")
+        self._claims.add(claim)
+        claim.add_done_callback(self._claims.discard)
         return True
+
+    async def _claim(self, epoch: int, entries: list[Entry], until: int) -> None:
+        try:
+            self.arm(await self.tasks.claim(epoch, [e[3] for e in entries], from_ms(until)))
+        except FencedError:
+            self._deposed(epoch)
+        except Exception as exc:  # PostgreSQL away: put the batch back and let the loop retry
+            log.warning("claim.failed count=%d error=%r", len(entries), exc)
+            for due_ms, priority, seq, task_id in entries:
+                self.heap.push(TaskRef(task_id, due_ms, priority, seq))
+            await self.clock.sleep(0.5)
+        finally:
+            self._claim_slots.release()
+
+    def _deposed(self, epoch: int) -> None:
+        log.error("engine.fenced epoch=%d: a newer leader exists; stepping down", epoch)
+        depose = getattr(self.office, "depose", None)
+        if depose is not None:
+            depose()
 
     def arm(self, claimed: Sequence[ClaimedTask]) -> None:
         """Hand claimed tasks to the dispatcher, which publishes each at its due millisecond."""
@@ -162,7 +190,12 @@ class Firing:
             outcomes, self._outcomes = self._outcomes, []
             expired, self._expired = self._expired, []
             if outcomes or expired:
-                await self._record(epoch, outcomes, expired)
+                try:
+                    await self._record(epoch, outcomes, expired)
+                except Exception as exc:  # PostgreSQL away: keep the outcomes, retry shortly
+                    log.warning("books.failed count=%d error=%r", len(outcomes), exc)
+                    self._outcomes[:0], self._expired[:0] = outcomes, expired
+                    await self.clock.sleep(0.5)
             elif self._books_closing:
                 return
 
@@ -171,6 +204,8 @@ class Firing:
 
         After losing office nothing more is published; armed tasks stay claimed and the next
         leader re-publishes them (the duplicate window drops a repeat)."""
+        if self._claims:
+            await asyncio.gather(*self._claims, return_exceptions=True)
         self._closing = True
         self.armed_event.set()
         if self.office.may_act():
@@ -210,10 +245,7 @@ class Firing:
             await self._expire(epoch, expired)
             await self._failed(epoch, failed)
         except FencedError:
-            log.error("engine.fenced epoch=%d: a newer leader exists; stepping down", epoch)
-            depose = getattr(self.office, "depose", None)
-            if depose is not None:
-                depose()
+            self._deposed(epoch)
             return
         for f in fired:
             lateness = (f.fired_at - f.task.scheduled_for).total_seconds()

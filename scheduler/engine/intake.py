@@ -192,7 +192,11 @@ class Intake:
                     msgs = await psub.fetch(self.settings.batch, timeout=0.5)
                 except TimeoutError:
                     continue
-                await self.handle(msgs)
+                try:
+                    await self.handle(msgs)
+                except Exception as exc:  # unacked messages come back after the ack wait
+                    log.warning("intake.failed count=%d error=%r", len(msgs), exc)
+                    await self.clock.sleep(1.0)
         finally:
             await psub.unsubscribe()
 

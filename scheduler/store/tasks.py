@@ -210,13 +210,21 @@ class TaskStore:
         claimed = [_claimed(r) for r in rows if r["id"] is not None]
         return sorted(claimed, key=lambda t: (t.due_at, t.priority, t.seq))
 
-    async def reclaim_orphans(self, epoch: int) -> list[ClaimedTask]:
-        """Take over tasks an earlier leader claimed but never marked fired (to publish again)."""
+    async def reclaim_orphans(
+        self, epoch: int, stale: timedelta | None = None
+    ) -> list[ClaimedTask]:
+        """Take over claimed tasks never marked fired, to publish them again.
+
+        Without `stale`: those of earlier leaders (on taking office). With it: any claim older
+        than that, this leader's own included (a claim whose reply was lost in an outage)."""
         async with self.fenced(epoch, "reclaim") as conn:
             rows = await conn.fetch(
-                "UPDATE delayed_messages SET claimed_epoch = $1, updated_at = now() "
-                f"WHERE status = 'claimed' AND claimed_epoch <> $1 RETURNING {_TASK_COLUMNS}",
+                "UPDATE delayed_messages SET claimed_epoch = $1, claimed_at = now(), "
+                "updated_at = now() WHERE status = 'claimed' AND (CASE WHEN $2::interval "
+                "IS NULL THEN claimed_epoch <> $1 ELSE claimed_at < now() - $2::interval END) "
+                f"RETURNING {_TASK_COLUMNS}",
                 epoch,
+                stale,
             )
         return sorted((_claimed(r) for r in rows), key=lambda t: (t.due_at, t.priority, t.seq))
 

@@ -367,3 +367,26 @@ async def test_schedule_through_the_api(harness: Harness) -> None:
     assert bad["error"]["code"] == "bad_request"
     assert "priority" in bad["error"]["message"]
     assert len(await harness.delivered(count=1)) == 1
+
+
+@pytest.mark.slow
+async def test_a_stale_claim_is_published_again(harness: Harness, database_url: str) -> None:
+    """A task left claimed (its claim's reply lost in an outage) is re-published by the sweep."""
+    daemon = await harness.start()
+    doc = envelope(None)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for, status, "
+            "claimed_epoch, claimed_at, attempts) VALUES ($1, $2, $3, now(), now(), 'claimed', "
+            "$4, now() - interval '1 minute', 1)",
+            doc["id"],
+            TARGET,
+            json.dumps(doc).encode(),
+            daemon.office.epoch if daemon.office else 0,
+        )
+    finally:
+        await conn.close()
+    got = await harness.delivered(count=1, within=10)
+    assert got[0][1].headers["Nats-Msg-Id"] == doc["id"]
+    assert await status_soon(harness, TARGET, doc["id"], "fired") == "fired"
