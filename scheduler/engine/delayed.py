@@ -99,7 +99,7 @@ class DelayedEngine:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(firing.run(epoch, stop), name="firing")
                 tg.create_task(
-                    intake.run(self.bus.js, self.intake_stream, stop, self.office.may_act),
+                    intake.run(self.bus.nc, self.intake_stream, stop, self.office.may_act),
                     name="intake",
                 )
                 tg.create_task(self._loader(stop, firing, epoch), name="loader")

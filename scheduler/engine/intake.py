@@ -20,6 +20,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from scheduler.bus.publisher import Publisher, PublishError
+from scheduler.bus.puller import Puller
 from scheduler.clock import Clock
 from scheduler.engine.heap import HorizonHeap
 from scheduler.envelope import Limits, parse_envelope
@@ -183,14 +184,15 @@ class Intake:
         ) as exc:  # the dead_letters row is the record; the stream copy is a convenience
             log.warning("dlq.publish_failed subject=%s error=%s", subject, exc)
 
-    async def run(self, js: Any, stream: str, stop: asyncio.Event, may_act: Any) -> None:
-        """Fetch and handle batches until `stop` is set or `may_act()` turns false."""
-        psub = await js.pull_subscribe_bind(durable=self.settings.intake_consumer, stream=stream)
+    async def run(self, nc: Any, stream: str, stop: asyncio.Event, may_act: Any) -> None:
+        """Handle batches as they arrive until `stop` is set or `may_act()` turns false."""
+        puller = await Puller(
+            nc, stream, self.settings.intake_consumer, self.settings.batch
+        ).start()
         try:
             while not stop.is_set() and may_act():
-                try:
-                    msgs = await psub.fetch(self.settings.batch, timeout=0.5)
-                except TimeoutError:
+                msgs = await puller.take(timeout=0.5)
+                if not msgs:
                     continue
                 try:
                     await self.handle(msgs)
@@ -198,7 +200,7 @@ class Intake:
                     log.warning("intake.failed count=%d error=%r", len(msgs), exc)
                     await self.clock.sleep(1.0)
         finally:
-            await psub.unsubscribe()
+            await puller.close()
 
 
 def _stream_seq(msg: Msg) -> int:

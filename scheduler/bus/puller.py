@@ -1,0 +1,79 @@
+"""A lean pull consumer: messages are handled as they arrive, no per-message future or timer.
+
+nats-py's `fetch` waits on a future with a timeout for every message; at thousands of tasks a
+second that is a large share of the daemon's CPU. Here one inbox subscription collects messages
+in a buffer through a callback, and pull requests are topped up so about `batch` messages are
+always requested: a steady stream flows in as soon as producers publish it, and an idle lane
+costs one long-poll request per `expires`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+_DONE_STATUSES = {"404", "408", "409"}  # no messages, request expired, request ended
+
+
+class Puller:
+    """Pulls from a durable consumer into a buffer; `take()` returns what has arrived."""
+
+    def __init__(self, nc: Client, stream: str, consumer: str, batch: int, expires: float = 5.0):
+        self.nc = nc
+        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self.batch = batch
+        self.expires = expires
+        self._buffer: list[Msg] = []
+        self._arrived = asyncio.Event()
+        self._requested = 0
+        self._inbox = ""
+        self._sub = None
+
+    async def start(self) -> Puller:
+        self._inbox = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(self._inbox, cb=self._on_msg)
+        await self._top_up()
+        return self
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # connection already closed
+                pass
+            self._sub = None
+
+    async def _on_msg(self, msg: Msg) -> None:
+        status = (msg.headers or {}).get("Status") if not msg.data else None
+        if status is not None:
+            if status in _DONE_STATUSES or status.startswith("4"):
+                self._requested = 0  # our requests are over; take() asks again
+                self._arrived.set()
+            return  # 100 = idle heartbeat
+        self._requested -= 1
+        self._buffer.append(msg)
+        self._arrived.set()
+
+    async def _top_up(self) -> None:
+        want = self.batch - self._requested
+        if want >= self.batch // 2:
+            req = {"batch": want, "expires": int(self.expires * 1e9)}
+            await self.nc.publish(self.subject, json.dumps(req).encode(), reply=self._inbox)
+            self._requested += want
+
+    async def take(self, timeout: float, linger: float = 0.002) -> list[Msg]:
+        """Wait up to `timeout` for messages, linger briefly to gather a batch, return them all."""
+        if not self._buffer:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout)
+            except TimeoutError:
+                pass
+            if self._buffer and len(self._buffer) < self.batch and linger > 0:
+                await asyncio.sleep(linger)
+        out, self._buffer = self._buffer[: self.batch], self._buffer[self.batch :]
+        await self._top_up()
+        return out
