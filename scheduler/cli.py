@@ -123,6 +123,7 @@ async def _run_daemon(daemon: Any) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGHUP, daemon.reload)
     runner = asyncio.create_task(daemon.run(), name="daemon")
     started = asyncio.create_task(daemon.started.wait(), name="started")
     await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)

@@ -22,11 +22,13 @@ from scheduler.clock import Clock, SystemClock
 from scheduler.embedded import NatsServer, Postgres
 from scheduler.engine.delayed import DelayedEngine
 from scheduler.engine.office import FixedOffice, Office, take_office
+from scheduler.engine.recurring import CronEngine
 from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
 from scheduler.service import SchedulerService
 from scheduler.settings import Settings
 from scheduler.store.postgres import PostgresStore, create_pool
+from scheduler.store.schedules import ScheduleStore
 from scheduler.store.tasks import TaskStore
 
 log = logging.getLogger("scheduler.daemon")
@@ -74,6 +76,7 @@ class Daemon:
         self.tasks: TaskStore | None = None
         self.office: Office | None = None
         self.engine: DelayedEngine | None = None
+        self.cron: CronEngine | None = None
         self.provisioned: list[ProvisionNote] = []
         self.warnings: list[str] = []
         self.migrated = False
@@ -85,6 +88,11 @@ class Daemon:
     def stop(self) -> None:
         """Ask the daemon to shut down; returns at once."""
         self._stop.set()
+
+    def reload(self) -> None:
+        """Re-read the schedules YAML (SIGHUP)."""
+        if self.cron is not None:
+            self.cron.request_reload()
 
     async def run(self) -> None:
         """Run until `stop()`; everything started is torn down on the way out."""
@@ -134,8 +142,18 @@ class Daemon:
         self.office = FixedOffice(await take_office(self.store.pool, s.instance_id))
         self.metrics.is_leader.set(1)
         self.metrics.leader_epoch.set(self.office.epoch or 0)
+        self.cron = CronEngine(
+            s, ScheduleStore(self.store), self.office, self.clock, self.metrics, self.bus.js
+        )
         self.engine = DelayedEngine(
-            s, self.bus, self.tasks, self.office, self.clock, self.metrics, self._intake_stream()
+            s,
+            self.bus,
+            self.tasks,
+            self.office,
+            self.clock,
+            self.metrics,
+            self._intake_stream(),
+            self.cron,
         )
 
     def _intake_stream(self) -> str:
@@ -241,6 +259,6 @@ class Daemon:
             "instance": self.settings.instance_id,
             "nats": "connected" if nats_ok else "disconnected",
             "postgres": "migrated" if self.migrated else "pending",
-            "warnings": list(self.warnings),
+            "warnings": list(self.warnings) + (self.cron.errors if self.cron else []),
         }
         return ready, body

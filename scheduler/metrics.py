@@ -90,6 +90,12 @@ class Metrics:
             buckets=LATENESS_BUCKETS,
             registry=r,
         )
+        self.cron_skipped = Counter(
+            _P + "cron_skipped_total",
+            "Cron occurrences not fired (busy: forbid and the last run is unacked).",
+            ["reason"],
+            registry=r,
+        )
         self.loop_lag = Histogram(
             _P + "event_loop_lag_seconds",
             "How late a 10 ms timer fires: the daemon's own scheduling delay.",

@@ -131,7 +131,9 @@ def _http_get(url: str) -> bytes:
 @pytest.fixture
 def settings(nats_url: str, database_url: str, tmp_path: Path) -> Settings:
     """Settings pointing at this test's NATS and database, with ports picked by the OS."""
+    (tmp_path / "schedules").mkdir()
     return Settings(
+        schedules_dir=tmp_path / "schedules",
         nats_url=nats_url,
         database_url=database_url,
         http_port=0,

@@ -21,6 +21,7 @@ from scheduler.engine.firing import Firing
 from scheduler.engine.heap import HorizonHeap, TaskRef
 from scheduler.engine.intake import Intake
 from scheduler.engine.office import Office
+from scheduler.engine.recurring import CronEngine
 from scheduler.envelope import Limits
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -52,7 +53,9 @@ class DelayedEngine:
         clock: Clock,
         metrics: Metrics,
         intake_stream: str | None = None,
+        cron: CronEngine | None = None,
     ) -> None:
+        self.cron = cron
         self.settings = settings
         self.bus = bus
         self.tasks = tasks
@@ -104,6 +107,8 @@ class DelayedEngine:
                 )
                 tg.create_task(self._loader(stop, firing, epoch), name="loader")
                 tg.create_task(self._watch_office(stop), name="office-watch")
+                if self.cron is not None:
+                    tg.create_task(self.cron.run(epoch, publisher, stop), name="cron")
         except* OfficeLost:
             log.warning("engine.office_lost epoch=%d", epoch)
         finally:

@@ -1,0 +1,233 @@
+"""Cron jobs from YAML, fired by the leader through the same publisher as delayed tasks.
+
+Each term: sync `schedules/*.yaml` into PostgreSQL, read the cursors, then loop: plan every
+job (downtime policies in `engine.misfire`), publish what is due as a fresh `hanzo.mq.v1`
+envelope with `Nats-Msg-Id` `<job>@<occurrence>`, and only after the acks advance the cursors in
+one fenced statement (plus `fire_log` rows). A restart or failover in the middle of an occurrence
+re-publishes it with the same id, which the target stream drops: never twice, never skipped.
+Reload on SIGHUP or when a YAML file changes; a job removed from YAML stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from scheduler.bus.publisher import PubAck, Publisher, PublishError
+from scheduler.clock import Clock, to_rfc3339
+from scheduler.engine.misfire import next_fire, plan
+from scheduler.engine.office import Office
+from scheduler.errors import FencedError
+from scheduler.metrics import Metrics
+from scheduler.schedules import Concurrency, Job, load_dir, occurrence_key, schedule_files
+from scheduler.settings import Settings
+from scheduler.store.schedules import Advance, ScheduleStore
+
+log = logging.getLogger("scheduler.cron")
+
+RELOAD_CHECK = 2.0
+
+
+class CronEngine:
+    """Fires the YAML's cron jobs while this instance holds office."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: ScheduleStore,
+        office: Office,
+        clock: Clock,
+        metrics: Metrics,
+        js: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.office = office
+        self.clock = clock
+        self.metrics = metrics
+        self.js = js
+        self.jobs: tuple[Job, ...] = ()
+        self.errors: list[str] = []
+        self.reload_requested = asyncio.Event()
+        self._stamp: tuple[tuple[str, float], ...] = ()
+        self._streams: dict[str, str | None] = {}
+
+    def request_reload(self) -> None:
+        """Ask for a YAML reload (SIGHUP)."""
+        self.reload_requested.set()
+
+    def _files_stamp(self) -> tuple[tuple[str, float], ...]:
+        try:
+            return tuple(
+                (str(p), p.stat().st_mtime) for p in schedule_files(self.settings.schedules_dir)
+            )
+        except (NotADirectoryError, FileNotFoundError, OSError):
+            return ()
+
+    async def sync(self) -> None:
+        """Load the YAML (keeping the valid jobs, logging the errors) and sync it to PostgreSQL."""
+        self._stamp = self._files_stamp()
+        loaded_jobs, self.errors = self._load()
+        for error in self.errors:
+            log.error("cron.yaml_error %s", error)
+        changed, removed = await self.store.sync(loaded_jobs)
+        self.jobs = loaded_jobs
+        log.info(
+            "cron.synced jobs=%d changed=%d removed=%d errors=%d",
+            len(loaded_jobs),
+            changed,
+            removed,
+            len(self.errors),
+        )
+
+    def _load(self) -> tuple[tuple[Job, ...], list[str]]:
+        directory = Path(self.settings.schedules_dir)
+        if not directory.is_dir():
+            return (), [f"{directory}: not a directory"]
+        loaded = load_dir(directory)
+        return loaded.jobs, [str(e) for e in loaded.errors]
+
+    async def run(self, epoch: int, publisher: Publisher, stop: asyncio.Event) -> None:
+        """Fire due occurrences until `stop` is set or office is lost."""
+        await self.sync()
+        cursors = await self.store.cursors()
+        while not stop.is_set() and self.office.may_act():
+            if self.reload_requested.is_set() or self._files_stamp() != self._stamp:
+                self.reload_requested.clear()
+                await self.sync()
+            try:
+                await self.tick(epoch, publisher, cursors)
+            except FencedError:
+                depose = getattr(self.office, "depose", None)
+                if depose is not None:
+                    depose()
+                return
+            except Exception as exc:  # PostgreSQL or NATS trouble: cursors unchanged, retry soon
+                log.warning("cron.tick_failed error=%r", exc)
+                await self.clock.sleep(1.0)
+                cursors = await self.store.cursors()
+                continue
+            await self._sleep_until_next(cursors, stop)
+
+    async def tick(self, epoch: int, publisher: Publisher, cursors: dict[str, datetime]) -> None:
+        """Plan every job, publish what is due, then advance cursors in one statement."""
+        now = self.clock.now()
+        firing: list[tuple[Job, datetime]] = []
+        moves: dict[str, Advance] = {}
+        for job in self.jobs:
+            cursor = cursors.get(job.name)
+            if cursor is None:  # a new job starts from now: no back-fill
+                moves[job.name] = Advance(job.name, job.subject, now)
+                continue
+            p = plan(job, cursor, now)
+            if job.paused:
+                if p.cursor != cursor:
+                    moves[job.name] = Advance(
+                        job.name, job.subject, p.cursor, skipped=len(p.fire) + p.skipped
+                    )
+                continue
+            if p.cursor != cursor:
+                moves[job.name] = Advance(job.name, job.subject, p.cursor, skipped=p.skipped)
+            for occurrence in p.fire:
+                firing.append((job, occurrence))
+        for job, occurrence, result in await self._fire(publisher, firing, now):
+            if isinstance(result, PubAck):
+                moves[job.name] = Advance(
+                    job.name,
+                    job.subject,
+                    max(occurrence, moves[job.name].scheduled_for),
+                    self.clock.now(),
+                    result.stream,
+                    result.seq,
+                    skipped=moves[job.name].skipped,
+                )
+            elif result is not None:
+                moves.pop(job.name, None)  # not delivered: keep the cursor, retry next tick
+        if moves:
+            await self.store.advance(epoch, list(moves.values()), self.settings.instance_id)
+            for m in moves.values():
+                cursors[m.name] = max(cursors.get(m.name, m.scheduled_for), m.scheduled_for)
+
+    async def _fire(
+        self, publisher: Publisher, firing: list[tuple[Job, datetime]], now: datetime
+    ) -> list[tuple[Job, datetime, PubAck | PublishError | None]]:
+        sent: list[tuple[Job, datetime, asyncio.Future[PubAck] | None]] = []
+        for job, occurrence in firing:
+            if job.concurrency is Concurrency.FORBID and await self._busy(job):
+                log.info("cron.skipped_busy job=%s occurrence=%s", job.name, occurrence.isoformat())
+                self.metrics.cron_skipped.labels("busy").inc()
+                sent.append((job, occurrence, None))
+                continue
+            body, headers = envelope(job, occurrence, now)
+            sent.append((job, occurrence, await publisher.publish(job.subject, body, headers)))
+        out: list[tuple[Job, datetime, PubAck | PublishError | None]] = []
+        for job, occurrence, fut in sent:
+            result: PubAck | PublishError | None = None
+            if fut is not None:
+                try:
+                    result = await fut
+                    late = (self.clock.now() - occurrence).total_seconds()
+                    self.metrics.fired.labels("cron").inc()
+                    self.metrics.lateness.labels("cron").observe(max(late, 0.0))
+                except PublishError as exc:
+                    log.warning("cron.publish_failed job=%s error=%s", job.name, exc)
+                    result = exc
+            out.append((job, occurrence, result))
+        return out
+
+    async def _busy(self, job: Job) -> bool:
+        """True while the job's subject still holds an unacknowledged message in its stream."""
+        if self.js is None:
+            return False
+        try:
+            if job.subject not in self._streams:
+                self._streams[job.subject] = await self.js.find_stream_name_by_subject(job.subject)
+            stream = self._streams[job.subject]
+            info = await self.js.stream_info(stream, subjects_filter=job.subject)
+        except Exception as exc:  # no stream or NATS trouble: do not block the job on a guess
+            log.warning("cron.busy_check_failed job=%s error=%r", job.name, exc)
+            return False
+        return bool((info.state.subjects or {}).get(job.subject))
+
+    async def _sleep_until_next(self, cursors: dict[str, datetime], stop: asyncio.Event) -> None:
+        now = self.clock.now()
+        nexts = [next_fire(j, cursors.get(j.name, now)) for j in self.jobs if not j.paused]
+        wait = min([RELOAD_CHECK, *[(n - now).total_seconds() for n in nexts]])
+        if wait <= 0:
+            return
+        sleeper = asyncio.ensure_future(self.clock.sleep(wait))
+        waker = asyncio.ensure_future(self.reload_requested.wait())
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({sleeper, waker, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for f in (sleeper, waker, stopper):
+                f.cancel()
+
+
+def envelope(job: Job, occurrence: datetime, now: datetime) -> tuple[bytes, dict[str, str]]:
+    """The fresh `hanzo.mq.v1` envelope and headers of one occurrence."""
+    key = occurrence_key(job.name, occurrence)
+    doc: dict[str, Any] = {
+        "schema": "hanzo.mq.v1",
+        "id": key,
+        "type": job.type,
+        "source": "scheduler",
+        "timestamp": to_rfc3339(now),
+        "priority": job.priority,
+        "data": job.data,
+    }
+    if job.ttl_seconds is not None:
+        doc["ttl_seconds"] = job.ttl_seconds
+    headers = {
+        "Nats-Msg-Id": key,
+        "Mq-Scheduled-For": to_rfc3339(occurrence),
+        "Mq-Fired-At": to_rfc3339(now),
+        "Mq-Attempt": "1",
+        "Mq-Schedule": job.name,
+    }
+    return json.dumps(doc, separators=(",", ":")).encode(), headers
