@@ -151,6 +151,7 @@ class CronEngine:
             await self.store.advance(epoch, list(moves.values()), self.settings.instance_id)
             for m in moves.values():
                 cursors[m.name] = max(cursors.get(m.name, m.scheduled_for), m.scheduled_for)
+            await self._mirror(epoch, moves.values(), cursors)
 
     async def _fire(
         self, publisher: Publisher, firing: list[tuple[Job, datetime]], now: datetime
@@ -178,6 +179,22 @@ class CronEngine:
                     result = exc
             out.append((job, occurrence, result))
         return out
+
+    async def _mirror(self, epoch: int, moves: Any, cursors: dict[str, datetime]) -> None:
+        """Copy the cursors to KV `scheduler_state` (`cron.<job>`) for standbys and dashboards."""
+        if self.js is None:
+            return
+        try:
+            kv = await self.js.key_value(self.settings.state_bucket)
+            for m in moves:
+                doc = {
+                    "last_scheduled_for": to_rfc3339(cursors[m.name]),
+                    "epoch": epoch,
+                    "instance": self.settings.instance_id,
+                }
+                await kv.put(f"cron.{m.name}", json.dumps(doc).encode())
+        except Exception as exc:  # a convenience copy: PostgreSQL holds the real cursor
+            log.warning("cron.mirror_failed error=%r", exc)
 
     async def _busy(self, job: Job) -> bool:
         """True while the job's subject still holds an unacknowledged message in its stream."""

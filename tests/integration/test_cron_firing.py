@@ -124,6 +124,12 @@ async def test_every_second_job_fires_each_occurrence_once(cron: Cron, database_
         await conn.close()
     assert logged == len(msgs)
     assert cursor == instants[-1]
+    nc = await nats.connect(cron.settings.nats_url)
+    try:
+        entry = await (await nc.jetstream().key_value("scheduler_state")).get("cron.tick")
+    finally:
+        await nc.close()
+    assert ts(json.loads(entry.value)["last_scheduled_for"]) == instants[-1]
 
 
 @pytest.mark.slow
