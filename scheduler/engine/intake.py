@@ -101,12 +101,19 @@ class Intake:
 
     async def handle(self, msgs: list[Msg]) -> None:
         """Store, dead-letter and ack one fetched batch."""
+        await self.commit(msgs, await self.classify_all(msgs))
+
+    async def classify_all(self, msgs: list[Msg]) -> list[NewTask | Rejected]:
         now = self.clock.now()
         results: list[NewTask | Rejected] = []
         for i, msg in enumerate(msgs):
             results.append(self.classify(msg, now))
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let the dispatcher publish on time during a big batch
+        return results
+
+    async def commit(self, msgs: list[Msg], results: list[NewTask | Rejected]) -> None:
+        """Insert the good tasks, dead-letter the bad ones, then ack: never ack before commit."""
         good = [(m, r) for m, r in zip(msgs, results, strict=True) if isinstance(r, NewTask)]
         bad = [r for r in results if isinstance(r, Rejected)]
         if good:
@@ -185,22 +192,35 @@ class Intake:
             log.warning("dlq.publish_failed subject=%s error=%s", subject, exc)
 
     async def run(self, nc: Any, stream: str, stop: asyncio.Event, may_act: Any) -> None:
-        """Handle batches as they arrive until `stop` is set or `may_act()` turns false."""
-        puller = await Puller(
-            nc, stream, self.settings.intake_consumer, self.settings.batch
-        ).start()
+        """Handle batches as they arrive until `stop` is set or `may_act()` turns false.
+
+        Two stages: while one batch commits, the next is fetched and validated. Commits stay
+        one at a time, in order, so intake order (the tie-break among tasks due together) holds.
+        """
+        puller = Puller(nc, stream, self.settings.intake_consumer, self.settings.batch)
+        await puller.start()
+        committing: tuple[asyncio.Task[None], int] | None = None
         try:
             while not stop.is_set() and may_act():
                 msgs = await puller.take(timeout=0.5)
                 if not msgs:
                     continue
-                try:
-                    await self.handle(msgs)
-                except Exception as exc:  # unacked messages come back after the ack wait
-                    log.warning("intake.failed count=%d error=%r", len(msgs), exc)
-                    await self.clock.sleep(1.0)
+                results = await self.classify_all(msgs)
+                if committing is not None:
+                    await self._settle(*committing)
+                task = asyncio.create_task(self.commit(msgs, results), name="intake-commit")
+                committing = (task, len(msgs))
         finally:
+            if committing is not None:
+                await self._settle(*committing)
             await puller.close()
+
+    async def _settle(self, committing: asyncio.Task[None], count: int) -> None:
+        try:
+            await committing
+        except Exception as exc:  # unacked messages come back after the ack wait
+            log.warning("intake.failed count=%d error=%r", count, exc)
+            await self.clock.sleep(1.0)
 
 
 def _stream_seq(msg: Msg) -> int:
