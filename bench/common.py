@@ -151,14 +151,15 @@ async def paced_publish(nc: Any, items: list[tuple[float, str, bytes, dict[str, 
 
 
 async def read_back(url: str, stream: str, subject: str = ">") -> list[Any]:
-    """Every message of `stream` (no acks), for measuring after the run."""
+    """The messages of `stream` stored up to now (no acks), for measuring after the run."""
     nc = await nats.connect(url)
     out: list[Any] = []
     try:
         js = nc.jetstream()
+        last = (await js.stream_info(stream)).state.last_seq
         cfg = ConsumerConfig(ack_policy=AckPolicy.NONE, max_ack_pending=-1)
         psub = await js.pull_subscribe(subject, stream=stream, config=cfg)
-        while True:
+        while not out or out[-1].metadata.sequence.stream < last:
             try:
                 out += await psub.fetch(5000, timeout=1.5)
             except (TimeoutError, nats.errors.TimeoutError):
