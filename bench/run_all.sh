@@ -3,6 +3,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p bench/results
-for b in accuracy burst intake scale; do
+for b in accuracy burst intake scale cron; do
   .venv/bin/python "bench/$b.py" "$@" > "bench/results/$b.json" || true
 done
