@@ -19,7 +19,7 @@ from typing import Any
 
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339
-from scheduler.engine.misfire import next_fire, plan
+from scheduler.engine.misfire import ON_TIME, Plan, next_fire, plan
 from scheduler.engine.office import Office
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
@@ -30,6 +30,7 @@ from scheduler.store.schedules import Advance, ScheduleStore
 log = logging.getLogger("scheduler.cron")
 
 RELOAD_CHECK = 2.0
+MIRROR_EVERY = 1.0
 
 
 class CronEngine:
@@ -55,6 +56,10 @@ class CronEngine:
         self.reload_requested = asyncio.Event()
         self._stamp: tuple[tuple[str, float], ...] = ()
         self._streams: dict[str, str | None] = {}
+        # job -> (cursor it was computed from, next fire time): the tick's fast path
+        self._upcoming: dict[str, tuple[datetime, datetime]] = {}
+        self._dirty: set[str] = set()
+        self._mirroring: asyncio.Task[None] | None = None
 
     def request_reload(self) -> None:
         """Ask for a YAML reload (SIGHUP)."""
@@ -93,6 +98,14 @@ class CronEngine:
 
     async def run(self, epoch: int, publisher: Publisher, stop: asyncio.Event) -> None:
         """Fire due occurrences until `stop` is set or office is lost."""
+        try:
+            await self._loop(epoch, publisher, stop)
+        finally:
+            if self._mirroring is not None:
+                self._mirroring.cancel()
+                await asyncio.gather(self._mirroring, return_exceptions=True)
+
+    async def _loop(self, epoch: int, publisher: Publisher, stop: asyncio.Event) -> None:
         await self.sync()
         cursors = await self.store.cursors()
         while not stop.is_set() and self.office.may_act():
@@ -123,7 +136,7 @@ class CronEngine:
             if cursor is None:  # a new job starts from now: no back-fill
                 moves[job.name] = Advance(job.name, job.subject, now)
                 continue
-            p = plan(job, cursor, now)
+            p = self._plan(job, cursor, now)
             if job.paused:
                 if p.cursor != cursor:
                     moves[job.name] = Advance(
@@ -151,7 +164,9 @@ class CronEngine:
             await self.store.advance(epoch, list(moves.values()), self.settings.instance_id)
             for m in moves.values():
                 cursors[m.name] = max(cursors.get(m.name, m.scheduled_for), m.scheduled_for)
-            await self._mirror(epoch, moves.values(), cursors)
+            self._dirty.update(m.name for m in moves.values())
+            if self._mirroring is None or self._mirroring.done():
+                self._mirroring = asyncio.create_task(self._mirror(epoch, cursors), name="mirror")
 
     async def _fire(
         self, publisher: Publisher, firing: list[tuple[Job, datetime]], now: datetime
@@ -180,19 +195,40 @@ class CronEngine:
             out.append((job, occurrence, result))
         return out
 
-    async def _mirror(self, epoch: int, moves: Any, cursors: dict[str, datetime]) -> None:
-        """Copy the cursors to KV `scheduler_state` (`cron.<job>`) for standbys and dashboards."""
+    def _plan(self, job: Job, cursor: datetime, now: datetime) -> Plan:
+        """`plan()`, with a fast path for the common case computed while idle: exactly the
+        occurrence we slept for is due and on time (no jitter, so nothing else can be due)."""
+        upcoming = self._upcoming.get(job.name)
+        if (
+            upcoming is not None
+            and upcoming[0] == cursor
+            and not job.jitter
+            and upcoming[1] <= now < upcoming[1] + ON_TIME
+        ):
+            return Plan((upcoming[1],), 0, upcoming[1])
+        return plan(job, cursor, now)
+
+    async def _mirror(self, epoch: int, cursors: dict[str, datetime]) -> None:
+        """Copy changed cursors to KV `scheduler_state` (`cron.<job>`) for standbys and
+        dashboards: off the firing path, at most every MIRROR_EVERY seconds, writes in parallel."""
         if self.js is None:
             return
+        await asyncio.sleep(MIRROR_EVERY)
+        names, self._dirty = self._dirty, set()
         try:
             kv = await self.js.key_value(self.settings.state_bucket)
-            for m in moves:
-                doc = {
-                    "last_scheduled_for": to_rfc3339(cursors[m.name]),
+            docs = {
+                name: {
+                    "last_scheduled_for": to_rfc3339(cursors[name]),
                     "epoch": epoch,
                     "instance": self.settings.instance_id,
                 }
-                await kv.put(f"cron.{m.name}", json.dumps(doc).encode())
+                for name in names
+                if name in cursors
+            }
+            await asyncio.gather(
+                *(kv.put(f"cron.{name}", json.dumps(doc).encode()) for name, doc in docs.items())
+            )
         except Exception as exc:  # a convenience copy: PostgreSQL holds the real cursor
             log.warning("cron.mirror_failed error=%r", exc)
 
@@ -212,7 +248,15 @@ class CronEngine:
 
     async def _sleep_until_next(self, cursors: dict[str, datetime], stop: asyncio.Event) -> None:
         now = self.clock.now()
-        nexts = [next_fire(j, cursors.get(j.name, now)) for j in self.jobs if not j.paused]
+        self._upcoming = {}
+        nexts = []
+        for job in self.jobs:
+            if job.paused:
+                continue
+            cursor = cursors.get(job.name, now)
+            at = next_fire(job, cursor)
+            self._upcoming[job.name] = (cursor, at)
+            nexts.append(at)
         wait = min([RELOAD_CHECK, *[(n - now).total_seconds() for n in nexts]])
         if wait <= 0:
             return

@@ -129,7 +129,9 @@ async def test_every_second_job_fires_each_occurrence_once(cron: Cron, database_
         entry = await (await nc.jetstream().key_value("scheduler_state")).get("cron.tick")
     finally:
         await nc.close()
-    assert ts(json.loads(entry.value)["last_scheduled_for"]) == instants[-1]
+    mirrored = ts(json.loads(entry.value)["last_scheduled_for"])
+    assert mirrored in instants  # copied off the firing path, at most about a second behind
+    assert instants[-1] - mirrored <= timedelta(seconds=2)
 
 
 @pytest.mark.slow
