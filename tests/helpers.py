@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
+
+from scheduler.daemon import Daemon
+from scheduler.settings import Settings
 
 
 async def wait_until(predicate: Callable[[], bool], within: float = 3.0) -> None:
@@ -11,3 +15,29 @@ async def wait_until(predicate: Callable[[], bool], within: float = 3.0) -> None
     async with asyncio.timeout(within):
         while not predicate():  # noqa: ASYNC110 (state owned by other libraries, no event to await)
             await asyncio.sleep(0.01)
+
+
+class DaemonRunner:
+    """Starts a Daemon in this event loop (waiting until it runs) and stops it, bounded."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.daemon: Daemon | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self, **overrides: Any) -> Daemon:
+        settings = self.settings.with_overrides(**overrides) if overrides else self.settings
+        self.daemon = Daemon(settings)
+        self.task = asyncio.create_task(self.daemon.run())
+        async with asyncio.timeout(20):
+            while not self.daemon.started.is_set():
+                if self.task.done():
+                    self.task.result()
+                await asyncio.sleep(0.01)
+        return self.daemon
+
+    async def stop(self) -> None:
+        if self.daemon is not None and self.task is not None:
+            self.daemon.stop()
+            await asyncio.wait_for(self.task, 20)
+            self.daemon = self.task = None

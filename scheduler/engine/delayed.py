@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from nats.aio.msg import Msg
 
+from scheduler.aio import first_of
 from scheduler.bus.nats import NatsBus
 from scheduler.bus.publisher import Publisher
 from scheduler.clock import Clock
@@ -119,13 +120,7 @@ class DelayedEngine:
             log.info("engine.term_ended epoch=%d", epoch)
 
     async def _watch_office(self, stop: asyncio.Event) -> None:
-        lost = asyncio.ensure_future(self.office.lost.wait())
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({lost, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
-            stopped.cancel()
+        await first_of(self.office.lost.wait(), stop.wait())
         if self.office.lost.is_set() and not stop.is_set():
             raise OfficeLost()
 

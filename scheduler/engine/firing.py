@@ -18,6 +18,7 @@ import random
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from scheduler.aio import first_of
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.engine.heap import Entry, HorizonHeap, TaskRef
@@ -138,13 +139,7 @@ class Firing:
         event.clear()
         if seconds <= 0:
             return
-        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
-        waker = asyncio.ensure_future(event.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waker.cancel()
+        await first_of(self.clock.sleep(seconds), event.wait())
 
     async def _dispatch(self) -> None:
         """Publish armed tasks the moment the wall clock reaches their due time, never before."""

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from scheduler.aio import first_of
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.engine.misfire import ON_TIME, Plan, next_fire, plan
@@ -260,14 +261,7 @@ class CronEngine:
         wait = min([RELOAD_CHECK, *[(n - now).total_seconds() for n in nexts]])
         if wait <= 0:
             return
-        sleeper = asyncio.ensure_future(self.clock.sleep(wait))
-        waker = asyncio.ensure_future(self.reload_requested.wait())
-        stopper = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({sleeper, waker, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for f in (sleeper, waker, stopper):
-                f.cancel()
+        await first_of(self.clock.sleep(wait), self.reload_requested.wait(), stop.wait())
 
 
 def envelope(job: Job, occurrence: datetime, now: datetime) -> tuple[bytes, dict[str, str]]:

@@ -14,8 +14,8 @@ import nats
 import pytest
 from nats.js.api import RetentionPolicy
 
-from scheduler.daemon import Daemon
 from scheduler.settings import Settings
+from tests.helpers import DaemonRunner
 
 
 def write_jobs(directory: Path, body: str) -> None:
@@ -30,27 +30,8 @@ EVERY_SECOND = """\
 """
 
 
-class Cron:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.daemon: Daemon | None = None
-        self.task: asyncio.Task[None] | None = None
-
-    async def start(self) -> Daemon:
-        self.daemon = Daemon(self.settings)
-        self.task = asyncio.create_task(self.daemon.run())
-        async with asyncio.timeout(20):
-            while not self.daemon.started.is_set():
-                if self.task.done():
-                    self.task.result()
-                await asyncio.sleep(0.01)
-        return self.daemon
-
-    async def stop(self) -> None:
-        if self.daemon is not None and self.task is not None:
-            self.daemon.stop()
-            await asyncio.wait_for(self.task, 20)
-            self.daemon = self.task = None
+class Cron(DaemonRunner):
+    """The daemon under test, started and stopped as a test needs."""
 
 
 @pytest.fixture

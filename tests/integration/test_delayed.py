@@ -16,9 +16,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from scheduler import client
-from scheduler.daemon import Daemon
 from scheduler.settings import Settings
 from scheduler.store.tasks import ceil_ms
+from tests.helpers import DaemonRunner
 
 TARGET = "mq.tasks.work"
 
@@ -38,31 +38,13 @@ def envelope(due: datetime | None, **extra: Any) -> dict[str, Any]:
     return doc
 
 
-class Harness:
+class Harness(DaemonRunner):
     """A running daemon, a producer connection and a reader of the target stream."""
 
     def __init__(self, settings: Settings, nc: Client) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
-        self.daemon: Daemon | None = None
-        self.task: asyncio.Task[None] | None = None
-
-    async def start(self, **overrides: Any) -> Daemon:
-        self.daemon = Daemon(self.settings.with_overrides(**overrides))
-        self.task = asyncio.create_task(self.daemon.run())
-        async with asyncio.timeout(20):
-            while not self.daemon.started.is_set():
-                if self.task.done():
-                    self.task.result()
-                await asyncio.sleep(0.01)
-        return self.daemon
-
-    async def stop(self) -> None:
-        if self.daemon is not None and self.task is not None:
-            self.daemon.stop()
-            await asyncio.wait_for(self.task, 20)
-            self.daemon = self.task = None
 
     async def publish(self, target: str, doc: dict[str, Any] | bytes, **headers: str) -> None:
         await client.publish_delayed(self.js, target, doc, headers or None)
