@@ -63,17 +63,9 @@ class NewTask:
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimedTask:
+class ClaimedTask(NewTask):
     """A task this leader has claimed and is about to publish."""
 
-    id: str
-    target: str
-    payload: bytes
-    headers: dict[str, str]
-    priority: int
-    due_at: datetime
-    scheduled_for: datetime
-    expires_at: datetime | None
     attempts: int
     seq: int
 
