@@ -258,6 +258,7 @@ class CronEngine:
             at = next_fire(job, cursor)
             self._upcoming[job.name] = (cursor, at)
             nexts.append(at)
+        now = self.clock.now()  # again: computing the next occurrences of many jobs takes time
         wait = min([RELOAD_CHECK, *[(n - now).total_seconds() for n in nexts]])
         if wait <= 0:
             return
