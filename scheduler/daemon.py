@@ -259,6 +259,8 @@ class Daemon:
             "instance": self.settings.instance_id,
             "nats": "connected" if nats_ok else "disconnected",
             "postgres": "migrated" if self.migrated else "pending",
-            "warnings": list(self.warnings) + (self.cron.errors if self.cron else []),
+            "warnings": list(self.warnings)
+            + (self.cron.errors if self.cron else [])
+            + (list(self.engine.warnings.values()) if self.engine else []),
         }
         return ready, body

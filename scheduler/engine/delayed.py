@@ -35,6 +35,7 @@ MAX_HEAP = 500_000
 SWEEP_EVERY = 5.0
 COUNT_EVERY = 15.0
 STALE_CLAIM = timedelta(seconds=30)
+PUBLISH_TIMEOUT = 5.0
 RESCHEDULED_SUBJECT = "scheduler.v1.internal.rescheduled"
 
 
@@ -65,6 +66,9 @@ class DelayedEngine:
         self.metrics = metrics
         self.intake_stream = intake_stream or settings.intake_stream
         self.heap = HorizonHeap()
+        self.warnings: dict[str, str] = {}  # stream -> why its duplicate window is too short
+        self._checked_streams: set[str] = set()
+        self._checks: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self.heap_lock = asyncio.Lock()
 
@@ -72,7 +76,7 @@ class DelayedEngine:
         """One term of office: until `stop` is set or office is lost."""
         epoch = await self.office.wait_for_office()
         assert self.bus.nc is not None and self.bus.js is not None
-        publisher = await Publisher(self.bus.nc, timeout=5.0).start()
+        publisher = await Publisher(self.bus.nc, timeout=PUBLISH_TIMEOUT).start()
         sub = await self.bus.nc.subscribe(RESCHEDULED_SUBJECT, cb=self._on_rescheduled)
         firing = Firing(
             self.settings,
@@ -84,6 +88,7 @@ class DelayedEngine:
             self.metrics,
             self.wake,
             self.heap_lock,
+            self.check_stream,
         )
         limits = Limits(max_payload=self.bus.max_payload, max_delay=self.settings.max_delay)
         intake = Intake(
@@ -113,11 +118,48 @@ class DelayedEngine:
         except* OfficeLost:
             log.warning("engine.office_lost epoch=%d", epoch)
         finally:
+            for check in list(self._checks):
+                check.cancel()
             await sub.unsubscribe()
             await publisher.close()
             self.heap.reset()
             self.metrics.heap_size.set(0)
             log.info("engine.term_ended epoch=%d", epoch)
+
+    def failover_span(self) -> float:
+        """Seconds within which a task can be published twice: a failover plus every retry."""
+        s = self.settings
+        backoffs = sum(
+            min(s.backoff.total_seconds() * 2**i, 60.0) * 1.2 for i in range(s.max_attempts - 1)
+        )
+        return s.lease_ttl * 2 + backoffs + s.max_attempts * PUBLISH_TIMEOUT
+
+    def check_stream(self, stream: str) -> None:
+        """On first use of a target stream, warn when its duplicate window is too short."""
+        if stream and stream not in self._checked_streams:
+            self._checked_streams.add(stream)
+            check = asyncio.create_task(self._check_window(stream), name=f"check-{stream}")
+            self._checks.add(check)  # owned here until done; cancelled with the term
+            check.add_done_callback(self._checks.discard)
+
+    async def _check_window(self, stream: str) -> None:
+        assert self.bus.js is not None
+        try:
+            window = (await self.bus.js.stream_info(stream)).config.duplicate_window or 0
+        except Exception as exc:  # a later delivery to this stream checks again
+            self._checked_streams.discard(stream)
+            log.warning("stream.check_failed stream=%s error=%r", stream, exc)
+            return
+        span = self.failover_span()
+        short = window < span
+        self.metrics.dup_window_short.labels(stream).set(1 if short else 0)
+        if short:
+            why = (
+                f"stream {stream}: duplicate window {window:g}s is shorter than the "
+                f"failover plus retry span {span:.0f}s; a task may be delivered twice"
+            )
+            self.warnings[stream] = why
+            log.warning("stream.duplicate_window_short %s", why)
 
     async def _watch_office(self, stop: asyncio.Event) -> None:
         await first_of(self.office.lost.wait(), stop.wait())

@@ -15,7 +15,7 @@ import functools
 import heapq
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from scheduler.aio import first_of
@@ -52,7 +52,9 @@ class Firing:
         metrics: Metrics,
         wake: asyncio.Event,
         heap_lock: asyncio.Lock,
+        on_stream: Callable[[str], None] | None = None,
     ) -> None:
+        self.on_stream = on_stream
         self.settings = settings
         self.heap_lock = heap_lock
         self.heap = heap
@@ -234,6 +236,9 @@ class Firing:
 
     async def _record(self, epoch: int, outcomes: list, expired: list[ClaimedTask]) -> None:
         fired = [Fired(t, at, r.stream, r.seq) for t, r, at in outcomes if isinstance(r, PubAck)]
+        if self.on_stream is not None:
+            for stream in {f.stream for f in fired}:
+                self.on_stream(stream)
         failed = [(t, r) for t, r, _ in outcomes if isinstance(r, PublishError)]
         try:
             await self.tasks.mark_fired(epoch, fired, self.settings.instance_id)

@@ -18,7 +18,7 @@ from nats.js import JetStreamContext
 from scheduler import client
 from scheduler.settings import Settings
 from scheduler.store.tasks import ceil_ms
-from tests.helpers import DaemonRunner
+from tests.helpers import DaemonRunner, wait_until
 
 TARGET = "mq.tasks.work"
 
@@ -372,3 +372,17 @@ async def test_a_stale_claim_is_published_again(harness: Harness, database_url: 
     got = await harness.delivered(count=1, within=10)
     assert got[0][1].headers["Nats-Msg-Id"] == doc["id"]
     assert await status_soon(harness, TARGET, doc["id"], "fired") == "fired"
+
+
+async def test_short_duplicate_window_is_reported(harness: Harness) -> None:
+    """A target stream whose duplicate window is shorter than a failover is flagged, not refused."""
+    await harness.js.add_stream(name="SHORT", subjects=["mq.short.>"], duplicate_window=1)
+    daemon = await harness.start()
+    await harness.publish("mq.short.x", envelope(None))
+    assert len(await harness.delivered(stream="SHORT", count=1)) == 1
+    await wait_until(lambda: bool(daemon.engine and daemon.engine.warnings))
+    ready, body = daemon.readiness()
+    assert ready
+    assert any("stream SHORT: duplicate window 1s" in w for w in body["warnings"])
+    assert daemon.metrics.dup_window_short.labels("SHORT")._value.get() == 1
+    assert daemon.metrics.dup_window_short.labels("TASKS")._value.get() == 0
