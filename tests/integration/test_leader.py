@@ -1,0 +1,191 @@
+"""Leadership against a real nats-server KV bucket and the PostgreSQL epoch (lease TTL 3 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import asyncpg
+import nats
+import pytest
+from nats.aio.client import Client
+
+from scheduler.bus.nats import ensure_bucket
+from scheduler.clock import SystemClock
+from scheduler.engine.leader import Leadership, check_epoch
+from scheduler.engine.office import take_office
+from scheduler.errors import FencedError
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+from scheduler.store.postgres import create_pool
+
+
+class Cluster:
+    """Instances of `Leadership`, each on its own NATS connection, sharing one database."""
+
+    def __init__(self, settings: Settings, pool: asyncpg.Pool) -> None:
+        self.settings, self.pool = settings, pool
+        self.stop = asyncio.Event()
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.conns: list[Client] = []
+
+    async def start(self, instance: str) -> Leadership:
+        nc = await nats.connect(self.settings.nats_url)
+        self.conns.append(nc)
+        js = nc.jetstream()
+        await ensure_bucket(js, self.settings.leader_bucket, self.settings.lease_ttl)
+        kv = await js.key_value(self.settings.leader_bucket)
+        settings = self.settings.with_overrides(instance_id=instance)
+        lead = Leadership(kv, self.pool, settings, SystemClock(), Metrics())
+        self.tasks[instance] = asyncio.create_task(lead.run(self.stop), name=instance)
+        return lead
+
+    async def close(self) -> None:
+        self.stop.set()
+        async with asyncio.timeout(5):
+            results = await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        for nc in self.conns:
+            await nc.close()
+        errors = [r for r in results if r is not None and not isinstance(r, asyncio.CancelledError)]
+        assert errors == []
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(database_url)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def cluster(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Cluster]:
+    cluster = Cluster(settings, pool)
+    yield cluster
+    await cluster.close()
+
+
+async def first_leader(*members: Leadership, within: float = 3.0) -> Leadership:
+    """The member that takes office first; fails after `within` seconds."""
+    waits = {asyncio.ensure_future(m.wait_for_office()): m for m in members}
+    try:
+        done, _ = await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for fut in waits:
+            fut.cancel()
+    assert done, f"nobody took office within {within} s"
+    return waits[done.pop()]
+
+
+async def watching(standby: Leadership, leader: Leadership) -> None:
+    """Wait until the standby's watcher has seen the leader's lease (so it is subscribed)."""
+    async with asyncio.timeout(3):
+        while standby.info()["leader"] != leader.instance:  # noqa: ASYNC110 (no event to await)
+            await asyncio.sleep(0.01)
+
+
+async def leadership_row(pool: asyncpg.Pool) -> tuple[int, str]:
+    row = await pool.fetchrow("SELECT epoch, instance FROM leadership WHERE id = 1")
+    assert row is not None
+    return int(row["epoch"]), str(row["instance"])
+
+
+@pytest.mark.slow
+async def test_exactly_one_leader(cluster: Cluster, pool: asyncpg.Pool) -> None:
+    """Two instances: one takes office with epoch 1, the other stays standby while it renews."""
+    a, b = await cluster.start("a"), await cluster.start("b")
+    leader = await first_leader(a, b)
+    other = b if leader is a else a
+    assert leader.epoch == 1 and await leadership_row(pool) == (1, leader.instance)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(other.wait_for_office(), timeout=cluster.settings.lease_ttl + 1)
+    assert leader.may_act() and leader.epoch == 1 and not other.may_act()
+    assert leader._metrics.registry.get_sample_value("mq_scheduler_lease_renew_seconds_count")
+
+
+async def test_resign_hands_over_at_once(
+    cluster: Cluster, pool: asyncpg.Pool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resigning leader deletes its lease; the watching standby takes office well under 1 s."""
+    a = await cluster.start("a")
+    async with asyncio.timeout(3):
+        assert await a.wait_for_office() == 1
+    b = await cluster.start("b")
+    await watching(b, a)
+    started = time.monotonic()
+    await a.resign()
+    assert not a.may_act() and a.lost.is_set()
+    async with asyncio.timeout(1):
+        assert await b.wait_for_office() == 2
+    took = time.monotonic() - started
+    assert took < 1.0 and await leadership_row(pool) == (2, "b")
+    with capsys.disabled():
+        print(f"\n  resign takeover: {took * 1000:.0f} ms")
+
+
+@pytest.mark.slow
+async def test_crashed_leader_replaced_after_ttl(
+    cluster: Cluster, pool: asyncpg.Pool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A leader that stops without resigning is replaced once its lease expires, epoch + 1."""
+    a = await cluster.start("a")
+    async with asyncio.timeout(3):
+        assert await a.wait_for_office() == 1
+    b = await cluster.start("b")
+    await watching(b, a)
+    started = time.monotonic()
+    cluster.tasks["a"].cancel()
+    async with asyncio.timeout(cluster.settings.lease_ttl + 1.5):
+        assert await b.wait_for_office() == 2
+    took = time.monotonic() - started
+    assert not a.may_act() and await leadership_row(pool) == (2, "b")
+    assert took > 1.0  # it waited for the lease to expire: nobody deleted it
+    with capsys.disabled():
+        print(f"\n  crash takeover: {took:.2f} s")
+
+
+async def test_check_epoch_fences_older_epochs(pool: asyncpg.Pool) -> None:
+    """After a new leader takes office, a transaction checking the old epoch raises FencedError."""
+    old = await take_office(pool, "a")
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            await check_epoch(conn, old)
+        assert await take_office(pool, "b") == old + 1
+        with pytest.raises(FencedError) as caught:
+            async with conn.transaction():
+                await check_epoch(conn, old)
+        assert caught.value.epoch == old
+        with pytest.raises(RuntimeError):
+            await check_epoch(conn, old + 1)
+
+
+async def test_fenced_transaction_blocks_take_office(pool: asyncpg.Pool) -> None:
+    """take_office waits for a transaction holding the epoch FOR SHARE, so it cannot commit late."""
+    old = await take_office(pool, "a")
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await check_epoch(conn, old)
+        taking = asyncio.create_task(take_office(pool, "b"))
+        try:
+            await blocked_on_lock(pool)
+            assert not taking.done()
+            await conn.execute(
+                "UPDATE leadership SET since = since WHERE id = 1 AND epoch = $1", old
+            )
+            await tx.commit()
+        except BaseException:
+            await tx.rollback()
+            raise
+        async with asyncio.timeout(3):
+            assert await taking == old + 1
+
+
+async def blocked_on_lock(pool: asyncpg.Pool) -> None:
+    """Wait until some backend's UPDATE of leadership waits for a row lock."""
+    async with asyncio.timeout(3):
+        while not await pool.fetchval(  # noqa: ASYNC110 (PostgreSQL has no event to await)
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE 'UPDATE leadership SET epoch%'"
+        ):
+            await asyncio.sleep(0.02)

@@ -1,0 +1,347 @@
+"""The leader lease protocol against an in-memory KV on a fake clock (no NATS, no PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import asyncpg
+import nats.errors
+import pytest
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from scheduler.clock import FakeClock
+from scheduler.engine.leader import LEASE_KEY, Leadership
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+
+TTL = 3.0  # margin max(0.5, TTL/5) = 0.6: the self-fence deadline is 2.4 s after a renew is sent
+RENEW = 1.0
+CAMPAIGN = 0.5
+
+
+@dataclass
+class Entry:
+    key: str
+    value: bytes
+    revision: int
+    operation: str | None = None
+
+
+class FakeWatcher:
+    """Async-iterates entries like nats-py's KeyWatcher; `stop` ends the iteration."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Entry | None] = asyncio.Queue()
+        self.stopped = False
+
+    def __aiter__(self) -> FakeWatcher:
+        return self
+
+    async def __anext__(self) -> Entry | None:
+        if self.stopped:
+            raise StopAsyncIteration
+        return await self.queue.get()
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+class FakeKV:
+    """One key space with revisions, revision checks, and expiry `ttl` seconds after each write."""
+
+    def __init__(self, clock: FakeClock, ttl: float = TTL) -> None:
+        self.clock, self.ttl = clock, ttl
+        self.seq = 0
+        self.live: dict[str, tuple[Entry, float]] = {}
+        self.watchers: list[FakeWatcher] = []
+        self.watchable = True
+        self.fail_updates = False
+        self.gate: asyncio.Event | None = None  # updates wait for it while it is unset
+
+    def current(self, key: str) -> Entry | None:
+        if key in self.live and self.clock.monotonic() - self.live[key][1] >= self.ttl:
+            del self.live[key]  # max_age removed the message; no marker (pre-2.11 behaviour)
+        return self.live[key][0] if key in self.live else None
+
+    def _write(self, key: str, value: bytes, operation: str | None = None) -> int:
+        self.seq += 1
+        entry = Entry(key, value, self.seq, operation)
+        if operation is None:
+            self.live[key] = (entry, self.clock.monotonic())
+        else:
+            self.live.pop(key, None)
+        for watcher in self.watchers:
+            watcher.queue.put_nowait(entry)
+        return self.seq
+
+    def _check(self, key: str, last: int | None) -> None:
+        entry = self.current(key)
+        if (entry.revision if entry else 0) != (last or 0):
+            raise KeyWrongLastSequenceError(description="wrong last sequence")
+
+    async def create(self, key: str, value: bytes) -> int:
+        self._check(key, 0)
+        return self._write(key, value)
+
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail_updates:
+            raise nats.errors.TimeoutError
+        self._check(key, last)
+        return self._write(key, value)
+
+    async def put(self, key: str, value: bytes) -> int:
+        return self._write(key, value)
+
+    async def delete(self, key: str, last: int | None = None) -> bool:
+        if last:
+            self._check(key, last)
+        self._write(key, b"", "DEL")
+        return True
+
+    async def get(self, key: str) -> Entry:
+        entry = self.current(key)
+        if entry is None:
+            raise KeyNotFoundError
+        return entry
+
+    async def watch(self, key: str) -> FakeWatcher:
+        if not self.watchable:
+            raise nats.errors.NoRespondersError
+        watcher = FakeWatcher()
+        self.watchers.append(watcher)
+        return watcher
+
+
+class Epochs:
+    """Stands in for `take_office`: counts epochs up, or fails like an unreachable database."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.fail = False
+
+    async def __call__(self, pool: asyncpg.Pool, instance: str) -> int:
+        if self.fail:
+            raise ConnectionRefusedError("database down")
+        self.epoch += 1
+        return self.epoch
+
+
+async def settle(until: Callable[[], bool] | None = None) -> None:
+    """Let the loops run (no time passes); with `until`, fail unless it becomes true."""
+    for _ in range(2000):
+        if until is None or until():
+            break
+        await asyncio.sleep(0)
+    assert until is None or until(), "condition never became true"
+    for _ in range(100):
+        await asyncio.sleep(0)
+
+
+async def step(clock: FakeClock, seconds: float, by: float = 0.125) -> None:
+    """Advance the fake clock in small steps (exact in binary), letting the loops run after each."""
+    for _ in range(round(seconds / by)):
+        clock.advance(by)
+        await settle()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def kv(clock: FakeClock) -> FakeKV:
+    return FakeKV(clock)
+
+
+@pytest.fixture
+def epochs() -> Epochs:
+    return Epochs()
+
+
+Start = Callable[[str], tuple[Leadership, "asyncio.Task[None]"]]
+
+
+@pytest.fixture
+async def start(clock: FakeClock, kv: FakeKV, epochs: Epochs) -> AsyncIterator[Start]:
+    """Starts `Leadership(...).run` for an instance id; stops every loop after the test."""
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+
+    def start(instance: str) -> tuple[Leadership, asyncio.Task[None]]:
+        settings = Settings(instance_id=instance, lease_ttl=TTL)
+        lead = Leadership(
+            cast(KeyValue, kv), cast(asyncpg.Pool, None), settings, clock, Metrics(), None, epochs
+        )
+        tasks.append(asyncio.create_task(lead.run(stop), name=f"leader-{instance}"))
+        return lead, tasks[-1]
+
+    yield start
+    stop.set()
+    if kv.gate is not None:
+        kv.gate.set()
+    async with asyncio.timeout(2):
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    errors = [r for r in results if r is not None and not isinstance(r, asyncio.CancelledError)]
+    assert errors == []
+
+
+def value(kv: FakeKV) -> dict[str, Any]:
+    entry = kv.current(LEASE_KEY)
+    assert entry is not None
+    return dict(json.loads(entry.value))
+
+
+def gauge(lead: Leadership, name: str) -> float | None:
+    return lead._metrics.registry.get_sample_value(f"mq_scheduler_{name}")
+
+
+async def test_create_takes_office(start: Start, kv: FakeKV) -> None:
+    """A successful create takes office with a PostgreSQL epoch written back into the lease."""
+    a, _ = start("a")
+    async with asyncio.timeout(1):
+        assert await a.wait_for_office() == 1
+    assert a.may_act() and a.role == "leader" and not a.lost.is_set()
+    assert value(kv) == {"instance": "a", "epoch": 1, "since": a.info()["since"]}
+    assert a.info()["epoch"] == 1 and a.info()["role"] == "leader"
+    assert gauge(a, "is_leader") == 1 and gauge(a, "leader_epoch") == 1
+
+
+async def test_renew_keeps_office(start: Start, kv: FakeKV, clock: FakeClock) -> None:
+    """Renewing every TTL/3 keeps office, and the epoch, well past one TTL."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    first = kv.current(LEASE_KEY)
+    await step(clock, 3 * TTL)
+    assert a.may_act() and a.epoch == 1
+    assert kv.current(LEASE_KEY).revision > first.revision  # type: ignore[union-attr]
+    assert gauge(a, "lease_renew_seconds_count") == pytest.approx(3 * TTL / RENEW, abs=1)
+
+
+async def test_failed_renew_loses_office_at_once(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """A renew that errors ends the term at once, long before the deadline, then it campaigns."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    kv.fail_updates = True
+    await step(clock, RENEW)
+    assert a.lost.is_set() and not a.may_act() and a.epoch is None and a.role == "standby"
+    assert gauge(a, "is_leader") == 0 and gauge(a, "leader_epoch") == 0
+    kv.fail_updates = False
+    await step(clock, CAMPAIGN)
+    assert a.may_act() and a.epoch is not None and a.epoch > 1
+
+
+async def test_self_fence_when_renew_hangs(start: Start, kv: FakeKV, clock: FakeClock) -> None:
+    """With the renew stuck, may_act turns false exactly at sent + TTL - margin."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    kv.gate = asyncio.Event()
+    await step(clock, 2.375)
+    assert a.may_act()
+    clock.advance(0.125)
+    assert not a.may_act() and a.lost.is_set() and a.epoch is None
+
+
+async def test_two_instances_one_leader(start: Start, clock: FakeClock, epochs: Epochs) -> None:
+    """Two instances on one bucket: exactly one leads, and keeps leading while it renews."""
+    a, _ = start("a")
+    b, _ = start("b")
+    await settle(lambda: a.may_act() or b.may_act())
+    leader = a if a.may_act() else b
+    for _ in range(10):
+        await step(clock, CAMPAIGN)
+        assert [x.may_act() for x in (a, b)].count(True) == 1 and leader.may_act()
+    assert epochs.epoch == 1
+    other = b if leader is a else a
+    assert other.info()["leader"] == leader.instance and other.info()["epoch"] is None
+
+
+async def test_resign_hands_over_through_watch(start: Start, kv: FakeKV) -> None:
+    """Resigning deletes the lease; the watching standby takes office with no time passing."""
+    a, a_task = start("a")
+    await settle(a.may_act)
+    b, _ = start("b")
+    await settle()
+    waiter = asyncio.create_task(b.wait_for_office())
+    await a.resign()
+    assert a.lost.is_set() and not a.may_act()
+    async with asyncio.timeout(1):
+        assert await waiter == 2
+    assert value(kv)["instance"] == "b"
+    await settle(a_task.done)
+
+
+async def test_resign_without_watch_hands_over_at_next_campaign(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """Without a watcher the standby takes over at its next periodic campaign."""
+    kv.watchable = False
+    a, _ = start("a")
+    await settle(a.may_act)
+    b, _ = start("b")
+    await settle()
+    await a.resign()
+    assert kv.current(LEASE_KEY) is None
+    await settle()
+    assert not b.may_act()
+    await step(clock, CAMPAIGN)
+    assert b.epoch == 2
+
+
+async def test_crashed_leader_is_replaced_after_expiry(start: Start, clock: FakeClock) -> None:
+    """A leader that stops renewing without resigning is replaced once its lease expires."""
+    a, a_task = start("a")
+    await settle(a.may_act)
+    b, _ = start("b")
+    a_task.cancel()
+    await settle(a_task.done)
+    await step(clock, TTL - 0.2)
+    assert not b.may_act()
+    await step(clock, 0.2 + CAMPAIGN)
+    assert b.epoch == 2 and not a.may_act()
+
+
+async def test_depose_ends_the_term(start: Start, clock: FakeClock) -> None:
+    """A fenced write deposes the leader at once; it hands its lease back and campaigns again."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    a.depose()
+    assert a.lost.is_set() and not a.may_act() and a.epoch is None
+    await step(clock, CAMPAIGN)
+    assert a.epoch == 2
+
+
+async def test_database_down_gives_the_lease_back(
+    start: Start, kv: FakeKV, clock: FakeClock, epochs: Epochs
+) -> None:
+    """If PostgreSQL cannot give an epoch the lease is deleted and the instance stays standby."""
+    epochs.fail = True
+    a, _ = start("a")
+    await settle()
+    assert not a.may_act() and kv.current(LEASE_KEY) is None and kv.seq >= 2
+    epochs.fail = False
+    await step(clock, CAMPAIGN)
+    assert a.epoch == 1
+
+
+async def test_heartbeat_writes_instance_state(start: Start, kv: FakeKV) -> None:
+    """The heartbeat records role and epoch under instances.<id> in the state bucket."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    stop = asyncio.Event()
+    beat = asyncio.create_task(a.heartbeat(cast(KeyValue, kv), stop))
+    await settle(lambda: kv.current("instances.a") is not None)
+    stop.set()
+    async with asyncio.timeout(1):
+        await beat
+    record = json.loads(kv.current("instances.a").value)  # type: ignore[union-attr]
+    assert record["role"] == "leader" and record["epoch"] == 1
