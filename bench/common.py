@@ -1,10 +1,8 @@
-"""Shared pieces of the benchmarks: servers, the daemon process, load, read-back, statistics.
+"""Shared pieces of the benchmarks: servers, the daemon process, /proc sampling, JSON reports.
 
-Everything runs on this host: a fresh nats-server and PostgreSQL in a temp dir, the daemon as a
-subprocess (`python -m scheduler run`), and a light load generator (pre-built messages, paced
-core publishes) so the generator takes as little CPU as possible from the daemon. Lateness is
-read back after the run from the JetStream store time of each delivered message, so reading
-costs nothing during the measurement.
+Everything runs on this host: a fresh nats-server (and PostgreSQL) in a temp dir on free loopback
+ports, and the daemon as a subprocess (`python -m scheduler run`). Load and measurement (the paced
+producer, the live collector, statistics) are in traffic.py.
 """
 
 from __future__ import annotations
@@ -13,22 +11,23 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-import nats
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.api import StorageType, StreamConfig
+from traffic import STOPPING
 
 from scheduler.embedded import NatsServer, Postgres, free_port
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -39,21 +38,43 @@ class Env:
 
 
 @contextmanager
-def servers() -> Iterator[Env]:
-    """A fresh nats-server and PostgreSQL for one benchmark; removed afterwards."""
+def servers(postgres: bool = True) -> Iterator[Env]:
+    """A fresh nats-server (and PostgreSQL) in a temp dir; stopped and removed afterwards."""
     workdir = tempfile.mkdtemp(prefix="mqs-bench-")
-    ns = NatsServer(os.path.join(workdir, "nats")).start()
-    pg = Postgres(os.path.join(workdir, "pg")).start()
+    ns: NatsServer | None = None
+    pg: Postgres | None = None
     try:
-        yield Env(ns.url, pg.url, workdir)
+        ns = NatsServer(os.path.join(workdir, "nats")).start()
+        pg = Postgres(os.path.join(workdir, "pg")).start() if postgres else None
+        yield Env(ns.url, pg.url if pg else "", workdir)
     finally:
-        ns.stop()
-        pg.stop()
+        for server in (pg, ns):
+            if server is not None:
+                server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def rss_mb(pid: int) -> float:
+    """Resident set size of `pid` in MiB (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Daemon:
-    """The daemon as a subprocess, with its CPU time and memory readable from /proc."""
+    """`python -m scheduler run` as a subprocess on free ports; stderr kept in the workdir."""
 
     def __init__(self, env: Env, **settings: str) -> None:
         self.http, self.metrics_port = free_port(), free_port()
@@ -67,46 +88,57 @@ class Daemon:
             SCHEDULER_SCHEDULES_DIR=os.path.join(env.workdir, "no-schedules"),
         )
         self.env.update({f"SCHEDULER_{k.upper()}": v for k, v in settings.items()})
+        self.log_path = os.path.join(env.workdir, f"daemon-{self.http}.log")
         self.proc: subprocess.Popen[bytes] | None = None
-        self.started_at = 0.0
+        self.started_at = 0.0  # wall clock, when the process was spawned
 
-    def start(self, wait_ready: bool = True) -> Daemon:
-        self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "run"], env=self.env, stdout=subprocess.DEVNULL
-        )
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, wait_ready: bool = True, timeout: float = 30) -> Daemon:
+        with open(self.log_path, "ab") as log:
+            self.started_at = time.time()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "scheduler", "run"],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         if wait_ready:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + timeout
             while not self.ready():
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("daemon did not become ready")
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"daemon not ready in {timeout:.0f} s: {self.log_tail()}")
                 time.sleep(0.05)
         return self
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/readyz", timeout=1):
-                return True
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/readyz", timeout=1) as r:
+                return bool(r.status == 200)
         except OSError:
             return False
 
+    def log_tail(self, lines: int = 8) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return " | ".join(f.read().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
     def cpu_seconds(self) -> float:
-        assert self.proc is not None
-        fields = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.pid)
 
     def rss_mb(self) -> float:
-        assert self.proc is not None
-        for line in open(f"/proc/{self.proc.pid}/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+        return rss_mb(self.pid)
 
     def metric(self, name: str) -> float:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=2) as resp:
             for line in resp.read().decode().splitlines():
-                if line.startswith(name + " ") or line.startswith(name + "{"):
+                if line.startswith((name + " ", name + "{")):
                     return float(line.rsplit(" ", 1)[1])
         return float("nan")
 
@@ -117,80 +149,15 @@ class Daemon:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait(5)
 
 
-def envelope(due: datetime | None, task_id: str | None = None) -> tuple[str, bytes]:
-    """(id, bytes) of a valid envelope due at `due`."""
-    task_id = task_id or uuid.uuid4().hex
-    doc: dict[str, Any] = {
-        "schema": "hanzo.mq.v1",
-        "id": task_id,
-        "type": "bench.task",
-        "source": "bench",
-        "timestamp": datetime.now(UTC).isoformat(),
-        "data": {"n": 1},
-    }
-    if due is not None:
-        doc["delay_until"] = due.isoformat()
-    return task_id, json.dumps(doc).encode()
-
-
-async def paced_publish(nc: Any, items: list[tuple[float, str, bytes, dict[str, str]]]) -> float:
-    """Publish (at, subject, payload, headers) items at their wall times; return the lag max."""
-    worst, i = 0.0, 0
-    while i < len(items):
-        now = time.time()
-        while i < len(items) and items[i][0] <= now:
-            at, subject, payload, headers = items[i]
-            await nc.publish(subject, payload, headers=headers)
-            worst = max(worst, now - at)
-            i += 1
-        await asyncio.sleep(0.0005)
-    await nc.flush()
-    return worst
-
-
-async def read_back(url: str, stream: str, subject: str = ">") -> list[Any]:
-    """The messages of `stream` stored up to now (no acks), for measuring after the run."""
-    nc = await nats.connect(url)
-    out: list[Any] = []
-    try:
-        js = nc.jetstream()
-        last = (await js.stream_info(stream)).state.last_seq
-        cfg = ConsumerConfig(ack_policy=AckPolicy.NONE, max_ack_pending=-1)
-        psub = await js.pull_subscribe(subject, stream=stream, config=cfg)
-        while not out or out[-1].metadata.sequence.stream < last:
-            try:
-                out += await psub.fetch(5000, timeout=1.5)
-            except (TimeoutError, nats.errors.TimeoutError):
-                break
-    finally:
-        await nc.close()
-    return out
-
-
-def lateness_ms(msgs: list[Any], due_of: Any) -> list[float]:
-    """Store time minus due time per message, in ms."""
-    return [(m.metadata.timestamp - due_of(m)).total_seconds() * 1000 for m in msgs]
-
-
-def stats(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"count": 0}
-    v = sorted(values)
-
-    def q(p: float) -> float:
-        return round(v[min(len(v) - 1, int(p * len(v)))], 2)
-
-    return {
-        "count": len(v),
-        "min": round(v[0], 2),
-        "p50": q(0.5),
-        "p95": q(0.95),
-        "p99": q(0.99),
-        "max": round(v[-1], 2),
-        "early": sum(1 for x in v if x < 0),
-    }
+async def add_target_stream(js: Any, name: str = "BENCH", subject: str = "mq.bench.>") -> None:
+    """The workers' stream the daemon delivers to (the daemon provisions none without embedded)."""
+    cfg = StreamConfig(
+        name=name, subjects=[subject], storage=StorageType.FILE, duplicate_window=120
+    )
+    await js.add_stream(cfg)
 
 
 def report(
@@ -200,21 +167,42 @@ def report(
     targets: dict[str, Any],
     passed: bool,
     summary: str,
+    out: str | None = None,
 ) -> None:
-    """The machine-readable result on stdout, a one-line summary on stderr."""
+    """The JSON result on stdout (and in `out`), a one-line human summary on stderr."""
     doc = {"bench": name, "params": params, "results": results, "targets": targets, "pass": passed}
-    print(json.dumps(doc, indent=2, default=str))
+    text = json.dumps(doc, indent=2, default=str)
+    print(text)
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
+            f.write(text + "\n")
     print(f"{name}: {'PASS' if passed else 'FAIL'} {summary}", file=sys.stderr)
 
 
-def delay_until_of(msg: Any) -> datetime:
-    return datetime.fromisoformat(json.loads(msg.data)["delay_until"])
+def run(coro: Awaitable[T]) -> T:
+    """Run on uvloop when installed; Ctrl-C and SIGTERM cancel the run, so every finally runs."""
 
+    async def main() -> T:
+        task = asyncio.current_task()
+        assert task is not None
 
-def run(coro: Any) -> Any:
+        def stop() -> None:
+            STOPPING.set()
+            task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop)
+        return await coro
+
     try:
         import uvloop
 
-        return uvloop.run(coro)
+        runner: Any = uvloop.run
     except ImportError:
-        return asyncio.run(coro)
+        runner = asyncio.run
+    try:
+        return runner(main())  # type: ignore[no-any-return]
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted: servers and daemon stopped, temp dirs removed", file=sys.stderr)
+        raise SystemExit(130) from None
