@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler import __version__, migrate
+from scheduler.aio import first_of
 from scheduler.api.app import Served, build_api, build_metrics_app, serve
 from scheduler.bus.nats import NatsBus, ProvisionNote, provision
 from scheduler.clock import Clock, SystemClock
 from scheduler.embedded import NatsServer, Postgres
 from scheduler.engine.delayed import DelayedEngine
-from scheduler.engine.office import FixedOffice, Office, take_office
+from scheduler.engine.leader import Leadership
+from scheduler.engine.office import Office
 from scheduler.engine.recurring import CronEngine
 from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
@@ -75,6 +77,8 @@ class Daemon:
         self.store: PostgresStore | None = None
         self.tasks: TaskStore | None = None
         self.office: Office | None = None
+        self.leadership: Leadership | None = None
+        self.state_kv: Any = None
         self.engine: DelayedEngine | None = None
         self.cron: CronEngine | None = None
         self.provisioned: list[ProvisionNote] = []
@@ -82,6 +86,7 @@ class Daemon:
         self.migrated = False
         self.started = asyncio.Event()
         self._stop = asyncio.Event()
+        self._done_leading = asyncio.Event()  # set once the engine ended and the lease is given up
         self.metrics.info.labels(__version__, settings.instance_id).set(1)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -102,7 +107,13 @@ class Daemon:
                 self.state = RunState.RUNNING
                 self.started.set()
                 log.info("daemon.running instance=%s", self.settings.instance_id)
+                assert self.leadership is not None
                 async with asyncio.TaskGroup() as tg:
+                    tg.create_task(self.leadership.run(self._done_leading), name="leadership")
+                    tg.create_task(
+                        self.leadership.heartbeat(self.state_kv, self._done_leading),
+                        name="heartbeat",
+                    )
                     tg.create_task(self._upkeep_loop(), name="fire-log-upkeep")
                     tg.create_task(self._engine_loop(), name="engine")
                     tg.create_task(self._lag_probe(), name="loop-lag")
@@ -139,9 +150,13 @@ class Daemon:
         service = SchedulerService(self.bus.nc, s, self.tasks, self.clock, self.stats)
         await service.start()
         stack.push_async_callback(service.stop)
-        self.office = FixedOffice(await take_office(self.store.pool, s.instance_id))
-        self.metrics.is_leader.set(1)
-        self.metrics.leader_epoch.set(self.office.epoch or 0)
+        assert self.bus.js is not None
+        await self._check_lease_bucket()
+        leader_kv = await self.bus.js.key_value(s.leader_bucket)
+        self.state_kv = await self.bus.js.key_value(s.state_bucket)
+        self.leadership = Leadership(leader_kv, self.store.pool, s, self.clock, self.metrics)
+        self.office = self.leadership
+        self.metrics.is_leader.set(0)
         self.cron = CronEngine(
             s, ScheduleStore(self.store), self.office, self.clock, self.metrics, self.bus.js
         )
@@ -164,12 +179,45 @@ class Daemon:
         return self.settings.intake_stream
 
     async def _engine_loop(self) -> None:
-        """Run terms of office until stopped (one long term for a single instance)."""
-        assert self.engine is not None and self.office is not None
+        """Run terms of office until stopped; then give the lease up so a standby takes over.
+
+        On stop the term ends gracefully (no new claims, the batch in flight published and
+        recorded), bounded by `SCHEDULER_SHUTDOWN_GRACE`; an abandoned batch stays claimed and
+        the next leader re-publishes it (the duplicate window drops repeats).
+        """
+        assert self.engine is not None and self.leadership is not None
+        engine = asyncio.create_task(self._terms(), name="terms")
+        try:
+            await first_of(asyncio.shield(engine), self._stop.wait())
+            if not engine.done():
+                grace = self.settings.shutdown_grace.total_seconds()
+                done, _ = await asyncio.wait({engine}, timeout=grace)
+                if not done:
+                    log.warning("daemon.grace_expired seconds=%g: abandoning the term", grace)
+                    engine.cancel()
+                    await asyncio.gather(engine, return_exceptions=True)
+            if not engine.cancelled():
+                engine.result()  # an engine crash ends the daemon, after the lease is given up
+        finally:
+            if not engine.done():
+                engine.cancel()
+                await asyncio.gather(engine, return_exceptions=True)
+            await self.leadership.resign()
+            self._done_leading.set()
+
+    async def _terms(self) -> None:
+        """Terms of office, one after another; a term that fails (the database away at the
+        start of a term, say) is retried with backoff while this instance still leads."""
+        assert self.engine is not None
+        backoff = 0.5
         while not self._stop.is_set():
-            await self.engine.run_term(self._stop)
-            if self.office.lost.is_set():
-                await self._wait_stop(self.settings.campaign_interval.total_seconds())
+            try:
+                await self.engine.run_term(self._stop)
+                backoff = 0.5
+            except Exception as exc:
+                log.warning("engine.term_failed error=%r; retrying in %gs", exc, backoff)
+                await self._wait_stop(backoff)
+                backoff = min(backoff * 2, 10.0)
 
     def stats(self) -> dict[str, Any]:
         """What `scheduler.v1.stats` answers."""
@@ -183,6 +231,50 @@ class Daemon:
 
     def _role(self) -> str:
         return "leader" if self.office is not None and self.office.may_act() else "standby"
+
+    async def leader(self) -> dict[str, Any]:
+        """What `GET /v1/leader` answers: who leads (as the lease says), and this instance's view.
+
+        The lease value is read for display only; leadership itself is never decided by a read.
+        """
+        me = self.leadership.info() if self.leadership else {"instance": self.settings.instance_id}
+        holder: dict[str, Any] = {}
+        if self.leadership is not None:
+            holder = await self.leadership.holder()
+        return {
+            "instance": holder.get("instance"),
+            "epoch": holder.get("epoch"),
+            "since": holder.get("since"),
+            "self": me,
+        }
+
+    async def _check_lease_bucket(self) -> None:
+        """The lease bucket's TTL must equal the lease TTL, else two leaders or slow takeovers."""
+        assert self.bus is not None and self.bus.js is not None
+        s = self.settings
+        try:
+            info = await self.bus.js.stream_info(f"KV_{s.leader_bucket}")
+        except Exception as exc:
+            raise ConfigError(
+                "SCHEDULER_LEADER_BUCKET",
+                f"KV bucket {s.leader_bucket!r} is missing ({exc!r}); "
+                "create it (SCHEDULER_PROVISION=true does) with TTL = SCHEDULER_LEASE_TTL",
+            ) from exc
+        ttl = info.config.max_age or 0.0
+        if ttl <= 0 or ttl < s.lease_ttl - 0.001:
+            raise ConfigError(
+                "SCHEDULER_LEASE_TTL",
+                f"{s.lease_ttl:g}s, but KV bucket {s.leader_bucket!r} has TTL {ttl:g}s; a lease "
+                "would outlive no deadline or expire while its holder still acts. Recreate the "
+                "bucket with TTL = the lease TTL, or set the lease TTL to the bucket's",
+            )
+        if ttl > s.lease_ttl + 0.001:
+            why = (
+                f"KV bucket {s.leader_bucket!r} has TTL {ttl:g}s, longer than the lease TTL "
+                f"{s.lease_ttl:g}s: safe, but a crashed leader is replaced only after {ttl:g}s"
+            )
+            log.warning("leader.bucket_ttl_long %s", why)
+            self.warnings.append(why)
 
     async def _start_embedded(self, stack: AsyncExitStack) -> Settings:
         """Start whichever server has no URL (embedded mode), or fail naming the variable."""
@@ -213,9 +305,16 @@ class Daemon:
         assert self.bus is not None
         problem = self.bus.version_problem()
         log.info("nats.server_version version=%s", self.bus.server_version)
-        if problem:
-            log.warning("nats.server_too_old %s", problem)
-            self.warnings.append(problem)
+        if problem is None:
+            return
+        if self.bus.version_known() and not self.settings.allow_unsafe_nats:
+            raise ConfigError(
+                "SCHEDULER_NATS_URL",
+                f"{problem}; upgrade the server, or set SCHEDULER_ALLOW_UNSAFE_NATS=true to run "
+                "anyway",
+            )
+        log.warning("nats.server_too_old %s", problem)
+        self.warnings.append(problem)
 
     async def _upkeep_loop(self) -> None:
         """Hourly: fire-log partitions two days ahead, expired ones dropped, old tasks purged."""

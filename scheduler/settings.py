@@ -93,6 +93,7 @@ class Settings(BaseSettings):
     state_bucket: str = "scheduler_state"
     data_dir: Path = Path(".scheduler-data")
     shutdown_grace: Duration = timedelta(seconds=20)
+    allow_unsafe_nats: bool = False
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")
 

@@ -25,11 +25,14 @@ class HealthSource(Protocol):
 
     def readiness(self) -> tuple[bool, dict[str, Any]]: ...
 
+    async def leader(self) -> dict[str, Any]: ...
+
 
 def build_api(health: HealthSource) -> web.Application:
     app = web.Application()
     app.router.add_get("/healthz", _healthz(health))
     app.router.add_get("/readyz", _readyz(health))
+    app.router.add_get("/v1/leader", _leader(health))
     return app
 
 
@@ -54,6 +57,13 @@ def _readyz(health: HealthSource) -> Callable[[web.Request], Any]:
     async def handler(_: web.Request) -> web.Response:
         ready, body = health.readiness()
         return web.json_response({"ready": ready, **body}, status=200 if ready else 503)
+
+    return handler
+
+
+def _leader(health: HealthSource) -> Callable[[web.Request], Any]:
+    async def handler(_: web.Request) -> web.Response:
+        return web.json_response(await health.leader())
 
     return handler
 

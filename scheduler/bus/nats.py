@@ -130,6 +130,14 @@ class NatsBus:
     def max_payload(self) -> int:
         return int(self.nc.max_payload) if self.nc is not None else 1024 * 1024
 
+    def version_known(self) -> bool:
+        """True when the server's version parses (an unknown one only earns a warning)."""
+        try:
+            tuple(int(p) for p in self.server_version.split("-")[0].split(".")[:3])
+        except ValueError:
+            return False
+        return True
+
     def version_problem(self) -> str | None:
         """A warning when the server is older than the oldest version we support."""
         try:

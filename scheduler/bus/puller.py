@@ -38,7 +38,18 @@ class Puller:
         await self._top_up()
         return self
 
+    def interrupt(self) -> None:
+        """Make a waiting `take()` return now (the daemon is stopping)."""
+        self._arrived.set()
+
     async def close(self) -> None:
+        """Stop pulling; messages buffered but not taken are nak'ed so they come back at once."""
+        buffered, self._buffer = self._buffer, []
+        for msg in buffered:
+            try:
+                await msg.nak()
+            except Exception:  # connection gone: they come back after the ack wait instead
+                break
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()

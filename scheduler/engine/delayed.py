@@ -73,8 +73,12 @@ class DelayedEngine:
         self.heap_lock = asyncio.Lock()
 
     async def run_term(self, stop: asyncio.Event) -> None:
-        """One term of office: until `stop` is set or office is lost."""
-        epoch = await self.office.wait_for_office()
+        """One term of office: until `stop` is set or office is lost (returns at once on stop)."""
+        taking = asyncio.ensure_future(self.office.wait_for_office())
+        await first_of(taking, stop.wait())
+        if not taking.done() or taking.cancelled():
+            return  # stopped while standing by
+        epoch = taking.result()
         assert self.bus.nc is not None and self.bus.js is not None
         publisher = await Publisher(self.bus.nc, timeout=PUBLISH_TIMEOUT).start()
         sub = await self.bus.nc.subscribe(RESCHEDULED_SUBJECT, cb=self._on_rescheduled)

@@ -191,6 +191,11 @@ class Firing:
                     await self._record(epoch, outcomes, expired)
                 except Exception as exc:  # PostgreSQL away: keep the outcomes, retry shortly
                     log.warning("books.failed count=%d error=%r", len(outcomes), exc)
+                    if self._books_closing and not self.office.may_act():
+                        # Out of office with the database away: the tasks stay claimed and the
+                        # next leader re-publishes them (the duplicate window drops repeats).
+                        log.warning("books.abandoned count=%d", len(outcomes) + len(expired))
+                        return
                     self._outcomes[:0], self._expired[:0] = outcomes, expired
                     await self.clock.sleep(0.5)
             elif self._books_closing:

@@ -200,6 +200,8 @@ class Intake:
         puller = Puller(nc, stream, self.settings.intake_consumer, self.settings.batch)
         await puller.start()
         committing: tuple[asyncio.Task[None], int] | None = None
+        stopping = asyncio.create_task(stop.wait(), name="intake-stop")
+        stopping.add_done_callback(lambda _: puller.interrupt())
         try:
             while not stop.is_set() and may_act():
                 msgs = await puller.take(timeout=0.5)
@@ -211,6 +213,7 @@ class Intake:
                 task = asyncio.create_task(self.commit(msgs, results), name="intake-commit")
                 committing = (task, len(msgs))
         finally:
+            stopping.cancel()
             if committing is not None:
                 await self._settle(*committing)
             await puller.close()

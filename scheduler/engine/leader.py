@@ -129,6 +129,15 @@ class Leadership:
             "leader": self.instance if self._in_office() else self._holder,
         }
 
+    async def holder(self) -> dict[str, Any]:
+        """The lease's current value ({instance, epoch, since}), read for display only."""
+        try:
+            entry = await asyncio.wait_for(self._kv.get(LEASE_KEY), timeout=1.0)
+            doc = json.loads(entry.value or b"{}")
+        except Exception:  # no key (no leader), not our JSON, or NATS away
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
     # -- the loop ---------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Campaign, hold and renew office until `stop` is set (or `resign` is called)."""
@@ -302,7 +311,8 @@ class Leadership:
         return json.dumps({"instance": self.instance, "epoch": epoch, "since": since_text}).encode()
 
     async def heartbeat(self, state_kv: KeyValue, stop: asyncio.Event) -> None:
-        """Write `instances.<instance_id>` = {role, epoch, at} to the state bucket until `stop`."""
+        """Write `instances.<instance_id>` = {role, epoch, at} to the state bucket until `stop`:
+        every few seconds and at once when the role changes."""
         key = "instances." + re.sub(r"[^-/_=a-zA-Z0-9]", "_", self.instance)
         while not stop.is_set():
             record = {"role": self.role, "epoch": self.epoch, "at": to_rfc3339(self._clock.now())}
@@ -310,7 +320,8 @@ class Leadership:
                 await state_kv.put(key, json.dumps(record).encode())
             except Exception as exc:  # informational only; the next beat tries again
                 self._log.debug("leader.heartbeat_failed error=%r", exc)
-            await first_of(self._clock.sleep(HEARTBEAT_EVERY), stop.wait())
+            change = self._lost.wait() if record["role"] == "leader" else self._office.wait()
+            await first_of(self._clock.sleep(HEARTBEAT_EVERY), stop.wait(), change)
 
 
 def _holder_of(value: bytes | None) -> str | None:
