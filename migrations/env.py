@@ -11,10 +11,21 @@ from sqlalchemy.ext.asyncio import create_async_engine
 config = context.config
 
 
+# Several replicas start at once and each migrates: a session advisory lock lets one run the
+# migrations while the others wait, then find the schema at head and do nothing.
+MIGRATION_LOCK = 0x6D717363  # "mqsc"
+
+
 def _run(connection: Connection) -> None:
-    context.configure(connection=connection, target_metadata=None, transaction_per_migration=True)
-    with context.begin_transaction():
-        context.run_migrations()
+    connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
+    try:
+        context.configure(
+            connection=connection, target_metadata=None, transaction_per_migration=True
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+    finally:
+        connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK})")
 
 
 async def _main() -> None:

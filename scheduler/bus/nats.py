@@ -85,6 +85,9 @@ class NatsBus:
             "reconnect_time_wait": 1,
             "connect_timeout": 2,
             "pending_size": 0,
+            # A silent link (a partition, a blackholed proxy) is noticed in 4-6 s, not minutes.
+            "ping_interval": 2,
+            "max_outstanding_pings": 2,
             "error_cb": self._on_error,
             "disconnected_cb": self._on_disconnect,
             "reconnected_cb": self._on_reconnect,

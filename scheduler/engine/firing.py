@@ -149,6 +149,9 @@ class Firing:
             if not self.armed:
                 await self._wait(self.armed_event, 1.0)
                 continue
+            if not self.office.may_act():  # self-fenced (say, woken from SIGSTOP): publish nothing
+                await self._wait(self.armed_event, 0.05)
+                continue
             left = self.armed[0][0] - self.now_ms()
             if left > 0:  # re-checked after every wake: robust to wall-clock steps
                 await self._wait(self.armed_event, left / 1000)

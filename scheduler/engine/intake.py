@@ -13,6 +13,7 @@ import asyncio
 import base64
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -75,6 +76,7 @@ class Intake:
         self.heap_lock = heap_lock
         self.limits = limits
         self.lane = delay_lane_prefix(settings.intake_subject)
+        self._may_act: Callable[[], bool] = lambda: True
 
     def classify(self, msg: Msg, now: datetime) -> NewTask | Rejected:
         """Validate one message into a NewTask, or say precisely why it is rejected."""
@@ -114,6 +116,8 @@ class Intake:
 
     async def commit(self, msgs: list[Msg], results: list[NewTask | Rejected]) -> None:
         """Insert the good tasks, dead-letter the bad ones, then ack: never ack before commit."""
+        if not self._may_act():  # self-fenced: leave the batch unacked for the next leader
+            raise RuntimeError("office lost before the commit")
         good = [(m, r) for m, r in zip(msgs, results, strict=True) if isinstance(r, NewTask)]
         bad = [r for r in results if isinstance(r, Rejected)]
         if good:
@@ -191,12 +195,15 @@ class Intake:
         ) as exc:  # the dead_letters row is the record; the stream copy is a convenience
             log.warning("dlq.publish_failed subject=%s error=%s", subject, exc)
 
-    async def run(self, nc: Any, stream: str, stop: asyncio.Event, may_act: Any) -> None:
+    async def run(
+        self, nc: Any, stream: str, stop: asyncio.Event, may_act: Callable[[], bool]
+    ) -> None:
         """Handle batches as they arrive until `stop` is set or `may_act()` turns false.
 
         Two stages: while one batch commits, the next is fetched and validated. Commits stay
         one at a time, in order, so intake order (the tie-break among tasks due together) holds.
         """
+        self._may_act = may_act
         puller = Puller(nc, stream, self.settings.intake_consumer, self.settings.batch)
         await puller.start()
         committing: tuple[asyncio.Task[None], int] | None = None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -118,3 +120,20 @@ async def test_purge_deletes_only_old_finished_tasks(database_url: str) -> None:
         assert left == {"t3", "t4", "t5"}
     finally:
         await pool.close()
+
+
+async def test_replicas_migrating_at_once_all_succeed(database_url: str) -> None:
+    """Three replicas starting together on an empty database: one migrates, the others wait on
+    the advisory lock and then find the schema at head (without it, they race on CREATE TABLE)."""
+    await asyncio.to_thread(migrate.downgrade, database_url, "base")
+    env = {**os.environ, "SCHEDULER_DATABASE_URL": database_url}
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scheduler", "migrate", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        for _ in range(3)
+    ]
+    async with asyncio.timeout(60):
+        results = [(await p.wait(), (await p.stderr.read()).decode()) for p in procs if p.stderr]
+    assert [code for code, _ in results] == [0, 0, 0], [err[-500:] for _, err in results]
+    assert await tables(database_url) >= TABLES
