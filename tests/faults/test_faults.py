@@ -25,6 +25,7 @@ from tests.faults.harness import (
     add_target_stream,
     check,
     publish_load,
+    read_stream,
     wait_delivered,
 )
 from tests.faults.proxy import FaultProxy
@@ -232,3 +233,63 @@ async def test_blackholed_leader_link_self_fences_and_the_standby_takes_over(
     verdict = await settle_and_check(own_nats.url, expected, within=BOUND + 20)
     assert_clean(verdict, len(expected), cluster)
     assert "leader.lost instance=" in leader.log_text()
+
+
+TICK = """\
+scheduled_jobs:
+  - name: tick
+    subject: mq.fault.tick
+    cron: "* * * * * *"
+    misfire: fire_all
+    catchup_window: 1m
+    data: {"kind": "tick"}
+"""
+
+
+async def test_cron_occurrences_survive_a_crash_and_a_handover_once_each(
+    own_nats: NatsServer, database_url: str, start_cluster: StartCluster
+) -> None:
+    """A job firing every second, three daemons. The leader is SIGKILLed right after an
+    occurrence arrives (before its cursor write, most likely), then its successor is stopped
+    with SIGTERM. Every second from the first occurrence to the last is in the target stream
+    exactly once: nothing fired twice, nothing skipped."""
+    cluster = await start_cluster([own_nats.url] * 3, database_url, TICK)
+    await add_target_stream(own_nats.url)
+    nc = await nats.connect(own_nats.url)
+    try:
+        js = nc.jetstream()
+        arrived = asyncio.Event()
+
+        async def on_tick(msg: nats.aio.msg.Msg) -> None:
+            arrived.set()
+
+        await nc.subscribe("mq.fault.tick", cb=on_tick)
+        first = await cluster.leader()
+        await asyncio.sleep(3.0)
+        arrived.clear()
+        await asyncio.wait_for(arrived.wait(), 3)
+        first.signal(signal.SIGKILL)  # in the middle of an occurrence: published, maybe unrecorded
+        second = await cluster.leader(within=BOUND, exclude=first)
+        await asyncio.sleep(3.0)
+        arrived.clear()
+        await asyncio.wait_for(arrived.wait(), 3)
+        second.signal(signal.SIGTERM)
+        third = await cluster.leader(within=BOUND, exclude=second)
+        assert third not in (first, second)
+        await asyncio.sleep(3.0)
+        held = (await js.stream_info("FAULTS")).state.messages
+    finally:
+        await nc.close()
+    seen = await read_stream(own_nats.url)
+    ids = [task_id for task_id, _ in seen]
+    assert len(ids) == held
+    assert all(i.startswith("tick@") for i in ids), ids[:5]
+    instants = sorted(datetime.fromisoformat(i.removeprefix("tick@")) for i in ids)
+    doubled = [i for i in set(ids) if ids.count(i) > 1]
+    assert doubled == [], f"fired twice: {doubled}\n{cluster.logs()}"
+    span = int((instants[-1] - instants[0]).total_seconds()) + 1
+    missing = sorted({instants[0] + timedelta(seconds=k) for k in range(span)} - set(instants))
+    assert missing == [], f"skipped: {missing}\n{cluster.logs()}"
+    assert span >= 9, f"only {span} occurrences seen"
+    for task_id, stored in seen:  # never early
+        assert stored >= datetime.fromisoformat(task_id.removeprefix("tick@")), task_id
