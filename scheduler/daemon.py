@@ -36,6 +36,7 @@ from scheduler.store.tasks import TaskStore
 log = logging.getLogger("scheduler.daemon")
 
 UPKEEP_INTERVAL = 3600.0
+LAG_PROBE_EVERY = 0.1
 
 
 class RunState(enum.Enum):
@@ -331,12 +332,13 @@ class Daemon:
             await self._wait_stop(UPKEEP_INTERVAL)
 
     async def _lag_probe(self) -> None:
-        """Measure how late the event loop runs a 10 ms timer (CPU starvation shows here first)."""
+        """Measure how late the event loop runs a 100 ms timer (CPU starvation shows here
+        first); ten wakes a second cost nothing measurable, unlike a 10 ms timer (~1.5 % CPU)."""
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
             start = loop.time()
-            await asyncio.sleep(0.01)
-            self.metrics.loop_lag.observe(max(0.0, loop.time() - start - 0.01))
+            await asyncio.sleep(LAG_PROBE_EVERY)
+            self.metrics.loop_lag.observe(max(0.0, loop.time() - start - LAG_PROBE_EVERY))
 
     async def _wait_stop(self, seconds: float) -> None:
         try:

@@ -167,6 +167,7 @@ class Firing:
             observe((now_ms - due_ms) / 1000)
             if task.expires_at is not None and task.expires_at <= now:
                 self._expired.append(task)
+                self.outcome_event.set()
                 continue
             fut = await self._send(task, fired_at)
             self._inflight += 1
@@ -180,13 +181,17 @@ class Firing:
             exc = fut.exception()
             outcome = exc if isinstance(exc, PublishError) else fut.result()
         self._outcomes.append((task, outcome, self.clock.now()))
-        if len(self._outcomes) >= BOOK_BATCH:
+        if len(self._outcomes) in (1, BOOK_BATCH):  # the first wakes an idle bookkeeper
             self.outcome_event.set()
 
     async def _keep_books(self, epoch: int) -> None:
         """Record outcomes every few milliseconds, one transaction per flush, in order."""
         while True:
-            await self._wait(self.outcome_event, BOOK_EVERY)
+            if not self._outcomes and not self._expired and not self._books_closing:
+                await self._wait(self.outcome_event, 1.0)  # idle: sleep until the first outcome
+                continue
+            if len(self._outcomes) < BOOK_BATCH and not self._books_closing:
+                await self._wait(self.outcome_event, BOOK_EVERY)  # gather for a few ms
             outcomes, self._outcomes = self._outcomes, []
             expired, self._expired = self._expired, []
             if outcomes or expired:
