@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from scheduler.bus.wire import Wire
+
 
 @dataclass(frozen=True, slots=True)
 class PubAck:
@@ -42,6 +44,7 @@ class Publisher:
 
     def __init__(self, nc: Client, timeout: float = 5.0, max_inflight: int = 1000) -> None:
         self.nc = nc
+        self.wire = Wire(nc)
         self.timeout = timeout
         self._slots = asyncio.Semaphore(max_inflight)
         # token -> (future, subject, deadline on the loop's clock)
@@ -91,9 +94,7 @@ class Publisher:
         fut: asyncio.Future[PubAck] = loop.create_future()
         self._pending[token] = (fut, subject, loop.time() + self.timeout)
         try:
-            await self.nc.publish(
-                subject, payload, reply=f"{self._prefix}.{token}", headers=headers
-            )
+            await self.wire.publish(subject, payload, f"{self._prefix}.{token}", headers)
         except (
             Exception
         ) as exc:  # closed, reconnecting (no buffer), too large: all fail the message

@@ -124,10 +124,8 @@ class Intake:
             await self._store([m for m, _ in good], [t for _, t in good])
         if bad:
             await self._reject(bad)
-        for i, (msg, _) in enumerate(good):
-            await msg.ack()
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)
+        # One frame per ack, all handed to the connection at once (see scheduler.bus.wire).
+        await self.publisher.wire.empty_to(m.reply for m, _ in good if m.reply)
 
     async def _store(self, msgs: list[Msg], tasks: list[NewTask]) -> None:
         async with self.heap_lock:
