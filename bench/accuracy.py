@@ -21,7 +21,8 @@ from typing import Any
 import nats
 from broker_at import run_broker_at
 from common import Daemon, add_target_stream, report, run, servers
-from traffic import Collector, Pipeline, delay_items, produce
+from rawnats import RawCollector, RawProducer
+from traffic import delay_items
 
 
 async def run_ours(
@@ -34,16 +35,17 @@ async def run_ours(
         js = nc.jetstream()
         await add_target_stream(js)
         daemon.start()
-        collector = await Collector(js, "BENCH", "mq.bench.>").start()
-        pipe = await Pipeline(nc).start()
+        collector = await RawCollector(env.nats_url, js, "BENCH", "mq.bench.>").start()
+        producer_conn = await RawProducer(env.nats_url).start()
         items = delay_items(uuid.uuid4().hex[:8], rate, duration, delay)
         last_due = items[-1][0] + delay if items else time.time()
         cpu0 = daemon.cpu_seconds()
-        producer = await produce(pipe, items)
+        producer = await producer_conn.produce(items)
         complete = await collector.wait_for(len(items), last_due + grace - time.time())
         cpu = daemon.cpu_seconds() - cpu0
         rss = daemon.rss_mb()
         await collector.stop()
+        await producer_conn.close()
     finally:
         daemon.stop()
         await nc.close()

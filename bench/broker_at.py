@@ -20,7 +20,8 @@ from typing import Any
 import nats
 from common import report, run, servers
 from nats.js.api import StorageType, StreamConfig
-from traffic import Collector, Item, Pipeline, envelope, first_instant, iso_ms, produce
+from rawnats import RawCollector, RawProducer
+from traffic import Item, envelope, first_instant, iso_ms
 
 STREAM = "BENCH_SCHED"
 
@@ -56,13 +57,14 @@ async def run_broker_at(
             )
         )
         try:
-            collector = await Collector(js, STREAM, "sched.bench.t.>").start()
-            pipe = await Pipeline(nc).start()
+            collector = await RawCollector(nats_url, js, STREAM, "sched.bench.t.>").start()
+            producer_conn = await RawProducer(nats_url).start()
             items = schedule_items(rate, duration, delay)
             last_due = items[-1][0] + delay if items else time.time()
-            producer = await produce(pipe, items)
+            producer = await producer_conn.produce(items)
             complete = await collector.wait_for(len(items), last_due + grace - time.time())
             await collector.stop()
+            await producer_conn.close()
         finally:
             await js.delete_stream(STREAM)
     finally:

@@ -18,9 +18,8 @@ import random
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
-from scheduler.aio import first_of
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
-from scheduler.clock import Clock, to_rfc3339
+from scheduler.clock import Clock, to_rfc3339, wait_event
 from scheduler.engine.heap import Entry, HorizonHeap, TaskRef
 from scheduler.engine.office import Office
 from scheduler.errors import FencedError
@@ -31,8 +30,14 @@ from scheduler.subjects import check_target, dlq_subject
 
 log = logging.getLogger("scheduler.firing")
 
-LOOKAHEAD_MS = 50
-BOOK_EVERY = 0.01
+# Claims run in steps: each claims every task due within LOOKAHEAD_MS, the next one follows
+# CLAIM_STEP_MS later, or sooner when a task would otherwise be claimed less than CLAIM_LEAD_MS
+# before it is due (a claim round trip under load takes 15-30 ms here). A steady stream of
+# tasks so costs 40 claim statements a second instead of one per due millisecond.
+LOOKAHEAD_MS = 80
+CLAIM_LEAD_MS = 40
+CLAIM_STEP_MS = 25
+BOOK_EVERY = 0.025
 BOOK_BATCH = 500
 CLAIMS_IN_FLIGHT = 2
 MAX_BACKOFF = 60.0
@@ -74,6 +79,7 @@ class Firing:
         self._claim_slots = asyncio.Semaphore(CLAIMS_IN_FLIGHT)
         self._closing = False
         self._books_closing = False
+        self._last_claim_ms = 0
 
     def now_ms(self) -> int:
         return to_ms(self.clock.now())
@@ -84,8 +90,9 @@ class Firing:
         books = asyncio.create_task(self._keep_books(epoch), name="books")
         try:
             while not stop.is_set() and self.office.may_act():
-                if not await self.step(epoch):
-                    await self._wait(self.wake, self._idle_seconds())
+                wait = self._idle_seconds()
+                if wait > 0 or not await self.step(epoch):
+                    await self._wait(self.wake, max(wait, 0.001))
         finally:
             await self._finish(dispatcher, books)
 
@@ -94,11 +101,13 @@ class Firing:
 
         Up to `CLAIMS_IN_FLIGHT` claims run at once, so one slow round trip does not hold up
         the next window (a burst of tasks due at one instant drains at the database's pace)."""
-        until = self.now_ms() + LOOKAHEAD_MS
+        now = self.now_ms()
+        until = now + LOOKAHEAD_MS
         entries = self.heap.pop_due(until, self.settings.batch)
         self.metrics.heap_size.set(len(self.heap))
         if not entries:
             return False
+        self._last_claim_ms = now
         await self._claim_slots.acquire()
         claim = asyncio.create_task(self._claim(epoch, entries, until), name="claim")
         self._claims.add(claim)
@@ -131,17 +140,18 @@ class Firing:
         self.armed_event.set()
 
     def _idle_seconds(self) -> float:
+        """Until the next claim: when the next task enters the lookahead, but not sooner than
+        a step after the last claim, unless it would then be claimed too close to its time."""
         nxt = self.heap.next_due_ms()
         if nxt is None:
             return 1.0
-        return min(1.0, max(0.0, (nxt - LOOKAHEAD_MS - self.now_ms()) / 1000))
+        at = min(max(nxt - LOOKAHEAD_MS, self._last_claim_ms + CLAIM_STEP_MS), nxt - CLAIM_LEAD_MS)
+        return min(1.0, max(0.0, (at - self.now_ms()) / 1000))
 
     async def _wait(self, event: asyncio.Event, seconds: float) -> None:
         """Sleep up to `seconds` of the clock's time, waking early when `event` is set."""
         event.clear()
-        if seconds <= 0:
-            return
-        await first_of(self.clock.sleep(seconds), event.wait())
+        await wait_event(self.clock, event, seconds)
 
     async def _dispatch(self) -> None:
         """Publish armed tasks the moment the wall clock reaches their due time, never before."""

@@ -78,3 +78,25 @@ def test_rfc3339_is_utc_with_z() -> None:
     assert to_rfc3339(datetime(2026, 1, 1, 1, tzinfo=UTC)) == "2026-01-01T01:00:00.000Z"
     with pytest.raises(ValueError):
         to_rfc3339(datetime(2026, 1, 1))
+
+
+async def test_wait_event_wakes_on_set_or_on_the_fake_clock() -> None:
+    import asyncio
+
+    from scheduler.clock import FakeClock, wait_event
+
+    clock = FakeClock()
+    event = asyncio.Event()
+    waiter = asyncio.create_task(wait_event(clock, event, 5.0))
+    await asyncio.sleep(0)
+    clock.advance(4.9)
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    clock.advance(0.2)
+    await asyncio.wait_for(waiter, 1)
+    event.clear()
+    waiter = asyncio.create_task(wait_event(clock, event, 5.0))
+    await asyncio.sleep(0)
+    event.set()
+    await asyncio.wait_for(waiter, 1)
+    assert clock._sleepers == [] or all(f.done() for _, f in clock._sleepers)
