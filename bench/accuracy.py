@@ -44,6 +44,10 @@ async def run_ours(
         complete = await collector.wait_for(len(items), last_due + grace - time.time())
         cpu = daemon.cpu_seconds() - cpu0
         rss = daemon.rss_mb()
+        inside = {
+            "dispatch_lateness_ms": daemon.histogram("mq_scheduler_dispatch_lateness_seconds"),
+            "event_loop_lag_ms": daemon.histogram("mq_scheduler_event_loop_lag_seconds"),
+        }
         await collector.stop()
         await producer_conn.close()
     finally:
@@ -60,6 +64,7 @@ async def run_ours(
         "complete": complete,
         "daemon_cpu_us_per_task": round(cpu / max(len(items), 1) * 1e6, 1),
         "daemon_rss_mb": round(rss),
+        "daemon_histograms": inside,
         "producer": producer,
     }
 

@@ -142,6 +142,32 @@ class Daemon:
                     return float(line.rsplit(" ", 1)[1])
         return float("nan")
 
+    def histogram(self, name: str) -> dict[str, Any]:
+        """Count and bucket-bound quantiles (p50, p99, max bucket) of a daemon histogram, in ms:
+        where the daemon itself says the time went."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return {}
+        buckets: list[tuple[float, float]] = []
+        for line in text.splitlines():
+            if line.startswith(name + "_bucket{"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                buckets.append(
+                    (float("inf") if le == "+Inf" else float(le), float(line.split()[-1]))
+                )
+        if not buckets or buckets[-1][1] == 0:
+            return {"count": 0}
+        total = buckets[-1][1]
+
+        def upto(q: float) -> float:
+            return next(le for le, n in buckets if n >= q * total) * 1000
+
+        return {"count": int(total), "p50_le": upto(0.5), "p99_le": upto(0.99),
+                "max_le": upto(1.0)}  # fmt: skip
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()

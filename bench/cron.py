@@ -55,6 +55,13 @@ async def measure(jobs: int, duration: float) -> dict:
     first = min(occurrence(m) for m in msgs)
     steady = [m for m in msgs if occurrence(m) > first]
     lat = [(m.metadata.timestamp - occurrence(m)).total_seconds() * 1000 for m in steady]
+    by_second: dict[datetime, list[float]] = {}
+    for m in steady:
+        late = (m.metadata.timestamp - occurrence(m)).total_seconds() * 1000
+        by_second.setdefault(occurrence(m), []).append(late)
+    per_second = [
+        [round(min(v), 1), round(max(v), 1)] for _, v in sorted(by_second.items())
+    ]  # first and last arrival of each second's occurrences, ms after the second
     keys = Counter(m.headers["Nats-Msg-Id"] for m in msgs)
     per_job = Counter(m.headers["Mq-Schedule"] for m in msgs)
     span = {(occurrence(m) - first).total_seconds() for m in msgs}
@@ -67,6 +74,7 @@ async def measure(jobs: int, duration: float) -> dict:
         "min_per_job": min(per_job.values()),
         "max_per_job": max(per_job.values()),
         "daemon_cpu_percent": round(cpu / duration * 100, 1),
+        "per_second_min_max_ms": per_second,
     }
 
 

@@ -129,6 +129,9 @@ async def _run_daemon(daemon: Any) -> int:
     await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
     if started.done() and not runner.done():
         print_banner(daemon)
+        from scheduler.daemon import tune_gc
+
+        tune_gc()
     started.cancel()
     await runner
     return 0

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
-from scheduler.bus.wire import Wire
+from scheduler.bus.wire import Wire, raw_subscribe
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +55,7 @@ class Publisher:
 
     async def start(self) -> Publisher:
         self._prefix = self.nc.new_inbox()
-        self._sub = await self.nc.subscribe(self._prefix + ".*", cb=self._on_ack)
+        self._sub = await raw_subscribe(self.nc, self._prefix + ".*", self._on_ack)
         self._reaper = asyncio.create_task(self._reap(), name="publisher-timeouts")
         return self
 
@@ -112,16 +111,17 @@ class Publisher:
                 results.append(exc)
         return results
 
-    async def _on_ack(self, msg: Msg) -> None:
-        token = msg.subject.rsplit(".", 1)[-1]
+    def _on_ack(self, subject: bytes, data: bytes, headers: bytes | None) -> None:
+        """A PubAck, straight from the client's read loop (see `raw_subscribe`)."""
+        token = subject[subject.rfind(b".") + 1 :].decode()
         entry = self._pending.pop(token, None)
         if entry is None:
             return  # a late ack after its timeout: the task was already retried
-        fut, subject, _ = entry
+        fut, target, _ = entry
         self._slots.release()
         if fut.done():
             return
-        outcome = _parse_ack(msg, subject)
+        outcome = _parse_ack(data, headers, target)
         if isinstance(outcome, PubAck):
             fut.set_result(outcome)
         else:
@@ -137,18 +137,19 @@ class Publisher:
             fut.set_exception(PublishError(subject, message))
 
 
-def _parse_ack(msg: Msg, subject: str) -> PubAck | PublishError:
-    status = (msg.headers or {}).get("Status")
-    if status == "503":
-        return PublishError(subject, f"no stream captures {subject}")
-    if status:
-        return PublishError(
-            subject, f"status {status} {(msg.headers or {}).get('Description', '')}"
-        )
+def _parse_ack(data: bytes, headers: bytes | None, subject: str) -> PubAck | PublishError:
+    if headers:  # a status reply: "NATS/1.0 503" (no stream listens) or another error
+        first = headers.split(b"\r\n", 1)[0].decode(errors="replace")
+        parts = first.split(" ", 2)
+        status = parts[1] if len(parts) > 1 else ""
+        if status == "503":
+            return PublishError(subject, f"no stream captures {subject}")
+        if status:
+            return PublishError(subject, f"status {status} {parts[2] if len(parts) > 2 else ''}")
     try:
-        doc = json.loads(msg.data)
+        doc = json.loads(data)
     except ValueError:
-        return PublishError(subject, f"unreadable PubAck {msg.data[:80]!r}")
+        return PublishError(subject, f"unreadable PubAck {data[:80]!r}")
     if "error" in doc:
         err = doc["error"]
         return PublishError(

@@ -75,3 +75,51 @@ async def test_wire_refuses_while_disconnected(nats_url: str) -> None:
     await nc.close()
     with pytest.raises(OutboundBufferLimitError):
         await wire.publish("wire.test", b"x", "", {"A": "b"})
+
+
+async def test_raw_subscribe_hands_over_subject_payload_and_headers(nats_url: str) -> None:
+    """Raw deliveries skip nats-py's Msg; other subscriptions on the client are unaffected."""
+    from scheduler.bus.wire import raw_subscribe
+
+    nc = await nats.connect(nats_url)
+    try:
+        raw: list[tuple[bytes, bytes, bytes | None]] = []
+        normal: list[nats.aio.msg.Msg] = []
+
+        async def collect(msg: nats.aio.msg.Msg) -> None:
+            normal.append(msg)
+
+        sub = await raw_subscribe(nc, "raw.>", lambda s, d, h: raw.append((s, d, h)))
+        await nc.subscribe("plain.x", cb=collect)
+        await nc.publish("raw.a", b"one")
+        await nc.publish("raw.b", b"two", headers={"K": "v"})
+        await nc.publish("plain.x", b"three")
+        await nc.flush()
+        async with asyncio.timeout(5):
+            while len(raw) < 2 or not normal:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert raw[0] == (b"raw.a", b"one", None)
+        assert raw[1][:2] == (b"raw.b", b"two") and b"K: v\r\n" in (raw[1][2] or b"")
+        assert normal[0].data == b"three"
+        await sub.unsubscribe()
+        await nc.publish("raw.c", b"gone")
+        await nc.flush()
+        await asyncio.sleep(0.1)
+        assert len(raw) == 2
+    finally:
+        await nc.close()
+
+
+async def test_publisher_reports_a_subject_no_stream_captures(nats_url: str) -> None:
+    from scheduler.bus.publisher import Publisher, PublishError
+
+    nc = await nats.connect(nats_url)
+    try:
+        publisher = await Publisher(nc, timeout=2).start()
+        try:
+            with pytest.raises(PublishError, match=r"no stream captures wire\.none"):
+                await (await publisher.publish("wire.none", b"x", {"Nats-Msg-Id": "1"}))
+        finally:
+            await publisher.close()
+    finally:
+        await nc.close()
