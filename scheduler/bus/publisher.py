@@ -100,6 +100,34 @@ class Publisher:
             self._fail(token, f"publish failed: {exc!r}")
         return fut
 
+    def reserve(self) -> str:
+        """A reply subject for a message framed ahead of time (see `publish_frames`)."""
+        self._next += 1
+        return f"{self._prefix}.{self._next}"
+
+    async def publish_frames(
+        self, items: Sequence[tuple[str, str, bytes]]
+    ) -> list[asyncio.Future[PubAck]]:
+        """Send `(subject, reserved reply, frame)` items built with `wire.frame()` in one
+        hand-over; a future per item, as `publish` gives."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        deadline = loop.time() + self.timeout
+        tokens = []
+        for subject, reply, _ in items:
+            await self._slots.acquire()
+            token = reply[len(self._prefix) + 1 :]
+            fut: asyncio.Future[PubAck] = loop.create_future()
+            self._pending[token] = (fut, subject, deadline)
+            futures.append(fut)
+            tokens.append(token)
+        try:
+            await self.wire.send_frames([frame for _, _, frame in items])
+        except Exception as exc:  # closed, reconnecting (no buffer): all fail
+            for token in tokens:
+                self._fail(token, f"publish failed: {exc!r}")
+        return futures
+
     async def publish_many(self, items: Sequence[Item]) -> list[PubAck | PublishError]:
         """Publish all `items` pipelined and return, in order, a PubAck or a PublishError each."""
         futures = [await self.publish(*item) for item in items]

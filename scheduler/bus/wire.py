@@ -48,21 +48,18 @@ class Wire:
         if payload_size > nc._max_payload:
             raise MaxPayloadError
 
-    async def publish(
+    def frame(
         self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str]
-    ) -> None:
-        """One message with headers, as `Client.publish(subject, payload, reply, headers)`."""
+    ) -> bytes | None:
+        """The `HPUB` frame of one message, or None when it must go through nats-py."""
         known = self._keys
         if not self.raw or not all(k in known or self._learn(k) for k in headers):
-            await self.nc.publish(subject, payload, reply=reply, headers=dict(headers))
-            return
+            return None
         block = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
         if block.count("\n") != len(headers) or block.count("\r") != len(headers):
-            await self.nc.publish(subject, payload, reply=reply, headers=dict(headers))
-            return
-        self._check(len(payload))
+            return None
         hdr = b"NATS/1.0\r\n" + block.encode() + b"\r\n"
-        frame = b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+        return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
             subject.encode(),
             reply.encode(),
             len(hdr),
@@ -70,7 +67,22 @@ class Wire:
             hdr,
             payload,
         )
+
+    async def publish(
+        self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str]
+    ) -> None:
+        """One message with headers, as `Client.publish(subject, payload, reply, headers)`."""
+        frame = self.frame(subject, payload, reply, headers)
+        if frame is None:
+            await self.nc.publish(subject, payload, reply=reply, headers=dict(headers))
+            return
+        self._check(len(payload))
         await self._send([frame], len(payload))
+
+    async def send_frames(self, frames: list[bytes]) -> None:
+        """Frames built by `frame()` (possibly filled in since), in one hand-over."""
+        self._check(0)
+        await self._send(frames, 0)
 
     async def empty_to(self, subjects: Iterable[str]) -> None:
         """An empty message to each subject (JetStream acks go to the delivery's reply subject)."""

@@ -38,6 +38,7 @@ LOOKAHEAD_MS = 80
 CLAIM_LEAD_MS = 40
 CLAIM_STEP_MS = 25
 BOOK_EVERY = 0.025
+PRE_WAKE_MS = 20
 BOOK_BATCH = 500
 CLAIMS_IN_FLIGHT = 2
 MAX_BACKOFF = 60.0
@@ -164,7 +165,10 @@ class Firing:
                 continue
             left = self.armed[0][0] - self.now_ms()
             if left > 0:  # re-checked after every wake: robust to wall-clock steps
-                await self._wait(self.armed_event, left / 1000)
+                # A long sleep is cut short by PRE_WAKE_MS and finished with a short one: the
+                # first wake after idling often comes late (see engine.recurring.PRE_WAKE).
+                early = PRE_WAKE_MS if left > 2 * PRE_WAKE_MS else 0
+                await self._wait(self.armed_event, (left - early) / 1000)
                 continue
             await self._publish_due()
 
