@@ -139,7 +139,7 @@ class Publisher:
                 results.append(exc)
         return results
 
-    def _on_ack(self, subject: bytes, data: bytes, headers: bytes | None) -> None:
+    def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """A PubAck, straight from the client's read loop (see `raw_subscribe`)."""
         token = subject[subject.rfind(b".") + 1 :].decode()
         entry = self._pending.pop(token, None)

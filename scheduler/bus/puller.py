@@ -15,6 +15,8 @@ import json
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from scheduler.bus.wire import message_of, raw_subscribe, status_of
+
 _DONE_STATUSES = {"404", "408", "409"}  # no messages, request expired, request ended
 
 
@@ -34,9 +36,21 @@ class Puller:
 
     async def start(self) -> Puller:
         self._inbox = self.nc.new_inbox()
-        self._sub = await self.nc.subscribe(self._inbox, cb=self._on_msg)
+        self._sub = await raw_subscribe(self.nc, self._inbox, self._on_raw)
         await self._top_up()
         return self
+
+    def _on_raw(self, subject: bytes, reply: bytes, data: bytes, hdr: bytes | None) -> None:
+        """A delivery or a status, straight from the client's read loop (`raw_subscribe`)."""
+        status = status_of(hdr) if not data else None
+        if status is not None:
+            if status in _DONE_STATUSES or status.startswith("4"):
+                self._requested = 0  # our requests are over; take() asks again
+                self._arrived.set()
+            return  # 100 = idle heartbeat
+        self._requested -= 1
+        self._buffer.append(message_of(self.nc, subject, reply, data, hdr))
+        self._arrived.set()
 
     def interrupt(self) -> None:
         """Make a waiting `take()` return now (the daemon is stopping)."""
@@ -56,17 +70,6 @@ class Puller:
             except Exception:  # connection already closed
                 pass
             self._sub = None
-
-    async def _on_msg(self, msg: Msg) -> None:
-        status = (msg.headers or {}).get("Status") if not msg.data else None
-        if status is not None:
-            if status in _DONE_STATUSES or status.startswith("4"):
-                self._requested = 0  # our requests are over; take() asks again
-                self._arrived.set()
-            return  # 100 = idle heartbeat
-        self._requested -= 1
-        self._buffer.append(msg)
-        self._arrived.set()
 
     async def _top_up(self) -> None:
         want = self.batch - self._requested

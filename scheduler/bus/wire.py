@@ -106,12 +106,13 @@ class Wire:
             await nc._flush_pending()
 
 
-RawHandler = Callable[[bytes, bytes, bytes | None], None]  # (subject, payload, raw headers)
+# (subject, reply, payload, raw header block or None)
+RawHandler = Callable[[bytes, bytes, bytes, bytes | None], None]
 
 
 async def raw_subscribe(nc: Client, subject: str, handler: RawHandler) -> Any:
     """Subscribe `handler` to `subject`, called synchronously from the client's read loop with
-    the raw subject, payload and header block (None without headers).
+    the raw subject, reply subject, payload and header block (None without headers).
 
     nats-py turns every delivery into a `Msg` (parsing its headers), queues it and wakes a task
     that awaits the callback: about 25 us per message, paid here for every PubAck. A raw
@@ -124,7 +125,7 @@ async def raw_subscribe(nc: Client, subject: str, handler: RawHandler) -> Any:
         if msg.headers:
             raw = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in msg.headers.items())
             raw = raw.encode()
-        handler(msg.subject.encode(), msg.data, raw)
+        handler(msg.subject.encode(), (msg.reply or "").encode(), msg.data, raw)
 
     sub = await nc.subscribe(subject, cb=fallback)
     table: dict[int, RawHandler] | None = getattr(nc, "_mqs_raw", None)
@@ -137,10 +138,31 @@ async def raw_subscribe(nc: Client, subject: str, handler: RawHandler) -> Any:
             if raw is None:
                 await original(sid, subj, reply, data, hdr)
             else:
-                raw(subj, data, hdr or None)
+                raw(subj, reply, data, hdr or None)
 
         nc._process_msg = process  # type: ignore[method-assign]
         nc._mqs_raw = table  # type: ignore[attr-defined]
     if table is not None:
         table[sub._id] = handler
     return sub
+
+
+def message_of(nc: Client, subject: bytes, reply: bytes, data: bytes, hdr: bytes | None) -> Msg:
+    """A nats-py `Msg` (ack, nak, term and metadata work as usual) for a raw delivery that is
+    not a status message, with its headers parsed the way nats-py parses them."""
+    headers = None
+    if hdr and len(hdr) > len(_HDR_LINE) + 2:
+        headers = nc._parse_header_lines(hdr[len(_HDR_LINE) :])
+    return Msg(
+        _client=nc, subject=subject.decode(), reply=reply.decode(), data=data, headers=headers
+    )
+
+
+def status_of(hdr: bytes | None) -> str | None:
+    """The status code of a status message (`NATS/1.0 408 Request Timeout`), else None."""
+    if not hdr or not hdr.startswith(b"NATS/1.0 "):
+        return None
+    return hdr[9:12].decode(errors="replace")
+
+
+_HDR_LINE = b"NATS/1.0\r\n"

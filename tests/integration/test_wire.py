@@ -89,7 +89,7 @@ async def test_raw_subscribe_hands_over_subject_payload_and_headers(nats_url: st
         async def collect(msg: nats.aio.msg.Msg) -> None:
             normal.append(msg)
 
-        sub = await raw_subscribe(nc, "raw.>", lambda s, d, h: raw.append((s, d, h)))
+        sub = await raw_subscribe(nc, "raw.>", lambda s, r, d, h: raw.append((s, d, h)))
         await nc.subscribe("plain.x", cb=collect)
         await nc.publish("raw.a", b"one")
         await nc.publish("raw.b", b"two", headers={"K": "v"})
@@ -121,5 +121,41 @@ async def test_publisher_reports_a_subject_no_stream_captures(nats_url: str) -> 
                 await (await publisher.publish("wire.none", b"x", {"Nats-Msg-Id": "1"}))
         finally:
             await publisher.close()
+    finally:
+        await nc.close()
+
+
+async def test_message_of_parses_headers_as_nats_py_does(nats_url: str) -> None:
+    from scheduler.bus.wire import message_of, raw_subscribe, status_of
+
+    nc = await nats.connect(nats_url)
+    try:
+        raw: list[nats.aio.msg.Msg] = []
+        normal: list[nats.aio.msg.Msg] = []
+
+        async def collect(msg: nats.aio.msg.Msg) -> None:
+            normal.append(msg)
+
+        def on_raw(s: bytes, r: bytes, d: bytes, h: bytes | None) -> None:
+            assert status_of(h) is None
+            raw.append(message_of(nc, s, r, d, h))
+
+        await raw_subscribe(nc, "both.x", on_raw)
+        await nc.subscribe("both.x", cb=collect)
+        headers = {"Nats-Msg-Id": "a", "Trace": "x y", "Mq-Priority": "3"}
+        await nc.publish("both.x", b"body", reply="r.1", headers=headers)
+        await nc.publish("both.x", b"bare")
+        await nc.flush()
+        async with asyncio.timeout(5):
+            while len(raw) < 2 or len(normal) < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        for a, b in zip(raw, normal, strict=True):
+            assert (a.subject, a.reply, a.data, a.headers) == (
+                b.subject,
+                b.reply,
+                b.data,
+                b.headers,
+            )
+        assert status_of(b"NATS/1.0 408 Request Timeout\r\n\r\n") == "408"
     finally:
         await nc.close()
