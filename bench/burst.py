@@ -23,7 +23,8 @@ from typing import Any
 
 import nats
 from common import Daemon, Env, add_target_stream, report, run, servers
-from traffic import Collector, Pipeline, envelope, iso_ms
+from rawnats import RawCollector
+from traffic import Pipeline, envelope, iso_ms
 
 Msg3 = tuple[str, bytes, dict[str, str]]
 
@@ -97,7 +98,7 @@ async def ours(env: Env, tasks: list[tuple[str, bytes]], due: float) -> dict[str
         js = nc.jetstream()
         await add_target_stream(js)
         daemon.start()
-        collector = await Collector(js, "BENCH", "mq.bench.>").start()
+        collector = await RawCollector(env.nats_url, js, "BENCH", "mq.bench.>").start()
         pipe = await Pipeline(nc).start()
         t0 = time.time()
         for task_id, body in tasks:

@@ -109,8 +109,22 @@ class FakeClock:
         self._now += timedelta(seconds=seconds)
 
 
+_SECOND_TEXT: dict[datetime, str] = {}
+
+
 def to_rfc3339(dt: datetime) -> str:
-    """RFC 3339 UTC with milliseconds and a Z: 2026-11-22T06:00:00.000Z."""
+    """RFC 3339 UTC with milliseconds and a Z: 2026-11-22T06:00:00.000Z.
+
+    On the delivery path for every task: the text of each whole UTC second is cached (a few
+    thousand entries at most before the cache is cleared), so most calls are one lookup."""
     if dt.tzinfo is None:
         raise ValueError("naive datetime")
-    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if dt.tzinfo is not UTC:
+        dt = dt.astimezone(UTC)
+    second = dt.replace(microsecond=0)
+    text = _SECOND_TEXT.get(second)
+    if text is None:
+        if len(_SECOND_TEXT) > 4096:
+            _SECOND_TEXT.clear()
+        text = _SECOND_TEXT[second] = second.isoformat()[:19]
+    return f"{text}.{dt.microsecond // 1000:03d}Z"

@@ -274,9 +274,9 @@ class Firing:
         except FencedError:
             self._deposed(epoch)
             return
+        observe = self.metrics.lateness.labels("delayed").observe
         for f in fired:
-            lateness = (f.fired_at - f.task.scheduled_for).total_seconds()
-            self.metrics.lateness.labels("delayed").observe(max(lateness, 0.0))
+            observe(max((f.fired_at - f.task.scheduled_for).total_seconds(), 0.0))
         self.metrics.fired.labels("delayed").inc(len(fired))
 
     async def _expire(self, epoch: int, expired: list[ClaimedTask]) -> None:

@@ -86,12 +86,17 @@ class Fired:
     stream_seq: int
 
 
+_NO_HEADERS: dict[str, str] = {}  # shared by every task without headers; never mutated
+
+
 def _claimed(row: asyncpg.Record) -> ClaimedTask:
+    headers = row["headers"]
+    payload = row["payload"]
     return ClaimedTask(
         id=row["id"],
         target=row["target"],
-        payload=bytes(row["payload"]),
-        headers=json.loads(row["headers"]),
+        payload=payload if type(payload) is bytes else bytes(payload),
+        headers=_NO_HEADERS if headers == "{}" else json.loads(headers),
         priority=row["priority"],
         due_at=row["due_at"],
         scheduled_for=row["scheduled_for"],

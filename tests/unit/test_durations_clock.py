@@ -100,3 +100,19 @@ async def test_wait_event_wakes_on_set_or_on_the_fake_clock() -> None:
     event.set()
     await asyncio.wait_for(waiter, 1)
     assert clock._sleepers == [] or all(f.done() for _, f in clock._sleepers)
+
+
+def test_to_rfc3339_cache_agrees_with_isoformat_in_any_zone() -> None:
+    """The per-second cache gives exactly what isoformat gives, for any offset and instant."""
+    import random
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from scheduler.clock import to_rfc3339
+
+    rng = random.Random(7)
+    zones = [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-3))]
+    for _ in range(5000):
+        dt = datetime(1990, 1, 1, tzinfo=UTC) + timedelta(microseconds=rng.randrange(2 * 10**15))
+        local = dt.astimezone(rng.choice(zones))
+        expected = dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        assert to_rfc3339(local) == expected
