@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from traffic import STOPPING, Item, stats
+from traffic import STOPPING, Item, Tally, stats
 
 _CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true,' \
     b'"protocol":1,"lang":"python-raw","version":"0"}\r\n'  # fmt: skip
@@ -195,21 +195,15 @@ def _header(hdr: bytes, name: bytes) -> bytes | None:
     return hdr[i : hdr.find(b"\r\n", i)]
 
 
-class RawCollector(_Conn):
+class RawCollector(_Conn, Tally):
     """A push consumer (ack none, all messages) on `stream`, read on a raw subscription."""
 
     def __init__(self, url: str, js: Any, stream: str, subject: str) -> None:
-        super().__init__(url)
+        _Conn.__init__(self, url)
+        Tally.__init__(self)
         self.js, self.stream, self.subject = js, stream, subject
         self.deliver = f"_RAWD.{time.time_ns()}"
-        self.late_ms: list[float] = []
-        self.store_late_ms: list[float] = []
-        self.ids: set[bytes] = set()
-        self.count = self.duplicates = 0
-        self.first_arrival = self.last_arrival = 0.0
         self.consumer = ""
-        self._want = 0
-        self._enough = asyncio.Event()
 
     async def start(self) -> RawCollector:
         await self.open(self.deliver)
@@ -229,31 +223,13 @@ class RawCollector(_Conn):
             due_s = due_s or doc["delay_until"].encode()
             task_id = task_id or doc["id"].encode()
         due = _epoch(due_s)
-        self.late_ms.append((at - due) * 1000)
         # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<timestamp ns>.<pending>, or
         # with <domain>.<account hash> after ACK (and a token at the end) in the newer form
         parts = reply.split(b".")
+        stored = None
         if len(parts) == 9 or len(parts) >= 11:
-            stamp = parts[7] if len(parts) == 9 else parts[9]
-            self.store_late_ms.append((int(stamp) / 1e9 - due) * 1000)
-        self.count += 1
-        self.first_arrival = self.first_arrival or at
-        self.last_arrival = at
-        if task_id in self.ids:
-            self.duplicates += 1
-        self.ids.add(task_id)
-        if self._want and len(self.ids) >= self._want:
-            self._enough.set()
-
-    async def wait_for(self, count: int, timeout: float) -> bool:
-        self._want = count
-        if len(self.ids) >= count:
-            return True
-        try:
-            await asyncio.wait_for(self._enough.wait(), max(timeout, 0.01))
-            return True
-        except TimeoutError:
-            return False
+            stored = int(parts[7] if len(parts) == 9 else parts[9]) / 1e9
+        self.record(task_id, due, at, stored)
 
     async def stop(self) -> None:
         try:
@@ -263,13 +239,4 @@ class RawCollector(_Conn):
         await self.close()
 
     def summary(self, expected: int) -> dict[str, Any]:
-        return {
-            "expected": expected,
-            "delivered": self.count,
-            "distinct": len(self.ids),
-            "missing": max(0, expected - len(self.ids)),
-            "duplicates": self.duplicates,
-            "lateness_ms": stats(self.late_ms),
-            "store_lateness_ms": stats(self.store_late_ms),
-            "client": "raw socket",
-        }
+        return Tally.summary(self, expected) | {"client": "raw socket"}

@@ -123,42 +123,23 @@ async def produce(pipe: Pipeline, items: Iterable[Item]) -> dict[str, Any]:
     return result | {"publish_lag_ms": stats(lags, early=False)}
 
 
-class Collector:
-    """Live JetStream consumer (ordered push) recording arrival time minus due time per message.
+class Tally:
+    """Arrivals counted by task id: lateness at arrival and at store time, duplicates, and a
+    bounded wait for a number of distinct ids. Shared by `Collector` and `rawnats.RawCollector`."""
 
-    The due time is the `Mq-Scheduled-For` header when present (the daemon's deliveries), else
-    the payload's `delay_until`; ids come from `Nats-Msg-Id`, else the payload's `id`. The store
-    time (JetStream timestamp) is kept too, as a second view that excludes the consumer's hop.
-    """
-
-    def __init__(self, js: Any, stream: str, subject: str) -> None:
-        self.js, self.stream, self.subject = js, stream, subject
+    def __init__(self) -> None:
         self.late_ms: list[float] = []
         self.store_late_ms: list[float] = []
-        self.ids: set[str] = set()
+        self.ids: set[Any] = set()
         self.count = self.duplicates = 0
         self.first_arrival = self.last_arrival = 0.0
         self._want = 0
         self._enough = asyncio.Event()
-        self._sub: Any = None
 
-    async def start(self) -> Collector:
-        self._sub = await self.js.subscribe(
-            self.subject, stream=self.stream, ordered_consumer=True, cb=self._on_msg,
-            pending_msgs_limit=-1, pending_bytes_limit=-1,
-        )  # fmt: skip
-        return self
-
-    async def _on_msg(self, msg: Msg) -> None:
-        arrival = time.time()
-        headers = msg.headers or {}
-        due_s, task_id = headers.get("Mq-Scheduled-For"), headers.get("Nats-Msg-Id")
-        if due_s is None or task_id is None:
-            doc = json.loads(msg.data)
-            due_s, task_id = due_s or doc["delay_until"], task_id or doc["id"]
-        due = datetime.fromisoformat(due_s).timestamp()
+    def record(self, task_id: Any, due: float, arrival: float, stored: float | None) -> None:
         self.late_ms.append((arrival - due) * 1000)
-        self.store_late_ms.append((msg.metadata.timestamp.timestamp() - due) * 1000)
+        if stored is not None:
+            self.store_late_ms.append((stored - due) * 1000)
         self.count += 1
         self.first_arrival = self.first_arrival or arrival
         self.last_arrival = arrival
@@ -179,11 +160,6 @@ class Collector:
         except TimeoutError:
             return False
 
-    async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
-
     def summary(self, expected: int) -> dict[str, Any]:
         return {
             "expected": expected,
@@ -194,6 +170,42 @@ class Collector:
             "lateness_ms": stats(self.late_ms),
             "store_lateness_ms": stats(self.store_late_ms),
         }
+
+
+class Collector(Tally):
+    """Live JetStream consumer (ordered push) recording arrival time minus due time per message.
+
+    The due time is the `Mq-Scheduled-For` header when present (the daemon's deliveries), else
+    the payload's `delay_until`; ids come from `Nats-Msg-Id`, else the payload's `id`. The store
+    time (JetStream timestamp) is kept too, as a second view that excludes the consumer's hop.
+    """
+
+    def __init__(self, js: Any, stream: str, subject: str) -> None:
+        super().__init__()
+        self.js, self.stream, self.subject = js, stream, subject
+        self._sub: Any = None
+
+    async def start(self) -> Collector:
+        self._sub = await self.js.subscribe(
+            self.subject, stream=self.stream, ordered_consumer=True, cb=self._on_msg,
+            pending_msgs_limit=-1, pending_bytes_limit=-1,
+        )  # fmt: skip
+        return self
+
+    async def _on_msg(self, msg: Msg) -> None:
+        arrival = time.time()
+        headers = msg.headers or {}
+        due_s, task_id = headers.get("Mq-Scheduled-For"), headers.get("Nats-Msg-Id")
+        if due_s is None or task_id is None:
+            doc = json.loads(msg.data)
+            due_s, task_id = due_s or doc["delay_until"], task_id or doc["id"]
+        due = datetime.fromisoformat(due_s).timestamp()
+        self.record(task_id, due, arrival, msg.metadata.timestamp.timestamp())
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
 
 
 async def read_back(url: str, stream: str, subject: str = ">") -> list[Any]:

@@ -132,7 +132,7 @@ class TaskStore:
                         t.id,
                         t.target,
                         t.payload,
-                        json.dumps(t.headers),
+                        json.dumps(t.headers) if t.headers else "{}",
                         t.priority,
                         t.due_at,
                         t.scheduled_for,
