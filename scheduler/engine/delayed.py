@@ -172,7 +172,9 @@ class DelayedEngine:
 
     async def _loader(self, stop: asyncio.Event, firing: Firing, epoch: int) -> None:
         """Keep the heap filled up to now + horizon; sweep for stragglers; count pending."""
-        last_sweep = last_count = 0.0
+        # The first count of pending tasks waits a few seconds: over millions of rows it costs
+        # PostgreSQL a fraction of a second, which the first claims after taking office need.
+        last_sweep, last_count = 0.0, self.clock.monotonic() - COUNT_EVERY + 3.0
         while not stop.is_set() and self.office.may_act():
             try:
                 full = await self.load_once()

@@ -137,3 +137,17 @@ async def test_replicas_migrating_at_once_all_succeed(database_url: str) -> None
         results = [(await p.wait(), (await p.stderr.read()).decode()) for p in procs if p.stderr]
     assert [code for code, _ in results] == [0, 0, 0], [err[-500:] for _, err in results]
     assert await tables(database_url) >= TABLES
+
+
+async def test_head_read_as_text_matches_alembic_and_skips_an_up_to_date_database(
+    database_url: str,
+) -> None:
+    """The daemon skips Alembic when the database is at the head the scripts name; the text
+    reading of that head agrees with Alembic's own."""
+    script = ScriptDirectory.from_config(migrate.alembic_config(database_url))
+    assert migrate.head_revision() == script.get_current_head()
+    assert await migrate.current_revision(database_url) == script.get_current_head()
+    await asyncio.to_thread(migrate.downgrade, database_url, "0002")
+    assert await migrate.current_revision(database_url) == "0002"
+    await migrate.upgrade_async(database_url)  # not at head: Alembic runs
+    assert await migrate.current_revision(database_url) == script.get_current_head()
