@@ -34,6 +34,7 @@ PAGE = 20_000
 MAX_HEAP = 500_000
 SWEEP_EVERY = 5.0
 COUNT_EVERY = 15.0
+ANALYZE_EVERY = 5.0  # at most; see TaskStore.analyze_if_stale
 STALE_CLAIM = timedelta(seconds=30)
 PUBLISH_TIMEOUT = 5.0
 RESCHEDULED_SUBJECT = "scheduler.v1.internal.rescheduled"
@@ -175,6 +176,7 @@ class DelayedEngine:
         # The first count of pending tasks waits a few seconds: over millions of rows it costs
         # PostgreSQL a fraction of a second, which the first claims after taking office need.
         last_sweep, last_count = 0.0, self.clock.monotonic() - COUNT_EVERY + 3.0
+        last_analyze = 0.0
         while not stop.is_set() and self.office.may_act():
             try:
                 full = await self.load_once()
@@ -183,6 +185,8 @@ class DelayedEngine:
                     await self.sweep()
                     firing.arm(await self.tasks.reclaim_orphans(epoch, STALE_CLAIM))
                     last_sweep = now
+                if now - last_analyze >= ANALYZE_EVERY and await self.tasks.analyze_if_stale():
+                    last_analyze = now
                 if now - last_count >= COUNT_EVERY:
                     self.metrics.pending.set(await self.tasks.pending_count())
                     last_count = now

@@ -9,6 +9,7 @@ transaction in flight, so once `take_office` returns no older epoch can commit a
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -22,6 +23,9 @@ from scheduler.engine.heap import TaskRef
 from scheduler.errors import FencedError
 from scheduler.store.postgres import PostgresStore
 
+log = logging.getLogger("scheduler.store")
+
+ANALYZE_AFTER_ROWS = 20_000
 _TASK_COLUMNS = (
     "id, target, payload, headers, priority, due_at, scheduled_for, expires_at, attempts, seq"
 )
@@ -48,7 +52,7 @@ def from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
 class NewTask:
     """A validated task from the delay lane, ready to store."""
 
@@ -62,7 +66,7 @@ class NewTask:
     expires_at: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
 class ClaimedTask(NewTask):
     """A task this leader has claimed and is about to publish."""
 
@@ -78,7 +82,7 @@ class ClaimedTask(NewTask):
         return TaskRef(self.id, self.due_ms, self.priority, self.seq)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
 class Fired:
     task: ClaimedTask
     fired_at: datetime
@@ -111,6 +115,10 @@ class TaskStore:
 
     def __init__(self, db: PostgresStore) -> None:
         self.db = db
+        self.inserted = 0  # rows this store has inserted (see `analyze_if_stale`)
+        self._analyzed_at_rows = 0  # `inserted` at the last ANALYZE, and its row estimate
+        self._rows_at_analyze = 0
+        self._analyze_allowed = True
 
     @asynccontextmanager
     async def fenced(self, epoch: int, op: str) -> AsyncIterator[asyncpg.Connection]:
@@ -152,6 +160,7 @@ class TaskStore:
                 "RETURNING id, due_at, priority, seq",
                 *[list(c) for c in cols],
             )
+        self.inserted += len(rows)
         return [TaskRef(r["id"], to_ms(r["due_at"]), r["priority"], r["seq"]) for r in rows]
 
     async def load_page(
@@ -379,6 +388,32 @@ class TaskStore:
                 target,
             )
         return None if row is None else dict(row)
+
+    async def analyze_if_stale(self, min_rows: int = ANALYZE_AFTER_ROWS) -> bool:
+        """ANALYZE `delayed_messages` when this store has inserted many rows since the last one.
+
+        Autovacuum looks at a table once a minute; until then a table filled by a burst keeps
+        the statistics of its empty self, and the claim's `id = ANY(...)` is planned as a scan
+        of every due row through the pending index instead of primary-key lookups (17 ms
+        instead of 1.5 ms per 1,000 claimed among 100,000 due, growing with the burst).
+        Returns whether it ran; a database user that may not ANALYZE is told once."""
+        grown = self.inserted - self._analyzed_at_rows
+        if not self._analyze_allowed or grown < max(min_rows, self._rows_at_analyze // 2):
+            return False
+        try:
+            async with self.db.timed("analyze") as conn:
+                await conn.execute("ANALYZE delayed_messages")
+                estimate = await conn.fetchval(
+                    "SELECT reltuples::bigint FROM pg_class "
+                    "WHERE oid = 'delayed_messages'::regclass"
+                )
+        except asyncpg.InsufficientPrivilegeError as exc:
+            self._analyze_allowed = False
+            log.warning("postgres.analyze_refused error=%s (autovacuum keeps the statistics)", exc)
+            return False
+        self._analyzed_at_rows = self.inserted
+        self._rows_at_analyze = max(int(estimate or 0), 0)
+        return True
 
     async def pending_count(self) -> int:
         async with self.db.timed("count") as conn:
