@@ -110,21 +110,28 @@ class FakeClock:
 
 
 _SECOND_TEXT: dict[datetime, str] = {}
+_TEXT: dict[datetime, str] = {}
 
 
 def to_rfc3339(dt: datetime) -> str:
     """RFC 3339 UTC with milliseconds and a Z: 2026-11-22T06:00:00.000Z.
 
-    On the delivery path for every task: the text of each whole UTC second is cached (a few
-    thousand entries at most before the cache is cleared), so most calls are one lookup."""
+    On the delivery path for every task: the text of each recent instant and of each whole UTC
+    second is cached (a few thousand entries at most before a cache is cleared), so most calls
+    are one lookup (a burst shares one instant; a steady stream a few per millisecond)."""
+    text = _TEXT.get(dt)  # a naive datetime never equals an aware one: it misses and raises
+    if text is not None:
+        return text
     if dt.tzinfo is None:
         raise ValueError("naive datetime")
-    if dt.tzinfo is not UTC:
-        dt = dt.astimezone(UTC)
-    second = dt.replace(microsecond=0)
-    text = _SECOND_TEXT.get(second)
-    if text is None:
+    utc = dt if dt.tzinfo is UTC else dt.astimezone(UTC)
+    second = utc.replace(microsecond=0)
+    head = _SECOND_TEXT.get(second)
+    if head is None:
         if len(_SECOND_TEXT) > 4096:
             _SECOND_TEXT.clear()
-        text = _SECOND_TEXT[second] = second.isoformat()[:19]
-    return f"{text}.{dt.microsecond // 1000:03d}Z"
+        head = _SECOND_TEXT[second] = second.isoformat()[:19]
+    if len(_TEXT) > 8192:
+        _TEXT.clear()
+    text = _TEXT[dt] = f"{head}.{utc.microsecond // 1000:03d}Z"
+    return text

@@ -92,7 +92,7 @@ class EnvelopeModel(BaseModel):
         return v
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
 class Envelope:
     """A valid envelope: the fields the daemon acts on, plus the producer's exact bytes."""
 

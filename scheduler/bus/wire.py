@@ -68,6 +68,19 @@ class Wire:
             payload,
         )
 
+    @staticmethod
+    def frame_block(subject: str, payload: bytes, reply: str, hdr: bytes) -> bytes:
+        """The `HPUB` frame of one message whose header block (`NATS/1.0\r\n...\r\n\r\n`)
+        the caller built and vouches for (ASCII keys, no CR or LF inside values)."""
+        return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+            subject.encode(),
+            reply.encode(),
+            len(hdr),
+            len(hdr) + len(payload),
+            hdr,
+            payload,
+        )
+
     async def publish(
         self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str]
     ) -> None:
@@ -79,10 +92,10 @@ class Wire:
         self._check(len(payload))
         await self._send([frame], len(payload))
 
-    async def send_frames(self, frames: list[bytes]) -> None:
+    async def send_frames(self, frames: list[bytes], payload_bytes: int = 0) -> None:
         """Frames built by `frame()` (possibly filled in since), in one hand-over."""
         self._check(0)
-        await self._send(frames, 0)
+        await self._send(frames, payload_bytes)
 
     async def empty_to(self, subjects: Iterable[str]) -> None:
         """An empty message to each subject (JetStream acks go to the delivery's reply subject)."""

@@ -154,6 +154,43 @@ async def test_same_instant_orders_by_priority_then_intake(harness: Harness) -> 
     assert fired == expected
 
 
+async def test_burst_due_at_one_instant_is_delivered_once_and_booked(
+    harness: Harness, database_url: str
+) -> None:
+    """4,000 tasks due at the same instant (more than one claim, more than the publisher's
+    in-flight limit): each arrives once, none early, and every one ends up booked as fired."""
+    await harness.start()
+    due = datetime.now(UTC) + timedelta(seconds=3)
+    docs = [envelope(due, priority=1 + i % 10) for i in range(4000)]
+    for start in range(0, len(docs), 500):
+        await asyncio.gather(*(harness.publish(TARGET, d) for d in docs[start : start + 500]))
+    got = await harness.delivered(count=len(docs), within=30)
+    ids = [m.headers["Nats-Msg-Id"] for _, m in got]
+    assert len(ids) == len(set(ids)) == len(docs)
+    assert set(ids) == {d["id"] for d in docs}
+    assert min(arrived for arrived, _ in got) >= truncate_ms(due)
+    conn = await asyncpg.connect(database_url)
+    try:
+        counts: dict[str, int] = {}
+        for _ in range(100):
+            rows = await conn.fetch(
+                "SELECT status, count(*) AS n FROM delayed_messages GROUP BY status"
+            )
+            counts = {r["status"]: r["n"] for r in rows}
+            if counts.get("fired") == len(docs):
+                break
+            await asyncio.sleep(0.1)
+        assert counts == {"fired": len(docs)}
+        logged = await conn.fetchval(
+            "SELECT count(DISTINCT key) FROM fire_log WHERE kind = 'delayed'"
+        )
+        assert logged == len(docs)
+    finally:
+        await conn.close()
+    await asyncio.sleep(0.5)
+    assert len(await harness.delivered()) == len(docs)
+
+
 async def test_republished_task_is_stored_and_delivered_once(
     harness: Harness, database_url: str
 ) -> None:

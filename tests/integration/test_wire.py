@@ -159,3 +159,62 @@ async def test_message_of_parses_headers_as_nats_py_does(nats_url: str) -> None:
         assert status_of(b"NATS/1.0 408 Request Timeout\r\n\r\n") == "408"
     finally:
         await nc.close()
+
+
+async def test_publish_batch_delivers_every_item_once_with_its_outcome(nats_url: str) -> None:
+    """More items than the in-flight limit, header blocks and header dicts mixed, a subject no
+    stream captures and a repeated message id: every callback is called once with the right
+    outcome, and the stream holds exactly the messages, in order, with their headers."""
+    from scheduler.bus.publisher import PubAck, Publisher, PublishError
+    from scheduler.engine.firing import _BLOCK
+
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="BATCH", subjects=["wire.batch.>"]))
+        publisher = await Publisher(nc, timeout=5, max_inflight=16).start()
+        outcomes: dict[int, list[PubAck | PublishError]] = {}
+        items = []
+        for i in range(100):
+            subject = "wire.none" if i == 50 else f"wire.batch.{i % 3}"
+            headers: dict[str, str] | bytes
+            if i % 2:
+                headers = _BLOCK % (f"id-{i}".encode(), b"2026-11-24T00:00:00.000Z", b"f", 1)
+            else:
+                headers = {"Nats-Msg-Id": f"id-{i}", "X-Odd": "ü" if i == 10 else "plain"}
+            items.append(
+                (subject, f"payload {i}".encode(), headers, outcomes.setdefault(i, []).append)
+            )
+        # the same id again: the duplicate window drops it and the ack says so
+        items.append(
+            ("wire.batch.0", b"again", {"Nats-Msg-Id": "id-0"}, outcomes.setdefault(100, []).append)
+        )
+        try:
+            await publisher.publish_batch(items)
+            async with asyncio.timeout(10):
+                while sum(map(len, outcomes.values())) < len(items):  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # no second call for anyone
+        finally:
+            await publisher.close()
+        assert all(len(got) == 1 for got in outcomes.values())
+        failed = {i for i, (o,) in outcomes.items() if isinstance(o, PublishError)}
+        assert failed == {50}
+        assert "no stream captures wire.none" in str(outcomes[50][0])
+        acks = [outcomes[i][0] for i in range(100) if i != 50]
+        assert [a.seq for a in acks] == list(range(1, 100))  # type: ignore[union-attr]
+        assert not any(a.duplicate for a in acks)  # type: ignore[union-attr]
+        again = outcomes[100][0]
+        assert isinstance(again, PubAck) and again.duplicate and again.seq == 1
+        sub = await js.pull_subscribe("wire.batch.>", "check", stream="BATCH")
+        msgs = await sub.fetch(200, timeout=2)
+        assert len(msgs) == 99
+        for m, i in zip(msgs, [i for i in range(100) if i != 50], strict=True):
+            assert m.data == f"payload {i}".encode()
+            assert m.headers is not None and m.headers["Nats-Msg-Id"] == f"id-{i}"
+            if i % 2:
+                assert m.headers["Mq-Attempt"] == "1"
+            else:
+                assert m.headers["X-Odd"] == ("ü" if i == 10 else "plain")
+    finally:
+        await nc.close()

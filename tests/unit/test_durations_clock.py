@@ -116,3 +116,18 @@ def test_to_rfc3339_cache_agrees_with_isoformat_in_any_zone() -> None:
         local = dt.astimezone(rng.choice(zones))
         expected = dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
         assert to_rfc3339(local) == expected
+
+
+def test_to_rfc3339_repeated_instants_and_naive_after_cached() -> None:
+    """Cached instants come back the same from any zone; a naive twin is still refused."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from scheduler.clock import to_rfc3339
+
+    at = datetime(2026, 3, 29, 1, 30, 0, 999999, tzinfo=UTC)
+    first = to_rfc3339(at)
+    assert first == "2026-03-29T01:30:00.999Z"
+    assert to_rfc3339(at.astimezone(timezone(timedelta(hours=2)))) == first
+    assert to_rfc3339(at) == first  # the cached path
+    with pytest.raises(ValueError):
+        to_rfc3339(at.replace(tzinfo=None))
