@@ -14,6 +14,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
 
 from scheduler import client
 from scheduler.settings import Settings
@@ -53,7 +54,10 @@ class Harness(DaemonRunner):
         self, stream: str = "TASKS", count: int | None = None, within: float = 10.0
     ) -> list[tuple[datetime, Any]]:
         """Read the stream from the start until `count` messages (or quiet for 1 s)."""
-        psub = await self.js.pull_subscribe(">", durable=None, stream=stream)
+        # ack none: an explicit-ack consumer stops at 1,000 unacknowledged messages
+        psub = await self.js.pull_subscribe(
+            ">", durable=None, stream=stream, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
+        )
         out: list[tuple[datetime, Any]] = []
         try:
             async with asyncio.timeout(within):
