@@ -17,16 +17,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
+import signal
 import time
 import uuid
 from typing import Any
 
 import nats
-from common import Daemon, Env, add_target_stream, report, run, servers
+from common import (
+    Daemon,
+    Env,
+    add_target_stream,
+    cpu_by_command,
+    machine_busy_seconds,
+    report,
+    run,
+    servers,
+)
 from rawnats import RawCollector
 from traffic import Pipeline, envelope, iso_ms
 
 Msg3 = tuple[str, bytes, dict[str, str]]
+
+PROFHOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profhook")
 
 
 def build(count: int, due: float) -> list[tuple[str, bytes]]:
@@ -91,9 +104,16 @@ async def intake_drained(js: Any, deadline: float) -> float | None:
     return None
 
 
-async def ours(env: Env, tasks: list[tuple[str, bytes]], due: float) -> dict[str, Any]:
+async def ours(
+    env: Env, tasks: list[tuple[str, bytes]], due: float, profile: str | None = None
+) -> dict[str, Any]:
     nc = await nats.connect(env.nats_url)
     daemon = Daemon(env)
+    if profile:  # cProfile in the daemon from intake done to the last arrival (profhook/)
+        daemon.env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (PROFHOOK, daemon.env.get("PYTHONPATH")) if p
+        )
+        daemon.env["MQS_PROFILE"] = profile
     try:
         js = nc.jetstream()
         await add_target_stream(js)
@@ -107,8 +127,17 @@ async def ours(env: Env, tasks: list[tuple[str, bytes]], due: float) -> dict[str
         publish_s = time.time() - t0
         intake_s = await intake_drained(js, due)
         cpu0 = daemon.cpu_seconds()  # intake is done: from here on the daemon only fires
+        others0, busy0 = cpu_by_command(), machine_busy_seconds()
+        if profile:
+            os.kill(daemon.pid, signal.SIGUSR1)
         complete = await collector.wait_for(len(tasks), due + 60 - time.time())
+        if profile:
+            os.kill(daemon.pid, signal.SIGUSR2)
+            await asyncio.sleep(1.0)  # let it write the stats
         cpu = daemon.cpu_seconds() - cpu0
+        others = {k: v - others0[k] for k, v in cpu_by_command().items()}
+        busy = machine_busy_seconds() - busy0
+        waited = time.time() - due  # the CPU figures span the wait for T too (idle, a few s)
         await collector.stop()
     finally:
         daemon.stop()
@@ -123,6 +152,13 @@ async def ours(env: Env, tasks: list[tuple[str, bytes]], due: float) -> dict[str
         "drain_rate_store_time": round(summary["distinct"] / last_store_s) if last_s > 0 else 0,
         "first_after_due_ms": summary["lateness_ms"].get("min"),
         "daemon_cpu_us_per_task": round(cpu / max(len(tasks), 1) * 1e6, 1),
+        # from intake done to the last arrival: who used the two cores while the burst drained
+        "cpu_seconds_until_last_arrival": {
+            "daemon": round(cpu, 2),
+            **{k: round(v, 2) for k, v in others.items()},
+            "machine_busy": round(busy, 2),
+            "after_due_wall": round(waited, 2),
+        },
         "publish_seconds": round(publish_s, 2),
         "intake_seconds_after_publish": None if intake_s is None else round(intake_s, 2),
         "intake_done_before_due": intake_s is not None,
@@ -130,11 +166,13 @@ async def ours(env: Env, tasks: list[tuple[str, bytes]], due: float) -> dict[str
     }
 
 
-async def measure(count: int, lead: float, baseline_only: bool, own: bool) -> dict[str, Any]:
+async def measure(
+    count: int, lead: float, baseline_only: bool, own: bool, profile: str | None = None
+) -> dict[str, Any]:
     with servers(postgres=not baseline_only) as env:
         due = time.time() + lead
         tasks = build(count, due)
-        r = {} if baseline_only else {"ours": await ours(env, tasks, due)}
+        r = {} if baseline_only else {"ours": await ours(env, tasks, due, profile)}
         nc = await nats.connect(env.nats_url)
         try:
             r["baseline"] = await baseline(nc, tasks, due, own)
@@ -150,9 +188,12 @@ def main() -> None:
     ap.add_argument("--baseline-only", action="store_true", help="only the publish baseline")
     ap.add_argument("--own-publisher", action="store_true", help="baseline: bench's pipeline")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", default=None, help="cProfile the daemon's drain into FILE")
     a = ap.parse_args()
+    if a.profile:
+        a.profile = os.path.abspath(a.profile)
     lead = a.lead if a.lead is not None else 10 + a.count / 10_000
-    r = run(measure(a.count, lead, a.baseline_only, a.own_publisher))
+    r = run(measure(a.count, lead, a.baseline_only, a.own_publisher, a.profile))
     base = r["baseline"]
     params = {"count": a.count, "lead": lead, "baseline_only": a.baseline_only}
     params["own_publisher"] = a.own_publisher

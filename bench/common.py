@@ -73,6 +73,33 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_by_command(names: tuple[str, ...] = ("nats-server", "postgres")) -> dict[str, float]:
+    """CPU seconds so far of every live process whose command name is one of `names`, summed
+    per name (PostgreSQL's backends and the nats-server of this run and any other)."""
+    out = dict.fromkeys(names, 0.0)
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        comm = text[text.find("(") + 1 : text.rfind(")")]
+        if comm in out:
+            fields = text.rsplit(")", 1)[1].split()
+            out[comm] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent busy (not idle or waiting for I/O) since boot."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 class Daemon:
     """`python -m scheduler run` as a subprocess on free ports; stderr kept in the workdir."""
 
