@@ -48,3 +48,47 @@ async def test_analyze_runs_once_enough_rows_arrived(database_url: str) -> None:
         assert await estimate() == 460
     finally:
         await pool.close()
+
+
+async def test_mark_fired_records_exact_instants_whatever_the_ids(database_url: str) -> None:
+    """Booking passes ids, subjects and streams joined into one string and instants as integer
+    microseconds; an id the separator cannot carry (or an empty one) takes plain arrays. Both
+    record status, stream sequence and the fire log to the microsecond."""
+    from scheduler.engine.office import take_office
+    from scheduler.store.tasks import Fired
+
+    pool = await create_pool(database_url, min_size=1, max_size=2)
+    tasks = TaskStore(PostgresStore(pool, Metrics()))
+    try:
+        epoch = await take_office(pool, "t")
+        due = datetime(2026, 11, 24, 3, 0, 0, 123457, tzinfo=UTC)  # odd microseconds
+        plain = batch(3, due)
+        odd = batch(2, due)
+        odd[0].id = "odd\x1fid"
+        expires = due + timedelta(hours=1, microseconds=3)
+        plain[1].expires_at = odd[1].expires_at = expires
+        for group in (plain, odd):
+            await tasks.insert(group)
+            claimed = await tasks.claim(epoch, [t.id for t in group], due)
+            assert len(claimed) == len(group)
+            assert [t.expires_at for t in claimed] == [t.expires_at for t in group]
+            fired_at = due + timedelta(microseconds=999)
+            await tasks.mark_fired(
+                epoch,
+                [Fired(t, fired_at, "TASKS", 40 + i) for i, t in enumerate(claimed)],
+                "t",
+            )
+        rows = await pool.fetch(
+            "SELECT d.id, d.status, d.stream_seq, d.fired_at, f.key, f.subject, f.stream, "
+            "f.scheduled_for, f.fired_at AS logged_at FROM delayed_messages d "
+            "JOIN fire_log f ON f.key = d.id"
+        )
+        assert {r["id"] for r in rows} == {t.id for t in plain + odd}
+        for r in rows:
+            assert r["status"] == "fired" and r["key"] == r["id"]
+            assert r["subject"] == "mq.tasks.x" and r["stream"] == "TASKS"
+            assert r["scheduled_for"] == due
+            assert r["fired_at"] == r["logged_at"] == due + timedelta(microseconds=999)
+            assert r["stream_seq"] >= 40
+    finally:
+        await pool.close()
