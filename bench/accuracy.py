@@ -20,7 +20,7 @@ from typing import Any
 
 import nats
 from broker_at import run_broker_at
-from common import Daemon, add_target_stream, report, run, servers
+from common import CpuWindow, Daemon, add_target_stream, report, run, servers
 from rawnats import RawCollector, RawProducer
 from traffic import delay_items
 
@@ -39,10 +39,11 @@ async def run_ours(
         producer_conn = await RawProducer(env.nats_url).start()
         items = delay_items(uuid.uuid4().hex[:8], rate, duration, delay)
         last_due = items[-1][0] + delay if items else time.time()
-        cpu0 = daemon.cpu_seconds()
+        window = CpuWindow(daemon)
         producer = await producer_conn.produce(items)
         complete = await collector.wait_for(len(items), last_due + grace - time.time())
-        cpu = daemon.cpu_seconds() - cpu0
+        cores = window.finish()
+        cpu = cores["cpu_seconds"]["daemon"]
         rss = daemon.rss_mb()
         inside = {
             "dispatch_lateness_ms": daemon.histogram("mq_scheduler_dispatch_lateness_seconds"),
@@ -63,6 +64,11 @@ async def run_ours(
     return collector.summary(len(items)) | {
         "complete": complete,
         "daemon_cpu_us_per_task": round(cpu / max(len(items), 1) * 1e6, 1),
+        # who used the two cores from the first publish to the last arrival, per task
+        "cpu_us_per_task": {
+            k: round(v / max(len(items), 1) * 1e6, 1) for k, v in cores["cpu_seconds"].items()
+        },
+        "cores": cores,
         "daemon_rss_mb": round(rss),
         "daemon_histograms": inside,
         "producer": producer,

@@ -24,16 +24,7 @@ import uuid
 from typing import Any
 
 import nats
-from common import (
-    Daemon,
-    Env,
-    add_target_stream,
-    cpu_by_command,
-    machine_busy_seconds,
-    report,
-    run,
-    servers,
-)
+from common import CpuWindow, Daemon, Env, add_target_stream, report, run, servers
 from rawnats import RawCollector
 from traffic import Pipeline, envelope, iso_ms
 
@@ -126,17 +117,15 @@ async def ours(
         producer = await pipe.drain()
         publish_s = time.time() - t0
         intake_s = await intake_drained(js, due)
-        cpu0 = daemon.cpu_seconds()  # intake is done: from here on the daemon only fires
-        others0, busy0 = cpu_by_command(), machine_busy_seconds()
+        window = CpuWindow(daemon)  # intake is done: from here on the daemon only fires
         if profile:
             os.kill(daemon.pid, signal.SIGUSR1)
         complete = await collector.wait_for(len(tasks), due + 60 - time.time())
         if profile:
             os.kill(daemon.pid, signal.SIGUSR2)
             await asyncio.sleep(1.0)  # let it write the stats
-        cpu = daemon.cpu_seconds() - cpu0
-        others = {k: v - others0[k] for k, v in cpu_by_command().items()}
-        busy = machine_busy_seconds() - busy0
+        cores = window.finish()
+        cpu = cores["cpu_seconds"]["daemon"]
         waited = time.time() - due  # the CPU figures span the wait for T too (idle, a few s)
         await collector.stop()
     finally:
@@ -154,11 +143,11 @@ async def ours(
         "daemon_cpu_us_per_task": round(cpu / max(len(tasks), 1) * 1e6, 1),
         # from intake done to the last arrival: who used the two cores while the burst drained
         "cpu_seconds_until_last_arrival": {
-            "daemon": round(cpu, 2),
-            **{k: round(v, 2) for k, v in others.items()},
-            "machine_busy": round(busy, 2),
+            **cores["cpu_seconds"],
+            "machine_busy": cores["machine_busy_seconds"],
             "after_due_wall": round(waited, 2),
         },
+        "cores": cores,
         "publish_seconds": round(publish_s, 2),
         "intake_seconds_after_publish": None if intake_s is None else round(intake_s, 2),
         "intake_done_before_due": intake_s is not None,

@@ -93,11 +93,60 @@ def cpu_by_command(names: tuple[str, ...] = ("nats-server", "postgres")) -> dict
     return out
 
 
+def main_thread_sched(pid: int) -> tuple[float, float]:
+    """Seconds the main thread of `pid` (the daemon's event loop) has run on a CPU, and waited
+    runnable for one (`/proc/<pid>/schedstat`): a loop that waits much is CPU-starved, not idle."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            run_ns, wait_ns = (int(x) for x in f.read().split()[:2])
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return run_ns / 1e9, wait_ns / 1e9
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process (the bench's producer and collector)."""
+    t = os.times()
+    return t.user + t.system
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds all cores spent busy (not idle or waiting for I/O) since boot."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuWindow:
+    """Who used the cores from construction to `finish()`: the daemon, every nats-server and
+    postgres process, the bench itself, the whole machine, and the daemon's event loop."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.t0 = time.time()
+        self.cpu0 = self._cpu()
+        self.busy0 = machine_busy_seconds()
+        self.sched0 = main_thread_sched(daemon.pid)
+
+    def _cpu(self) -> dict[str, float]:
+        return {"daemon": self.daemon.cpu_seconds(), **cpu_by_command(), "bench": own_cpu_seconds()}
+
+    def finish(self) -> dict[str, Any]:
+        """CPU seconds per process, the machine's busy fraction, and the shares of the window
+        the daemon's loop ran and waited runnable for a core."""
+        wall = max(time.time() - self.t0, 1e-9)
+        cpu = {k: v - self.cpu0[k] for k, v in self._cpu().items()}
+        busy = machine_busy_seconds() - self.busy0
+        now = main_thread_sched(self.daemon.pid)
+        ran, waited = (b - a for a, b in zip(self.sched0, now, strict=True))
+        return {
+            "wall_seconds": round(wall, 2),
+            "cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},
+            "machine_busy_seconds": round(busy, 2),
+            "machine_busy_fraction": round(busy / wall / (os.cpu_count() or 1), 3),
+            "loop_running_fraction": round(ran / wall, 3),
+            "loop_runqueue_wait_fraction": round(waited / wall, 3),
+        }
 
 
 class Daemon:

@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 import nats
 from burst import intake_drained
-from common import Daemon, Env, add_target_stream, report, run, servers
+from common import CpuWindow, Daemon, Env, add_target_stream, report, run, servers
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from rawnats import RawCollector, RawProducer
 from traffic import Item, Pipeline, envelope, produce
@@ -123,11 +123,13 @@ async def live(seconds: float, in_rate: int, due_rate: int) -> dict[str, Any]:
             items = [(window + i / in_rate, *item[1:]) for i, item in enumerate(items)]
             samples: list[int] = []
             sampler = asyncio.create_task(sample_lag(js, window, window + seconds, samples))
+            cpu = CpuWindow(daemon)
             try:
                 producer = await raw.produce(items)
             finally:
                 await sampler
                 await raw.close()
+            cores = cpu.finish()
             await collector.wait_for(n_due, 5)
             await collector.stop()
         finally:
@@ -135,6 +137,8 @@ async def live(seconds: float, in_rate: int, due_rate: int) -> dict[str, Any]:
             await nc.close()
     third = max(len(samples) // 3, 1)
     first, last = samples[:third] or [0], samples[-third:] or [0]
+    span = max(0.5 * (len(samples) - third), 0.5)  # seconds between the thirds' centres
+    growth = (sum(last) / len(last) - sum(first) / len(first)) / span
     return {
         "seconds": seconds,
         "in_rate": in_rate,
@@ -146,6 +150,9 @@ async def live(seconds: float, in_rate: int, due_rate: int) -> dict[str, Any]:
         "lag_first_third_avg": round(sum(first) / len(first)),
         "lag_last_third_avg": round(sum(last) / len(last)),
         "lag_max": max(samples, default=0),
+        # what intake committed while the lag grew (or shrank): in-rate minus the lag's growth
+        "intake_rate_achieved": round(in_rate - growth),
+        "cores": cores,
     }
 
 
