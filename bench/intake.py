@@ -123,6 +123,7 @@ async def live(seconds: float, in_rate: int, due_rate: int) -> dict[str, Any]:
             items = [(window + i / in_rate, *item[1:]) for i, item in enumerate(items)]
             samples: list[int] = []
             sampler = asyncio.create_task(sample_lag(js, window, window + seconds, samples))
+            await asyncio.sleep(max(0.0, window - time.time()))  # the live window opens
             cpu = CpuWindow(daemon)
             try:
                 producer = await raw.produce(items)
