@@ -142,12 +142,8 @@ async def ours(
         "first_after_due_ms": summary["lateness_ms"].get("min"),
         "daemon_cpu_us_per_task": round(cpu / max(len(tasks), 1) * 1e6, 1),
         # from intake done to the last arrival: who used the two cores while the burst drained
-        "cpu_seconds_until_last_arrival": {
-            **cores["cpu_seconds"],
-            "machine_busy": cores["machine_busy_seconds"],
-            "after_due_wall": round(waited, 2),
-        },
         "cores": cores,
+        "after_due_wall_seconds": round(waited, 2),
         "publish_seconds": round(publish_s, 2),
         "intake_seconds_after_publish": None if intake_s is None else round(intake_s, 2),
         "intake_done_before_due": intake_s is not None,

@@ -138,8 +138,8 @@ async def live(seconds: float, in_rate: int, due_rate: int) -> dict[str, Any]:
             await nc.close()
     third = max(len(samples) // 3, 1)
     first, last = samples[:third] or [0], samples[-third:] or [0]
+    first_avg, last_avg = sum(first) / len(first), sum(last) / len(last)
     span = max(0.5 * (len(samples) - third), 0.5)  # seconds between the thirds' centres
-    growth = (sum(last) / len(last) - sum(first) / len(first)) / span
     return {
         "seconds": seconds,
         "in_rate": in_rate,
@@ -148,11 +148,11 @@ async def live(seconds: float, in_rate: int, due_rate: int) -> dict[str, Any]:
         "producer": producer,
         "fired": collector.summary(n_due),
         "lag_samples": samples,
-        "lag_first_third_avg": round(sum(first) / len(first)),
-        "lag_last_third_avg": round(sum(last) / len(last)),
+        "lag_first_third_avg": round(first_avg),
+        "lag_last_third_avg": round(last_avg),
         "lag_max": max(samples, default=0),
         # what intake committed while the lag grew (or shrank): in-rate minus the lag's growth
-        "intake_rate_achieved": round(in_rate - growth),
+        "intake_rate_achieved": round(in_rate - (last_avg - first_avg) / span),
         "cores": cores,
     }
 
