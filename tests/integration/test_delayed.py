@@ -236,7 +236,7 @@ async def test_bad_input_is_dead_lettered_and_the_lane_keeps_flowing(
             "mq.tasks.work",
             json.dumps(envelope(None, data={"x": "y" * 1_100_000})).encode(),
             "too_large",
-            "exceeds the limit",
+            "over the limit",
         ),
         (
             "mq.tasks.work",
