@@ -44,7 +44,7 @@ def envelope(due: datetime | None = None, **extra: Any) -> dict[str, Any]:
 
 
 class Reader:
-    """Reads a stream from where it stood when opened (no acks), message by message."""
+    """Reads a stream from its first message (no acks), message by message."""
 
     def __init__(self, js: Any, stream: str) -> None:
         self.js, self.stream = js, stream
@@ -52,7 +52,7 @@ class Reader:
         self.seen: list[Msg] = []
 
     async def open(self) -> Reader:
-        config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.NEW)
+        config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
         self.sub = await self.js.pull_subscribe(
             ">", durable=None, stream=self.stream, config=config
         )

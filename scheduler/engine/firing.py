@@ -385,8 +385,7 @@ class Firing:
 
     def backoff(self, attempt: int) -> timedelta:
         """First backoff doubling per attempt up to 60 s, with +-20 % jitter."""
-        doublings = min(max(attempt - 1, 0), 32)  # bounded: 2**attempt overflows a float
-        base = min(self.settings.backoff.total_seconds() * 2**doublings, MAX_BACKOFF)
+        base = min(self.settings.backoff.total_seconds() * 2 ** max(attempt - 1, 0), MAX_BACKOFF)
         return timedelta(seconds=base * random.uniform(0.8, 1.2))
 
     async def _publish_dead(self, dead: list[tuple[ClaimedTask, str, str]]) -> None:

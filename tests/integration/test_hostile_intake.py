@@ -9,6 +9,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import nats
 
 from scheduler.daemon import Daemon
@@ -90,6 +91,41 @@ async def test_a_dead_letter_copy_that_cannot_fit_is_cut_to_the_envelope(
         rows = await h.dead_rows(database_url)
         assert [r["reason"] for r in rows] == ["too_large"]
         assert rows[0]["raw"] == raw_doc(doc)
+        assert_still_connected(daemon)
+
+
+async def test_a_stored_task_that_no_longer_fits_is_dead_lettered_not_sent(
+    settings: Settings, database_url: str
+) -> None:
+    """A task stored before these limits (or under a server with a larger max_payload) whose
+    delivery cannot fit is dead-lettered `too_large` at once, its copy cut to the envelope; the
+    connection stays up and the next task is delivered."""
+    async with hostile(settings) as h:
+        limit = 1024 * 1024  # the test server's max_payload (checked below)
+        doc = envelope(data={"pad": "x" * (limit - 300)})
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute(
+                "INSERT INTO delayed_messages (id, target, payload, headers, due_at, "
+                "scheduled_for) VALUES ($1, $2, $3, $4::jsonb, now(), now())",
+                doc["id"],
+                "mq.tasks.work",
+                raw_doc(doc),
+                json.dumps({"X-Pad": "y" * 400}),
+            )
+        finally:
+            await conn.close()
+        daemon = await h.begin()  # loads the task, claims it, cannot send it
+        assert daemon.bus is not None and daemon.bus.max_payload == limit
+        assert h.dlq is not None
+        (copy,) = await h.dlq.take(1, within=10)
+        assert copy.headers is not None and copy.headers["Mq-Error-Reason"] == "too_large"
+        assert "cannot fit" in copy.headers["Mq-Error"] and "Mq-Truncated" in copy.headers
+        assert json.loads(copy.data)["id"] == doc["id"]
+        control, due = await h.control()
+        await h.expect_delivered(control, due)
+        rows = await h.dead_rows(database_url)
+        assert [(r["reason"], r["stage"]) for r in rows] == [("too_large", "firing")]
         assert_still_connected(daemon)
 
 

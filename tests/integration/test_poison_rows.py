@@ -6,14 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
 
 import asyncpg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from scheduler.engine.office import take_office
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.tasks import Fired, NewTask, TaskStore
+from scheduler.store.values import jsonb_text
 from tests.hostile import LANE, envelope, hostile
 from tests.rawclient import header_block
 
@@ -110,3 +115,59 @@ async def test_booking_the_same_delivery_twice_logs_it_once(database_url: str) -
         assert [tuple(r) for r in rows] == [("t_once", 1, 7)]
     finally:
         await pool.close()
+
+
+async def test_a_redelivered_bad_message_is_dead_lettered_once(database_url: str) -> None:
+    """Recording the same bad intake message again (the leader died before terming it, and
+    its successor judged it anew) adds no second `dead_letters` row."""
+    pool = await create_pool(database_url, min_size=1, max_size=2)
+    tasks = TaskStore(PostgresStore(pool, Metrics()))
+    row = {
+        "original_id": "bad-1",
+        "key": "dlq-intake:MQ_DELAY:7:1764000000000000",
+        "subject": "mq.delay.tasks.work",
+        "error": "payload: is not JSON",
+        "reason": "unparseable",
+        "target": "mq.tasks.work",
+        "raw": b"{not json",
+        "headers": {"X-Nul": "a\x00b"},
+    }
+    try:
+        await tasks.record_bad_intake([row])
+        await tasks.record_bad_intake([row])
+        rows = await pool.fetch("SELECT original_id, headers, payload FROM dead_letters")
+    finally:
+        await pool.close()
+    assert len(rows) == 1
+    assert json.loads(rows[0]["headers"]) == {"X-Nul": "a\\x00b"}
+
+
+_JSON_TEXT = st.text(alphabet=st.characters(codec=None, categories=None), max_size=8)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | _JSON_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_JSON_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(doc=_JSON, junk=st.binary(max_size=40), as_json=st.booleans())
+async def test_payload_documents_are_always_accepted_by_jsonb(
+    database_url: str, doc: Any, junk: bytes, as_json: bool
+) -> None:
+    """Whatever a payload holds (NUL escapes, lone surrogates, NaN, Infinity, broken bytes),
+    the document stored for it is accepted by PostgreSQL's jsonb; a document jsonb can hold
+    is stored as it is."""
+    raw = json.dumps(doc).encode() if as_json else junk
+    text = jsonb_text(raw)
+    conn = await asyncpg.connect(database_url)
+    try:
+        stored = await conn.fetchval("SELECT $1::jsonb::text", text)
+    finally:
+        await conn.close()
+    exact = {"parse_float": Decimal, "parse_int": Decimal}  # jsonb keeps numbers as numeric
+    assert json.loads(stored, **exact) == json.loads(text, **exact)
