@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -22,25 +21,11 @@ from scheduler.bus.nats import ensure_stream, stream_configs
 from scheduler.daemon import Daemon
 from scheduler.settings import Settings
 from tests.helpers import DaemonRunner
+from tests.integration.test_delayed import envelope
 from tests.rawclient import RawClient
 
 TARGET = "mq.tasks.work"
 LANE = b"mq.delay.tasks.work"
-
-
-def envelope(due: datetime | None = None, **extra: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "schema": "hanzo.mq.v1",
-        "id": f"t_{uuid.uuid4().hex}",
-        "type": "test.work",
-        "source": "tests",
-        "timestamp": datetime.now(UTC).isoformat(),
-        "data": {"n": 1},
-    }
-    if due is not None:
-        doc["delay_until"] = due.isoformat()
-    doc.update(extra)
-    return doc
 
 
 class Reader:
