@@ -4,9 +4,11 @@ The `dead_letters` row is the record, written by the caller before the copy is s
 on `mq.dlq.<rest>` (stream `MQ_DLQ`) is how operators and tools see dead letters arrive. Copies
 go out concurrently, at most `DLQ_INFLIGHT` unacknowledged at once, and nobody waits for their
 acks: a slow or missing DLQ stream costs a log line and a metric per copy, never a stalled
-intake or bookkeeper. A copy never exceeds the server's `max_payload`: one that would is cut to
-the envelope without `data`, then to no payload at all, with its `Mq-*` headers (the reason)
-kept and `Mq-Truncated` saying so.
+intake or bookkeeper. When `DLQ_INFLIGHT` copies wait for acks, a batch waits at most
+`SLOT_WAIT` for room, then drops the copies that find none (counted, logged once): a flood of bad
+messages while the DLQ stream does not answer cannot hold the lane up. A copy never exceeds the
+server's `max_payload`: one that would is cut to the envelope without `data`, then to no payload
+at all, with its `Mq-*` headers (the reason) kept and `Mq-Truncated` saying so.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from scheduler.subjects import dlq_subject
 log = logging.getLogger("scheduler.deadletter")
 
 DLQ_INFLIGHT = 256  # of the publisher's 1,000 slots: firing always keeps the rest
+SLOT_WAIT = 0.5  # seconds a batch of copies waits, in all, for room among DLQ_INFLIGHT
 # A frame's control line besides its subject: `HPUB`, the reply inbox and two sizes.
 FRAME_SLACK = 128
 MARK_BYTES = 1000  # each of the daemon's headers on a copy (an error text, a subject) at most
@@ -95,14 +98,41 @@ class DeadLetterCopies:
         self._pending: set[asyncio.Future[PubAck]] = set()
 
     async def send(self, letters: Iterable[DeadLetter]) -> None:
-        """Hand every copy to the connection; waits only while `inflight` copies are unacked."""
+        """Hand every copy to the connection; while `inflight` copies are unacknowledged,
+        wait up to `SLOT_WAIT` in all, then drop the copies that find no room."""
+        deadline = asyncio.get_running_loop().time() + SLOT_WAIT
+        dropped = 0
         for letter in letters:
-            await self._slots.acquire()
+            if not await self._room(deadline):
+                dropped += 1
+                self.metrics.dead_letter_copies_failed.labels(letter.reason).inc()
+                continue
             subject = dlq_subject(letter.target, self.prefix)
             payload, headers = copy_of(letter, subject, self.publisher.nc.max_payload)
             fut = await self.publisher.publish(subject, payload, headers)
             self._pending.add(fut)
             fut.add_done_callback(functools.partial(self._done, letter, subject))
+        if dropped:
+            log.warning(
+                "dlq.copies_dropped count=%d: %d copies wait for the DLQ stream's acks; "
+                "the dead_letters rows are kept",
+                dropped,
+                len(self._pending),
+            )
+
+    async def _room(self, deadline: float) -> bool:
+        """Take a slot for one more copy, waiting until `deadline` at most."""
+        if not self._slots.locked():
+            await self._slots.acquire()  # free: returns at once
+            return True
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._slots.acquire(), left)
+        except TimeoutError:
+            return False
+        return True
 
     def _done(self, letter: DeadLetter, subject: str, fut: asyncio.Future[PubAck]) -> None:
         self._pending.discard(fut)

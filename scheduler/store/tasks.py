@@ -234,7 +234,7 @@ class TaskStore:
         except ROW_ERRORS as exc:
             if len(tasks) == 1:
                 log.warning("insert.refused id=%s error=%s", tasks[0].id, exc)
-                return Insertion(refused=[(tasks[0], f"PostgreSQL refused the task: {exc}")])
+                return Insertion(refused=[(tasks[0], f"PostgreSQL refused it: {exc}")])
             half = len(tasks) // 2
             first = await self.insert_batch(tasks[:half])
             return first.extend(await self.insert_batch(tasks[half:]))

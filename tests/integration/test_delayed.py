@@ -24,7 +24,7 @@ from tests.helpers import DaemonRunner, wait_until
 TARGET = "mq.tasks.work"
 
 
-def envelope(due: datetime | None, **extra: Any) -> dict[str, Any]:
+def envelope(due: datetime | None = None, **extra: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "schema": "hanzo.mq.v1",
         "id": f"t_{uuid.uuid4().hex}",

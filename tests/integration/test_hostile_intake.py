@@ -13,6 +13,7 @@ import asyncpg
 import nats
 
 from scheduler.daemon import Daemon
+from scheduler.engine.deadletter import DLQ_INFLIGHT
 from scheduler.settings import Settings
 from tests.hostile import LANE, Hostile, envelope, hostile
 from tests.integration.test_daemon import aget
@@ -350,8 +351,9 @@ async def test_an_id_reused_for_another_task_is_refused_as_duplicate_id(
 async def test_a_dead_letter_stream_that_never_answers_does_not_stall_intake(
     settings: Settings, database_url: str
 ) -> None:
-    """Dead-letter copies are sent concurrently: with a DLQ that swallows publishes without an
-    ack, a good task published after a handful of bad ones is still delivered on time."""
+    """Dead-letter copies are sent concurrently and bounded: with a DLQ that swallows publishes
+    without an ack, a good task published after more bad messages than copies may be in flight
+    is still delivered on time; every bad message is in the table."""
     async with hostile(settings) as h:
         daemon = await h.begin()
         await h.js.delete_stream(daemon.settings.dlq_stream)
@@ -359,9 +361,9 @@ async def test_a_dead_letter_stream_that_never_answers_does_not_stall_intake(
         try:
             await sink.subscribe("mq.dlq.>", cb=None)  # a responder that never acks
             await sink.flush()
-            for _ in range(4):
+            for _ in range(DLQ_INFLIGHT + 44):
                 await h.publish_raw(LANE, b"{not json", None)
-            await reasons(h, database_url, 4)  # recorded; their copies are on their way
+            await reasons(h, database_url, DLQ_INFLIGHT + 44)  # recorded; copies on their way
             control, due = await h.control(delay=0.5)  # fetched in a later batch
             await h.expect_delivered(control, due, late=1.5)
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -159,6 +160,8 @@ async def _accounted_for(
         task_id = json.loads(payload).get("id")
     except Exception:  # not a JSON object: cannot be a task
         task_id = None
+    if not (isinstance(task_id, str) and re.fullmatch(r"[\x21-\x7e]{1,200}", task_id)):
+        task_id = None  # not an id a task can have (and not one to send PostgreSQL)
     conn = await asyncpg.connect(database_url)
     try:
         dead: list[asyncpg.Record] = []
@@ -168,7 +171,7 @@ async def _accounted_for(
                     "SELECT intake_key, reason, error FROM dead_letters WHERE intake_key LIKE $1",
                     f"dlq-intake:MQ_DELAY:{seq}:%",
                 )
-                stored = isinstance(task_id, str) and await conn.fetchval(
+                stored = task_id is not None and await conn.fetchval(
                     "SELECT count(*) FROM delayed_messages WHERE id = $1", task_id
                 )
                 if dead or stored:
