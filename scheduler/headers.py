@@ -21,8 +21,20 @@ _BAD_VALUE = re.compile(r"[\r\n\x00]")
 _UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\ud800-\udfff]")
 
 
-def is_reserved(name: str) -> bool:
-    return name.lower().startswith(RESERVED_PREFIXES)
+_RESERVED, _VALID, _INVALID = 0, 1, 2
+_KINDS: dict[str, int] = {}  # header name -> kind; a deployment sees few distinct names
+
+
+def _kind(name: str) -> int:
+    kind = _KINDS.get(name)
+    if kind is None:
+        if name.lower().startswith(RESERVED_PREFIXES):
+            kind = _RESERVED
+        else:
+            kind = _VALID if _NAME.fullmatch(name) is not None else _INVALID
+        if len(_KINDS) < 10_000:
+            _KINDS[name] = kind
+    return kind
 
 
 def split_producer_headers(
@@ -33,9 +45,10 @@ def split_producer_headers(
     kept: dict[str, str] = {}
     problems: list[tuple[str, str]] = []
     for name, value in (headers or {}).items():
-        if is_reserved(name):
+        kind = _kind(name)
+        if kind == _RESERVED:
             continue
-        if _NAME.fullmatch(name) is None:
+        if kind == _INVALID:
             rule = "name must be printable ASCII without spaces or ':'"
             problems.append((f"header {printable(name, 100)!r}", rule))
         elif _BAD_VALUE.search(value) is not None:
