@@ -35,7 +35,16 @@ tails = st.one_of(
         lambda b: bytes(c for c in b if c not in _WHITESPACE) or b"x"
     ),
     st.sampled_from(
-        [b"tasks.\xff", b"tasks.a\x00b", b"*", b">", b"tasks..x", b"dlq.x", b"x", b"t." * 600 + b"x"]
+        [
+            b"tasks.\xff",
+            b"tasks.a\x00b",
+            b"*",
+            b">",
+            b"tasks..x",
+            b"dlq.x",
+            b"x",
+            b"t." * 600 + b"x",
+        ]
     ),
 )
 header_blocks = st.one_of(
