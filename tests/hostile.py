@@ -37,7 +37,11 @@ class Reader:
         self.seen: list[Msg] = []
 
     async def open(self) -> Reader:
-        config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=DeliverPolicy.ALL,
+            inactive_threshold=300.0,  # the server drops an ephemeral consumer idle for 5 s
+        )
         self.sub = await self.js.pull_subscribe(
             ">", durable=None, stream=self.stream, config=config
         )

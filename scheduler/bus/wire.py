@@ -218,7 +218,7 @@ def parse_header_block(hdr: bytes) -> tuple[dict[str, str] | None, tuple[str, st
     or replaced. Never raises."""
     if not hdr.startswith(_HDR_LINE[:8]):
         shown = hdr[:40].decode(errors="backslashreplace")
-        return None, ("headers", f"the header block does not start with NATS/1.0 ({shown!r})")
+        return None, ("headers", f"the header block does not start with NATS/1.0: {shown}")
     out: dict[str, str] = {}
     defect = None
     for line in hdr.split(b"\r\n")[1:]:

@@ -156,8 +156,9 @@ async def test_healthz_fails_once_the_nats_connection_is_closed_for_good(
 async def test_undecodable_subjects_and_headers_are_dead_lettered(
     settings: Settings, database_url: str
 ) -> None:
-    """Non-UTF-8 subjects and headers, a malformed header block and a fake status message
-    are bad messages with a reason, not a crash of the read loop (no reconnect, no flap)."""
+    """Non-UTF-8 subjects and headers, a malformed header block, control characters (a DEL
+    too) and a fake status message are bad messages with a reason, not a crash of the read
+    loop (no reconnect, no flap)."""
     async with hostile(settings) as h:
         await h.prepare()
         docs = [envelope() for _ in range(6)]
@@ -177,13 +178,21 @@ async def test_undecodable_subjects_and_headers_are_dead_lettered(
         daemon = await h.begin()
         control, due = await h.control()
         await h.expect_delivered(control, due)
-        found = await reasons(h, database_url, len(cases) + 1)
+        # Alone on an idle lane, a subject with a DEL byte is never handed to a consumer
+        # filtered on mq.delay.> (nats-server 2.15): the intake consumer has no filter.
+        dele = envelope()
+        assert "seq" in await h.publish_raw(b"mq.delay.tasks.a\x7fb", raw_doc(dele), None)
+        await reasons(h, database_url, len(cases) + 2)
+        control, due = await h.control()
+        await h.expect_delivered(control, due)
+        found = await reasons(h, database_url, len(cases) + 2)
+        assert found[dele["id"]][0] == "target_refused"
         for (_, _, reason), doc in zip(cases, docs, strict=True):
             assert found[doc["id"]][0] == reason, (doc["id"], found[doc["id"]])
         assert found[docs[0]["id"]][1].startswith("subject: is not UTF-8")
         assert sorted(r for r, _ in found.values()).count("unparseable") == 1
-        dlq = await h.dlq.take(len(cases) + 1) if h.dlq else []
-        assert len(dlq) == len(cases) + 1
+        dlq = await h.dlq.take(len(cases) + 2) if h.dlq else []
+        assert len(dlq) == len(cases) + 2
         assert all(m.headers and m.headers["Mq-Error-Reason"] for m in dlq)
         assert daemon.office is not None and daemon.office.epoch == 1  # one term: no flap
         assert_still_connected(daemon)
