@@ -35,7 +35,8 @@ def test_a_nats_server_below_the_floor_is_refused_at_start_naming_the_version(
     version = _version(OLD_NATS)
     if version is None or version >= MIN_SERVER_VERSION:
         pytest.skip(
-            f"no nats-server older than 2.10.23 at {OLD_NATS} (set SCHEDULER_COMPAT_OLD_NATS_SERVER)"
+            f"no nats-server older than 2.10.23 at {OLD_NATS} "
+            "(set SCHEDULER_COMPAT_OLD_NATS_SERVER)"
         )
     server = NatsServer(tmp_path / "nats", binary=OLD_NATS).start()
     try:
