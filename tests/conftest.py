@@ -24,9 +24,9 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from scheduler import migrate
-from scheduler.embedded import NatsServer, Postgres, free_port
+from scheduler.embedded import Postgres, free_port
 from scheduler.settings import Settings
-from tests.compat import CURRENT, Servers, compat_servers
+from tests.compat import CURRENT, NatsServerOf, Servers, compat_servers
 
 # Locally hypothesis explores new cases on every run; CI replays a fixed set so a rare
 # counterexample shows up in a developer's run rather than turning a landing red at random.
@@ -50,9 +50,8 @@ def nats_service(
         yield os.environ["NATS_URL"], None
         return
     monitor = free_port()
-    server = NatsServer(
-        tmp_path_factory.mktemp("nats"), extra=["-m", str(monitor)], binary=servers.nats_binary
-    ).start()
+    store = tmp_path_factory.mktemp("nats")
+    server = NatsServerOf(store, servers.nats_binary, extra=["-m", str(monitor)]).start()
     yield server.url, monitor
     server.stop()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.embedded import NatsServer, Postgres
-from tests.compat import CURRENT, ClusterPostgres, Servers
+from tests.compat import CURRENT, ClusterPostgres, NatsServerOf, Servers
 from tests.faults.harness import Cluster
 from tests.faults.proxy import FaultProxy
 
@@ -18,7 +18,7 @@ StartCluster = Callable[..., Awaitable[Cluster]]
 
 @pytest.fixture
 def own_nats(servers: Servers, tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path / "nats", binary=servers.nats_binary).start()
+    server = NatsServerOf(tmp_path / "nats", servers.nats_binary).start()
     yield server
     server.stop()
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from scheduler.bus.nats import MIN_SERVER_VERSION
-from scheduler.embedded import NatsServer, free_port
+from scheduler.embedded import free_port
+from tests.compat import NatsServerOf
 
 OLD_NATS = os.environ.get("SCHEDULER_COMPAT_OLD_NATS_SERVER", "/usr/sbin/nats-server")
 
@@ -38,7 +39,7 @@ def test_a_nats_server_below_the_floor_is_refused_at_start_naming_the_version(
             f"no nats-server older than 2.10.23 at {OLD_NATS} "
             "(set SCHEDULER_COMPAT_OLD_NATS_SERVER)"
         )
-    server = NatsServer(tmp_path / "nats", binary=OLD_NATS).start()
+    server = NatsServerOf(tmp_path / "nats", OLD_NATS).start()
     try:
         env = {
             **os.environ,
