@@ -103,14 +103,21 @@ class CliProcess:
             raise AssertionError(
                 f"still running after {within:g}s; killed:\n{self.transcript()}"
             ) from None
-        for reader in self._readers:
-            reader.join(5)
+        self._close_pipes()
         return code
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for reader in self._readers:
+            reader.join(5)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
 
     def last_err_line(self) -> str:
         return self.err[-1] if self.err else ""

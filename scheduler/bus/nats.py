@@ -8,20 +8,22 @@ of flushing stale publishes when it comes back (design section 5).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import ssl
 from dataclasses import dataclass
 from typing import Any
 
-import nats
+from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import BadRequestError, NotFoundError
 
-from scheduler.errors import ServiceUnavailableError
+from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.metrics import Metrics
-from scheduler.settings import Settings
+from scheduler.settings import Settings, redact_url
 
 log = logging.getLogger("scheduler.nats")
 
@@ -47,34 +49,80 @@ class NatsBus:
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
         self.connected = asyncio.Event()
+        self._connect_error: BaseException | None = None
+        self._closing = False
 
-    async def connect(self, attempts: int | None = None) -> None:
-        """Connect, retrying with backoff (forever when `attempts` is None)."""
-        delay, tried = 0.2, 0
+    async def connect(self, budget: float = 60.0) -> None:
+        """Connect, retrying an unreachable server with backoff for `budget` seconds.
+
+        The first failure is logged at once with the URL (credentials hidden) and the setting
+        to check, and so is every retry; past the budget it raises ServiceUnavailableError.
+        Refused credentials or TLS raise ConfigError at once (retrying cannot help).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        delay, attempt = 0.2, 0
         while True:
+            attempt += 1
+            self._connect_error = None
+            nc = Client()
             try:
                 # nats-py retries a first connect forever when reconnects are unlimited, so the
-                # first connect tries each server once and our loop bounds it; after it succeeds
-                # the client reconnects forever.
-                self.nc = await nats.connect(**self._options(), max_reconnect_attempts=1)
-                self.nc.options["max_reconnect_attempts"] = -1
-                break
-            except Exception as exc:  # nats-py raises several unrelated types on connect
-                tried += 1
-                if attempts is not None and tried >= attempts:
-                    raise ServiceUnavailableError("NATS", str(exc) or type(exc).__name__) from exc
+                # first connect tries each server twice at once and our loop bounds it; once it
+                # succeeds, the client reconnects forever, a second apart.
+                options = self._options()
+                options.update(max_reconnect_attempts=1, reconnect_time_wait=0)
+                await nc.connect(**options)
+            except asyncio.CancelledError:
+                await _close_quietly(nc)
+                raise
+            except ValueError as exc:  # a URL nats-py cannot parse
+                await _close_quietly(nc)
+                raise ConfigError(
+                    "SCHEDULER_NATS_URL", f"{self.settings.redacted_nats_url}: {exc}"
+                ) from None
+            except (OSError, nats_errors.Error) as exc:  # what nats-py raises on connect
+                await _close_quietly(nc)
+                cause = self._connect_error or exc
+                left = deadline - loop.time()
+                self._give_up_unless_retryable(cause, budget, left)
                 log.warning(
-                    "nats.connect_failed attempt=%d error=%r retry_in=%.1fs", tried, exc, delay
+                    'nats.unreachable url=%s error="%s" attempt=%d retry_in=%.1fs '
+                    "(check SCHEDULER_NATS_URL; giving up in %.0fs)",
+                    self.settings.redacted_nats_url,
+                    describe_connect_error(cause),
+                    attempt,
+                    min(delay, left),
+                    left,
                 )
-                await asyncio.sleep(delay)
+                await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, 5.0)
-        self.js = self.nc.jetstream()
+                continue
+            break
+        nc.options["max_reconnect_attempts"] = -1
+        nc.options["reconnect_time_wait"] = 1
+        self.nc = nc
+        self.js = nc.jetstream()
         self._set_connected(True)
         log.info(
             "nats.connected url=%s server=%s",
-            self.nc.connected_url.netloc if self.nc.connected_url else "?",
+            redact_url(nc.connected_url.geturl(), token=True) if nc.connected_url else "?",
             self.server_version,
         )
+
+    def _give_up_unless_retryable(self, cause: BaseException, budget: float, left: float) -> None:
+        """Raise when `cause` is permanent (credentials, TLS) or the budget is spent."""
+        url = self.settings.redacted_nats_url
+        what = describe_connect_error(cause)
+        variable = permanent_connect_error(cause, self.settings)
+        if variable is not None:
+            raise ConfigError(variable, f"{url}: {what}") from cause
+        if left <= 0:
+            raise ServiceUnavailableError(
+                "NATS",
+                f"{url}: {what}; retried for {budget:g}s. Check SCHEDULER_NATS_URL and that "
+                "nats-server runs there",
+            ) from cause
 
     def _options(self) -> dict[str, Any]:
         s = self.settings
@@ -103,11 +151,19 @@ class NatsBus:
         return opts
 
     async def _on_error(self, exc: Exception) -> None:
+        if self.nc is None:  # still connecting: connect() reports the cause with the URL
+            self._connect_error = exc
+            return
         log.warning("nats.error error=%r", exc)
 
     async def _on_disconnect(self) -> None:
-        log.warning("nats.disconnected")
-        self.metrics.disconnects.labels("nats").inc()
+        if self.nc is None:  # a first connect that failed: connect() reports it
+            return
+        if self._closing:  # our own close() or drain(): nothing went wrong
+            log.info("nats.closed")
+        else:
+            log.warning("nats.disconnected")
+            self.metrics.disconnects.labels("nats").inc()
         self._set_connected(False)
 
     async def _on_reconnect(self) -> None:
@@ -158,6 +214,7 @@ class NatsBus:
         """Drain and close; bounded so shutdown cannot hang on a dead server."""
         if self.nc is None or self.nc.is_closed:
             return
+        self._closing = True
         try:
             await asyncio.wait_for(self.nc.drain(), timeout=5)
         except Exception as exc:  # a dead link cannot drain; close hard below
@@ -165,6 +222,47 @@ class NatsBus:
         if not self.nc.is_closed:
             await self.nc.close()
         self._set_connected(False)
+
+
+def describe_connect_error(exc: BaseException) -> str:
+    """A connect failure in a few words: `connection refused`, `unknown host 'x'`, ..."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, socket.gaierror):
+        return f"unknown host ({exc.strerror})"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS failed: {exc.reason or exc}"
+    if isinstance(exc, TimeoutError):
+        return "timed out (nothing answered)"
+    if isinstance(exc, nats_errors.AuthorizationError) or _is_auth(exc):
+        return "credentials refused (authorization violation)"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc).removeprefix("nats: ") or type(exc).__name__
+
+
+def permanent_connect_error(exc: BaseException, settings: Settings) -> str | None:
+    """The setting to fix when retrying `exc` cannot help (credentials, TLS), else None."""
+    if isinstance(exc, nats_errors.AuthorizationError) or _is_auth(exc):
+        if settings.nats_creds:
+            return "SCHEDULER_NATS_CREDS"
+        if settings.nats_user or settings.nats_password:
+            return "SCHEDULER_NATS_USER/SCHEDULER_NATS_PASSWORD"
+        return "SCHEDULER_NATS_URL"
+    if isinstance(exc, ssl.SSLError | nats_errors.SecureConnRequiredError):
+        return "SCHEDULER_NATS_TLS_CA" if settings.nats_tls_ca else "SCHEDULER_NATS_URL"
+    return None
+
+
+def _is_auth(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "authorization violation" in text or "authentication" in text
+
+
+async def _close_quietly(nc: Client) -> None:
+    """Close a client whose first connect failed or was cancelled (it may hold tasks)."""
+    with contextlib.suppress(Exception):
+        await nc.close()
 
 
 # -- provisioning ---------------------------------------------------------------------------------

@@ -1,21 +1,27 @@
-"""PostgreSQL: the system of record. A pool with bounded retries, and the store's statements."""
+"""PostgreSQL: the system of record. Connections and a pool opened with bounded retries (the one
+point where connection errors become errors that name SCHEDULER_DATABASE_URL), and the store's
+statements."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 import asyncpg
 
-from scheduler.errors import ServiceUnavailableError
+from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.metrics import Metrics
+from scheduler.settings import redact_url
 
 log = logging.getLogger("scheduler.postgres")
 
-_RETRYABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.ConnectionDoesNotExistError)
+T = TypeVar("T")
 
 
 class _Connection(asyncpg.Connection):
@@ -27,27 +33,109 @@ class _Connection(asyncpg.Connection):
         return ""
 
 
+async def connect(dsn: str, budget: float = 60.0, **kwargs: Any) -> asyncpg.Connection:
+    """One connection, opened as `create_pool` opens its first (retried, errors translated)."""
+    return await _retrying(
+        dsn, budget, lambda timeout: asyncpg.connect(dsn, timeout=timeout, **kwargs)
+    )
+
+
 async def create_pool(
-    dsn: str, attempts: int = 10, min_size: int = 2, max_size: int = 10
+    dsn: str, budget: float = 60.0, min_size: int = 2, max_size: int = 10
 ) -> asyncpg.Pool:
-    """Open a pool, retrying refused or dropped connections with backoff up to `attempts` times."""
-    delay = 0.2
-    for attempt in range(1, attempts + 1):
+    """Open a pool, retrying an unreachable server with backoff for `budget` seconds."""
+
+    def open_pool(timeout: float) -> Awaitable[asyncpg.Pool]:
+        return asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            command_timeout=30,
+            timeout=timeout,
+            connection_class=_Connection,
+        )
+
+    return await _retrying(dsn, budget, open_pool)
+
+
+async def _retrying(dsn: str, budget: float, open_: Callable[[float], Awaitable[T]]) -> T:
+    """`open_(timeout)` until it succeeds. A refused, timed-out or unresolvable server is
+    retried with backoff (0.2 s doubling to 5 s) and logged each time with the URL (password
+    hidden); past `budget` seconds: ServiceUnavailableError. A refusal that retrying cannot
+    cure (credentials, unknown database, TLS) raises ConfigError at once."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + budget
+    delay, attempt = 0.2, 0
+    while True:
+        attempt += 1
+        left = deadline - loop.time()
         try:
-            return await asyncpg.create_pool(
-                dsn,
-                min_size=min_size,
-                max_size=max_size,
-                command_timeout=30,
-                connection_class=_Connection,
+            return await open_(min(10.0, max(left, 2.0)))
+        except Exception as exc:
+            problem = connect_problem(exc, dsn)
+            if problem is None:
+                raise
+            cause, retryable = problem
+            url = redact_url(dsn)
+            if not retryable:
+                raise ConfigError("SCHEDULER_DATABASE_URL", f"{url}: {cause}") from None
+            left = deadline - loop.time()
+            if left <= 0:
+                raise ServiceUnavailableError(
+                    "PostgreSQL",
+                    f"{url}: {cause}; retried for {budget:g}s. Check SCHEDULER_DATABASE_URL "
+                    "and that PostgreSQL runs there",
+                ) from None
+            log.warning(
+                'postgres.unreachable url=%s error="%s" attempt=%d retry_in=%.1fs '
+                "(check SCHEDULER_DATABASE_URL; giving up in %.0fs)",
+                url,
+                cause,
+                attempt,
+                min(delay, left),
+                left,
             )
-        except (*_RETRYABLE, asyncpg.PostgresConnectionError) as exc:
-            if attempt == attempts:
-                raise ServiceUnavailableError("PostgreSQL", repr(exc)) from exc
-            log.warning("postgres.connect_failed attempt=%d error=%r", attempt, exc)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, 5.0)
-    raise AssertionError("unreachable")
+
+
+# SQLSTATEs that retrying cannot cure, with what to do about them.
+_PERMANENT_HINTS: dict[type[Exception], str] = {
+    asyncpg.InvalidPasswordError: "; check the user and password in the URL",
+    asyncpg.InvalidAuthorizationSpecificationError: "; check the user in the URL (and pg_hba.conf)",
+    asyncpg.InvalidCatalogNameError: "; create it (CREATE DATABASE) or fix the name in the URL",
+}
+
+
+def connect_problem(exc: BaseException, dsn: str = "") -> tuple[str, bool] | None:
+    """(cause in a few words, whether a retry may help) for a failed connect to `dsn`, or None
+    when `exc` is no connection problem (a bug: let it raise)."""
+    for kind, hint in _PERMANENT_HINTS.items():
+        if isinstance(exc, kind):
+            return f"{exc}{hint}", False
+    if "rejected SSL upgrade" in str(exc) and not _tls_required(dsn):
+        return "no PostgreSQL answers there (the reply is another protocol's)", False
+    if isinstance(exc, ssl.SSLError) or "SSL" in str(exc):
+        return f"TLS failed: {exc}; check sslmode and the certificates in the URL", False
+    if isinstance(exc, asyncpg.CannotConnectNowError | asyncpg.TooManyConnectionsError):
+        return str(exc), True
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused", True
+    if isinstance(exc, socket.gaierror):
+        return f"unknown host ({exc.strerror})", True
+    if isinstance(exc, TimeoutError):
+        return "timed out (nothing answered)", True
+    if isinstance(exc, OSError):
+        return (exc.strerror or str(exc)).lower(), True
+    if isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.InterfaceError):
+        return str(exc), True
+    if isinstance(exc, asyncpg.PostgresError):
+        return str(exc), False
+    return None
+
+
+def _tls_required(dsn: str) -> bool:
+    return any(f"sslmode={mode}" in dsn for mode in ("require", "verify-ca", "verify-full"))
 
 
 class PostgresStore:
