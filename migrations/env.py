@@ -24,6 +24,11 @@ def _run(connection: Connection) -> None:
         )
         with context.begin_transaction():
             context.run_migrations()
+    except Exception:
+        # End the failed transaction, or the unlock below fails too and its error ("current
+        # transaction is aborted") hides the one that matters (say, a missing permission).
+        connection.rollback()
+        raise
     finally:
         connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK})")
 

@@ -163,7 +163,7 @@ class Daemon:
         metrics = await self._listen(metrics_app, s.metrics_port, "SCHEDULER_METRICS_PORT")
         stack.push_async_callback(metrics.close)
         self.endpoints.api, self.endpoints.metrics = api, metrics
-        s = await self._start_embedded(stack)
+        s = self.settings = await self._start_embedded(stack)
         self._enter("connecting to NATS")
         self.bus = NatsBus(s, self.metrics)
         stack.push_async_callback(self.bus.close)
@@ -181,18 +181,12 @@ class Daemon:
         stack.push_async_callback(self.store.close)
         self.metrics.connected.labels("postgres").set(1)
         self._enter("provisioning streams and buckets")
-        if s.provision:
-            self.provisioned = await provision(self.bus, embedded=self.embedded)
+        leader_kv = await self.bus.setup(self._provision())
         self._enter("starting the service and the lease")
-        self.settings = s
         self.tasks = TaskStore(self.store)
         service = SchedulerService(self.bus.nc, s, self.tasks, self.clock, self.stats)
         await service.start()
         stack.push_async_callback(service.stop)
-        assert self.bus.js is not None
-        await self._check_lease_bucket()
-        leader_kv = await self.bus.js.key_value(s.leader_bucket)
-        self.state_kv = await self.bus.js.key_value(s.state_bucket)
         self.leadership = Leadership(leader_kv, self.store.pool, s, self.clock, self.metrics)
         self.office = self.leadership
         self.metrics.is_leader.set(0)
@@ -209,6 +203,16 @@ class Daemon:
             self._intake_stream(),
             self.cron,
         )
+
+    async def _provision(self) -> Any:
+        """Provision (when asked), check the lease bucket, open both buckets; the lease KV."""
+        assert self.bus is not None and self.bus.js is not None
+        if self.settings.provision:
+            self.provisioned = await provision(self.bus, embedded=self.embedded)
+        await self._check_lease_bucket()
+        leader_kv = await self.bus.js.key_value(self.settings.leader_bucket)
+        self.state_kv = await self.bus.js.key_value(self.settings.state_bucket)
+        return leader_kv
 
     def _intake_stream(self) -> str:
         """The configured intake stream, or the stream found covering the delay lane."""

@@ -82,12 +82,20 @@ def nats_server_binary() -> str:
 
 
 class NatsServer:
-    """A nats-server child process with JetStream in `store_dir`, on a free loopback port."""
+    """A nats-server child process with JetStream in `store_dir`, on a free loopback port
+    (the one it had before in that dir, when free)."""
 
-    def __init__(self, store_dir: Path, port: int | None = None, extra: list[str] | None = None):
+    def __init__(
+        self,
+        store_dir: Path,
+        port: int | None = None,
+        extra: list[str] | None = None,
+        jetstream: bool = True,
+    ):
         self.store_dir = Path(store_dir)
         self.port = port or remembered_port(self.store_dir / "port")
         self.extra = extra or []
+        self.jetstream = jetstream
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -122,10 +130,16 @@ class NatsServer:
 
     def _spawn(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js"]
-        args += ["-sd", str(self.store_dir), *self.extra]
+        args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port)]
+        if self.jetstream:
+            args += ["-js", "-sd", str(self.store_dir)]
+        args += self.extra
         with open(self.store_dir / "nats-server.log", "ab") as logfile:
-            self.proc = subprocess.Popen(args, stdout=logfile, stderr=subprocess.STDOUT)
+            # A session of its own: a Ctrl-C in the terminal reaches the daemon only, which
+            # shuts down gracefully (lease, drain) before it stops this server.
+            self.proc = subprocess.Popen(
+                args, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def _exit_report(self) -> str | None:
         """Why nats-server exited at start (its last log line), or None while it runs."""

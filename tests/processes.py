@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def cli_env(workdir: Path, **settings: str) -> dict[str, str]:
+def cli_env(workdir: Path, **settings: str | None) -> dict[str, str]:
     """The environment without any SCHEDULER_* of the caller's, plus `settings`: free ports,
-    an empty schedules folder and a data dir under `workdir` unless given."""
+    an empty schedules folder and a data dir under `workdir` unless given (None drops one)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
     (workdir / "schedules").mkdir(parents=True, exist_ok=True)
     env.update(
@@ -46,6 +46,7 @@ class CliProcess:
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            start_new_session=True,  # a process group of its own, as a shell's job has
         )
         self.started = time.monotonic()
         self.out: list[str] = []
@@ -90,8 +91,13 @@ class CliProcess:
         return any(reader.is_alive() for reader in self._readers)
 
     def signal(self, sig: int = signal.SIGTERM) -> float:
-        """Send `sig`; returns the monotonic time it was sent."""
-        self.proc.send_signal(sig)
+        """Send `sig` to the process (as kill, systemd or Kubernetes do); returns the monotonic
+        time it was sent. SIGINT goes to the whole process group, as a Ctrl-C in a terminal
+        does (the children the process started in its group get it too)."""
+        if sig == signal.SIGINT:
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
         return time.monotonic()
 
     def wait_exit(self, within: float) -> int:

@@ -12,15 +12,18 @@ import contextlib
 import logging
 import socket
 import ssl
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as js_api
+from nats.js import errors as js_errors
 from nats.js.errors import BadRequestError, NotFoundError
 
+from scheduler.aio import first_of
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings, redact_url
@@ -28,6 +31,8 @@ from scheduler.settings import Settings, redact_url
 log = logging.getLogger("scheduler.nats")
 
 MIN_SERVER_VERSION = (2, 10, 23)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,8 @@ class NatsBus:
         self.connected = asyncio.Event()
         self._connect_error: BaseException | None = None
         self._closing = False
+        self._denied = ""  # the last permissions violation the server reported
+        self._denied_event = asyncio.Event()
 
     async def connect(self, budget: float = 60.0) -> None:
         """Connect, retrying an unreachable server with backoff for `budget` seconds.
@@ -154,7 +161,40 @@ class NatsBus:
         if self.nc is None:  # still connecting: connect() reports the cause with the URL
             self._connect_error = exc
             return
+        if "permissions violation" in str(exc).lower():
+            self._denied = str(exc).removeprefix("nats: ")
+            self._denied_event.set()
         log.warning("nats.error error=%r", exc)
+
+    async def setup(self, work: Awaitable[T]) -> T:
+        """Run the start's JetStream calls (provisioning, bucket checks). A server without
+        JetStream, or a user the server denies the JetStream API (reported at once, where the
+        request itself would only time out), ends them with a ConfigError naming the setting."""
+        task = asyncio.ensure_future(work)
+        try:
+            await first_of(asyncio.shield(task), self._denied_event.wait())
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        url = self.settings.redacted_nats_url
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            subject = self._denied.rsplit(" to ", 1)[-1].strip('"').upper()
+            raise ConfigError(
+                credentials_variable(self.settings),
+                f"{url}: this user may not publish to {subject} (permissions violation); "
+                "grant it publish on $JS.API.> and $KV.> (docs/operations.md)",
+            )
+        try:
+            return task.result()
+        except (nats_errors.NoRespondersError, js_errors.ServiceUnavailableError) as exc:
+            raise ConfigError(
+                "SCHEDULER_NATS_URL",
+                f"{url}: JetStream is not enabled on this server (run nats-server with -js, or "
+                "`jetstream {}` in its configuration)",
+            ) from exc
 
     async def _on_disconnect(self) -> None:
         if self.nc is None:  # a first connect that failed: connect() reports it
@@ -244,14 +284,19 @@ def describe_connect_error(exc: BaseException) -> str:
 def permanent_connect_error(exc: BaseException, settings: Settings) -> str | None:
     """The setting to fix when retrying `exc` cannot help (credentials, TLS), else None."""
     if isinstance(exc, nats_errors.AuthorizationError) or _is_auth(exc):
-        if settings.nats_creds:
-            return "SCHEDULER_NATS_CREDS"
-        if settings.nats_user or settings.nats_password:
-            return "SCHEDULER_NATS_USER/SCHEDULER_NATS_PASSWORD"
-        return "SCHEDULER_NATS_URL"
+        return credentials_variable(settings)
     if isinstance(exc, ssl.SSLError | nats_errors.SecureConnRequiredError):
         return "SCHEDULER_NATS_TLS_CA" if settings.nats_tls_ca else "SCHEDULER_NATS_URL"
     return None
+
+
+def credentials_variable(settings: Settings) -> str:
+    """The setting that says who the daemon is to NATS."""
+    if settings.nats_creds:
+        return "SCHEDULER_NATS_CREDS"
+    if settings.nats_user or settings.nats_password:
+        return "SCHEDULER_NATS_USER/SCHEDULER_NATS_PASSWORD"
+    return "SCHEDULER_NATS_URL"
 
 
 def _is_auth(exc: BaseException) -> bool:

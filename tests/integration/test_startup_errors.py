@@ -18,6 +18,7 @@ import pytest
 
 from scheduler.embedded import NatsServer, free_port
 from tests.conftest import _dsn_for
+from tests.nats_filter import JetStreamSwallower
 from tests.processes import CliProcess, SilentServer, cli_env, scheduler
 
 pytestmark = pytest.mark.slow
@@ -160,17 +161,19 @@ def nats_without_jetstream_rights(tmp_path: Path) -> Iterator[str]:
 
 
 async def test_ctrl_c_while_provisioning_stops_within_a_second(
-    tmp_path: Path, database_url: str, nats_without_jetstream_rights: str
+    tmp_path: Path, database_url: str, nats_service: tuple[str, int | None]
 ) -> None:
     """Ctrl-C while provisioning waits on the JetStream API ends the process within 1 s."""
-    env = cli_env(
-        tmp_path,
-        SCHEDULER_NATS_URL=nats_without_jetstream_rights,
-        SCHEDULER_DATABASE_URL=database_url,
-    )
-    with scheduler(["run"], env) as proc:
-        await asyncio.to_thread(proc.wait_for, "(?i)permissions violation", 20)
-        code, took = await asyncio.to_thread(stop_and_time, proc, signal.SIGINT)
+    upstream = int(nats_service[0].rsplit(":", 1)[1])
+    proxy = await JetStreamSwallower(upstream).start()
+    try:
+        env = cli_env(tmp_path, SCHEDULER_NATS_URL=proxy.url, SCHEDULER_DATABASE_URL=database_url)
+        with scheduler(["run"], env) as proc:
+            async with asyncio.timeout(20):
+                await proxy.swallowed.wait()
+            code, took = await asyncio.to_thread(stop_and_time, proc, signal.SIGINT)
+    finally:
+        await proxy.close()
     assert_stopped_quietly(proc, code, took)
 
 
@@ -321,4 +324,71 @@ def test_taken_port_names_the_variable_and_the_fix(
     assert last.startswith(f"scheduler: configuration error: {variable}: "), last
     assert f"port {taken_port} on 127.0.0.1 is already in use" in last, last
     assert "0 picks a free port" in last, last
+    assert_no_traceback(proc)
+
+
+# -- NATS reachable, but not usable ----------------------------------------------------------
+
+
+async def test_missing_jetstream_permission_is_one_line_naming_the_setting(
+    tmp_path: Path, database_url: str, nats_without_jetstream_rights: str
+) -> None:
+    """A NATS user that may not use the JetStream API ends the start at once with one line
+    naming the setting and the subject refused (exit status 2), not after a timeout."""
+    env = cli_env(
+        tmp_path,
+        SCHEDULER_NATS_URL=nats_without_jetstream_rights,
+        SCHEDULER_DATABASE_URL=database_url,
+    )
+    with scheduler(["run"], env) as proc:
+        await asyncio.to_thread(proc.wait_for, "(?i)permissions violation", 20)
+        denied = time.monotonic()
+        code = await asyncio.to_thread(proc.wait_exit, 15)
+    assert time.monotonic() - denied < 2, proc.transcript()
+    assert code == EXIT_CONFIG, proc.transcript()
+    last = proc.last_err_line()
+    assert last.startswith("scheduler: configuration error: SCHEDULER_NATS_URL: "), last
+    assert "may not publish to $JS.API." in last and "sched:***@" in last, last
+    assert_no_traceback(proc)
+
+
+async def test_nats_without_jetstream_is_one_line_naming_the_fix(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A nats-server without JetStream ends the start with one line saying to enable it."""
+    server = NatsServer(tmp_path / "plain", jetstream=False).start()
+    try:
+        env = cli_env(tmp_path, SCHEDULER_NATS_URL=server.url, SCHEDULER_DATABASE_URL=database_url)
+        with scheduler(["run"], env) as proc:
+            code = await asyncio.to_thread(proc.wait_exit, 15)
+    finally:
+        server.stop()
+    assert code == EXIT_CONFIG, proc.transcript()
+    last = proc.last_err_line()
+    assert last.startswith("scheduler: configuration error: SCHEDULER_NATS_URL: "), last
+    assert "JetStream is not enabled" in last, last
+    assert_no_traceback(proc)
+
+
+async def test_migration_without_create_permission_is_one_line(
+    tmp_path: Path, empty_database: str
+) -> None:
+    """A database user who may not create tables gets one line from `scheduler migrate`
+    naming SCHEDULER_DATABASE_URL and the missing permission (exit status 2)."""
+    admin = await asyncpg.connect(empty_database)
+    try:
+        await admin.execute(
+            "DO $$ BEGIN CREATE ROLE mqs_reader LOGIN; "
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+        url = empty_database.replace("postgres:@", "mqs_reader:@", 1)
+        env = cli_env(tmp_path, SCHEDULER_DATABASE_URL=url)
+        with scheduler(["migrate"], env) as proc:
+            code = await asyncio.to_thread(proc.wait_exit, 15)
+    finally:
+        await admin.close()
+    assert code == EXIT_CONFIG, proc.transcript()
+    last = proc.last_err_line()
+    assert last.startswith("scheduler: configuration error: SCHEDULER_DATABASE_URL: "), last
+    assert "permission denied for schema public" in last, last
     assert_no_traceback(proc)
