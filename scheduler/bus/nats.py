@@ -32,6 +32,11 @@ log = logging.getLogger("scheduler.nats")
 
 MIN_SERVER_VERSION = (2, 10, 23)
 
+# What the embedded work stream captures: the platform's registered queues (mq.inference.>,
+# mq.batch.>, mq.scheduled.>, mq.notify.>) and mq.tasks.> for experiments, so a task sent in
+# development, or by an example in docs/, has somewhere to arrive.
+DEV_WORK_SUBJECTS = ("mq.tasks.>", "mq.scheduled.>", "mq.inference.>", "mq.batch.>", "mq.notify.>")
+
 T = TypeVar("T")
 
 
@@ -400,7 +405,7 @@ def stream_configs(settings: Settings, embedded: bool) -> list[js_api.StreamConf
         configs.append(
             js_api.StreamConfig(
                 name=settings.tasks_stream,
-                subjects=["mq.tasks.>", "mq.scheduled.>"],
+                subjects=list(DEV_WORK_SUBJECTS),
                 retention=js_api.RetentionPolicy.WORK_QUEUE,
                 storage=file,
                 duplicate_window=120,
@@ -409,11 +414,25 @@ def stream_configs(settings: Settings, embedded: bool) -> list[js_api.StreamConf
     return configs
 
 
+async def ensure_dev_subjects(js: JetStreamContext, config: js_api.StreamConfig) -> None:
+    """Add to an existing embedded work stream the subjects a newer version captures (a data
+    dir from before keeps working with the docs' examples)."""
+    info = await js.stream_info(config.name)
+    missing = [x for x in config.subjects or [] if x not in (info.config.subjects or [])]
+    if missing:
+        info.config.subjects = [*(info.config.subjects or []), *missing]
+        await js.update_stream(info.config)
+        log.info("nats.provision stream=%s added_subjects=%s", config.name, ",".join(missing))
+
+
 async def provision(bus: NatsBus, embedded: bool) -> list[ProvisionNote]:
     """Create what is missing; report streams that another stream's subjects already cover."""
     assert bus.js is not None
     s = bus.settings
-    notes = [await ensure_stream(bus.js, cfg) for cfg in stream_configs(s, embedded)]
+    configs = stream_configs(s, embedded)
+    notes = [await ensure_stream(bus.js, cfg) for cfg in configs]
+    if embedded and notes[-1].status == "exists":
+        await ensure_dev_subjects(bus.js, configs[-1])
     intake_stream = s.intake_stream
     if notes[0].status == "covered":
         intake_stream = notes[0].detail

@@ -91,3 +91,34 @@ async def test_connect_gives_up_after_bounded_attempts() -> None:
     bus = NatsBus(Settings(nats_url=f"nats://127.0.0.1:{free_port()}", instance_id="t"), Metrics())
     with pytest.raises(ServiceUnavailableError, match="NATS unavailable"):
         await bus.connect(budget=0.5)
+
+
+async def test_embedded_work_stream_from_an_older_data_dir_gains_the_platform_queues(
+    settings: Settings,
+) -> None:
+    """An MQ_TASKS made by an older version (mq.tasks.>, mq.scheduled.> only) is extended to
+    the platform's queues, so the docs' mq.inference.chat examples arrive somewhere."""
+    nc = await nats.connect(settings.nats_url)
+    try:
+        await nc.jetstream().add_stream(
+            name="MQ_TASKS",
+            subjects=["mq.tasks.>", "mq.scheduled.>"],
+            retention=js_api.RetentionPolicy.WORK_QUEUE,
+        )
+        bus = NatsBus(settings, Metrics())
+        await bus.connect()
+        try:
+            await provision(bus, embedded=True)
+        finally:
+            await bus.close()
+        info = await nc.jetstream().stream_info("MQ_TASKS")
+        assert set(info.config.subjects or []) == {
+            "mq.tasks.>",
+            "mq.scheduled.>",
+            "mq.inference.>",
+            "mq.batch.>",
+            "mq.notify.>",
+        }
+        assert info.config.retention == js_api.RetentionPolicy.WORK_QUEUE
+    finally:
+        await nc.close()
