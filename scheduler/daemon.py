@@ -154,32 +154,15 @@ class Daemon:
         log.info("daemon.start phase=%r", phase)
 
     async def _start(self, stack: AsyncExitStack) -> None:
-        s = self.settings
-        budget = s.startup_timeout.total_seconds()
-        self._enter("opening the HTTP ports")
-        api = await self._listen(build_api(self), s.http_port, "SCHEDULER_HTTP_PORT")
-        stack.push_async_callback(api.close)
-        metrics_app = build_metrics_app(self.metrics)
-        metrics = await self._listen(metrics_app, s.metrics_port, "SCHEDULER_METRICS_PORT")
-        stack.push_async_callback(metrics.close)
-        self.endpoints.api, self.endpoints.metrics = api, metrics
+        await self._open_http(stack)
         s = self.settings = await self._start_embedded(stack)
+        budget = s.startup_timeout.total_seconds()
         self._enter("connecting to NATS")
         self.bus = NatsBus(s, self.metrics)
         stack.push_async_callback(self.bus.close)
         await self.bus.connect(budget)
         self._check_server_version()
-        dsn = s.database_dsn
-        assert dsn is not None
-        self._enter("connecting to PostgreSQL")
-        await migrate.current_revision(dsn, budget)
-        self._enter("migrating the schema")
-        await migrate.upgrade_async(dsn, budget=budget)
-        self.migrated = True
-        self._enter("opening the PostgreSQL pool")
-        self.store = PostgresStore(await create_pool(dsn, budget), self.metrics)
-        stack.push_async_callback(self.store.close)
-        self.metrics.connected.labels("postgres").set(1)
+        self.store = await self._open_postgres(stack, budget)
         self._enter("provisioning streams and buckets")
         leader_kv = await self.bus.setup(self._provision())
         self._enter("starting the service and the lease")
@@ -203,6 +186,31 @@ class Daemon:
             self._intake_stream(),
             self.cron,
         )
+
+    async def _open_http(self, stack: AsyncExitStack) -> None:
+        s = self.settings
+        self._enter("opening the HTTP ports")
+        api = await self._listen(build_api(self), s.http_port, "SCHEDULER_HTTP_PORT")
+        stack.push_async_callback(api.close)
+        metrics_app = build_metrics_app(self.metrics)
+        metrics = await self._listen(metrics_app, s.metrics_port, "SCHEDULER_METRICS_PORT")
+        stack.push_async_callback(metrics.close)
+        self.endpoints.api, self.endpoints.metrics = api, metrics
+
+    async def _open_postgres(self, stack: AsyncExitStack, budget: float) -> PostgresStore:
+        """First contact (retried for `budget` s), migrations, then the pool."""
+        dsn = self.settings.database_dsn
+        assert dsn is not None
+        self._enter("connecting to PostgreSQL")
+        await migrate.current_revision(dsn, budget)
+        self._enter("migrating the schema")
+        await migrate.upgrade_async(dsn, budget=budget)
+        self.migrated = True
+        self._enter("opening the PostgreSQL pool")
+        store = PostgresStore(await create_pool(dsn, budget), self.metrics)
+        stack.push_async_callback(store.close)
+        self.metrics.connected.labels("postgres").set(1)
+        return store
 
     async def _provision(self) -> Any:
         """Provision (when asked), check the lease bucket, open both buckets; the lease KV."""

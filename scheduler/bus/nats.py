@@ -23,7 +23,7 @@ from nats.js import api as js_api
 from nats.js import errors as js_errors
 from nats.js.errors import BadRequestError, NotFoundError
 
-from scheduler.aio import first_of
+from scheduler.aio import Backoff, first_of
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings, redact_url
@@ -71,11 +71,9 @@ class NatsBus:
         to check, and so is every retry; past the budget it raises ServiceUnavailableError.
         Refused credentials or TLS raise ConfigError at once (retrying cannot help).
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget
-        delay, attempt = 0.2, 0
+        backoff = Backoff(budget)
         while True:
-            attempt += 1
+            backoff.attempt += 1
             self._connect_error = None
             nc = Client()
             try:
@@ -96,19 +94,20 @@ class NatsBus:
             except (OSError, nats_errors.Error) as exc:  # what nats-py raises on connect
                 await _close_quietly(nc)
                 cause = self._connect_error or exc
-                left = deadline - loop.time()
-                self._give_up_unless_retryable(cause, budget, left)
+                if (variable := permanent_connect_error(cause, self.settings)) is not None:
+                    raise nats_refused(self.settings, variable, cause) from None
+                if backoff.left <= 0:
+                    raise nats_unavailable(self.settings, cause, budget) from None
                 log.warning(
                     'nats.unreachable url=%s error="%s" attempt=%d retry_in=%.1fs '
                     "(check SCHEDULER_NATS_URL; giving up in %.0fs)",
                     self.settings.redacted_nats_url,
                     describe_connect_error(cause),
-                    attempt,
-                    min(delay, left),
-                    left,
+                    backoff.attempt,
+                    backoff.next_wait,
+                    backoff.left,
                 )
-                await asyncio.sleep(min(delay, left))
-                delay = min(delay * 2, 5.0)
+                await backoff.wait()
                 continue
             break
         nc.options["max_reconnect_attempts"] = -1
@@ -121,20 +120,6 @@ class NatsBus:
             redact_url(nc.connected_url.geturl(), token=True) if nc.connected_url else "?",
             self.server_version,
         )
-
-    def _give_up_unless_retryable(self, cause: BaseException, budget: float, left: float) -> None:
-        """Raise when `cause` is permanent (credentials, TLS) or the budget is spent."""
-        url = self.settings.redacted_nats_url
-        what = describe_connect_error(cause)
-        variable = permanent_connect_error(cause, self.settings)
-        if variable is not None:
-            raise ConfigError(variable, f"{url}: {what}") from cause
-        if left <= 0:
-            raise ServiceUnavailableError(
-                "NATS",
-                f"{url}: {what}; retried for {budget:g}s. Check SCHEDULER_NATS_URL and that "
-                "nats-server runs there",
-            ) from cause
 
     def _options(self) -> dict[str, Any]:
         s = self.settings
@@ -190,7 +175,7 @@ class NatsBus:
             raise ConfigError(
                 credentials_variable(self.settings),
                 f"{url}: this user may not publish to {subject} (permissions violation); "
-                "grant it publish on $JS.API.> and $KV.> (docs/operations.md)",
+                "the scheduler's NATS user needs publish rights on $JS.API.>",
             )
         try:
             return task.result()
@@ -276,7 +261,7 @@ def describe_connect_error(exc: BaseException) -> str:
     if isinstance(exc, socket.gaierror):
         return f"unknown host ({exc.strerror})"
     if isinstance(exc, ssl.SSLError):
-        return f"TLS failed: {exc.reason or exc}"
+        return f"TLS failed: {getattr(exc, 'reason', None) or exc}"
     if isinstance(exc, TimeoutError):
         return "timed out (nothing answered)"
     if isinstance(exc, nats_errors.AuthorizationError) or _is_auth(exc):
@@ -284,6 +269,21 @@ def describe_connect_error(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
     return str(exc).removeprefix("nats: ") or type(exc).__name__
+
+
+def nats_refused(settings: Settings, variable: str, cause: BaseException) -> ConfigError:
+    """NATS refused us for `cause` (credentials, TLS): retrying cannot cure it."""
+    return ConfigError(variable, f"{settings.redacted_nats_url}: {describe_connect_error(cause)}")
+
+
+def nats_unavailable(
+    settings: Settings, cause: BaseException, budget: float
+) -> ServiceUnavailableError:
+    return ServiceUnavailableError(
+        "NATS",
+        f"{settings.redacted_nats_url}: {describe_connect_error(cause)}; retried for "
+        f"{budget:g}s. Check SCHEDULER_NATS_URL and that nats-server runs there",
+    )
 
 
 def permanent_connect_error(exc: BaseException, settings: Settings) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from scheduler.aio import Backoff
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.metrics import Metrics
 from scheduler.settings import redact_url
@@ -60,43 +61,46 @@ async def create_pool(
 
 async def _retrying(dsn: str, budget: float, open_: Callable[[float], Awaitable[T]]) -> T:
     """`open_(timeout)` until it succeeds. A refused, timed-out or unresolvable server is
-    retried with backoff (0.2 s doubling to 5 s) and logged each time with the URL (password
-    hidden); past `budget` seconds: ServiceUnavailableError. A refusal that retrying cannot
-    cure (credentials, unknown database, TLS) raises ConfigError at once."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + budget
-    delay, attempt = 0.2, 0
+    retried with backoff and logged each time with the URL (password hidden); past `budget`
+    seconds: ServiceUnavailableError. A refusal that retrying cannot cure (credentials,
+    unknown database, TLS) raises ConfigError at once."""
+    backoff = Backoff(budget)
     while True:
-        attempt += 1
-        left = deadline - loop.time()
+        backoff.attempt += 1
         try:
-            return await open_(min(10.0, max(left, 2.0)))
+            return await open_(min(10.0, max(backoff.left, 2.0)))
         except Exception as exc:
             problem = connect_problem(exc, dsn)
             if problem is None:
                 raise
             cause, retryable = problem
-            url = redact_url(dsn)
             if not retryable:
-                raise ConfigError("SCHEDULER_DATABASE_URL", f"{url}: {cause}") from None
-            left = deadline - loop.time()
-            if left <= 0:
-                raise ServiceUnavailableError(
-                    "PostgreSQL",
-                    f"{url}: {cause}; retried for {budget:g}s. Check SCHEDULER_DATABASE_URL "
-                    "and that PostgreSQL runs there",
-                ) from None
+                raise refused(dsn, cause) from None
+            if backoff.left <= 0:
+                raise unavailable(dsn, cause, budget) from None
             log.warning(
                 'postgres.unreachable url=%s error="%s" attempt=%d retry_in=%.1fs '
                 "(check SCHEDULER_DATABASE_URL; giving up in %.0fs)",
-                url,
+                redact_url(dsn),
                 cause,
-                attempt,
-                min(delay, left),
-                left,
+                backoff.attempt,
+                backoff.next_wait,
+                backoff.left,
             )
-            await asyncio.sleep(min(delay, left))
-            delay = min(delay * 2, 5.0)
+            await backoff.wait()
+
+
+def refused(dsn: str, cause: str) -> ConfigError:
+    """PostgreSQL at `dsn` refused us for `cause`, which retrying cannot cure."""
+    return ConfigError("SCHEDULER_DATABASE_URL", f"{redact_url(dsn)}: {cause}")
+
+
+def unavailable(dsn: str, cause: str, budget: float) -> ServiceUnavailableError:
+    return ServiceUnavailableError(
+        "PostgreSQL",
+        f"{redact_url(dsn)}: {cause}; retried for {budget:g}s. Check SCHEDULER_DATABASE_URL "
+        "and that PostgreSQL runs there",
+    )
 
 
 # SQLSTATEs that retrying cannot cure, with what to do about them.
