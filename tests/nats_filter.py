@@ -10,60 +10,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from tests.faults.proxy import FaultProxy
 
-class JetStreamSwallower:
+
+class JetStreamSwallower(FaultProxy):
     def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.port = 0
+        super().__init__("127.0.0.1", upstream_port)
         self.swallowed = asyncio.Event()
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    async def start(self) -> JetStreamSwallower:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        for pump in (self._client_to_server(reader, up_writer), _copy(up_reader, writer)):
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        link = (writer, up_writer)
+        self._links.add(link)
+        for pump in (self._requests(reader, up_writer), self._pump(up_reader, writer, link)):
             task = asyncio.create_task(pump)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._pumps.add(task)
+            task.add_done_callback(self._pumps.discard)
 
-    async def _client_to_server(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """Forward protocol operations one by one, dropping (H)PUBs to $JS.API."""
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Forward the client's protocol operations one by one, dropping (H)PUBs to $JS.API."""
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while line := await reader.readline():
                 op = line.split(b" ", 2)
                 frame = line
                 if op[0].upper() in (b"PUB", b"HPUB"):
-                    size = int(line.split()[-1])
-                    frame += await reader.readexactly(size + 2)
+                    frame += await reader.readexactly(int(line.split()[-1]) + 2)
                     if op[1].startswith(b"$JS.API."):
                         self.swallowed.set()
                         continue
                 writer.write(frame)
                 await writer.drain()
         writer.close()
-
-
-async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(ConnectionError):
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    writer.close()

@@ -111,8 +111,8 @@ def _env(daemon: dict[str, str], scratch: Path) -> dict[str, str]:
     return {**env, **daemon, "PATH": path, "PYTHONUNBUFFERED": "1"}
 
 
-def _run(args: list[str], block: Block, env: dict[str, str], cwd: Path) -> str:
-    done = subprocess.run(
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         args,
         cwd=cwd,
         env=env,
@@ -122,12 +122,15 @@ def _run(args: list[str], block: Block, env: dict[str, str], cwd: Path) -> str:
         timeout=BLOCK_TIMEOUT,
         check=False,
     )
+
+
+def _succeeds(args: list[str], block: Block, env: dict[str, str], cwd: Path) -> None:
+    done = _run(args, env, cwd)
     assert done.returncode == 0, f"{block.where}: exit {done.returncode}\n{done.stdout}"
-    return done.stdout
 
 
 def run_shell(block: Block, env: dict[str, str], cwd: Path) -> None:
-    _run(["bash", "-euo", "pipefail", "-c", block.text], block, env, cwd)
+    _succeeds(["bash", "-euo", "pipefail", "-c", block.text], block, env, cwd)
 
 
 def run_console(block: Block, env: dict[str, str], cwd: Path) -> None:
@@ -135,30 +138,20 @@ def run_console(block: Block, env: dict[str, str], cwd: Path) -> None:
     lines under it, where `...` stands for any text."""
     steps = console_steps(block.text)
     script = "".join(f"{command}\nprintf '\\n%s\\n' {STEP_END}\n" for command, _ in steps)
-    done = subprocess.run(
-        ["bash", "-c", script],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=BLOCK_TIMEOUT,
-        check=False,
-    )
-    outputs = done.stdout.split(f"\n{STEP_END}\n")
+    outputs = _run(["bash", "-c", script], env, cwd).stdout.split(f"\n{STEP_END}\n")
     for (command, expected), got in zip(steps, outputs, strict=False):
         got = "\n".join(line.rstrip() for line in got.strip("\n").splitlines())
         pattern = ".*".join(re.escape(part) for part in expected.split("..."))
         assert re.fullmatch(pattern, got, re.DOTALL), (
             f"{block.where}: `{command}` printed\n{got}\nnot\n{expected}"
         )
-    assert len(outputs) == len(steps) + 1, f"{block.where}: stopped early\n{done.stdout}"
+    assert len(outputs) == len(steps) + 1, f"{block.where}: stopped early\n{outputs}"
 
 
 def run_python(block: Block, env: dict[str, str], cwd: Path) -> None:
     script = cwd / f"example_{block.line}.py"
     script.write_text(block.text)
-    _run([sys.executable, str(script)], block, env, cwd)
+    _succeeds([sys.executable, str(script)], block, env, cwd)
 
 
 def run_pycon(block: Block, env: dict[str, str], cwd: Path) -> None:
