@@ -34,6 +34,9 @@ does this from a checkout). Settings are SCHEDULER_* environment variables or --
 `scheduler COMMAND --help` describes a command. Read more in the README (quick start and
 configuration) and docs/: producers.md (publishing delayed tasks), cron.md (cron jobs),
 operations.md (running it, start-up errors, metrics), leadership.md (high availability).
+
+Exit status: 0 done or stopped by a signal, 1 failed, 2 a setting is wrong (the message names
+it), 4 NATS or PostgreSQL unreachable for SCHEDULER_STARTUP_TIMEOUT, 130 interrupted.
 """
 
 OPEN_ISSUES = {

@@ -60,6 +60,8 @@ class NatsBus:
         self.js: JetStreamContext | None = None
         self.connected = asyncio.Event()
         self._connect_error: BaseException | None = None
+        self._backoff: Backoff | None = None  # of the first connect, while it runs
+        self._warned = False  # the first failure to connect was logged
         self._closing = False
         self._denied = ""  # the last permissions violation the server reported
         self._denied_event = asyncio.Event()
@@ -71,7 +73,7 @@ class NatsBus:
         to check, and so is every retry; past the budget it raises ServiceUnavailableError.
         Refused credentials or TLS raise ConfigError at once (retrying cannot help).
         """
-        backoff = Backoff(budget)
+        backoff = self._backoff = Backoff(budget)
         while True:
             backoff.attempt += 1
             self._connect_error = None
@@ -82,7 +84,8 @@ class NatsBus:
                 # succeeds, the client reconnects forever, a second apart.
                 options = self._options()
                 options.update(max_reconnect_attempts=1, reconnect_time_wait=0)
-                await nc.connect(**options)
+                async with asyncio.timeout(max(backoff.left, options["connect_timeout"])):
+                    await nc.connect(**options)
             except asyncio.CancelledError:
                 await _close_quietly(nc)
                 raise
@@ -98,15 +101,8 @@ class NatsBus:
                     raise nats_refused(self.settings, variable, cause) from None
                 if backoff.left <= 0:
                     raise nats_unavailable(self.settings, cause, budget) from None
-                log.warning(
-                    'nats.unreachable url=%s error="%s" attempt=%d retry_in=%.1fs '
-                    "(check SCHEDULER_NATS_URL; giving up in %.0fs)",
-                    self.settings.redacted_nats_url,
-                    describe_connect_error(cause),
-                    backoff.attempt,
-                    backoff.next_wait,
-                    backoff.left,
-                )
+                if backoff.attempt > 1:
+                    self._warn_unreachable(cause, backoff)
                 await backoff.wait()
                 continue
             break
@@ -119,6 +115,17 @@ class NatsBus:
             "nats.connected url=%s server=%s",
             redact_url(nc.connected_url.geturl(), token=True) if nc.connected_url else "?",
             self.server_version,
+        )
+
+    def _warn_unreachable(self, cause: BaseException, backoff: Backoff, retry: bool = True) -> None:
+        log.warning(
+            'nats.unreachable url=%s error="%s" attempt=%d %s(check SCHEDULER_NATS_URL; '
+            "giving up in %.0fs)",
+            self.settings.redacted_nats_url,
+            describe_connect_error(cause),
+            backoff.attempt,
+            f"retry_in={backoff.next_wait:.1f}s " if retry else "",
+            backoff.left,
         )
 
     def _options(self) -> dict[str, Any]:
@@ -150,6 +157,9 @@ class NatsBus:
     async def _on_error(self, exc: Exception) -> None:
         if self.nc is None:  # still connecting: connect() reports the cause with the URL
             self._connect_error = exc
+            if self._backoff is not None and not self._warned:
+                self._warned = True  # said at once, not after nats-py's second try of a server
+                self._warn_unreachable(exc, self._backoff, retry=False)
             return
         if "permissions violation" in str(exc).lower():
             self._denied = str(exc).removeprefix("nats: ")
