@@ -286,5 +286,5 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     quiet = max(logging.getLevelName(level), logging.WARNING)
-    for noisy in ("nats", "pgserver", "aiohttp.access"):
+    for noisy in ("nats", "pgserver", "aiohttp.access", "alembic.runtime.plugins"):
         logging.getLogger(noisy).setLevel(quiet)

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from scheduler.errors import SchedulerError
@@ -175,7 +176,11 @@ class Postgres:
 
     def start(self) -> Postgres:
         try:
-            import pgserver
+            with warnings.catch_warnings():
+                # platformdirs, imported by pgserver, warns on a machine without a login
+                # session; pgserver then keeps its lock file under /tmp, which is fine.
+                warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+                import pgserver
         except ImportError as exc:
             raise EmbeddedError(
                 "pgserver not installed: pip install 'mq-scheduler[embedded]'"
