@@ -63,7 +63,7 @@ class ScheduleStore:
 
     async def advance(self, epoch: int, moves: Sequence[Advance], instance: str) -> None:
         """Move cursors and log deliveries in one fenced statement; a retried statement adds no
-        second `fire_log` row (the unique index `fire_log_once`, migration 0004)."""
+        second `fire_log` row (the unique index `fire_log_once`, migration 0005)."""
         if not moves:
             return
         fired = [m for m in moves if m.fired_at is not None]
