@@ -77,7 +77,7 @@ async def test_a_filtered_intake_consumer_on_the_lane_stream_loses_its_filter(
     from tests.rawclient import RawClient
 
     bus = NatsBus(settings, Metrics())
-    await bus.connect(attempts=3)
+    await bus.connect()
     try:
         assert bus.js is not None
         await ensure_stream(bus.js, stream_configs(settings, embedded=False)[0])
