@@ -28,6 +28,8 @@ from scheduler.engine.office import Office
 from scheduler.engine.recurring import CronEngine
 from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
+from scheduler.operations.build import Operations, build_operations
+from scheduler.operations.stats import Refresher
 from scheduler.service import SchedulerService
 from scheduler.settings import Settings
 from scheduler.store.postgres import PostgresStore, create_pool
@@ -83,6 +85,8 @@ class Daemon:
         self.state_kv: Any = None
         self.engine: DelayedEngine | None = None
         self.cron: CronEngine | None = None
+        self.operations: Operations | None = None  # what the management API calls
+        self.refresher: Refresher | None = None
         self.provisioned: list[ProvisionNote] = []
         self.warnings: list[str] = []
         self.migrated = False
@@ -119,6 +123,8 @@ class Daemon:
                     tg.create_task(self._upkeep_loop(), name="fire-log-upkeep")
                     tg.create_task(self._engine_loop(), name="engine")
                     tg.create_task(self._lag_probe(), name="loop-lag")
+                    assert self.refresher is not None and self.bus.nc is not None
+                    tg.create_task(self.refresher.run(self.bus.nc, self._stop), name="refresher")
                     tg.create_task(self._stop.wait(), name="stop-signal")
                 self.state = RunState.STOPPING
                 log.info("daemon.stopping")
@@ -149,7 +155,10 @@ class Daemon:
             self.provisioned = await provision(self.bus, embedded=self.embedded)
         self.settings = s
         self.tasks = TaskStore(self.store)
-        service = SchedulerService(self.bus.nc, s, self.tasks, self.clock, self.stats)
+        self.operations = build_operations(
+            self.bus.nc, s, self.store, self.tasks, self.clock, self.leader
+        )
+        service = SchedulerService(self.bus.nc, s, self.operations.tasks, self.clock, self.stats)
         await service.start()
         stack.push_async_callback(service.stop)
         assert self.bus.js is not None
@@ -170,6 +179,17 @@ class Daemon:
             self.clock,
             self.metrics,
             self._intake_stream(),
+            self.cron,
+        )
+        self.refresher = Refresher(
+            s,
+            self.operations.stats.overview,
+            self.operations.stats.dead_letters,
+            ScheduleStore(self.store),
+            self.metrics,
+            self.clock,
+            self.leadership.may_act,
+            self._intake_backlog,
             self.cron,
         )
 
@@ -220,6 +240,18 @@ class Daemon:
                 log.warning("engine.term_failed error=%r; retrying in %gs", exc, backoff)
                 await self._wait_stop(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+    async def _intake_backlog(self) -> int | None:
+        """Messages on the delay lane the intake consumer has not taken yet (None: unknown)."""
+        assert self.bus is not None and self.bus.js is not None
+        try:
+            info = await self.bus.js.consumer_info(
+                self._intake_stream(), self.settings.intake_consumer
+            )
+        except Exception as exc:  # no consumer yet, or NATS away: the gauge keeps its value
+            log.debug("intake.backlog_unknown error=%r", exc)
+            return None
+        return int(info.num_pending or 0)
 
     def stats(self) -> dict[str, Any]:
         """What `scheduler.v1.stats` answers."""

@@ -42,6 +42,7 @@ _DURATION_FIELDS = (
     "shutdown_grace",
     "dlq_max_age",
     "intake_duplicate_window",
+    "forecast_interval",
 )
 
 
@@ -94,6 +95,8 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".scheduler-data")
     shutdown_grace: Duration = timedelta(seconds=20)
     allow_unsafe_nats: bool = False
+    forecast_top: int = Field(default=20, ge=1, le=1000)
+    forecast_interval: Duration = timedelta(seconds=5)
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")
 
