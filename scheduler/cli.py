@@ -17,7 +17,6 @@ from scheduler.errors import ConfigError, SchedulerError
 OPEN_ISSUES = {
     "audit": "the PySpark drift audit",
     "export-log": "the execution-log export of the drift audit",
-    "dlq": "dead-letter inspection and replay",
 }
 
 
@@ -59,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     mig.set_defaults(func=cmd_migrate)
 
     _schedule_commands(sub)
+    from scheduler.commands import ops
+
+    ops.register(sub)  # status, schedules, delayed, dlq: the management API's CLI
     for verb, what in OPEN_ISSUES.items():
         p = sub.add_parser(verb, help=f"{what} (not yet available)")
         p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -211,5 +213,5 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     quiet = max(logging.getLevelName(level), logging.WARNING)
-    for noisy in ("nats", "pgserver", "aiohttp.access"):
+    for noisy in ("nats", "pgserver", "uvicorn"):
         logging.getLogger(noisy).setLevel(quiet)

@@ -62,7 +62,9 @@ async def get_task(task_id: TaskId, ops: Ops, _: Reader) -> Any:
     return task
 
 
-@router.delete("/{task_id}", response_model=TaskOutcome, responses=WRITE)
+@router.delete(
+    "/{task_id}", response_model=TaskOutcome, response_model_exclude_none=True, responses=WRITE
+)
 async def cancel_task(task_id: TaskId, ops: Ops, caller: Admin) -> Any:
     """Cancel a pending task. 200 `cancelled` guarantees it is never delivered; 409 when it is
     already firing or done (`too_late`) or its publish is in doubt (`in_flight`)."""
@@ -70,7 +72,9 @@ async def cancel_task(task_id: TaskId, ops: Ops, caller: Admin) -> Any:
     return {"id": task_id, **done(caller, "cancel", outcome, "task")}
 
 
-@router.patch("/{task_id}", response_model=TaskOutcome, responses=WRITE)
+@router.patch(
+    "/{task_id}", response_model=TaskOutcome, response_model_exclude_none=True, responses=WRITE
+)
 async def reschedule_task(task_id: TaskId, body: Reschedule, ops: Ops, caller: Admin) -> Any:
     """Move a pending task to a new due time (same race rules as cancel)."""
     outcome = await ops.tasks.reschedule(task_id, body.delay_until)
