@@ -8,9 +8,9 @@ A replay goes back through the normal path, never around it, and re-checks the t
   `DeadLetterStore.requeue`); the leader claims and publishes it as any other, with
   `Nats-Msg-Id` = the task id, so the target stream's duplicate window also drops a repeat.
 - **Intake stage** (bad input that never became a task): the stored bytes are validated again as
-  the intake would, and only if they now pass are they published to the delay lane again with
-  `Nats-Msg-Id` = the envelope id; the intake stores a task id once (`ON CONFLICT DO NOTHING`),
-  and a replay of an id that is already a task is refused.
+  the intake would, and only if they now pass are they published to the delay lane again (with
+  `Nats-Msg-Id` `replay:<dead letter id>`); the intake stores a task id once (`ON CONFLICT DO
+  NOTHING`), and a replay of an id that is already a task is refused.
 
 A dead letter is replayed at most once (`replayed_at`); a replayed task that dies again makes a
 new dead letter.
@@ -126,9 +126,13 @@ class DeadLetterOperations:
             return Outcome("already_replayed", ident)
         subject = delay_lane_prefix(self.settings.intake_subject) + target[len("mq.") :]
         headers = {k: v for k, v in (dead["headers"] or {}).items() if not _is_nats(k)}
+        # Not the envelope id: the producer's own publish used it, and the lane's duplicate
+        # window would drop the replay. A dead letter is replayed once, so this id is too;
+        # the intake stores a task id once whatever the message id.
+        headers["Nats-Msg-Id"] = f"replay:{ident}"
         try:
             await self.nc.jetstream().publish(
-                subject, raw, timeout=PUBLISH_TIMEOUT, headers={**headers, "Nats-Msg-Id": env.id}
+                subject, raw, timeout=PUBLISH_TIMEOUT, headers=headers
             )
         except (NatsError, TimeoutError) as exc:
             await self.store.unmark_replayed(dead["id"])

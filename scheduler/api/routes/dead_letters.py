@@ -70,7 +70,12 @@ async def replay_batch(body: ReplayBatch, ops: Ops, caller: Admin) -> Any:
     return {"replayed": replayed, "refused": len(outcomes) - replayed, "results": results}
 
 
-@router.post("/{dead_id}/replay", response_model=ReplayOutcome, responses=WRITE)
+@router.post(
+    "/{dead_id}/replay",
+    response_model=ReplayOutcome,
+    response_model_exclude_none=True,
+    responses=WRITE,
+)
 async def replay_one(dead_id: uuid.UUID, ops: Ops, caller: Admin) -> Any:
     """Replay one dead letter through the normal path (see the dead letters guide): a task that
     died firing goes back to pending (same id, attempts from zero); bad intake is validated
