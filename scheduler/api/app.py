@@ -73,6 +73,7 @@ def build_api(backend: ApiBackend) -> FastAPI:
         docs_url="/docs",
         redoc_url=None,
         openapi_url="/openapi.json",
+        generate_unique_id_function=lambda route: route.name,  # operationId = handler name
     )
     app.state.backend = backend
     problems.install(app)

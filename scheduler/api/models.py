@@ -3,17 +3,32 @@ OpenAPI document at `/openapi.json` is generated from them (never written by han
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 TASK_ID = r"^[\x21-\x7e]{1,200}$"  # the envelope's id rule: printable ASCII, no spaces
 JOB_NAME = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
 SUBJECT = r"^[\x21-\x7e]{1,255}$"
 WORD = r"^[a-z][a-z0-9_]{0,63}$"
 Stage = Literal["intake", "firing", "replay"]
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
+
+
+def _rfc3339_text(value: Any) -> Any:
+    """Times are RFC 3339 text; pydantic would also take a number as a Unix time."""
+    if isinstance(value, str) and _RFC3339.match(value):
+        return value
+    if isinstance(value, datetime):
+        return value
+    raise ValueError("must be an RFC 3339 date-time with an offset, e.g. 2026-11-22T06:00:00Z")
+
+
+# An aware instant given as RFC 3339 text (query parameters and bodies).
+Instant = Annotated[AwareDatetime, BeforeValidator(_rfc3339_text)]
 
 
 class Body(BaseModel):
@@ -93,7 +108,7 @@ class TaskPage(BaseModel):
 
 
 class Reschedule(Body):
-    delay_until: AwareDatetime = Field(description="the new due time, RFC 3339 with an offset")
+    delay_until: Instant = Field(description="the new due time, RFC 3339 with an offset")
 
 
 class TaskOutcome(BaseModel):

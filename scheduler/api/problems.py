@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from scheduler.errors import RequestError, ServiceUnavailableError
 from scheduler.operations import Outcome
@@ -97,6 +98,19 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
+def links(parameter: str, pointer: str, *operations: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI links from a list's first item to the operations on it (clients and fuzzers
+    follow them)."""
+    return {
+        200: {
+            "links": {
+                op: {"operationId": op, "parameters": {parameter: f"$response.body#{pointer}"}}
+                for op in operations
+            }
+        }
+    }
+
+
 _DESCRIBE = {
     400: "The request is malformed (body is not JSON, or a cursor was altered).",
     401: "No bearer token, or one the daemon does not know.",
@@ -132,10 +146,16 @@ def install(app: FastAPI) -> None:
         return problem_response(422, "validation", detail, errors=errors)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         headers = dict(exc.headers or {})
-        return problem_response(exc.status_code, code, str(exc.detail), headers)
+        detail = str(exc.detail)
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed(app, request))
+            detail = f"{request.method} is not supported here; use {headers['Allow']}"
+        elif exc.status_code == 400:
+            code, detail = "bad_body", f"the request body could not be read: {detail}"
+        return problem_response(exc.status_code, code, detail, headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -145,6 +165,16 @@ def install(app: FastAPI) -> None:
             return problem_response(503, "unavailable", detail)
         log.exception("api.error path=%s", request.url.path)
         return problem_response(500, "internal", f"unexpected error: {exc!r}; see the daemon log")
+
+
+def _allowed(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette's own 405 names only one)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
 
 
 def _field_problem(error: Any) -> dict[str, str]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
+from nats.js.errors import NoStreamResponseError
 
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.cron import occurrences
@@ -112,6 +113,9 @@ class ScheduleOperations:
             ack = await self.nc.jetstream().publish(
                 job.subject, body, timeout=PUBLISH_TIMEOUT, headers=headers
             )
+        except NoStreamResponseError:
+            detail = f"no stream captures {job.subject}: create one, then trigger again"
+            return Outcome("no_stream", name, detail)
         except (NatsError, TimeoutError) as exc:
             detail = f"publishing to {job.subject} failed: {exc!r}"
             log.warning("schedule.trigger_failed job=%s error=%r", name, exc)

@@ -20,7 +20,7 @@ from scheduler.api.models import (
     Resolve,
     Stage,
 )
-from scheduler.api.problems import ApiProblem, responses
+from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Cursor, Limit, Ops, done, log_write
 from scheduler.operations import Outcome
 from scheduler.store.dead_letters import DeadLetterFilter
@@ -29,7 +29,12 @@ router = APIRouter(prefix="/v1/dead-letters", tags=["dead letters"])
 WRITE = responses(401, 403, 404, 409, 422, 503)
 
 
-@router.get("", response_model=DeadLetterPage, responses=responses(400, 401, 403, 422, 503))
+LIST = responses(400, 401, 403, 422, 503) | links(
+    "dead_id", "/items/0/id", "get_dead_letter", "replay_one", "resolve_dead_letter"
+)
+
+
+@router.get("", response_model=DeadLetterPage, responses=LIST)
 async def list_dead_letters(
     ops: Ops,
     _: Reader,
@@ -50,14 +55,14 @@ async def list_dead_letters(
 
 
 @router.get(
-    "/{dead_id}", response_model=DeadLetterDetail, responses=responses(401, 403, 404, 422, 503)
+    "/{dead_id:uuid}", response_model=DeadLetterDetail, responses=responses(401, 403, 404, 422, 503)
 )
 async def get_dead_letter(dead_id: uuid.UUID, ops: Ops, _: Reader) -> Any:
     """One dead letter with its payload, headers and the stored bytes."""
     return _detail(await ops.dead_letters.show(dead_id), dead_id)
 
 
-@router.post("/replay", response_model=ReplayBatchResult, responses=WRITE)
+@router.post("/replay", response_model=ReplayBatchResult, responses=WRITE | responses(400))
 async def replay_batch(body: ReplayBatch, ops: Ops, caller: Admin) -> Any:
     """Replay up to `limit` unresolved dead letters matching the filter, newest first; each
     result says `replayed` or why not. Never replays one twice."""
@@ -71,7 +76,7 @@ async def replay_batch(body: ReplayBatch, ops: Ops, caller: Admin) -> Any:
 
 
 @router.post(
-    "/{dead_id}/replay",
+    "/{dead_id:uuid}/replay",
     response_model=ReplayOutcome,
     response_model_exclude_none=True,
     responses=WRITE,
@@ -84,7 +89,7 @@ async def replay_one(dead_id: uuid.UUID, ops: Ops, caller: Admin) -> Any:
     return {"id": str(dead_id), **done(caller, "replay", outcome, "dead letter")}
 
 
-@router.patch("/{dead_id}", response_model=DeadLetterDetail, responses=WRITE)
+@router.patch("/{dead_id:uuid}", response_model=DeadLetterDetail, responses=WRITE | responses(400))
 async def resolve_dead_letter(dead_id: uuid.UUID, body: Resolve, ops: Ops, caller: Admin) -> Any:
     """Mark a dead letter resolved (handled, nothing to replay), or open it again."""
     doc = await ops.dead_letters.resolve(dead_id, body.resolved, caller.who)

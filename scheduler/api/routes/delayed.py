@@ -7,21 +7,30 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
-from pydantic import AwareDatetime
 
 from scheduler.api.auth import Admin, Reader
-from scheduler.api.models import SUBJECT, TASK_ID, Reschedule, TaskDetail, TaskOutcome, TaskPage
-from scheduler.api.problems import ApiProblem, responses
+from scheduler.api.models import (
+    SUBJECT,
+    TASK_ID,
+    Instant,
+    Reschedule,
+    TaskDetail,
+    TaskOutcome,
+    TaskPage,
+)
+from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Cursor, Limit, Ops, done
 from scheduler.store.overview import TaskFilter
 
 router = APIRouter(prefix="/v1/delayed", tags=["delayed tasks"])
 TaskId = Annotated[str, Path(pattern=TASK_ID, description="the envelope id")]
-READ = responses(400, 401, 403, 422, 503)
+LIST = responses(400, 401, 403, 422, 503) | links(
+    "task_id", "/items/0/id", "get_task", "cancel_task", "reschedule_task"
+)
 WRITE = responses(401, 403, 404, 409, 422, 503)
 
 
-@router.get("", response_model=TaskPage, responses=READ)
+@router.get("", response_model=TaskPage, responses=LIST)
 async def list_tasks(
     ops: Ops,
     _: Reader,
@@ -33,8 +42,8 @@ async def list_tasks(
     status: Annotated[
         str | None, Query(pattern=r"^[a-z_]{1,32}$", description="pending, claimed, fired, ...")
     ] = None,
-    due_before: Annotated[AwareDatetime | None, Query(description="due strictly before")] = None,
-    due_after: Annotated[AwareDatetime | None, Query(description="due at or after")] = None,
+    due_before: Annotated[Instant | None, Query(description="due strictly before")] = None,
+    due_after: Annotated[Instant | None, Query(description="due at or after")] = None,
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> Any:
@@ -73,7 +82,10 @@ async def cancel_task(task_id: TaskId, ops: Ops, caller: Admin) -> Any:
 
 
 @router.patch(
-    "/{task_id}", response_model=TaskOutcome, response_model_exclude_none=True, responses=WRITE
+    "/{task_id}",
+    response_model=TaskOutcome,
+    response_model_exclude_none=True,
+    responses=WRITE | responses(400),
 )
 async def reschedule_task(task_id: TaskId, body: Reschedule, ops: Ops, caller: Admin) -> Any:
     """Move a pending task to a new due time (same race rules as cancel)."""

@@ -15,7 +15,7 @@ from scheduler.api.models import (
     SchedulePage,
     TriggerOutcome,
 )
-from scheduler.api.problems import ApiProblem, responses
+from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Cursor, Limit, Ops, done
 
 router = APIRouter(prefix="/v1/schedules", tags=["cron jobs"])
@@ -23,7 +23,17 @@ Name = Annotated[str, Path(pattern=JOB_NAME, max_length=100, description="the jo
 WRITE = responses(401, 403, 404, 409, 422, 503)
 
 
-@router.get("", response_model=SchedulePage, responses=responses(400, 401, 403, 422, 503))
+LIST = responses(400, 401, 403, 422, 503) | links(
+    "name",
+    "/items/0/name",
+    "get_schedule",
+    "pause_schedule",
+    "resume_schedule",
+    "trigger_schedule",
+)
+
+
+@router.get("", response_model=SchedulePage, responses=LIST)
 async def list_schedules(
     ops: Ops,
     _: Reader,

@@ -113,7 +113,8 @@ def _soon() -> str:
     ("body", "status", "field", "words"),
     [
         ({"delay_until": "2030-01-01T00:00:00"}, 422, "body.delay_until", "timezone"),
-        ({"delay_until": "tomorrow"}, 422, "body.delay_until", "datetime"),
+        ({"delay_until": "tomorrow"}, 422, "body.delay_until", "RFC 3339"),
+        ({"delay_until": 1700000000}, 422, "body.delay_until", "RFC 3339"),
         ({}, 422, "body.delay_until", "Field required"),
         ({"delay_until": "2030-01-01T00:00:00Z", "x": 1}, 422, "body.x", "Extra inputs"),
         ({"delay_until": "2999-01-01T00:00:00Z"}, 422, "delay_until", "SCHEDULER_MAX_DELAY"),
@@ -145,8 +146,13 @@ async def test_malformed_json_and_bad_queries(api: ApiHarness) -> None:
         r = await api.call("GET", "/v1/delayed", params=params)
         assert r.status == 422, (params, r)
         assert [e["field"] for e in r.body["errors"]] == [field]
-    r = await api.call("GET", "/v1/dead-letters/not-a-uuid")
-    assert r.status == 422 and r.body["errors"][0]["field"] == "path.dead_id"
+    r = await api.call("GET", "/v1/delayed", params={"due_after": "0.5"})
+    assert r.status == 422 and "RFC 3339" in r.body["detail"]
+    assert (await api.call("GET", "/v1/dead-letters/not-a-uuid")).status == 404
+    r = await api.call("PATCH", "/v1/dead-letters/replay", json_body={"resolved": True})
+    assert r.status == 405 and r.headers["Allow"] == "POST"
+    r = await api.call("PUT", "/v1/delayed/some-task")
+    assert r.status == 405 and r.headers["Allow"] == "DELETE, GET, PATCH"
     r = await api.call("GET", "/v1/schedules/Not_Kebab")
     assert r.status == 422 and r.body["errors"][0]["field"] == "path.name"
 
