@@ -77,8 +77,10 @@ def build_api(backend: ApiBackend) -> FastAPI:
     )
     app.state.backend = backend
     problems.install(app)
-    for module in (health, schedules, delayed, dead_letters, stats):
+    modules = (health, schedules, delayed, dead_letters, stats)
+    for module in modules:
         app.include_router(module.router)
+    app.state.api_routes = [r for m in modules for r in m.router.routes if hasattr(r, "methods")]
     app.add_middleware(_CountRequests, metrics=backend.metrics)
     return app
 

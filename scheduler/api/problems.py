@@ -18,7 +18,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from scheduler.errors import RequestError, ServiceUnavailableError
 from scheduler.operations import Outcome
@@ -168,12 +167,12 @@ def install(app: FastAPI) -> None:
 
 
 def _allowed(app: FastAPI, request: Request) -> list[str]:
-    """Every method some route serves at this path (Starlette's own 405 names only one)."""
+    """Every method some route serves at this path (the router's own 405 names one route's)."""
+    path = request.url.path
     methods: set[str] = set()
-    for route in app.router.routes:
-        match, _ = route.matches({**request.scope, "method": "GET"})
-        if match is not Match.NONE:
-            methods |= getattr(route, "methods", None) or set()
+    for route in getattr(app.state, "api_routes", ()):
+        if route.path_regex.match(path):
+            methods |= route.methods
     return sorted(methods)
 
 
