@@ -158,6 +158,7 @@ class Daemon:
         self.operations = build_operations(
             self.bus.nc, s, self.store, self.tasks, self.clock, self.leader
         )
+        stack.callback(setattr, self, "operations", None)  # API: 503 before the pool closes
         service = SchedulerService(self.bus.nc, s, self.operations.tasks, self.clock, self.stats)
         await service.start()
         stack.push_async_callback(service.stop)

@@ -25,7 +25,12 @@ Cursor = Annotated[
 def operations(request: Request) -> Operations:
     ops = request.app.state.backend.operations
     if ops is None:
-        raise ApiProblem(503, "starting", "the daemon is still connecting; retry shortly")
+        raise ApiProblem(
+            503,
+            "unavailable",
+            "this instance is still connecting or already stopping; retry shortly or ask "
+            "another instance",
+        )
     return ops  # type: ignore[no-any-return]
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from datetime import UTC, datetime, timedelta
 
+import aiohttp
 import pytest
 
+from scheduler.daemon import Daemon
+from scheduler.settings import Settings
+from tests.helpers import wait_until
 from tests.integration.api.harness import ADMIN, READ, TARGET, ApiHarness, envelope, poll
 
 PROBLEM = "application/problem+json"
@@ -189,3 +194,29 @@ async def test_paging_bounds_and_opaque_cursors(api: ApiHarness) -> None:
     edited = base64.urlsafe_b64encode(json.dumps(["delayed", "x", 1, 2]).encode()).decode()
     r = await api.call("GET", "/v1/delayed", params={"cursor": edited.rstrip("=")})
     assert r.status == 400 and r.body["code"] == "bad_cursor"
+
+
+async def test_management_calls_answer_503_until_the_daemon_is_connected(
+    settings: Settings,
+) -> None:
+    """While NATS is unreachable the API is up: /healthz is 200, /readyz and every management
+    call answer 503 problems, so a load balancer or script retries elsewhere."""
+    daemon = Daemon(settings.with_overrides(nats_url="nats://127.0.0.1:1", read_token=READ))
+    task = asyncio.create_task(daemon.run())
+    try:
+        await wait_until(lambda: daemon.endpoints.api is not None, within=10)
+        assert daemon.endpoints.api is not None
+        url = daemon.endpoints.api.url
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/healthz") as resp:
+                assert resp.status == 200
+            async with http.get(url + "/readyz") as resp:
+                assert resp.status == 503 and (await resp.json())["nats"] == "disconnected"
+            auth = {"Authorization": f"Bearer {READ}"}
+            async with http.get(url + "/v1/stats", headers=auth) as resp:
+                assert resp.status == 503
+                assert resp.headers["Content-Type"] == PROBLEM
+                assert (await resp.json(content_type=None))["code"] == "unavailable"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
