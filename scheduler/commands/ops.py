@@ -83,8 +83,15 @@ def _pages(client: ApiClient, path: str, args: argparse.Namespace, query: dict) 
             return {"items": items, "next_cursor": cursor}
 
 
-def _more(doc: dict) -> str:
-    return f"\nmore: --cursor {doc['next_cursor']}" if doc["next_cursor"] else ""
+def _listing(doc: dict, columns: dict[str, Callable[[dict], Any]]) -> tuple[Any, str, int]:
+    """A page as a table of `columns` (header -> cell of an item), and how to get the next."""
+    rows = [[cell(item) for cell in columns.values()] for item in doc["items"]]
+    more = f"\nmore: --cursor {doc['next_cursor']}" if doc["next_cursor"] else ""
+    return doc, table(rows, list(columns)) + more, OK
+
+
+def _field(name: str) -> Callable[[dict], Any]:
+    return lambda item: item[name]
 
 
 # -- status ------------------------------------------------------------------------------------
@@ -134,12 +141,9 @@ def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def _schedules_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
     doc = _pages(client, "/v1/schedules", args, {"active": not args.removed})
-    rows = [
-        (j["name"], j["cron"], j["timezone"], j["subject"], j["paused"], j["last_fired_at"])
-        for j in doc["items"]
-    ]
-    text = table(rows, ["NAME", "CRON", "TZ", "SUBJECT", "PAUSED", "LAST FIRED"]) + _more(doc)
-    return doc, text, OK
+    keys = {"NAME": "name", "CRON": "cron", "TZ": "timezone", "SUBJECT": "subject"}
+    keys |= {"PAUSED": "paused", "LAST FIRED": "last_fired_at"}
+    return _listing(doc, {header: _field(key) for header, key in keys.items()})
 
 
 def _schedule_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
@@ -213,12 +217,9 @@ def _delayed_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str
         "due_after": args.due_after,
     }
     doc = _pages(client, "/v1/delayed", args, query)
-    rows = [
-        (t["id"], t["target"], t["status"], t["due_at"], t["priority"], t["attempts"])
-        for t in doc["items"]
-    ]
-    text = table(rows, ["ID", "TARGET", "STATUS", "DUE AT", "PRIO", "ATTEMPTS"]) + _more(doc)
-    return doc, text, OK
+    keys = {"ID": "id", "TARGET": "target", "STATUS": "status", "DUE AT": "due_at"}
+    keys |= {"PRIO": "priority", "ATTEMPTS": "attempts"}
+    return _listing(doc, {header: _field(key) for header, key in keys.items()})
 
 
 def _delayed_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
@@ -282,12 +283,11 @@ def _dlq_filter(p: argparse.ArgumentParser) -> None:
 def _dlq_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
     query = {"reason": args.reason, "subject": args.subject, "stage": args.stage}
     doc = _pages(client, "/v1/dead-letters", args, {**query, "resolved": args.resolved})
-    rows = [
-        (d["id"], d["stage"], d["reason"], d["target"] or d["subject"], d["last_failed"])
-        for d in doc["items"]
-    ]
-    text = table(rows, ["ID", "STAGE", "REASON", "SUBJECT", "LAST FAILED"]) + _more(doc)
-    return doc, text, OK
+    columns = {header: _field(key) for header, key in (("ID", "id"), ("STAGE", "stage"))}
+    columns["REASON"] = _field("reason")
+    columns["SUBJECT"] = lambda d: d["target"] or d["subject"]
+    columns["LAST FAILED"] = _field("last_failed")
+    return _listing(doc, columns)
 
 
 def _dlq_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:

@@ -26,6 +26,10 @@ class Page(Generic[T]):
     items: list[T]
     next_cursor: str | None
 
+    def as_dict(self) -> dict[str, Any]:
+        """The API's page body: `{"items": [...], "next_cursor": ...}`."""
+        return {"items": self.items, "next_cursor": self.next_cursor}
+
 
 def encode(kind: str, key: Sequence[Any]) -> str:
     text = json.dumps([kind, *key], separators=(",", ":"))

@@ -51,7 +51,7 @@ async def list_dead_letters(
     got = await ops.dead_letters.list(
         DeadLetterFilter(reason, subject, stage, resolved), cursor, limit
     )
-    return {"items": got.items, "next_cursor": got.next_cursor}
+    return got.as_dict()
 
 
 @router.get(

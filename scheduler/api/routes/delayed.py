@@ -51,7 +51,7 @@ async def list_tasks(
     pending index; `org_id` is read from each stored envelope, so narrow it with other filters."""
     where = TaskFilter(subject, org_id, status, due_before, due_after)
     got = await ops.tasks.list(where, cursor, limit)
-    return {"items": got.items, "next_cursor": got.next_cursor}
+    return got.as_dict()
 
 
 @router.get("/{task_id}", response_model=TaskDetail, responses=responses(401, 403, 404, 422, 503))

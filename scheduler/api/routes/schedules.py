@@ -45,7 +45,7 @@ async def list_schedules(
 ) -> Any:
     """Cron jobs by name: spec, source file and line, paused or not, last occurrence."""
     got = await ops.schedules.list(active, cursor, limit)
-    return {"items": got.items, "next_cursor": got.next_cursor}
+    return got.as_dict()
 
 
 @router.get("/{name}", response_model=ScheduleDetail, responses=responses(401, 403, 404, 422, 503))

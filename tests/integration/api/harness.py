@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,6 +16,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from scheduler import client
 from scheduler.settings import Settings
 from tests.helpers import DaemonRunner
+from tests.integration.test_delayed import envelope as envelope  # shared task builder
 
 ADMIN = "admin-secret-token"
 READ = "read-secret-token"
@@ -40,21 +39,6 @@ scheduled_jobs:
     paused: true
     data: {}
 """
-
-
-def envelope(due: datetime | None, **extra: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "schema": "hanzo.mq.v1",
-        "id": f"t_{uuid.uuid4().hex}",
-        "type": "test.work",
-        "source": "tests",
-        "timestamp": datetime.now(UTC).isoformat(),
-        "data": {"n": 1},
-    }
-    if due is not None:
-        doc["delay_until"] = due.isoformat()
-    doc.update(extra)
-    return doc
 
 
 class Reply:
