@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import gc
+import ipaddress
 import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -139,6 +140,7 @@ class Daemon:
         metrics = await serve(build_metrics_app(self.metrics), s.http_host, s.metrics_port)
         stack.push_async_callback(metrics.close)
         self.endpoints.api, self.endpoints.metrics = api, metrics
+        self._check_api_exposure()
         s = await self._start_embedded(stack)
         self.bus = NatsBus(s, self.metrics)
         await self.bus.connect()
@@ -241,6 +243,18 @@ class Daemon:
                 log.warning("engine.term_failed error=%r; retrying in %gs", exc, backoff)
                 await self._wait_stop(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+    def _check_api_exposure(self) -> None:
+        """Open reads are fine on loopback; on any other address say so, loudly, once."""
+        s = self.settings
+        if _is_loopback(s.http_host) or s.read_token is not None or s.admin_token is not None:
+            return
+        why = (
+            f"the management API listens on {s.http_host} and no SCHEDULER_READ_TOKEN or "
+            "SCHEDULER_ADMIN_TOKEN is set: anyone who reaches it can read tasks and schedules"
+        )
+        log.warning("api.open_reads %s", why)
+        self.warnings.append(why)
 
     async def _intake_backlog(self) -> int | None:
         """Messages on the delay lane the intake consumer has not taken yet (None: unknown)."""
@@ -399,6 +413,13 @@ class Daemon:
             + (list(self.engine.warnings.values()) if self.engine else []),
         }
         return ready, body
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def tune_gc() -> None:

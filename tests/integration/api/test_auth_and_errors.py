@@ -220,3 +220,11 @@ async def test_management_calls_answer_503_until_the_daemon_is_connected(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_open_reads_off_loopback_are_a_readiness_warning(api: ApiHarness) -> None:
+    """Bound beyond loopback with no token at all, the daemon warns in /readyz and the log."""
+    await api.start(http_host="0.0.0.0", admin_token=None, read_token=None)
+    ready = await api.call("GET", "/readyz", token=None)
+    assert ready.status == 200
+    assert any("no SCHEDULER_READ_TOKEN" in w for w in ready.body["warnings"])
