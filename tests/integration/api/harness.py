@@ -98,10 +98,13 @@ class ApiHarness(DaemonRunner):
     async def publish(self, target: str, doc: dict[str, Any] | bytes) -> None:
         await client.publish_delayed(self.js, target, doc)
 
-    async def read_stream(self, stream: str, quiet: float = 1.0, within: float = 10.0) -> list:
-        """Every message of `stream` from the start, read until it stays quiet for `quiet` s."""
+    async def read_stream(
+        self, stream: str, quiet: float = 1.0, within: float = 10.0, subject: str = ">"
+    ) -> list:
+        """Every message of `stream` (on `subject`) from the start, read until it stays quiet
+        for `quiet` s."""
         psub = await self.js.pull_subscribe(
-            ">", durable=None, stream=stream, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
+            subject, durable=None, stream=stream, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
         )
         out: list = []
         try:
