@@ -43,6 +43,7 @@ _DURATION_FIELDS = (
     "dlq_max_age",
     "intake_duplicate_window",
     "startup_timeout",
+    "forecast_interval",
 )
 
 
@@ -96,6 +97,8 @@ class Settings(BaseSettings):
     shutdown_grace: Duration = timedelta(seconds=20)
     startup_timeout: Duration = timedelta(seconds=60)
     allow_unsafe_nats: bool = False
+    forecast_top: int = Field(default=20, ge=1, le=1000)
+    forecast_interval: Duration = timedelta(seconds=5)
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")
 

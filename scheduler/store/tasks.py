@@ -344,7 +344,7 @@ class TaskStore:
 
         Idempotent: the log row is written only for a task this statement moves from claimed
         to fired, which happens once per claim (one row per task and attempt), and the unique
-        index `fire_log_once` drops an exact repeat of a row (see migration 0005)."""
+        index `fire_log_once` drops an exact repeat of a row (see migration 0006)."""
         if not fired:
             return
         columns = ([f.task.id for f in fired], [f.task.target for f in fired])

@@ -11,6 +11,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import psutil
@@ -232,8 +233,14 @@ def _unknown_database(admin: str) -> str:
     return _dsn_for(admin, "no_such_database")
 
 
+def _as_user(dsn: str, user: str) -> str:
+    """`dsn` with its user (and password) replaced, whatever form the original took."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
+
+
 def _unknown_role(admin: str) -> str:
-    return admin.replace("postgres:@", "nobody:s3cret@", 1).replace("postgres@", "nobody@", 1)
+    return _as_user(admin, "nobody:s3cret")
 
 
 PERMANENT = {
@@ -386,7 +393,7 @@ async def test_migration_without_create_permission_is_one_line(
             "DO $$ BEGIN CREATE ROLE mqs_reader LOGIN; "
             "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
         )
-        url = empty_database.replace("postgres:@", "mqs_reader:@", 1)
+        url = _as_user(empty_database, "mqs_reader")
         env = cli_env(tmp_path, SCHEDULER_DATABASE_URL=url)
         with scheduler(["migrate"], env) as proc:
             code = await asyncio.to_thread(proc.wait_exit, 15)

@@ -17,8 +17,8 @@ Dead letters. A bad intake message is recorded, then termed; if the leader dies 
 message comes back to its successor. `intake_key` (the lane's stream, sequence and store time)
 is unique, so the second recording is skipped: every bad message is dead-lettered once.
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-11-25
 """
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0005"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
