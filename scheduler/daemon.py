@@ -464,17 +464,26 @@ class Daemon:
 
     # -- health -----------------------------------------------------------------------------------
     def is_alive(self) -> bool:
+        """Starting or running, with a NATS connection that can still come back: nats-py
+        closes one for good on some protocol errors, and then only a restart helps."""
+        if self._nats_closed():
+            return False
         return self.state in (RunState.STARTING, RunState.RUNNING)
+
+    def _nats_closed(self) -> bool:
+        nc = self.bus.nc if self.bus is not None else None
+        return self.state is RunState.RUNNING and nc is not None and nc.is_closed
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         nats_ok = self.bus is not None and self.bus.is_connected
         ready = self.state is RunState.RUNNING and nats_ok and self.migrated
+        nats = "connected" if nats_ok else "disconnected"
         body = {
             "state": self.state.value,
             "role": self._role(),
             "epoch": self.office.epoch if self.office else None,
             "instance": self.settings.instance_id,
-            "nats": "connected" if nats_ok else "disconnected",
+            "nats": "closed" if self._nats_closed() else nats,
             "postgres": "migrated" if self.migrated else "pending",
             "warnings": list(self.warnings)
             + (self.cron.errors if self.cron else [])

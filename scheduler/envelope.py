@@ -8,6 +8,7 @@ rule; all of them are reported at once.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,8 +21,14 @@ from scheduler.errors import EnvelopeError
 SCHEMA = "hanzo.mq.v1"
 HEADER_RESERVE = 4096
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
-_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
-_TYPE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+# Every instant a producer gives must lie in this range, and a TTL be at most MAX_TTL_SECONDS:
+# far beyond any real use, yet `timestamp + ttl_seconds` and every later step of arithmetic
+# stay inside what `datetime` and PostgreSQL can hold (no OverflowError anywhere).
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+MAX_TTL_SECONDS = 100 * 365 * 86400 + 25 * 86400  # 100 years
+_ID = re.compile(r"[\x21-\x7e]{1,200}")  # always fullmatch: `$` would let a final "\n" in
+_TYPE = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 _REQUIRED = ("schema", "id", "type", "source", "timestamp", "data")
 
 
@@ -52,14 +59,14 @@ class EnvelopeModel(BaseModel):
     @field_validator("id")
     @classmethod
     def _id(cls, v: str) -> str:
-        if not _ID.match(v):
+        if not _ID.fullmatch(v):
             raise ValueError("must be 1-200 printable ASCII characters without spaces")
         return v
 
     @field_validator("type")
     @classmethod
     def _type(cls, v: str) -> str:
-        if not _TYPE.match(v):
+        if not _TYPE.fullmatch(v):
             raise ValueError("must be a dot-delimited name like inference.chat.request")
         return v
 
@@ -73,9 +80,7 @@ class EnvelopeModel(BaseModel):
     @field_validator("timestamp", "delay_until")
     @classmethod
     def _aware(cls, v: datetime | None) -> datetime | None:
-        if v is not None and v.tzinfo is None:
-            raise ValueError("must carry a UTC offset or Z (naive times are rejected)")
-        return None if v is None else v.astimezone(UTC)
+        return None if v is None else bounded_instant(v)
 
     @field_validator("priority")
     @classmethod
@@ -87,9 +92,26 @@ class EnvelopeModel(BaseModel):
     @field_validator("ttl_seconds")
     @classmethod
     def _ttl(cls, v: int | None) -> int | None:
-        if v is not None and v <= 0:
-            raise ValueError("must be greater than 0")
+        if v is not None and not 0 < v <= MAX_TTL_SECONDS:
+            raise ValueError(f"must be from 1 to {MAX_TTL_SECONDS} (100 years)")
         return v
+
+
+def bounded_instant(v: datetime) -> datetime:
+    """`v` in UTC, if it carries an offset and lies between EARLIEST and LATEST; else a
+    ValueError saying which rule it breaks (never an OverflowError)."""
+    if v.tzinfo is None:
+        raise ValueError("must carry a UTC offset or Z (naive times are rejected)")
+    try:
+        utc = v.astimezone(UTC)
+    except OverflowError:
+        utc = None
+    if utc is None or not EARLIEST <= utc < LATEST:
+        raise ValueError(
+            f"is out of range: must lie between {EARLIEST:%Y-%m-%dT%H:%M:%SZ} "
+            f"and {LATEST:%Y-%m-%dT%H:%M:%SZ}"
+        )
+    return utc
 
 
 @dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
@@ -132,6 +154,19 @@ class Limits:
         return self.max_payload - HEADER_RESERVE
 
 
+def check_size(subject: int, headers: int, payload: int, limits: Limits) -> None:
+    """Refuse (`too_large`) a task whose delivery, counted as subject + headers + payload
+    bytes, passes max_payload minus the room kept for the daemon's own headers."""
+    total = subject + headers + payload
+    if total > limits.max_envelope_bytes:
+        problem = (
+            f"the delivery would be {total} bytes (subject {subject} + headers {headers} + "
+            f"payload {payload}), over the limit of {limits.max_envelope_bytes} bytes "
+            f"(max_payload {limits.max_payload} minus {HEADER_RESERVE} for the daemon's headers)"
+        )
+        raise EnvelopeError([("message", problem)], "too_large")
+
+
 def parse_envelope(raw: bytes, now: datetime, limits: Limits | None = None) -> Envelope:
     """Validate `raw` as a `hanzo.mq.v1` envelope at time `now`; raise EnvelopeError if broken."""
     limits = limits or Limits()
@@ -141,7 +176,9 @@ def parse_envelope(raw: bytes, now: datetime, limits: Limits | None = None) -> E
     try:
         model = EnvelopeModel.model_validate_json(raw)
     except ValidationError as exc:
-        raise EnvelopeError(_problems(_decode(raw), exc)) from None
+        raise EnvelopeError(_problems(raw, exc)) from None
+    if b"NaN" in raw or b"Infinity" in raw:  # rare: only then look for them among the values
+        _refuse_non_finite(model)
     env = Envelope(
         id=model.id,
         type=model.type,
@@ -166,13 +203,26 @@ def _decode(raw: bytes) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         problem = f"is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         raise EnvelopeError([("payload", problem)], "unparseable") from None
+    except (ValueError, RecursionError) as exc:  # numbers too long, nesting too deep
+        problem = f"is not JSON we can read: {exc}"
+        raise EnvelopeError([("payload", problem)], "unparseable") from None
     if not isinstance(doc, dict):
         kind = type(doc).__name__
         raise EnvelopeError([("payload", f"must be a JSON object, got {kind}")], "unparseable")
     return doc
 
 
-def _problems(doc: dict[str, Any], exc: ValidationError) -> list[tuple[str, str]]:
+def _problems(raw: bytes, exc: ValidationError) -> list[tuple[str, str]]:
+    for err in exc.errors():
+        if err["type"] == "json_invalid":  # numbers out of range, nesting too deep, bad escapes
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                problem = f"is not UTF-8 ({bad.reason} at byte {bad.start})"
+                raise EnvelopeError([("payload", problem)], "unparseable") from None
+            text = str(err["msg"]).removeprefix("Invalid JSON: ")
+            raise EnvelopeError([("payload", f"is not JSON: {text}")], "unparseable")
+    doc = _decode(raw)
     problems = [(f, "is required") for f in _REQUIRED if f not in doc]
     seen = {f for f, _ in problems}
     return problems + [p for p in _translate(exc, doc) if p[0] not in seen]
@@ -203,6 +253,34 @@ def _translate(exc: ValidationError, doc: dict[str, Any]) -> list[tuple[str, str
 def _show(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _refuse_non_finite(model: EnvelopeModel) -> None:
+    """NaN and Infinity are not JSON numbers: workers' parsers and PostgreSQL refuse them."""
+    fields = {"data": model.data, **(model.model_extra or {})}
+    for name, value in fields.items():
+        path = _non_finite(value, name)
+        if path is not None:
+            field = path.split(".", 1)[0].split("[", 1)[0]
+            problem = f"holds NaN or Infinity (at {path}), which JSON does not allow"
+            raise EnvelopeError([(field, problem)])
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinite number inside `value`, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{k}", v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for sub, item in items:
+        found = _non_finite(item, sub)
+        if found is not None:
+            return found
+    return None
 
 
 def _check_time(env: Envelope, now: datetime, limits: Limits) -> None:

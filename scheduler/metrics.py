@@ -108,6 +108,12 @@ class Metrics:
             ["stream"],
             registry=r,
         )
+        self.dead_letter_copies_failed = Counter(
+            _P + "dead_letter_copies_failed_total",
+            "Dead-letter copies the DLQ stream did not acknowledge (the table row is kept).",
+            ["reason"],
+            registry=r,
+        )
 
         # -- operations surface (forecast and backlog gauges, refreshed by the leader) --------
         self.due_tasks = Gauge(

@@ -77,7 +77,7 @@ class SchedulerService:
         await self.nc.flush()
 
     async def stop(self) -> None:
-        if self.service is not None:
+        if self.service is not None and not self.nc.is_closed:  # closed: nothing to undo
             await self.service.stop()
 
     def _wrap(self, verb: str, handler: Handler) -> Callable[[Request], Awaitable[None]]:

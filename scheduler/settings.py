@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     provision: bool = True
     horizon: Duration = timedelta(minutes=5)
     batch: int = Field(default=1000, ge=1, le=100_000)
-    max_attempts: int = Field(default=5, ge=1)
+    max_attempts: int = Field(default=5, ge=1, le=1000)
     backoff: Duration = timedelta(seconds=1)
     campaign_interval: Duration = timedelta(seconds=0.5)
     fence_margin: Duration | None = None

@@ -14,7 +14,11 @@ from collections.abc import Sequence
 from scheduler.errors import TargetRefusedError
 
 REFUSED_PREFIXES = ("mq.delay.", "mq.dlq.", "$JS.", "$KV.", "$SYS.", "_INBOX.")
-_TOKEN = re.compile(r"^[^\s.*>]+$")
+_TOKEN = re.compile(r"[^\s.*>\x00-\x1f\x7f]+")
+INVALID = "_invalid"  # the DLQ subject's tail for a task without a usable target
+# A subject goes into a frame's control line with a reply inbox and two sizes, and the server
+# closes a connection whose control line passes its max_control_line (4 KiB by default).
+MAX_SUBJECT_BYTES = 1024
 
 
 def delay_lane_prefix(intake_subject: str) -> str:
@@ -36,15 +40,19 @@ def target_from_rest(rest: str) -> str:
     return "mq." + rest
 
 
-def dlq_subject(target: str, prefix: str = "mq.dlq") -> str:
-    """`mq.inference.chat` -> `mq.dlq.inference.chat`; a target outside `mq.` keeps its name."""
+def dlq_subject(target: str | None, prefix: str = "mq.dlq") -> str:
+    """`mq.inference.chat` -> `mq.dlq.inference.chat`; a target outside `mq.` keeps its name.
+    No target, or one that is not a literal subject (wildcards, control characters, empty
+    tokens), gives `mq.dlq._invalid`: a copy is never published to such a subject."""
+    if target is None or not is_literal(target) or len(target.encode()) > MAX_SUBJECT_BYTES:
+        return f"{prefix}.{INVALID}"
     rest = target[3:] if target.startswith("mq.") else target
     return f"{prefix}.{rest}"
 
 
 def is_literal(subject: str) -> bool:
     """True when `subject` is a valid literal subject: non-empty tokens, no wildcards."""
-    return bool(subject) and all(_TOKEN.match(tok) for tok in subject.split("."))
+    return bool(subject) and all(_TOKEN.fullmatch(tok) for tok in subject.split("."))
 
 
 def matches(pattern: str, subject: str) -> bool:
@@ -69,8 +77,10 @@ def check_target(subject: str, allow: Sequence[str]) -> str:
 @functools.lru_cache(maxsize=4096)
 def _refusal(subject: str, allow: tuple[str, ...]) -> str | None:
     """Why `subject` is refused, or None (cached: a deployment has few distinct targets)."""
+    if len(subject.encode()) > MAX_SUBJECT_BYTES:
+        return f"is longer than {MAX_SUBJECT_BYTES} bytes"
     if not is_literal(subject):
-        return "is not a literal subject (wildcards or empty tokens)"
+        return "is not a literal subject (wildcards, empty tokens or control characters)"
     for prefix in REFUSED_PREFIXES:
         if subject.startswith(prefix):
             return f"targets under {prefix} are always refused"

@@ -356,6 +356,11 @@ async def _covering_stream(js: JetStreamContext, subjects: list[str]) -> str | N
     return None
 
 
+async def _captures_only(js: JetStreamContext, stream: str, subject: str) -> bool:
+    """True when `stream` captures `subject` and nothing else."""
+    return (await js.stream_info(stream)).config.subjects == [subject]
+
+
 async def ensure_bucket(js: JetStreamContext, bucket: str, ttl: float | None) -> ProvisionNote:
     """Create a KV bucket (history 1, file storage, TTL = `ttl` seconds) unless it exists."""
     try:
@@ -370,14 +375,17 @@ async def ensure_bucket(js: JetStreamContext, bucket: str, ttl: float | None) ->
 
 
 async def ensure_consumer(
-    js: JetStreamContext, stream: str, durable: str, filter_subject: str, ack_wait: float
+    js: JetStreamContext, stream: str, durable: str, filter_subject: str | None, ack_wait: float
 ) -> ProvisionNote:
-    """Create the durable pull consumer of the delay lane unless it exists."""
+    """Create the durable pull consumer of the delay lane unless it exists; an existing one
+    whose filter differs from `filter_subject` is updated (see `provision` for why)."""
+    name = f"{stream}/{durable}"
     try:
-        await js.consumer_info(stream, durable)
-        return ProvisionNote("consumer", f"{stream}/{durable}", "exists")
+        info = await js.consumer_info(stream, durable)
     except NotFoundError:
-        pass
+        info = None
+    if info is not None and (info.config.filter_subject or None) == filter_subject:
+        return ProvisionNote("consumer", name, "exists")
     config = js_api.ConsumerConfig(
         durable_name=durable,
         ack_policy=js_api.AckPolicy.EXPLICIT,
@@ -387,8 +395,15 @@ async def ensure_consumer(
         max_ack_pending=100_000,
         max_waiting=16,
     )
-    await js.add_consumer(stream, config)
-    return ProvisionNote("consumer", f"{stream}/{durable}", "created")
+    if info is None:
+        await js.add_consumer(stream, config)
+        return ProvisionNote("consumer", name, "created")
+    try:
+        await js.add_consumer(stream, config)  # no action given: the server updates it
+    except Exception as exc:  # an older server may refuse: the old filter still works
+        log.warning("nats.consumer_update_failed consumer=%s error=%r", name, exc)
+        return ProvisionNote("consumer", name, "exists", f"filter kept: {exc}")
+    return ProvisionNote("consumer", name, "updated", f"filter {filter_subject or 'none'}")
 
 
 def stream_configs(settings: Settings, embedded: bool) -> list[js_api.StreamConfig]:
@@ -451,12 +466,19 @@ async def provision(bus: NatsBus, embedded: bool) -> list[ProvisionNote]:
             intake_stream,
             intake_stream,
         )
+    # On a stream of its own the consumer takes no filter: nats-server stores a subject with a
+    # DEL byte (0x7f) but never hands it to a consumer filtered on `mq.delay.>`, so a filter
+    # would leave such a message on the lane, unseen (and undead-lettered), forever. A stream
+    # that covers more than the lane needs the filter.
+    dedicated = notes[0].status != "covered" and await _captures_only(
+        bus.js, intake_stream, s.intake_subject
+    )
     notes.append(
         await ensure_consumer(
             bus.js,
             intake_stream,
             s.intake_consumer,
-            s.intake_subject,
+            None if dedicated else s.intake_subject,
             s.intake_ack_wait.total_seconds(),
         )
     )

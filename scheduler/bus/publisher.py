@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nats.aio.client import Client
+from nats.errors import MaxPayloadError
 
 from scheduler.bus.wire import Wire, raw_subscribe
 
@@ -37,12 +38,18 @@ class PubAck:
 
 
 class PublishError(Exception):
-    """A publish was not acknowledged: no stream, a JetStream error, a timeout or a lost link."""
+    """A publish was not acknowledged: no stream, a JetStream error, a timeout or a lost link.
 
-    def __init__(self, subject: str, message: str, permanent: bool = False) -> None:
+    `permanent` ones are not worth retrying; `reason` is the dead-letter reason they lead to
+    (`too_large`: the message cannot fit the server's max_payload and was never sent)."""
+
+    def __init__(
+        self, subject: str, message: str, permanent: bool = False, reason: str = "publish_failed"
+    ) -> None:
         super().__init__(message)
         self.subject = subject
         self.permanent = permanent
+        self.reason = reason
 
 
 Item = tuple[str, bytes, dict[str, str]]
@@ -161,9 +168,9 @@ class Publisher:
         self._pending[token] = (functools.partial(_settle, fut), subject, deadline)
         try:
             await self.wire.publish(subject, payload, f"{self._prefix}.{token}", headers)
-        except (
-            Exception
-        ) as exc:  # closed, reconnecting (no buffer), too large: all fail the message
+        except MaxPayloadError:
+            self._too_large(token, subject, len(payload))
+        except Exception as exc:  # closed, reconnecting (no buffer): fail the message
             self._fail(token, f"publish failed: {exc!r}")
         return fut
 
@@ -188,8 +195,14 @@ class Publisher:
             self._pending[token] = (functools.partial(_settle, fut), subject, deadline)
             futures.append(fut)
             tokens.append(token)
+        frames = []
+        for (subject, _, frame), token in zip(items, tokens, strict=True):
+            if self.wire.fits(frame):
+                frames.append(frame)
+            else:
+                self._too_large(token, subject, len(frame))
         try:
-            await self.wire.send_frames([frame for _, _, frame in items])
+            await self.wire.send_frames(frames)
         except Exception as exc:  # closed, reconnecting (no buffer): all fail
             for token in tokens:
                 self._fail(token, f"publish failed: {exc!r}")
@@ -224,18 +237,23 @@ class Publisher:
                     frame, headers = None, _parse_block(headers)
             else:
                 frame = wire.frame(subject, payload, reply, headers)
-            if frame is not None and len(payload) <= nc._max_payload:
-                frames.append(frame)
-                tokens.append(token)
-                size += len(payload)
+            if frame is not None:
+                if len(frame) - 4 <= nc._max_payload:  # as Wire.fits, inlined: hot path
+                    frames.append(frame)
+                    tokens.append(token)
+                    size += len(payload)
+                else:
+                    self._too_large(token, subject, len(frame))
                 continue
             if frames:  # keep the order of the connection's writes
                 await self._send_frames(frames, tokens, size)
                 frames, tokens, size = [], [], 0
             try:
                 hdrs = _parse_block(headers) if type(headers) is bytes else dict(headers)
-                await nc.publish(subject, payload, reply=reply, headers=hdrs)
-            except Exception as exc:  # closed, reconnecting (no buffer), too large
+                await wire.publish(subject, payload, reply, hdrs)
+            except MaxPayloadError:
+                self._too_large(token, subject, len(payload))
+            except Exception as exc:  # closed, reconnecting (no buffer)
                 self._fail(token, f"publish failed: {exc!r}")
         if frames:
             await self._send_frames(frames, tokens, size)
@@ -271,16 +289,25 @@ class Publisher:
         except Exception:  # never let a callback break the client's read loop
             log.exception("publisher.callback_failed subject=%s", target)
 
-    def _fail(self, token: str, message: str) -> None:
+    def _fail(self, token: str, message: str, reason: str | None = None) -> None:
         entry = self._pending.pop(token, None)
         if entry is None:
             return
         done, subject, _ = entry
         self._slots.release()
+        error = PublishError(subject, message)
+        if reason is not None:
+            error = PublishError(subject, message, permanent=True, reason=reason)
         try:
-            done(PublishError(subject, message))
+            done(error)
         except Exception:  # as in _on_ack
             log.exception("publisher.callback_failed subject=%s", subject)
+
+    def _too_large(self, token: str, subject: str, size: int) -> None:
+        """Fail a message the server would refuse (and close the connection for): not sent."""
+        limit = self.nc.max_payload
+        message = f"{size} bytes to {subject} cannot fit the server's max_payload of {limit}"
+        self._fail(token, message, reason="too_large")
 
 
 def _parse_block(block: bytes) -> dict[str, str]:

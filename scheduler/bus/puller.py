@@ -41,8 +41,11 @@ class Puller:
         return self
 
     def _on_raw(self, subject: bytes, reply: bytes, data: bytes, hdr: bytes | None) -> None:
-        """A delivery or a status, straight from the client's read loop (`raw_subscribe`)."""
-        status = status_of(hdr) if not data else None
+        """A delivery or a status, straight from the client's read loop (`raw_subscribe`).
+
+        A status has no payload and no reply subject; a delivery always has a reply (its ack
+        subject), so a producer's empty message with a status-like header is a delivery."""
+        status = status_of(hdr) if not data and not reply else None
         if status is not None:
             if status in _DONE_STATUSES or status.startswith("4"):
                 self._requested = 0  # our requests are over; take() asks again

@@ -10,20 +10,32 @@ is kept and the client still owns the socket.
 It relies on three internals of `nats.aio.client.Client` (`_pending`, `_pending_data_size`,
 `_flush_pending`), checked once at construction; on a client without them every call falls
 back to `Client.publish`. tests/integration/test_wire.py checks, on a real server, that what
-arrives is exactly what `Client.publish` would have sent. Header values with CR or LF (which
-cannot come in through NATS) and keys nats-py would refuse (non-ASCII, spaces, colons) also take
-the fallback, which raises nats-py's own error for them.
+arrives is exactly what `Client.publish` would have sent. Header values with CR or LF and keys
+nats-py would refuse (non-ASCII, spaces, colons) also take the fallback, which raises nats-py's
+own error for them.
+
+No frame leaves through here bigger than the server's `max_payload`, counting its control line
+(subject, reply, sizes), headers and payload: the server would refuse it and nats-py then
+closes the connection for good. `MaxPayloadError` is raised instead, nothing sent.
+
+Incoming deliveries are decoded here too (`message_of`), strictly: bytes that are not UTF-8 in
+a subject or a header, or a header block that is not `NATS/1.0` lines of `name: value`, never
+raise in the client's read loop; they are kept readable with backslash escapes and reported as
+the message's `defect` for the caller to refuse.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError, OutboundBufferLimitError
+
+from scheduler.headers import block_size
 
 _KEY = re.compile(r"[!-9;-~]+")  # printable ASCII but ':', no spaces: nats-py's own rule
 
@@ -41,12 +53,18 @@ class Wire:
         self._keys.add(key)
         return True
 
-    def _check(self, payload_size: int) -> None:
+    def _check(self, size: int) -> None:
+        """Refuse to send `size` bytes (control line, headers and payload of one frame) that
+        the server would refuse, or anything while disconnected."""
         nc = self.nc
         if not nc.is_connected:
             raise OutboundBufferLimitError  # what nats-py raises with the reconnect buffer off
-        if payload_size > nc._max_payload:
+        if size > nc._max_payload:
             raise MaxPayloadError
+
+    def fits(self, frame: bytes) -> bool:
+        """True when the server takes `frame` (built by `frame()` or `frame_block()`)."""
+        return len(frame) - 4 <= self.nc._max_payload
 
     def frame(
         self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str]
@@ -86,15 +104,17 @@ class Wire:
     ) -> None:
         """One message with headers, as `Client.publish(subject, payload, reply, headers)`."""
         frame = self.frame(subject, payload, reply, headers)
-        if frame is None:
+        if frame is None:  # nats-py counts the payload alone against max_payload: count it all
+            self._check(len(subject) + len(reply) + block_size(headers) + len(payload) + 32)
             await self.nc.publish(subject, payload, reply=reply, headers=dict(headers))
             return
-        self._check(len(payload))
+        self._check(len(frame) - 4)
         await self._send([frame], len(payload))
 
     async def send_frames(self, frames: list[bytes], payload_bytes: int = 0) -> None:
-        """Frames built by `frame()` (possibly filled in since), in one hand-over."""
-        self._check(0)
+        """Frames built by `frame()` (possibly filled in since), in one hand-over; none is
+        sent when one of them is too large for the server (see `fits`)."""
+        self._check(max((len(f) - 4 for f in frames), default=0))
         await self._send(frames, payload_bytes)
 
     async def empty_to(self, subjects: Iterable[str]) -> None:
@@ -160,15 +180,62 @@ async def raw_subscribe(nc: Client, subject: str, handler: RawHandler) -> Any:
     return sub
 
 
-def message_of(nc: Client, subject: bytes, reply: bytes, data: bytes, hdr: bytes | None) -> Msg:
+@dataclass
+class RawMsg(Msg):
+    """A nats-py `Msg` built from a raw delivery; `defect` is `(field, problem)` when its
+    subject or headers could not be decoded (see `message_of`)."""
+
+    defect: tuple[str, str] | None = None
+
+
+def message_of(nc: Client, subject: bytes, reply: bytes, data: bytes, hdr: bytes | None) -> RawMsg:
     """A nats-py `Msg` (ack, nak, term and metadata work as usual) for a raw delivery that is
-    not a status message, with its headers parsed the way nats-py parses them."""
+    not a status message. Never raises: what does not decode is escaped and named in `defect`."""
+    defect = None
+    try:
+        text = subject.decode()
+    except UnicodeDecodeError as exc:
+        text = subject.decode(errors="backslashreplace")
+        defect = ("subject", f"is not UTF-8 (byte 0x{subject[exc.start]:02x} at {exc.start})")
     headers = None
-    if hdr and len(hdr) > len(_HDR_LINE) + 2:
-        headers = nc._parse_header_lines(hdr[len(_HDR_LINE) :])
-    return Msg(
-        _client=nc, subject=subject.decode(), reply=reply.decode(), data=data, headers=headers
+    if hdr:
+        headers, problem = parse_header_block(hdr)
+        defect = defect or problem
+    return RawMsg(
+        _client=nc,
+        subject=text,
+        reply=reply.decode(errors="backslashreplace"),
+        data=data,
+        headers=headers,
+        defect=defect,
     )
+
+
+def parse_header_block(hdr: bytes) -> tuple[dict[str, str] | None, tuple[str, str] | None]:
+    """(headers, defect) of a header block, parsed as nats-py does (names and values stripped,
+    the last of a repeated name kept), but strictly: a name or value that is not UTF-8, a line
+    that is not `name: value` or a block without the `NATS/1.0` line is a defect, not skipped
+    or replaced. Never raises."""
+    if not hdr.startswith(_HDR_LINE[:8]):
+        shown = hdr[:40].decode(errors="backslashreplace")
+        return None, ("headers", f"the header block does not start with NATS/1.0: {shown}")
+    out: dict[str, str] = {}
+    defect = None
+    for line in hdr.split(b"\r\n")[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(b":")
+        try:
+            key, text = name.strip().decode(), value.strip().decode()
+        except UnicodeDecodeError:
+            key = name.strip().decode(errors="backslashreplace")
+            text = value.strip().decode(errors="backslashreplace")
+            defect = defect or (f"header {key[:100]}", "is not UTF-8")
+        if not sep:
+            defect = defect or ("headers", f"line {key[:100]!r} is not 'name: value'")
+            continue
+        out[key] = text
+    return out or None, defect
 
 
 def status_of(hdr: bytes | None) -> str | None:

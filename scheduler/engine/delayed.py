@@ -18,6 +18,7 @@ from scheduler.aio import first_of
 from scheduler.bus.nats import NatsBus
 from scheduler.bus.publisher import Publisher
 from scheduler.clock import Clock
+from scheduler.engine.deadletter import DeadLetterCopies
 from scheduler.engine.firing import Firing
 from scheduler.engine.heap import HorizonHeap, TaskRef
 from scheduler.engine.intake import Intake
@@ -37,6 +38,7 @@ COUNT_EVERY = 15.0
 ANALYZE_EVERY = 5.0  # at most; see TaskStore.analyze_if_stale
 STALE_CLAIM = timedelta(seconds=30)
 PUBLISH_TIMEOUT = 5.0
+DLQ_DRAIN = 1.0
 RESCHEDULED_SUBJECT = "scheduler.v1.internal.rescheduled"
 
 
@@ -83,6 +85,7 @@ class DelayedEngine:
         assert self.bus.nc is not None and self.bus.js is not None
         publisher = await Publisher(self.bus.nc, timeout=PUBLISH_TIMEOUT).start()
         sub = await self.bus.nc.subscribe(RESCHEDULED_SUBJECT, cb=self._on_rescheduled)
+        dead = DeadLetterCopies(publisher, self.settings.dlq_subject_prefix, self.metrics)
         firing = Firing(
             self.settings,
             self.heap,
@@ -94,6 +97,7 @@ class DelayedEngine:
             self.wake,
             self.heap_lock,
             self.check_stream,
+            dead,
         )
         limits = Limits(max_payload=self.bus.max_payload, max_delay=self.settings.max_delay)
         intake = Intake(
@@ -106,6 +110,7 @@ class DelayedEngine:
             self.wake,
             self.heap_lock,
             limits,
+            dead,
         )
         log.info("engine.term_started epoch=%d", epoch)
         try:
@@ -126,6 +131,7 @@ class DelayedEngine:
             for check in list(self._checks):
                 check.cancel()
             await sub.unsubscribe()
+            await dead.drain(DLQ_DRAIN)  # copies in flight: their acks, not a failure log each
             await publisher.close()
             self.heap.reset()
             self.metrics.heap_size.set(0)

@@ -20,13 +20,14 @@ from datetime import datetime, timedelta
 
 from scheduler.bus.publisher import BatchItem, PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339, wait_event
+from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
 from scheduler.engine.heap import Entry, HorizonHeap, TaskRef
 from scheduler.engine.office import Office
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics, observe_many
 from scheduler.settings import Settings
 from scheduler.store.tasks import ClaimedTask, Fired, TaskStore, ceil_ms, from_ms, to_ms
-from scheduler.subjects import check_target, dlq_subject
+from scheduler.subjects import check_target
 
 log = logging.getLogger("scheduler.firing")
 
@@ -67,8 +68,10 @@ class Firing:
         wake: asyncio.Event,
         heap_lock: asyncio.Lock,
         on_stream: Callable[[str], None] | None = None,
+        dead: DeadLetterCopies | None = None,
     ) -> None:
         self.on_stream = on_stream
+        self.dead = dead or DeadLetterCopies(publisher, settings.dlq_subject_prefix, metrics)
         self.settings = settings
         self.heap_lock = heap_lock
         self.heap = heap
@@ -202,7 +205,7 @@ class Firing:
                 continue
             refused = self._refused(task.target)  # re-checked at fire time
             if refused is not None:
-                error = PublishError(task.target, refused, permanent=True)
+                error = PublishError(task.target, refused, True, "target_refused")
                 self._outcomes.append((task, error, now))
                 self.outcome_event.set()
                 continue
@@ -352,7 +355,7 @@ class Firing:
             return
         now = self.clock.now()
         dead = [
-            (t, str(e), "publish_failed")
+            (t, str(e), e.reason)
             for t, e in failed
             if e.permanent or t.attempts >= self.settings.max_attempts
         ]
@@ -386,6 +389,7 @@ class Firing:
         return timedelta(seconds=base * random.uniform(0.8, 1.2))
 
     async def _publish_dead(self, dead: list[tuple[ClaimedTask, str, str]]) -> None:
+        letters = []
         for task, error, reason in dead:
             self.metrics.dead_letters.labels(reason).inc()
             log.error(
@@ -395,18 +399,11 @@ class Firing:
                 task.attempts,
                 error,
             )
-            headers = {
-                **task.headers,
+            marks = {
                 "Nats-Msg-Id": f"dlq:{task.id}",
-                "Mq-Error": error,
-                "Mq-Error-Reason": reason,
                 "Mq-Target": task.target,
                 "Mq-Attempt": str(task.attempts),
             }
-            subject = dlq_subject(task.target, self.settings.dlq_subject_prefix)
-            try:
-                await (await self.publisher.publish(subject, task.payload, headers))
-            except (
-                PublishError
-            ) as exc:  # the dead_letters row is the record; the stream copy is a convenience
-                log.warning("dlq.publish_failed id=%s error=%s", task.id, exc)
+            letter = DeadLetter(task.target, task.payload, task.headers, reason, error, marks)
+            letters.append(letter)
+        await self.dead.send(letters)

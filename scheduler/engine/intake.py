@@ -1,16 +1,17 @@
 """The intake loop: the delay lane into PostgreSQL, acked only after the commit.
 
-Fetch a batch from the durable pull consumer, validate each message (envelope, target, size,
-TTL, max delay), store the good ones in one round trip (`ON CONFLICT DO NOTHING`: a redelivered
-or re-published task is stored once), put those inside the loaded horizon straight onto the heap,
-then ack. Bad input is dead-lettered (stream `MQ_DLQ` and table `dead_letters`) with an `Mq-Error`
-header naming the field and the problem, and termed so it never blocks the lane.
+Fetch a batch from the durable pull consumer, judge each message alone (decodable subject and
+headers, target, header rules, size, envelope, TTL, max delay), store the good ones in one round
+trip, put those inside the loaded horizon straight onto the heap, then ack. A task id already
+stored is a no-op when the message repeats that task exactly (same target, same bytes: a
+redelivery or a resend) and `duplicate_id` otherwise. Bad input is dead-lettered (table
+`dead_letters`, then a copy on stream `MQ_DLQ` with an `Mq-Error` header naming the field and
+the problem) and termed, so it never blocks the lane nor fails its batch neighbours.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 from collections.abc import Callable
@@ -20,16 +21,18 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from scheduler.bus.publisher import Publisher, PublishError
+from scheduler.bus.publisher import Publisher
 from scheduler.bus.puller import Puller
 from scheduler.clock import Clock
+from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
 from scheduler.engine.heap import HorizonHeap
-from scheduler.envelope import Limits, parse_envelope
+from scheduler.envelope import Limits, check_size, parse_envelope
 from scheduler.errors import EnvelopeError, TargetRefusedError
+from scheduler.headers import block_size, forwarded, printable
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.tasks import NewTask, TaskStore, ceil_ms
-from scheduler.subjects import check_target, delay_lane_prefix, dlq_subject
+from scheduler.store.tasks import Insertion, NewTask, TaskStore, ceil_ms
+from scheduler.subjects import check_target, delay_lane_prefix
 
 log = logging.getLogger("scheduler.intake")
 
@@ -37,21 +40,21 @@ YIELD_EVERY = 100
 # A small batch waits this long for more: one insert per 10 ms instead of one per message or
 # two at low rates (each statement costs a round trip); tasks are due later than that anyway.
 INTAKE_LINGER = 0.01
+DUPLICATE_ID = (
+    "id: already taken by another task (another target or other bytes); ids must be unique, "
+    "and a resend must repeat its task exactly"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
-    """An intake message that is not a valid task, with why."""
+    """An intake message that is not a valid task, with why; `target` is None when its
+    subject could not even be decoded."""
 
     msg: Msg
-    target: str
+    target: str | None
     reason: str
     error: str
-
-
-def forwarded_headers(msg: Msg) -> dict[str, str]:
-    """Producer headers to deliver with the task: all but `Nats-*` (the server's own)."""
-    return {k: v for k, v in (msg.headers or {}).items() if not k.lower().startswith("nats-")}
 
 
 class Intake:
@@ -68,8 +71,10 @@ class Intake:
         wake: asyncio.Event,
         heap_lock: asyncio.Lock,
         limits: Limits,
+        dead: DeadLetterCopies | None = None,
     ) -> None:
         self.settings = settings
+        self.dead = dead or DeadLetterCopies(publisher, settings.dlq_subject_prefix, metrics)
         self.heap = heap
         self.tasks = tasks
         self.publisher = publisher
@@ -83,10 +88,16 @@ class Intake:
 
     def classify(self, msg: Msg, now: datetime) -> NewTask | Rejected:
         """Validate one message into a NewTask, or say precisely why it is rejected."""
+        defect: tuple[str, str] | None = getattr(msg, "defect", None)
         rest = msg.subject[len(self.lane) :] if msg.subject.startswith(self.lane) else msg.subject
         target = "mq." + rest
+        if defect is not None:
+            where = None if defect[0] == "subject" else target
+            return Rejected(msg, where, "undecodable", f"{defect[0]}: {defect[1]}")
         try:
             check_target(target, self.settings.target_allow)
+            headers = forwarded(msg.headers)
+            check_size(len(target.encode()), block_size(headers), len(msg.data), self.limits)
             env = parse_envelope(msg.data, now, self.limits)
         except TargetRefusedError as exc:
             return Rejected(msg, target, "target_refused", str(exc))
@@ -97,7 +108,7 @@ class Intake:
             id=env.id,
             target=target,
             payload=msg.data,
-            headers=forwarded_headers(msg),
+            headers=headers,
             priority=env.priority,
             due_at=due,
             scheduled_for=due if env.delay_until is not None else ceil_ms(now),
@@ -123,22 +134,30 @@ class Intake:
             raise RuntimeError("office lost before the commit")
         good = [(m, r) for m, r in zip(msgs, results, strict=True) if isinstance(r, NewTask)]
         bad = [r for r in results if isinstance(r, Rejected)]
+        acked: list[Msg] = []
         if good:
-            await self._store([m for m, _ in good], [t for _, t in good])
+            insertion = await self._store([m for m, _ in good], [t for _, t in good])
+            msg_of = {id(t): m for m, t in good}
+            refused = [(t, "duplicate_id", DUPLICATE_ID) for t in insertion.taken]
+            refused += [(t, "unstorable", f"task: {e}") for t, e in insertion.refused]
+            bad += [Rejected(msg_of[id(t)], t.target, why, error) for t, why, error in refused]
+            dropped = {id(t) for t, _, _ in refused}
+            acked = [m for m, t in good if id(t) not in dropped]  # stored, or an exact resend
         if bad:
             await self._reject(bad)
         # One frame per ack, all handed to the connection at once (see scheduler.bus.wire).
-        await self.publisher.wire.empty_to(m.reply for m, _ in good if m.reply)
+        await self.publisher.wire.empty_to(m.reply for m in acked if m.reply)
 
-    async def _store(self, msgs: list[Msg], tasks: list[NewTask]) -> None:
+    async def _store(self, msgs: list[Msg], tasks: list[NewTask]) -> Insertion:
         async with self.heap_lock:
-            refs = await self._with_progress(self.tasks.insert(tasks), msgs)
-            pushed = sum(self.heap.offer(ref) for ref in refs)
-        self.metrics.intake.labels("accepted").inc(len(refs))
-        if len(refs) < len(tasks):
-            self.metrics.intake.labels("duplicate").inc(len(tasks) - len(refs))
+            insertion = await self._with_progress(self.tasks.insert_batch(tasks), msgs)
+            pushed = sum(self.heap.offer(ref) for ref in insertion.stored)
+        self.metrics.intake.labels("accepted").inc(len(insertion.stored))
+        if insertion.resent:
+            self.metrics.intake.labels("duplicate").inc(len(insertion.resent))
         if pushed:
             self.wake.set()
+        return insertion
 
     async def _with_progress(self, work: Any, msgs: list[Msg]) -> Any:
         """Await `work`, telling JetStream the batch is in progress while a slow commit runs."""
@@ -152,49 +171,29 @@ class Intake:
                 await msg.in_progress()
 
     async def _reject(self, bad: list[Rejected]) -> None:
-        rows = [self._dead_row(r) for r in bad]
+        rows = [_dead_row(r) for r in bad]
         await self.tasks.record_bad_intake(rows)
+        letters = []
         for r, row in zip(bad, rows, strict=True):
             self.metrics.intake.labels(r.reason).inc()
             self.metrics.dead_letters.labels(r.reason).inc()
             log.warning(
-                "intake.rejected subject=%s reason=%s error=%s", r.msg.subject, r.reason, r.error
+                "intake.rejected subject=%s reason=%s error=%s",
+                printable(r.msg.subject, 300),
+                r.reason,
+                printable(r.error, 300),
             )
-            await self._publish_dead(r, row["original_id"])
+            marks = {
+                "Nats-Msg-Id": row["key"] or f"dlq-intake:{row['original_id']}",
+                "Mq-Original-Subject": r.msg.subject,
+                "Mq-Original-Id": row["original_id"],
+            }
+            letters.append(
+                DeadLetter(r.target, r.msg.data, r.msg.headers, r.reason, r.error, marks)
+            )
+        await self.dead.send(letters)
+        for r in bad:
             await r.msg.term()
-
-    def _dead_row(self, r: Rejected) -> dict[str, Any]:
-        try:
-            payload: Any = json.loads(r.msg.data)
-        except ValueError:
-            payload = {"_raw_base64": base64.b64encode(r.msg.data).decode()}
-        return {
-            "original_id": _original_id(r.msg, payload),
-            "subject": r.msg.subject,
-            "payload": payload,
-            "error": r.error,
-            "reason": r.reason,
-            "target": r.target,
-            "raw": r.msg.data,
-            "headers": dict(r.msg.headers or {}),
-        }
-
-    async def _publish_dead(self, r: Rejected, original_id: str) -> None:
-        headers = {
-            **forwarded_headers(r.msg),
-            "Nats-Msg-Id": f"dlq-intake:{_stream_seq(r.msg)}",
-            "Mq-Error": r.error[:1000],
-            "Mq-Error-Reason": r.reason,
-            "Mq-Original-Subject": r.msg.subject,
-            "Mq-Original-Id": original_id,
-        }
-        subject = dlq_subject(r.target, self.settings.dlq_subject_prefix)
-        try:
-            await (await self.publisher.publish(subject, r.msg.data, headers))
-        except (
-            PublishError
-        ) as exc:  # the dead_letters row is the record; the stream copy is a convenience
-            log.warning("dlq.publish_failed subject=%s error=%s", subject, exc)
 
     async def run(
         self, nc: Any, stream: str, stop: asyncio.Event, may_act: Callable[[], bool]
@@ -234,15 +233,44 @@ class Intake:
             await self.clock.sleep(1.0)
 
 
-def _stream_seq(msg: Msg) -> int:
+def _dead_row(r: Rejected) -> dict[str, Any]:
+    """The `dead_letters` row of a rejected message (TaskStore.record_bad_intake)."""
+    return {
+        "original_id": _original_id(r.msg),
+        "key": _intake_key(r.msg),
+        "subject": r.msg.subject,
+        "error": r.error,
+        "reason": r.reason,
+        "target": r.target,
+        "raw": r.msg.data,
+        "headers": r.msg.headers,
+    }
+
+
+def _intake_key(msg: Msg) -> str | None:
+    """What identifies this message on the lane (stream, sequence and store time), so a
+    redelivered bad message is dead-lettered once; None outside JetStream (tests)."""
     try:
-        return int(msg.metadata.sequence.stream)
-    except Exception:  # not a JetStream message (tests feeding core messages)
-        return 0
+        meta = msg.metadata
+        stamp = int(meta.timestamp.timestamp() * 1_000_000)
+        return f"dlq-intake:{meta.stream}:{meta.sequence.stream}:{stamp}"
+    except Exception:  # not a JetStream message
+        return None
 
 
-def _original_id(msg: Msg, payload: Any) -> str:
-    if isinstance(payload, dict) and isinstance(payload.get("id"), str) and payload["id"]:
-        return str(payload["id"])[:200]
+def _original_id(msg: Msg) -> str:
+    """The envelope's id if there is one to read, else the producer's Nats-Msg-Id, else the
+    lane's stream sequence."""
+    try:
+        doc = json.loads(msg.data)
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("id"), str) and doc["id"]:
+        return printable(doc["id"], 200)
     header = (msg.headers or {}).get("Nats-Msg-Id")
-    return header or f"intake:{_stream_seq(msg)}"
+    if header:
+        return printable(header, 200)
+    try:
+        return f"intake:{msg.metadata.sequence.stream}"
+    except Exception:  # not a JetStream message
+        return "intake:?"

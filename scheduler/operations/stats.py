@@ -140,7 +140,8 @@ class Refresher:
                 self.poke.clear()
                 await first_of(self.poke.wait(), stop.wait(), asyncio.sleep(wait))
         finally:
-            await sub.unsubscribe()
+            if not nc.is_closed:  # closed for good (see Daemon.is_alive): nothing to undo
+                await sub.unsubscribe()
 
     async def _on_notice(self, _: Msg) -> None:
         self.poke.set()

@@ -18,6 +18,7 @@ from nats.aio.client import Client
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.engine.delayed import RESCHEDULED_SUBJECT
 from scheduler.engine.heap import TaskRef
+from scheduler.envelope import bounded_instant
 from scheduler.errors import RequestError
 from scheduler.operations import Outcome
 from scheduler.operations.paging import Page, decode, from_us, page, us
@@ -99,6 +100,10 @@ class TaskOperations:
         return Outcome(status, task_id, data={"due_at": to_rfc3339(due)})
 
     def check_due(self, due: datetime) -> None:
+        try:  # a time PostgreSQL or the engine's arithmetic cannot hold (year 1, year 9999)
+            bounded_instant(due)
+        except ValueError as exc:
+            raise RequestError("bad_request", f"delay_until: {exc}", "delay_until") from None
         if due - self.clock.now() > self.settings.max_delay:
             raise RequestError(
                 "too_far",

@@ -62,7 +62,8 @@ class ScheduleStore:
         return {r["name"]: r["last_scheduled_for"] for r in rows}
 
     async def advance(self, epoch: int, moves: Sequence[Advance], instance: str) -> None:
-        """Move cursors and log deliveries in one fenced statement."""
+        """Move cursors and log deliveries in one fenced statement; a retried statement adds no
+        second `fire_log` row (the unique index `fire_log_once`, migration 0006)."""
         if not moves:
             return
         fired = [m for m in moves if m.fired_at is not None]
@@ -84,7 +85,8 @@ class ScheduleStore:
                 "AS f(key, subject, sched, fired, attempt, stream, seq)), ins AS (INSERT INTO "
                 "fire_log (kind, key, subject, scheduled_for, fired_at, attempt, epoch, instance, "
                 "stream, stream_seq) SELECT 'cron', f.key, f.subject, f.sched, f.fired, "
-                "f.attempt, $1, $2, f.stream, f.seq FROM f, lead RETURNING 1) "
+                "f.attempt, $1, $2, f.stream, f.seq FROM f, lead ON CONFLICT DO NOTHING "
+                "RETURNING 1) "
                 "SELECT count(*) FROM lead",
                 epoch,
                 instance,

@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,7 +21,9 @@ import asyncpg
 
 from scheduler.engine.heap import TaskRef
 from scheduler.errors import FencedError
+from scheduler.headers import printable
 from scheduler.store.postgres import PostgresStore
+from scheduler.store.values import ROW_ERRORS, jsonb_text, raw_json
 
 log = logging.getLogger("scheduler.store")
 
@@ -114,6 +116,26 @@ class Fired:
     stream_seq: int
 
 
+@dataclass(slots=True)
+class Insertion:
+    """What became of a batch offered to `insert_batch`."""
+
+    stored: list[TaskRef] = field(default_factory=list)
+    # the id was stored before with the same target and bytes: an idempotent no-op
+    resent: list[NewTask] = field(default_factory=list)
+    # the id is taken by a task with another target or other bytes: `duplicate_id`
+    taken: list[NewTask] = field(default_factory=list)
+    # PostgreSQL refused the row itself (the error's text): `unstorable`
+    refused: list[tuple[NewTask, str]] = field(default_factory=list)
+
+    def extend(self, other: Insertion) -> Insertion:
+        self.stored += other.stored
+        self.resent += other.resent
+        self.taken += other.taken
+        self.refused += other.refused
+        return self
+
+
 _NO_HEADERS: dict[str, str] = {}  # shared by every task without headers; never mutated
 
 
@@ -131,6 +153,22 @@ def _claimed(row: asyncpg.Record) -> ClaimedTask:
         expires_at=row["expires_at"],
         attempts=row["attempts"],
         seq=row["seq"],
+    )
+
+
+def _intake_row(r: dict[str, Any], reduced: bool = False) -> tuple[Any, ...]:
+    """The values of one intake dead letter, every text PostgreSQL-safe."""
+    headers = {printable(k): printable(v) for k, v in (r["headers"] or {}).items()}
+    return (
+        printable(r["original_id"], 200),
+        printable(r["subject"]),
+        raw_json(r["raw"]) if reduced else jsonb_text(r["raw"]),
+        printable(r["error"]),
+        r["reason"],
+        None if r["target"] is None else printable(r["target"]),
+        r["raw"],
+        "{}" if reduced else json.dumps(headers),
+        r.get("key"),
     )
 
 
@@ -186,6 +224,49 @@ class TaskStore:
             )
         self.inserted += len(rows)
         return [TaskRef(r["id"], to_ms(r["due_at"]), r["priority"], r["seq"]) for r in rows]
+
+    async def insert_batch(self, tasks: Sequence[NewTask]) -> Insertion:
+        """Store a batch, judging each task alone: an id seen before is a no-op when it is the
+        same task (same target, same bytes) and `taken` otherwise; a row PostgreSQL refuses is
+        split out of the batch (halving it until found) and `refused`, the rest stored."""
+        try:
+            refs = await self.insert(tasks)
+        except ROW_ERRORS as exc:
+            if len(tasks) == 1:
+                log.warning("insert.refused id=%s error=%s", tasks[0].id, exc)
+                return Insertion(refused=[(tasks[0], f"PostgreSQL refused it: {exc}")])
+            half = len(tasks) // 2
+            first = await self.insert_batch(tasks[:half])
+            return first.extend(await self.insert_batch(tasks[half:]))
+        result = Insertion(stored=refs)
+        if len(refs) < len(tasks):
+            await self._judge_conflicts(tasks, refs, result)
+        return result
+
+    async def _judge_conflicts(
+        self, tasks: Sequence[NewTask], refs: list[TaskRef], result: Insertion
+    ) -> None:
+        """Sort the tasks not stored into exact resends and ids taken by another task."""
+        fresh = {r.task_id for r in refs}
+        conflicts = []
+        for task in tasks:  # within a batch, the first task with an id is the one stored
+            if task.id in fresh:
+                fresh.discard(task.id)
+            else:
+                conflicts.append(task)
+        async with self.db.timed("conflicts") as conn:
+            rows = await conn.fetch(
+                "SELECT u.i, d.id IS NULL OR (d.target = u.target AND d.payload = u.payload) "
+                "AS same FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int[]) "
+                "AS u(id, target, payload, i) LEFT JOIN delayed_messages d ON d.id = u.id",
+                [t.id for t in conflicts],
+                [t.target for t in conflicts],
+                [t.payload for t in conflicts],
+                list(range(len(conflicts))),
+            )
+        for row in rows:
+            task = conflicts[row["i"]]
+            (result.resent if row["same"] else result.taken).append(task)
 
     async def load_page(
         self, after: tuple[int, int, int], until: datetime, limit: int
@@ -259,7 +340,11 @@ class TaskStore:
         return sorted((_claimed(r) for r in rows), key=lambda t: (t.due_at, t.priority, t.seq))
 
     async def mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
-        """Record deliveries: status fired and one `fire_log` row each, in one statement."""
+        """Record deliveries: status fired and one `fire_log` row each, in one statement.
+
+        Idempotent: the log row is written only for a task this statement moves from claimed
+        to fired, which happens once per claim (one row per task and attempt), and the unique
+        index `fire_log_once` drops an exact repeat of a row (see migration 0006)."""
         if not fired:
             return
         columns = ([f.task.id for f in fired], [f.task.target for f in fired])
@@ -285,7 +370,8 @@ class TaskStore:
                 "ins AS (INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, "
                 "attempt, epoch, instance, stream, stream_seq) SELECT 'delayed', u.id, "
                 "u.subject, u.sched, u.fired_at, u.attempt, $1, $2, u.stream, u.seq "
-                "FROM u, lead RETURNING 1) SELECT count(*) FROM lead",
+                "FROM u JOIN upd ON upd.id = u.id ON CONFLICT DO NOTHING RETURNING 1) "
+                "SELECT count(*) FROM lead",
                 epoch,
                 instance,
                 texts[0],
@@ -335,42 +421,48 @@ class TaskStore:
             return
         async with self.fenced(epoch, "dead") as conn:
             await conn.execute(
-                "WITH u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[]) "
-                "AS u(id, err, reason)), d AS (UPDATE delayed_messages m SET status = 'dead', "
-                "last_error = u.err, updated_at = now() FROM u WHERE m.id = u.id AND "
-                "m.status = 'claimed' AND m.claimed_epoch = $1 RETURNING m.*, u.err, u.reason) "
+                "WITH u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], "
+                "$5::jsonb[]) AS u(id, err, reason, doc)), d AS (UPDATE delayed_messages m "
+                "SET status = 'dead', last_error = u.err, updated_at = now() FROM u "
+                "WHERE m.id = u.id AND m.status = 'claimed' AND m.claimed_epoch = $1 "
+                "RETURNING m.*, u.err, u.reason, u.doc) "
                 "INSERT INTO dead_letters (original_id, subject, payload, error, attempts, "
-                "first_seen, reason, stage, target, raw, headers) SELECT id, target, "
-                "convert_from(payload, 'UTF8')::jsonb, err, attempts, created_at, reason, "
-                "'firing', target, payload, headers FROM d",
+                "first_seen, reason, stage, target, raw, headers) SELECT id, target, doc, "
+                "err, attempts, created_at, reason, 'firing', target, payload, headers FROM d",
                 epoch,
                 [t.id for t, _, _ in items],
-                [e for _, e, _ in items],
+                [printable(e) for _, e, _ in items],
                 [r for _, _, r in items],
+                [jsonb_text(t.payload) for t, _, _ in items],
             )
 
     async def record_bad_intake(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Dead-letter rows for intake messages that were never tasks (bad input)."""
+        """Dead-letter rows for intake messages that were never tasks (bad input).
+
+        Each row: `original_id`, `subject`, `error`, `reason`, `target` (text, made safe for
+        PostgreSQL here), `raw` (the bytes; `payload` is derived from them), `headers` and
+        `key` (the message on the lane: recorded once, a redelivery adds nothing). A row
+        PostgreSQL still refuses is stored again without its payload document and headers."""
         if not rows:
             return
+        try:
+            await self._dead_intake([_intake_row(r) for r in rows])
+        except ROW_ERRORS:
+            for r in rows:  # rare: find the row, keep the others whole
+                try:
+                    await self._dead_intake([_intake_row(r)])
+                except ROW_ERRORS as exc:
+                    log.warning("dead_intake.reduced id=%s error=%s", r["original_id"], exc)
+                    await self._dead_intake([_intake_row(r, reduced=True)])
+
+    async def _dead_intake(self, rows: list[tuple[Any, ...]]) -> None:
         async with self.db.timed("dead_intake") as conn:
             await conn.executemany(
                 "INSERT INTO dead_letters (original_id, subject, payload, error, attempts, "
-                "first_seen, reason, stage, target, raw, headers) "
-                "VALUES ($1, $2, $3::jsonb, $4, 1, now(), $5, 'intake', $6, $7, $8::jsonb)",
-                [
-                    (
-                        r["original_id"],
-                        r["subject"],
-                        json.dumps(r["payload"]),
-                        r["error"],
-                        r["reason"],
-                        r["target"],
-                        r["raw"],
-                        json.dumps(r["headers"]),
-                    )
-                    for r in rows
-                ],
+                "first_seen, reason, stage, target, raw, headers, intake_key) VALUES ($1, $2, "
+                "$3::jsonb, $4, 1, now(), $5, 'intake', $6, $7, $8::jsonb, $9) "
+                "ON CONFLICT (intake_key) DO NOTHING",
+                rows,
             )
 
     async def cancel(self, task_id: str, target: str) -> str:

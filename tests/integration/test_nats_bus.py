@@ -38,6 +38,7 @@ async def test_provision_creates_streams_consumer_and_buckets(settings: Settings
         assert leader.config.max_age == settings.lease_ttl
         consumer = await bus.js.consumer_info("MQ_DELAY", "scheduler-intake")
         assert consumer.config.ack_wait == 10
+        assert consumer.config.filter_subject is None  # the lane's own stream: no filter
         again = await provision(bus, embedded=True)
         assert {n.status for n in again} == {"exists"}
         assert bus.version_problem() is None
@@ -60,8 +61,38 @@ async def test_existing_stream_covering_the_lane_is_reported(settings: Settings)
         assert notes["MQ_DELAY"].detail == "HANZO_MQ"
         assert notes["MQ_DLQ"].status == "covered"
         assert notes["HANZO_MQ/scheduler-intake"].status == "created"
+        consumer = await nc.jetstream().consumer_info("HANZO_MQ", "scheduler-intake")
+        assert consumer.config.filter_subject == "mq.delay.>"
     finally:
         await nc.close()
+
+
+async def test_a_filtered_intake_consumer_on_the_lane_stream_loses_its_filter(
+    settings: Settings,
+) -> None:
+    """An intake consumer made with a filter on the lane's own stream is updated to none:
+    nats-server never hands a filtered consumer a subject holding a DEL byte, which would
+    otherwise stay on the lane, never judged."""
+    from scheduler.bus.nats import ensure_consumer, ensure_stream, stream_configs
+    from tests.rawclient import RawClient
+
+    bus = NatsBus(settings, Metrics())
+    await bus.connect()
+    try:
+        assert bus.js is not None
+        await ensure_stream(bus.js, stream_configs(settings, embedded=False)[0])
+        await ensure_consumer(bus.js, "MQ_DELAY", "scheduler-intake", "mq.delay.>", 10)
+        notes = {n.name: n for n in await provision(bus, embedded=False)}
+        assert notes["MQ_DELAY/scheduler-intake"].status == "updated"
+        consumer = await bus.js.consumer_info("MQ_DELAY", "scheduler-intake")
+        assert consumer.config.filter_subject is None and consumer.config.ack_wait == 10
+        async with RawClient(settings.nats_url or "") as raw:
+            assert "seq" in await raw.publish(b"mq.delay.a\x7fb", b"{}")
+        psub = await bus.js.pull_subscribe_bind("scheduler-intake", "MQ_DELAY")
+        (msg,) = await psub.fetch(1, timeout=3)
+        assert msg.subject == "mq.delay.a\x7fb"
+    finally:
+        await bus.close()
 
 
 async def test_publish_while_disconnected_fails_instead_of_buffering(tmp_path: Path) -> None:

@@ -218,3 +218,48 @@ async def test_publish_batch_delivers_every_item_once_with_its_outcome(nats_url:
                 assert m.headers["X-Odd"] == ("ü" if i == 10 else "plain")
     finally:
         await nc.close()
+
+
+async def test_no_publish_path_sends_a_frame_over_max_payload(nats_url: str) -> None:
+    """A message whose headers and payload together pass max_payload is refused on every
+    publish path as a permanent `too_large` PublishError, never sent: the server would refuse
+    it and nats-py would close the connection for good (it counts the payload alone)."""
+    from scheduler.bus.publisher import PubAck, Publisher, PublishError
+
+    nc = await nats.connect(nats_url)
+    try:
+        await nc.jetstream().add_stream(StreamConfig(name="BIG", subjects=["wire.big.>"]))
+        publisher = await Publisher(nc, timeout=5).start()
+        body = b"x" * (nc.max_payload - 100)  # fits alone, not with the headers below
+        big = {"Nats-Msg-Id": "big", "X-Pad": "y" * 200}
+        outcomes: list[PubAck | PublishError] = []
+        try:
+            with pytest.raises(PublishError) as err:
+                await (await publisher.publish("wire.big.a", body, big))
+            assert err.value.permanent and err.value.reason == "too_large"
+            block = b"NATS/1.0\r\nNats-Msg-Id: b\r\nX-Pad: " + b"y" * 200 + b"\r\n\r\n"
+            await publisher.publish_batch(
+                [
+                    ("wire.big.b", body, big, outcomes.append),
+                    ("wire.big.c", body, block, outcomes.append),
+                    ("wire.big.d", b"small", {"Nats-Msg-Id": "d"}, outcomes.append),
+                ]
+            )
+            reply = publisher.reserve()
+            frame = publisher.wire.frame("wire.big.e", body, reply, big)
+            assert frame is not None
+            (fut,) = await publisher.publish_frames([("wire.big.e", reply, frame)])
+            with pytest.raises(PublishError, match="cannot fit"):
+                await fut
+            async with asyncio.timeout(5):
+                while len(outcomes) < 3:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+        finally:
+            await publisher.close()
+        too_large = [o for o in outcomes if isinstance(o, PublishError)]
+        assert [o.reason for o in too_large] == ["too_large", "too_large"]
+        assert sum(isinstance(o, PubAck) for o in outcomes) == 1
+        await nc.flush()
+        assert nc.is_connected and not nc.is_closed
+    finally:
+        await nc.close()

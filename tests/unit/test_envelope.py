@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.envelope import HEADER_RESERVE, Limits, parse_envelope
+from scheduler.envelope import HEADER_RESERVE, Limits, check_size, parse_envelope
 from scheduler.errors import EnvelopeError
+from scheduler.headers import block_size
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -99,8 +100,8 @@ def test_past_delay_until_is_due_now() -> None:
         ("delay_until", "2026-11-22T12:00:10", "delay_until: must carry a UTC offset or Z"),
         ("delay_until", 1764000000, "delay_until: must be an ISO 8601 date-time string"),
         ("delay_until", "soon", "delay_until: is not an ISO 8601 date-time"),
-        ("ttl_seconds", 0, "ttl_seconds: must be greater than 0 (got 0)"),
-        ("ttl_seconds", -5, "ttl_seconds: must be greater than 0 (got -5)"),
+        ("ttl_seconds", 0, "ttl_seconds: must be from 1 to 3155760000 (100 years) (got 0)"),
+        ("ttl_seconds", -5, "ttl_seconds: must be from 1 to 3155760000 (100 years) (got -5)"),
         ("ttl_seconds", "60", 'ttl_seconds: must be an integer (got "60")'),
         ("data", [1], "data: must be a JSON object (got [1])"),
         ("data", "x", 'data: must be a JSON object (got "x")'),
@@ -173,3 +174,82 @@ def test_expiry_is_timestamp_plus_ttl() -> None:
     """`expires_at` is `timestamp + ttl_seconds`."""
     env = parse_envelope(raw(envelope()), NOW)
     assert env.expires_at == datetime(2026, 11, 22, 12, 4, 59, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("ttl_seconds", 300_000_000_000, "ttl_seconds: must be from 1 to 3155760000"),
+        ("ttl_seconds", 10**40, "ttl_seconds: must be from 1 to 3155760000"),
+        ("delay_until", "0001-01-01T00:00:00+01:00", "delay_until: is out of range"),
+        ("delay_until", "9999-12-31T23:59:59-01:00", "delay_until: is out of range"),
+        ("delay_until", "1969-12-31T23:59:59Z", "delay_until: is out of range"),
+        ("timestamp", "0001-01-01T00:00:00+01:00", "timestamp: is out of range"),
+        ("timestamp", "9000-01-01T00:00:00Z", "timestamp: is out of range"),
+        ("id", "task\n", "id: must be 1-200 printable ASCII characters"),
+        ("id", "\ntask", "id: must be 1-200 printable ASCII characters"),
+        ("type", "a.b\n", "type: must be a dot-delimited name"),
+    ],
+)
+def test_values_out_of_range_are_named_never_overflow(
+    field: str, value: Any, expected: str
+) -> None:
+    """Times, TTLs and ids beyond what the daemon computes with fail with the field named."""
+    err = problems(envelope(**{field: value}))
+    assert str(err).startswith(expected), str(err)
+    assert err.reason == "invalid_envelope"
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        (b'{"data": {"n": ' + b"9" * 5000 + b"}}", "payload: is not JSON: number out of range"),
+        (b'{"data": ' + b"[" * 5000 + b"]" * 5000 + b"}", "payload: is not JSON: recursion"),
+        (b'{"id": "\\ud800"}', "payload: is not JSON: unexpected end of hex escape"),
+        (b'{"id": "\\udc00"}', "payload: is not JSON: lone leading surrogate"),
+    ],
+)
+def test_json_beyond_what_parsers_take_is_unparseable(payload: bytes, expected: str) -> None:
+    """Numbers too long, nesting too deep and lone surrogates are `unparseable`, not a crash."""
+    err = problems(payload)
+    assert err.reason == "unparseable"
+    assert str(err).startswith(expected), str(err)
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [("NaN", "data.n"), ("-Infinity", "data.n"), ('[1, {"x": Infinity}]', "data.n[1].x")],
+)
+def test_nan_and_infinity_are_refused_with_their_path(value: str, path: str) -> None:
+    """NaN and Infinity are not JSON: refused naming where they are."""
+    text = json.dumps(envelope(data={"n": 0})).replace('"n": 0', f'"n": {value}')
+    err = problems(text.encode())
+    assert err.field == "data" and path in str(err)
+
+
+def test_nan_inside_a_string_and_a_nul_escape_are_fine() -> None:
+    """The words NaN and Infinity inside strings, and a NUL escape, are valid JSON."""
+    env = parse_envelope(raw(envelope(data={"s": "NaN Infinity \u0000"})), NOW)
+    assert env.id
+
+
+def test_delivery_size_counts_subject_and_headers() -> None:
+    """A delivery whose subject + headers + payload pass the limit is `too_large`."""
+    limits = Limits(max_payload=HEADER_RESERVE + 1000)
+    check_size(10, 490, 500, limits)  # exactly at the limit
+    with pytest.raises(EnvelopeError) as err:
+        check_size(10, 491, 500, limits)
+    assert err.value.reason == "too_large"
+    assert "subject 10 + headers 491 + payload 500" in str(err.value)
+
+
+def test_the_header_reserve_holds_the_daemons_largest_delivery_headers() -> None:
+    """The daemon's own delivery headers at their largest (a 200-byte id, a 10-digit attempt)
+    fit in the room intake keeps for them, with the frame's control line."""
+    headers = {
+        "Nats-Msg-Id": "x" * 200,
+        "Mq-Scheduled-For": "2026-11-22T12:00:10.000Z",
+        "Mq-Fired-At": "2026-11-22T12:00:10.000Z",
+        "Mq-Attempt": "9" * 10,
+    }
+    assert block_size(headers) + 200 < HEADER_RESERVE

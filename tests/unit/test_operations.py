@@ -198,3 +198,21 @@ def test_operator_pauses_mark_only_the_named_jobs() -> None:
     marked = operator_paused(JOBS, frozenset({"ping"}))
     assert [(j.name, j.paused) for j in marked] == [("ping", True), ("report", False)]
     assert operator_paused(JOBS, frozenset()) == JOBS
+
+
+@pytest.mark.parametrize("raw", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_a_new_due_time_out_of_range_is_a_bad_request_naming_the_field(raw: str) -> None:
+    """A reschedule to a time PostgreSQL cannot hold is refused naming `delay_until`, not a
+    database error."""
+    from datetime import UTC, datetime
+
+    from scheduler.clock import FakeClock
+    from scheduler.errors import RequestError
+    from scheduler.operations.tasks import TaskOperations, parse_due
+    from scheduler.settings import Settings
+
+    ops = TaskOperations.__new__(TaskOperations)  # check_due reads clock and settings only
+    ops.clock = FakeClock(datetime(2026, 11, 25, tzinfo=UTC))
+    ops.settings = Settings()
+    with pytest.raises(RequestError, match=r"delay_until: is out of range"):
+        ops.check_due(parse_due(raw))

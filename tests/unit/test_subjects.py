@@ -30,10 +30,19 @@ def test_subject_outside_the_lane_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("target", "dlq"),
-    [("mq.inference.chat", "mq.dlq.inference.chat"), ("jobs.x", "mq.dlq.jobs.x")],
+    [
+        ("mq.inference.chat", "mq.dlq.inference.chat"),
+        ("jobs.x", "mq.dlq.jobs.x"),
+        ("mq.*", "mq.dlq._invalid"),
+        ("mq.a\x00b", "mq.dlq._invalid"),
+        ("mq..a", "mq.dlq._invalid"),
+        (None, "mq.dlq._invalid"),
+        ("mq." + "a" * 1022, "mq.dlq._invalid"),
+    ],
 )
-def test_dead_letter_subject(target: str, dlq: str) -> None:
-    """The DLQ subject drops the `mq.` prefix; other targets keep their whole name."""
+def test_dead_letter_subject(target: str | None, dlq: str) -> None:
+    """The DLQ subject drops the `mq.` prefix; other targets keep their whole name; a target
+    that is not a literal subject (or none) gets `mq.dlq._invalid`, never a wildcard."""
     assert dlq_subject(target) == dlq
 
 
@@ -64,7 +73,10 @@ def test_subject_matching(pattern: str, subject: str, expected: bool) -> None:
         ("_INBOX.abc", "_INBOX."),
         ("mq.*", "wildcards"),
         ("mq.a.>", "wildcards"),
-        ("mq..a", "wildcards or empty tokens"),
+        ("mq..a", "wildcards, empty tokens"),
+        ("mq.a\x00b", "control characters"),
+        ("mq.a\x7f", "control characters"),
+        ("mq." + "a" * 1022, "longer than 1024 bytes"),
         ("other.subject", "outside the allow-list"),
     ],
 )

@@ -15,10 +15,16 @@ router = APIRouter(tags=["health"])
 @router.get(
     "/healthz",
     response_model=Health,
-    responses={503: {"model": Health, "description": "the process is stopping"}},
+    responses={
+        503: {
+            "model": Health,
+            "description": "the process is stopping, or its NATS connection is closed for good",
+        }
+    },
 )
 async def healthz(request: Request) -> Any:
-    """200 while the process runs its loops (starting included)."""
+    """200 while the process runs its loops (starting included); 503 once nats-py has given
+    the connection up for good (only a restart helps)."""
     alive = request.app.state.backend.is_alive()
     return JSONResponse({"alive": alive}, status_code=200 if alive else 503)
 
