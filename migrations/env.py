@@ -18,12 +18,16 @@ MIGRATION_LOCK = 0x6D717363  # "mqsc"
 
 def _run(connection: Connection) -> None:
     connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
+    connection.commit()  # the lock belongs to the session; each migration has its transaction
     try:
         context.configure(
             connection=connection, target_metadata=None, transaction_per_migration=True
         )
         with context.begin_transaction():
             context.run_migrations()
+        # Committed before the unlock: a replica that was waiting on the lock must find the
+        # schema migrated, not migrate it again ("relation alembic_version already exists").
+        connection.commit()
     except Exception:
         # End the failed transaction, or the unlock below fails too and its error ("current
         # transaction is aborted") hides the one that matters (say, a missing permission).
@@ -31,6 +35,7 @@ def _run(connection: Connection) -> None:
         raise
     finally:
         connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK})")
+        connection.commit()
 
 
 async def _main() -> None:

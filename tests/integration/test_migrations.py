@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from asyncio.subprocess import PIPE
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -151,3 +152,39 @@ async def test_head_read_as_text_matches_alembic_and_skips_an_up_to_date_databas
     assert await migrate.current_revision(database_url) == "0002"
     await migrate.upgrade_async(database_url)  # not at head: Alembic runs
     assert await migrate.current_revision(database_url) == script.get_current_head()
+
+
+async def test_replicas_migrating_an_empty_database_at_once_all_succeed(database_url: str) -> None:
+    """Three replicas migrating an empty database at the same moment all succeed: one migrates
+    and commits before it lets the others in, which then find the schema at head."""
+    await asyncio.to_thread(migrate.downgrade, database_url, "base")
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("DROP TABLE alembic_version")
+        # Hold the migration lock until all three wait on it, so they truly start together.
+        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
+        env = {**os.environ, "SCHEDULER_DATABASE_URL": database_url}
+        procs = [  # processes, as replicas are (Alembic's module context is not for threads)
+            await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "scheduler", "migrate", env=env, stderr=PIPE
+            )
+            for _ in range(3)
+        ]
+        async with asyncio.timeout(60):
+            while await conn.fetchval(WAITING_ON_LOCK, MIGRATION_LOCK) < 3:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+            results = [(await p.wait(), await p.stderr.read()) for p in procs]  # type: ignore[union-attr]
+    finally:
+        await conn.close()
+    assert [code for code, _ in results] == [0, 0, 0], [err[-500:] for _, err in results]
+    head = ScriptDirectory.from_config(migrate.alembic_config(database_url)).get_current_head()
+    assert await migrate.current_revision(database_url) == head
+    assert await tables(database_url) >= TABLES
+
+
+MIGRATION_LOCK = 0x6D717363  # migrations/env.py
+WAITING_ON_LOCK = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+    "AND objid = ($1::bigint & 4294967295)"
+)
