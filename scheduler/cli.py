@@ -15,8 +15,6 @@ from scheduler import __version__
 from scheduler.errors import ConfigError, SchedulerError
 
 OPEN_ISSUES = {
-    "audit": "the PySpark drift audit",
-    "export-log": "the execution-log export of the drift audit",
     "dlq": "dead-letter inspection and replay",
 }
 
@@ -59,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     mig.set_defaults(func=cmd_migrate)
 
     _schedule_commands(sub)
+    _audit_commands(sub)
     for verb, what in OPEN_ISSUES.items():
         p = sub.add_parser(verb, help=f"{what} (not yet available)")
         p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -80,6 +79,17 @@ def _schedule_commands(sub: Any) -> None:
     nxt = sub.add_parser("next", help="print the coming occurrences of cron jobs")
     schedules.configure_next(nxt)
     nxt.set_defaults(func=schedules.cmd_next)
+
+
+def _audit_commands(sub: Any) -> None:
+    from scheduler.audit import cli as audit  # PySpark is imported only when the audit runs
+
+    aud = sub.add_parser("audit", help="the PySpark drift audit of a day's execution log")
+    audit.configure_audit(aud)
+    aud.set_defaults(func=audit.cmd_audit)
+    exp = sub.add_parser("export-log", help="write a day's fire_log as JSON lines or Parquet")
+    audit.configure_export(exp)
+    exp.set_defaults(func=audit.cmd_export)
 
 
 def _not_yet(verb: str, what: str) -> Callable[[argparse.Namespace], int]:

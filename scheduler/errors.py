@@ -63,3 +63,12 @@ class ServiceUnavailableError(SchedulerError, ConnectionError):
     def __init__(self, service: str, detail: str) -> None:
         super().__init__(f"{service} unavailable: {detail}")
         self.service = service
+
+
+class AuditInputError(SchedulerError, ValueError):
+    """The drift audit cannot use its input (an option, a path, a log's columns); says which."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        super().__init__(f"{what}: {problem}")
+        self.what = what
+        self.problem = problem

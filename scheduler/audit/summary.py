@@ -1,0 +1,126 @@
+"""From aggregated counts to `summary.json` and the SLO verdict (design section 7). Pure.
+
+The Spark job hands over one plain row per schedule, per subject and per kind; this module
+shapes them into the document, judges the SLO and says why each breach is one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Percentiles are exact: Spark's `percentile` over whole milliseconds, interpolating linearly
+# between the two closest ranks (numpy's default method).
+PERCENTILE_METHOD = "exact (linear interpolation between closest ranks, whole milliseconds)"
+SCHEDULE_COUNTS = ("expected", "fired", "missed", "doubled", "early", "late", "unexpected")
+SUBJECT_COUNTS = ("fired", "early", "late", "missed", "doubled", "overdue", "dead", "expired")
+KIND_COUNTS = ("expected", "fired", "delivered", "missed", "doubled", "early", "late")
+KIND_COUNTS += ("unexpected", "overdue", "dead", "expired")
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Lateness p99 each schedule and subject must stay at or under; the per-delivery lateness
+    above which a delivery counts as late."""
+
+    lateness_p99_ms: int = 1000
+    late_ms: int = 1000
+
+
+def lateness(row: dict[str, Any]) -> dict[str, Any]:
+    """The `lateness_ms` block of a row: p50, p95, p99, max and mean (None without deliveries)."""
+
+    def num(value: Any) -> float | int | None:
+        if value is None:
+            return None
+        rounded = round(float(value), 3)
+        return int(rounded) if rounded.is_integer() else rounded
+
+    return {k: num(row.get(k)) for k in ("p50", "p95", "p99", "max", "mean")}
+
+
+def _counts(row: dict[str, Any], names: tuple[str, ...]) -> dict[str, int]:
+    return {name: int(row.get(name) or 0) for name in names}
+
+
+def schedule_entry(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "subject": row.get("subject"),
+        **_counts(row, SCHEDULE_COUNTS),
+        "lateness_ms": lateness(row),
+    }
+
+
+def subject_entry(row: dict[str, Any]) -> dict[str, Any]:
+    entry: dict[str, Any] = _counts(row, SUBJECT_COUNTS)
+    entry["lateness_ms"] = lateness(row)
+    entry["by_kind"] = {"cron": int(row.get("cron") or 0), "delayed": int(row.get("delayed") or 0)}
+    return entry
+
+
+def schedule_problems(entry: dict[str, Any], slo: Slo) -> list[str]:
+    """Why a schedule breaks the SLO: p99 over the limit, or any missed, doubled or early run."""
+    problems = _p99_problem(entry, slo)
+    for count in ("missed", "doubled", "early"):
+        if entry[count]:
+            problems.append(f"{entry[count]} {count}")
+    return problems
+
+
+def subject_problems(entry: dict[str, Any], slo: Slo) -> list[str]:
+    """Why a subject breaks the SLO: p99 over the limit, or any early, doubled or overdue task."""
+    problems = _p99_problem(entry, slo)
+    for count in ("early", "doubled", "overdue"):
+        if entry[count]:
+            problems.append(f"{entry[count]} {count}")
+    return problems
+
+
+def _p99_problem(entry: dict[str, Any], slo: Slo) -> list[str]:
+    p99 = entry["lateness_ms"]["p99"]
+    if p99 is not None and p99 > slo.lateness_p99_ms:
+        return [f"lateness p99 {p99} ms > {slo.lateness_p99_ms} ms"]
+    return []
+
+
+def _by(field: str) -> Any:
+    return lambda row: row[field]
+
+
+def build(
+    day: str,
+    slo: Slo,
+    schedules: list[dict[str, Any]],
+    subjects: list[dict[str, Any]],
+    kinds: list[dict[str, Any]],
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """The whole `summary.json` document, schedules and subjects sorted by name."""
+    by_schedule = {r["key"]: schedule_entry(r) for r in sorted(schedules, key=_by("key"))}
+    by_subject = {r["subject"]: subject_entry(r) for r in sorted(subjects, key=_by("subject"))}
+    reasons: dict[str, list[str]] = {}
+    for name, entry in by_schedule.items():
+        if problems := schedule_problems(entry, slo):
+            reasons[name] = problems
+    for name, entry in by_subject.items():
+        if problems := subject_problems(entry, slo):
+            reasons.setdefault(name, []).extend(problems)
+    totals = {
+        r["kind"]: {**_counts(r, KIND_COUNTS), "lateness_ms": lateness(r)}
+        for r in sorted(kinds, key=lambda r: r["kind"])
+    }
+    return {
+        "date": day,
+        "slo": {
+            "lateness_p99_ms": slo.lateness_p99_ms,
+            "late_ms": slo.late_ms,
+            "ok": not reasons,
+            "breaches": list(reasons),
+            "reasons": reasons,
+        },
+        "schedules": by_schedule,
+        "subjects": by_subject,
+        "totals": totals,
+        "percentiles": PERCENTILE_METHOD,
+        **extra,
+    }
