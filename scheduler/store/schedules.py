@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from scheduler.errors import FencedError
 from scheduler.schedules import Job
@@ -30,31 +31,60 @@ class ScheduleStore:
     def __init__(self, db: PostgresStore) -> None:
         self.db = db
 
-    async def sync(self, jobs: Sequence[Job]) -> tuple[int, int]:
-        """Upsert the YAML's jobs as active, deactivate the rest; return (changed, removed)."""
+    async def sync(self, jobs: Sequence[Job], at: datetime | None = None) -> tuple[int, int]:
+        """Upsert the YAML's jobs as active, deactivate the rest; return (changed, removed).
+
+        Every added, changed or removed job also closes its open `schedule_history` row and
+        (unless removed) opens a new one at `at` (the daemon's clock; the database's if None),
+        so the drift audit knows which definition was in force when."""
         names = [j.name for j in jobs]
         async with self.db.timed("sync") as conn, conn.transaction():
-            changed = await conn.fetchval(
+            changed = await conn.fetch(
                 "WITH u AS (SELECT * FROM unnest($1::text[], $2::jsonb[], $3::text[], "
-                "$4::text[], $5::int[]) AS u(name, definition, fingerprint, file, line)), "
-                "up AS (INSERT INTO schedules (name, definition, fingerprint, file, line) "
+                "$4::text[], $5::int[]) AS u(name, definition, fingerprint, file, line)) "
+                "INSERT INTO schedules (name, definition, fingerprint, file, line) "
                 "SELECT * FROM u ON CONFLICT (name) DO UPDATE SET definition = "
                 "excluded.definition, fingerprint = excluded.fingerprint, file = excluded.file, "
                 "line = excluded.line, active = true, updated_at = now() WHERE "
                 "schedules.fingerprint <> excluded.fingerprint OR NOT schedules.active "
-                "RETURNING 1) SELECT count(*) FROM up",
+                "RETURNING name, definition, fingerprint",
                 names,
                 [json.dumps(j.definition()) for j in jobs],
                 [j.fingerprint() for j in jobs],
                 [j.file for j in jobs],
                 [j.line for j in jobs],
             )
-            removed = await conn.execute(
+            removed = await conn.fetch(
                 "UPDATE schedules SET active = false, updated_at = now() "
-                "WHERE active AND NOT (name = ANY($1::text[]))",
+                "WHERE active AND NOT (name = ANY($1::text[])) RETURNING name",
                 names,
             )
-        return int(changed), int(removed.split()[-1])
+            await self._record_history(conn, changed, [r["name"] for r in removed], at)
+        return len(changed), len(removed)
+
+    @staticmethod
+    async def _record_history(
+        conn: Any, changed: Sequence[Any], removed: Sequence[str], at: datetime | None
+    ) -> None:
+        ended = [r["name"] for r in changed] + list(removed)
+        if not ended:
+            return
+        await conn.execute(
+            "UPDATE schedule_history SET valid_to = GREATEST(valid_from, "
+            "COALESCE($2::timestamptz, now())) WHERE valid_to IS NULL AND name = ANY($1::text[])",
+            ended,
+            at,
+        )
+        await conn.execute(
+            "INSERT INTO schedule_history (name, definition, fingerprint, valid_from) "
+            "SELECT name, definition, fingerprint, COALESCE($4::timestamptz, now()) FROM "
+            "unnest($1::text[], $2::jsonb[], $3::text[]) AS u(name, definition, fingerprint) "
+            "ON CONFLICT (name) WHERE valid_to IS NULL DO NOTHING",
+            [r["name"] for r in changed],
+            [r["definition"] for r in changed],
+            [r["fingerprint"] for r in changed],
+            at,
+        )
 
     async def cursors(self) -> dict[str, datetime]:
         async with self.db.timed("cursors") as conn:
