@@ -64,6 +64,8 @@ def classify(text: str, input_format: str | None = None) -> Source:
     fmt = input_format or _guess_format(files)
     if fmt == "json":
         _check_first_json(files[0])
+    else:
+        _check_parquet_schema(next((p for p in files if p.suffix == ".parquet"), files[0]))
     return Source(fmt, str(path.resolve()), text)
 
 
@@ -99,6 +101,32 @@ def _check_first_json(path: Path) -> None:
         ) from None
     if problems := json_key_problems(record, str(path)):
         raise AuditInputError("--input", problems[0])
+
+
+def _check_parquet_schema(path: Path) -> None:
+    """The first Parquet file's columns, read from its footer before Spark starts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise AuditInputError("--input", f"{str(path)!r} is not readable Parquet: {exc}") from None
+    dtypes = {f.name: _arrow_type(f.type) for f in schema}
+    if problems := column_problems(dtypes, str(path)):
+        raise AuditInputError("--input", problems[0])
+
+
+def _arrow_type(kind: Any) -> str:
+    import pyarrow.types as t
+
+    if t.is_string(kind) or t.is_large_string(kind):
+        return "string"
+    if t.is_timestamp(kind):
+        return "timestamp"
+    if t.is_integer(kind):
+        return "bigint"
+    return str(kind)
 
 
 def jdbc_source(text: str) -> Source:

@@ -135,7 +135,7 @@ class Audit:
             f"table written ({took:.1f} s)"
         )
         began = time.monotonic()
-        tables = self.aggregate(occ)
+        tables = self.aggregate(occ, {v.name: v.subject for v in versions})
         self._stage("aggregates", began)
         extra = {
             "window": {
@@ -154,6 +154,7 @@ class Audit:
             tables["subjects"],
             tables["kinds"],
             extra,
+            {v.name: v.subject for v in versions},
         )
         _write_json(self.options.out / "summary.json", doc)
         shutil.rmtree(self.work, ignore_errors=True)
@@ -217,10 +218,11 @@ class Audit:
             return None
         return read_unfired(self.spark, self.options.source, self.window)
 
-    def aggregate(self, occ: Any) -> dict[str, list[dict[str, Any]]]:
+    def aggregate(self, occ: Any, jobs: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
         out = self.options.out
+        known = self.spark.createDataFrame(list(jobs.items()), "key string, job_subject string")
         tables = {
-            "schedules": per_schedule(occ),
+            "schedules": with_idle_jobs(per_schedule(occ), known),
             "subjects": per_subject(occ),
             "hours": per_hour(occ),
         }
@@ -415,6 +417,19 @@ def per_schedule(occ: Any) -> Any:
 
     cron = occ.filter(F.col("kind") == "cron").groupBy("key")
     return _spread(cron.agg(F.min("subject").alias("subject"), *_counts(), *_lateness()))
+
+
+COUNT_COLUMNS = ("expected", "fired", "delivered", "missed", "doubled", "early", "late")
+COUNT_COLUMNS += ("unexpected", "overdue", "dead", "expired")
+
+
+def with_idle_jobs(schedules: Any, jobs: Any) -> Any:
+    """Per-schedule rows plus zero rows for jobs (key, job_subject) that had nothing to do."""
+    from pyspark.sql import functions as F
+
+    joined = schedules.join(jobs, "key", "full_outer")
+    joined = joined.withColumn("subject", F.coalesce("subject", "job_subject")).drop("job_subject")
+    return joined.fillna(0, subset=list(COUNT_COLUMNS))
 
 
 def per_subject(occ: Any) -> Any:

@@ -94,9 +94,13 @@ def build(
     subjects: list[dict[str, Any]],
     kinds: list[dict[str, Any]],
     extra: dict[str, Any],
+    jobs: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The whole `summary.json` document, schedules and subjects sorted by name."""
-    by_schedule = {r["key"]: schedule_entry(r) for r in sorted(schedules, key=_by("key"))}
+    """The whole `summary.json` document, schedules and subjects sorted by name; `jobs` (name ->
+    subject) adds the jobs that expected nothing in the window and fired nothing, as zeros."""
+    known = {r["key"] for r in schedules}
+    idle = [{"key": n, "subject": s} for n, s in (jobs or {}).items() if n not in known]
+    by_schedule = {r["key"]: schedule_entry(r) for r in sorted([*schedules, *idle], key=_by("key"))}
     by_subject = {r["subject"]: subject_entry(r) for r in sorted(subjects, key=_by("subject"))}
     reasons: dict[str, list[str]] = {}
     for name, entry in by_schedule.items():
