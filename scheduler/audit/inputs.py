@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlparse
 
-from scheduler.audit.expected import JobVersion
+from scheduler.audit.expected import JobVersion, from_us, to_us
 from scheduler.audit.record import KINDS, OPTIONAL, REQUIRED, column_problems, json_key_problems
 from scheduler.audit.window import AuditWindow
 from scheduler.errors import AuditInputError
@@ -275,22 +275,33 @@ def _jdbc_query(spark: Any, source: Source, sql: str) -> Any:
 def read_history(spark: Any, source: Source, window: AuditWindow) -> list[JobVersion] | None:
     """Job versions in force during the window from `schedule_history`; None when the table
     is missing or does not reach back to the window's start (then the YAML is used)."""
+    us = "(extract(epoch FROM {0}) * 1000000)::bigint"
     try:
-        first = _jdbc_query(spark, source, "SELECT min(valid_from) AS first FROM schedule_history")
+        first = _jdbc_query(
+            spark, source, f"SELECT {us.format('min(valid_from)')} AS first FROM schedule_history"
+        )
         start = first.collect()[0]["first"]
     except Exception as exc:
         if _missing_relation(exc, "schedule_history"):
             return None
         raise
-    if start is None or start > window.start:
+    if start is None or start > to_us(window.start):
         return None
     sql = (
-        "SELECT name, definition::text AS definition, valid_from, valid_to FROM schedule_history "
+        f"SELECT definition::text AS definition, {us.format('valid_from')} AS since, "
+        f"{us.format('valid_to')} AS until FROM schedule_history "
         f"WHERE valid_from < {_sql_ts(window.end)} AND "
         f"(valid_to IS NULL OR valid_to > {_sql_ts(window.start)}) ORDER BY name, valid_from"
     )
     rows = _jdbc_query(spark, source, sql).collect()
-    return [JobVersion.of_definition(r["definition"], r["valid_from"], r["valid_to"]) for r in rows]
+    return [
+        JobVersion.of_definition(
+            r["definition"],
+            from_us(r["since"]),
+            None if r["until"] is None else from_us(r["until"]),
+        )
+        for r in rows
+    ]
 
 
 def read_unfired(spark: Any, source: Source, window: AuditWindow) -> Any:
@@ -313,7 +324,17 @@ def _missing_relation(exc: BaseException, name: str) -> bool:
 
 
 def connection_problem(exc: BaseException) -> str | None:
-    """The PostgreSQL driver's own message when `exc` is a connection or login failure."""
-    text = str(exc)
-    match = re.search(r"org\.postgresql\.util\.PSQLException: ([^\n]+)", text)
-    return match.group(1).strip() if match else None
+    """The PostgreSQL driver's own message when `exc` (or a Java exception it wraps) is a
+    connection or login failure; None for anything else."""
+    texts = [str(exc)]
+    origin = getattr(exc, "_origin", None)  # PySpark keeps the Java throwable here
+    while origin is not None and len(texts) < 12:
+        texts.append(str(origin.toString()))
+        origin = origin.getCause()
+    for text in texts:
+        match = re.search(r"org\.postgresql\.util\.PSQLException: ([^\n]+)", text)
+        if match:
+            return match.group(1).strip()
+    if any("FAILED_JDBC.CONNECTION" in t for t in texts):
+        return "could not connect to the database"
+    return None
