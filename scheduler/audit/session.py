@@ -63,7 +63,9 @@ def start(
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
+    active = SparkSession.getActiveSession()  # per thread; the context is per process
+    if active is None and SparkContext._active_spark_context is not None:
+        active = SparkSession.builder.getOrCreate()
     if active is not None:
         return active, False
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
