@@ -50,3 +50,16 @@ def test_bad_setting_is_reported_not_raised(
     assert main(["migrate"]) == 2
     err = capsys.readouterr().err
     assert "SCHEDULER_LEASE_TTL" in err and "Traceback" not in err
+
+
+def test_audit_verbs_do_not_import_pyspark() -> None:
+    """Building the command line and importing the daemon leave PySpark unimported: only the
+    audit itself loads it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, scheduler.cli as c, scheduler.daemon, scheduler.audit.cli; c._parser(); "
+        "sys.exit(1 if any(m.split('.')[0] in ('pyspark', 'py4j') for m in sys.modules) else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
