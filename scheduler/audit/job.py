@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from typing import Any
 from scheduler.audit import summary as summaries
 from scheduler.audit.expected import JobVersion, expand_arrow, to_us
 from scheduler.audit.inputs import Source, in_window, read_history, read_log, read_unfired
-from scheduler.audit.summary import Slo
+from scheduler.audit.summary import BUCKETS, Slo
 from scheduler.audit.window import AuditWindow
 from scheduler.errors import AuditInputError
 
@@ -31,9 +30,8 @@ VERSION_SCHEMA = (
     "paused boolean, active_from_us bigint, active_until_us bigint"
 )
 TABLES = ("occurrences", "schedules", "subjects", "hours")
-# Lateness histogram bucket edges, ms (a bucket holds [edge, next edge)); below 0 is early.
-BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
 Progress = Callable[[str], None]
+STATES = (None, "pending", "claimed", "dead", "expired")  # delayed_messages states we report
 
 
 def stderr_progress(line: str) -> None:
@@ -104,7 +102,6 @@ class Audit:
         self.progress = progress
         self.window = options.window
         self.stages: dict[str, float] = {}
-        self.work = options.out / "_work"
 
     def _stage(self, name: str, began: float) -> float:
         self.stages[name] = round(time.monotonic() - began, 2)
@@ -117,22 +114,21 @@ class Audit:
         versions, schedules_source = self.versions()
         observation = Observation("input")
         log = self.read(observation)
-        took = self._stage("read", began)
-        stats = _input_stats(observation)
-        self.progress(
-            f"input: {stats['records']:,} records ({self.options.source.format}), "
-            f"{stats['in_window']:,} in the window, {stats['invalid']:,} invalid ({took:.1f} s)"
-        )
-        began = time.monotonic()
         expected = expected_occurrences(self.spark, versions, self.window)
-        unfired = self.unfired()
-        occ = classify(occurrences(log, expected, unfired), self.window, self.options.slo.late_ms)
+        occ = classify(
+            occurrences(log, expected, self.unfired()), self.window, self.options.slo.late_ms
+        )
         occ.write.mode("overwrite").parquet(str(self.options.out / "occurrences"))
         occ = self.spark.read.parquet(str(self.options.out / "occurrences"))
         took = self._stage("occurrences", began)
+        stats = _input_stats(observation)
+        self.progress(
+            f"input: {stats['records']:,} records ({self.options.source.format}), "
+            f"{stats['in_window']:,} in the window, {stats['invalid']:,} invalid"
+        )
         self.progress(
             f"occurrences: {len(versions):,} job version(s) from {schedules_source}, "
-            f"table written ({took:.1f} s)"
+            f"expanded, joined and written ({took:.1f} s)"
         )
         began = time.monotonic()
         tables = self.aggregate(occ, {v.name: v.subject for v in versions})
@@ -157,7 +153,6 @@ class Audit:
             {v.name: v.subject for v in versions},
         )
         _write_json(self.options.out / "summary.json", doc)
-        shutil.rmtree(self.work, ignore_errors=True)
         self.progress(
             f"aggregates: {len(doc['schedules']):,} schedule(s), {len(doc['subjects']):,} "
             f"subject(s) ({self.stages['aggregates']:.1f} s); SLO "
@@ -200,18 +195,14 @@ class Audit:
         return [JobVersion.of_job(job) for job in loaded.jobs], str(opts.schedules_dir)
 
     def read(self, observation: Any) -> Any:
-        """The usable in-window records; JSON and JDBC are read once into a work table."""
+        """The usable in-window records, counted on the way (the log is scanned once, by the
+        occurrences stage)."""
         from pyspark.sql import functions as F
 
         parallelism = self.spark.sparkContext.defaultParallelism
         raw = read_log(self.spark, self.options.source, self.window, max(4, 2 * parallelism))
         counted = raw.observe(observation, *_observed(self.window))
-        clean = counted.filter(F.col("problem").isNull() & in_window(self.window)).drop("problem")
-        if self.options.source.format == "parquet":
-            clean.write.format("noop").mode("overwrite").save()  # count now, cheaply
-            return clean
-        clean.write.mode("overwrite").parquet(str(self.work / "log"))
-        return self.spark.read.parquet(str(self.work / "log"))
+        return counted.filter(F.col("problem").isNull() & in_window(self.window)).drop("problem")
 
     def unfired(self) -> Any:
         if not self.options.source.jdbc:
@@ -295,59 +286,86 @@ def expected_occurrences(spark: Any, versions: list[JobVersion], window: AuditWi
 
 def occurrences(log: Any, expected: Any, unfired: Any | None) -> Any:
     """One row per cron occurrence (expected or delivered) and per delayed task (delivered, or
-    known undelivered from PostgreSQL): deliveries, first and last `fired_at`, due time."""
+    known undelivered from PostgreSQL): deliveries, first and last `fired_at`, due time.
+
+    Expected occurrences, deliveries and undelivered tasks are stacked and grouped once by
+    (kind, key, occurrence, subject): one hash aggregation (fixed-width buffers only) instead of
+    a join and a group per side. A delivery to another subject than the job's is therefore a
+    missed occurrence plus an unexpected delivery."""
     from pyspark.sql import functions as F
 
-    delivered = [
-        F.count(F.lit(1)).alias("deliveries"),
-        F.min("fired_at").alias("first_fired_at"),
-        F.max("fired_at").alias("last_fired_at"),
-        F.min("subject").alias("log_subject"),
+    none_ts, none_str = F.lit(None).cast("timestamp"), F.lit(None).cast("string")
+    cron = F.col("kind") == "cron"
+    parts = [
+        expected.select(
+            F.lit("cron").alias("kind"),
+            "key",
+            F.col("scheduled_for").alias("slot"),
+            "subject",
+            "scheduled_for",
+            "due_at",
+            F.lit(True).alias("is_expected"),
+            none_ts.alias("fired_at"),
+            none_str.alias("state"),
+        ),
+        log.select(
+            "kind",
+            "key",
+            F.when(cron, F.col("scheduled_for")).alias("slot"),
+            "subject",
+            "scheduled_for",
+            none_ts.alias("due_at"),
+            F.lit(False).alias("is_expected"),
+            "fired_at",
+            none_str.alias("state"),
+        ),
     ]
-    cron = log.filter(F.col("kind") == "cron").groupBy("key", "scheduled_for").agg(*delivered)
-    joined = expected.join(cron, ["key", "scheduled_for"], "full_outer")
-    cron_rows = joined.select(
-        F.lit("cron").alias("kind"),
+    if unfired is not None:
+        parts.append(
+            unfired.select(
+                F.lit("delayed").alias("kind"),
+                "key",
+                none_ts.alias("slot"),
+                "subject",
+                F.col("scheduled_for").cast("timestamp").alias("scheduled_for"),
+                none_ts.alias("due_at"),
+                F.lit(False).alias("is_expected"),
+                none_ts.alias("fired_at"),
+                "state",
+            )
+        )
+    stacked = functools.reduce(lambda a, b: a.unionByName(b), parts)
+    codes = F.coalesce(
+        *(F.when(F.col("state") == name, F.lit(i)) for i, name in enumerate(STATES) if i),
+        F.lit(0),
+    )
+    grouped = (
+        stacked.withColumn("state", codes)
+        .groupBy("kind", "key", "slot", "subject")
+        .agg(
+            F.max("is_expected").alias("is_expected"),
+            F.min("scheduled_for").alias("scheduled_for"),
+            F.max("due_at").alias("due_at"),
+            F.count("fired_at").alias("deliveries"),
+            F.min("fired_at").alias("first_fired_at"),
+            F.max("fired_at").alias("last_fired_at"),
+            F.max("state").alias("state"),
+        )
+    )
+    delivered = F.col("deliveries") > 0
+    state = F.element_at(F.array(*(F.lit(n) for n in STATES)), F.col("state") + 1)
+    return grouped.select(
+        "kind",
         "key",
-        F.coalesce("subject", "log_subject").alias("subject"),
+        "subject",
         "scheduled_for",
         F.coalesce("due_at", "scheduled_for").alias("due_at"),
-        F.col("due_at").isNotNull().alias("expected"),
-        F.coalesce("deliveries", F.lit(0)).alias("deliveries"),
-        "first_fired_at",
-        "last_fired_at",
-        F.lit(None).cast("string").alias("state"),
-    )
-    tasks = log.filter(F.col("kind") == "delayed").groupBy("key")
-    tasks = tasks.agg(*delivered, F.min("scheduled_for").alias("scheduled_for"))
-    delayed_rows = tasks.select(
-        F.lit("delayed").alias("kind"),
-        "key",
-        F.col("log_subject").alias("subject"),
-        "scheduled_for",
-        F.col("scheduled_for").alias("due_at"),
-        F.lit(True).alias("expected"),
+        (F.col("is_expected") | (F.col("kind") == "delayed")).alias("expected"),
         "deliveries",
         "first_fired_at",
         "last_fired_at",
-        F.lit(None).cast("string").alias("state"),
+        F.when(~delivered & (F.col("state") > 0), state).alias("state"),
     )
-    result = cron_rows.unionByName(delayed_rows)
-    if unfired is not None:
-        missing = unfired.join(tasks.select("key"), "key", "left_anti").select(
-            F.lit("delayed").alias("kind"),
-            "key",
-            "subject",
-            F.col("scheduled_for").cast("timestamp").alias("scheduled_for"),
-            F.col("scheduled_for").cast("timestamp").alias("due_at"),
-            F.lit(True).alias("expected"),
-            F.lit(0).cast("long").alias("deliveries"),
-            F.lit(None).cast("timestamp").alias("first_fired_at"),
-            F.lit(None).cast("timestamp").alias("last_fired_at"),
-            "state",
-        )
-        result = result.unionByName(missing)
-    return result
 
 
 def classify(occ: Any, window: AuditWindow, late_ms: int) -> Any:

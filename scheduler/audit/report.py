@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 from html import escape
 from pathlib import Path
 from typing import Any
+
+from scheduler.audit.summary import BUCKETS
 
 WORST = 10
 STYLE = """
@@ -256,8 +259,9 @@ def _plot_series(series: list[dict[str, Any]], summary: dict[str, Any]) -> str |
         return None
     fig, ax = _figure()
     hours = [row["minute"] / 60 for row in series]
-    for key, label in (("max", "max"), ("p99", "p99"), ("p50", "p50")):
-        ax.plot(hours, [max(row[key], 0.1) for row in series], label=label, linewidth=0.9)
+    for key, width, alpha in (("max", 0.7, 0.5), ("p99", 0.9, 0.9), ("p50", 0.9, 0.9)):
+        values = [max(row[key], 0.1) for row in series]
+        ax.plot(hours, values, label=key, linewidth=width, alpha=alpha)
     ax.axhline(
         summary["slo"]["lateness_p99_ms"],
         color="red",
@@ -277,9 +281,11 @@ def _plot_histogram(buckets: list[dict[str, Any]]) -> str | None:
     if not buckets:
         return None
     fig, ax = _figure()
-    labels = ["early" if b["bucket"] < 0 else f">={b['bucket']}" for b in buckets]
-    ax.bar(range(len(buckets)), [b["count"] for b in buckets], color="#4c72b0")
-    ax.set_xticks(range(len(buckets)), labels, fontsize=8)
+    counts = {b["bucket"]: b["count"] for b in buckets}
+    edges = [-1, *BUCKETS]
+    labels = ["early", *(f"{lo}-{hi}" for lo, hi in itertools.pairwise(BUCKETS)), f">{BUCKETS[-1]}"]
+    ax.bar(range(len(edges)), [counts.get(e, 0) for e in edges], color="#4c72b0")
+    ax.set_xticks(range(len(edges)), labels, fontsize=7, rotation=30)
     ax.set_yscale("log")
     ax.set_xlabel("lateness of the first delivery, ms")
     ax.set_ylabel("occurrences")

@@ -12,6 +12,8 @@ from typing import Any
 # Percentiles are exact: Spark's `percentile` over whole milliseconds, interpolating linearly
 # between the two closest ranks (numpy's default method).
 PERCENTILE_METHOD = "exact (linear interpolation between closest ranks, whole milliseconds)"
+# Lateness histogram bucket edges, ms (a bucket holds [edge, next edge)); -1 holds early ones.
+BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
 SCHEDULE_COUNTS = ("expected", "fired", "missed", "doubled", "early", "late", "unexpected")
 SUBJECT_COUNTS = ("fired", "early", "late", "missed", "doubled", "overdue", "dead", "expired")
 KIND_COUNTS = ("expected", "fired", "delivered", "missed", "doubled", "early", "late")
