@@ -218,16 +218,22 @@ def normalize(raw: Any) -> Any:
     from pyspark.sql import functions as F
 
     columns = set(raw.columns)
+    dtypes = dict(raw.dtypes)
 
     def text(name: str) -> Any:
-        return F.col(name).cast("string") if name in columns else F.lit(None).cast("string")
+        if name not in columns:
+            return F.lit(None).cast("string")
+        return F.col(name) if dtypes[name] == "string" else F.col(name).cast("string")
 
     def parsed(name: str, sql_type: str) -> Any:
         if name not in columns:
             return F.lit(None).cast(sql_type)
-        if dict(raw.dtypes)[name] == "string":
+        if dtypes[name] == "string":
             return F.expr(f"try_cast(`{name}` AS {sql_type})")
-        return F.col(name).cast(sql_type)
+        return F.col(name) if dtypes[name] == sql_type else F.col(name).cast(sql_type)
+
+    def absent(name: str) -> Any:
+        return F.col(name).isNull() if name in columns else F.lit(True)
 
     kind, key, subject = text("kind"), text("key"), text("subject")
     scheduled, fired = parsed("scheduled_for", "timestamp"), parsed("fired_at", "timestamp")
@@ -238,9 +244,9 @@ def normalize(raw: Any) -> Any:
         .when(~kind.isin(*KINDS), "kind is neither cron nor delayed")
         .when(key.isNull() | (key == ""), "no key")
         .when(subject.isNull() | (subject == ""), "no subject")
-        .when(text("scheduled_for").isNull(), "no scheduled_for")
+        .when(absent("scheduled_for"), "no scheduled_for")
         .when(scheduled.isNull(), "scheduled_for is not an RFC 3339 time")
-        .when(text("fired_at").isNull(), "no fired_at")
+        .when(absent("fired_at"), "no fired_at")
         .when(fired.isNull(), "fired_at is not an RFC 3339 time")
     )
     return raw.select(
