@@ -60,22 +60,16 @@ def subject_entry(row: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def schedule_problems(entry: dict[str, Any], slo: Slo) -> list[str]:
-    """Why a schedule breaks the SLO: p99 over the limit, or any missed, doubled or early run."""
-    problems = _p99_problem(entry, slo)
-    for count in ("missed", "doubled", "early"):
-        if entry[count]:
-            problems.append(f"{entry[count]} {count}")
-    return problems
+SCHEDULE_FAULTS = ("missed", "doubled", "early")
+SUBJECT_FAULTS = ("early", "doubled", "overdue")
 
 
-def subject_problems(entry: dict[str, Any], slo: Slo) -> list[str]:
-    """Why a subject breaks the SLO: p99 over the limit, or any early, doubled or overdue task."""
-    problems = _p99_problem(entry, slo)
-    for count in ("early", "doubled", "overdue"):
-        if entry[count]:
-            problems.append(f"{entry[count]} {count}")
-    return problems
+def problems(entry: dict[str, Any], slo: Slo, faults: tuple[str, ...]) -> list[str]:
+    """Why an entry breaks the SLO: p99 over the limit, or any of `faults` counted (a schedule:
+    missed, doubled or early runs; a subject: early, doubled or overdue deliveries)."""
+    found = _p99_problem(entry, slo)
+    found += [f"{entry[count]} {count}" for count in faults if entry[count]]
+    return found
 
 
 def _p99_problem(entry: dict[str, Any], slo: Slo) -> list[str]:
@@ -106,11 +100,11 @@ def build(
     by_subject = {r["subject"]: subject_entry(r) for r in sorted(subjects, key=_by("subject"))}
     reasons: dict[str, list[str]] = {}
     for name, entry in by_schedule.items():
-        if problems := schedule_problems(entry, slo):
-            reasons[name] = problems
+        if why := problems(entry, slo, SCHEDULE_FAULTS):
+            reasons[name] = why
     for name, entry in by_subject.items():
-        if problems := subject_problems(entry, slo):
-            reasons.setdefault(name, []).extend(problems)
+        if why := problems(entry, slo, SUBJECT_FAULTS):
+            reasons.setdefault(name, []).extend(why)
     totals = {
         r["kind"]: {**_counts(r, KIND_COUNTS), "lateness_ms": lateness(r)}
         for r in sorted(kinds, key=lambda r: r["kind"])

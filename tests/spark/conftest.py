@@ -66,6 +66,22 @@ def run_audit(out: Path, *args: str) -> AuditRun:
     return AuditRun(code, out, stdout.getvalue(), stderr.getvalue())
 
 
+def audit_synth(synth: Any, folder: Path, *args: str) -> AuditRun:
+    """Write `synth` as Parquet with its schedules under `folder` and audit its day."""
+    synth.write_parquet(folder / "log")
+    synth.write_schedules(folder / "schedules")
+    return run_audit(
+        folder / "out",
+        "--date",
+        synth.day.isoformat(),
+        "--input",
+        str(folder / "log"),
+        "--schedules",
+        str(folder / "schedules"),
+        *args,
+    )
+
+
 class TcpPostgres:
     """pgserver's bundled PostgreSQL started with a TCP listener on 127.0.0.1 (JDBC needs TCP)."""
 

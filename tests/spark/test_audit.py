@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from scheduler.audit.synth import JobPlan, Rates, Synth, generate
-from tests.spark.conftest import AuditRun, run_audit
+from tests.spark.conftest import AuditRun, audit_synth, run_audit
 
 pytestmark = pytest.mark.spark
 
@@ -158,19 +158,8 @@ def test_fail_on_slo_exits_1_on_a_breach_and_0_when_met(spark: Any, tmp_path: Pa
     )
     codes = {}
     for name, synth in (("clean", clean), ("faulty", faulty)):
-        synth.write_parquet(tmp_path / name / "log")
-        synth.write_schedules(tmp_path / name / "schedules")
         for flag in ((), ("--fail-on-slo",)):
-            run = run_audit(
-                tmp_path / name / f"out{len(flag)}",
-                "--date",
-                DAY.isoformat(),
-                "--input",
-                str(tmp_path / name / "log"),
-                "--schedules",
-                str(tmp_path / name / "schedules"),
-                *flag,
-            )
+            run = audit_synth(synth, tmp_path / f"{name}{len(flag)}", *flag)
             codes[(name, bool(flag))] = run.code
             assert ("SLO met" in run.stdout) == (name == "clean"), run.stdout
     assert codes == {
@@ -190,20 +179,7 @@ def test_p99_above_the_slo_is_a_breach_with_its_reason(spark: Any, tmp_path: Pat
         rates=Rates(missed=0, doubled=0, early=0, late=0.5),
         edge_records=False,
     )
-    slow.write_parquet(tmp_path / "log")
-    slow.write_schedules(tmp_path / "schedules")
-    run = run_audit(
-        tmp_path / "out",
-        "--date",
-        DAY.isoformat(),
-        "--input",
-        str(tmp_path / "log"),
-        "--schedules",
-        str(tmp_path / "schedules"),
-        "--slo-p99-ms",
-        "500",
-        "--fail-on-slo",
-    )
+    run = audit_synth(slow, tmp_path, "--slo-p99-ms", "500", "--fail-on-slo")
     assert run.code == 1
     reasons = run.summary["slo"]["reasons"]
     assert reasons["slow"][0].startswith("lateness p99 ") and "> 500 ms" in reasons["slow"][0]

@@ -20,7 +20,7 @@ import pytest
 
 from scheduler.audit.synth import generate
 from scheduler.embedded import free_port, wait_for_port
-from tests.spark.conftest import run_audit
+from tests.spark.conftest import audit_synth
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -138,8 +138,8 @@ def test_standalone_cluster_gives_the_same_summary_as_local(
     """The same DST-day log audited on local[*] (in-process), on the standalone cluster with
     --master spark://127.0.0.1:PORT, and through spark-submit to that cluster: one summary."""
     synth = generate(DAY, jobs=10, tasks=800, seed=21)
-    synth.write_parquet(tmp_path / "log", files=3)
-    synth.write_schedules(tmp_path / "schedules")
+    local = audit_synth(synth, tmp_path)
+    assert local.code == 0, local.stderr
     common = [
         "--date",
         DAY.isoformat(),
@@ -148,8 +148,6 @@ def test_standalone_cluster_gives_the_same_summary_as_local(
         "--schedules",
         str(tmp_path / "schedules"),
     ]
-    local = run_audit(tmp_path / "local", *common)
-    assert local.code == 0, local.stderr
     on_cluster = audit_process(
         [
             sys.executable,
