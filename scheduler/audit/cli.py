@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -106,7 +107,7 @@ def audit_options(args: argparse.Namespace):  # -> AuditOptions (imported lazily
     return AuditOptions(
         window=window,
         source=source,
-        out=Path(args.out),
+        out=_writable(Path(args.out)),
         schedules_dir=schedules,
         schedules_from=args.schedules_from,
         master=args.master,
@@ -116,12 +117,36 @@ def audit_options(args: argparse.Namespace):  # -> AuditOptions (imported lazily
     )
 
 
+def _writable(out: Path) -> Path:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AuditInputError("--out", f"cannot create {str(out)!r}: {exc.strerror}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise AuditInputError("--out", f"{str(out)!r} is not writable (permission denied)")
+    return out
+
+
+def java_problem() -> str | None:
+    """None when a Java runtime is there for Spark, else what to do about it."""
+    home = os.environ.get("JAVA_HOME")
+    if (home and Path(home, "bin", "java").is_file()) or shutil.which("java"):
+        return None
+    return (
+        "no Java runtime (java not on PATH, JAVA_HOME unset): install Java 17+, e.g. "
+        "apt-get install openjdk-17-jre-headless"
+    )
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run the audit; print a one-line verdict on stdout."""
     try:
         options = audit_options(args)
     except AuditInputError as exc:
         return _bad_input("audit", exc)
+    if (problem := java_problem()) is not None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        print(f"scheduler audit: {problem}", file=sys.stderr)
+        return EXIT_FAILED
     try:
         from scheduler.audit.job import run
     except ImportError as exc:

@@ -100,3 +100,25 @@ def test_missing_jdbc_jar_names_the_package(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("SCHEDULER_JDBC_JAR", raising=False)
     with pytest.raises(AuditInputError, match="libpostgresql-jdbc-java or pass --jdbc-jar"):
         jdbc_jar("/nonexistent/postgresql.jar")
+
+
+def test_unwritable_out_and_missing_java_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--out under a file exits 2 naming --out; without java the audit says how to get it."""
+    from scheduler.audit.cli import java_problem
+    from scheduler.cli import main
+
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "log.jsonl").write_text("")
+    (tmp_path / "file").write_text("")
+    args = ["audit", "--date", "2026-11-21", "--input", str(tmp_path / "log.jsonl")]
+    args += ["--schedules", str(tmp_path / "schedules")]
+    assert main([*args, "--out", str(tmp_path / "file" / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("scheduler audit: --out: cannot create")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    assert "openjdk-17-jre-headless" in (java_problem() or "")
+    assert main([*args, "--out", str(tmp_path / "out")]) == 4
+    assert "no Java runtime" in capsys.readouterr().err
