@@ -112,16 +112,17 @@ async def _parquet(conn: asyncpg.Connection, window: AuditWindow, out: str) -> i
     count = 0
     with pq.ParquetWriter(out, schema) as writer:
         cursor = await conn.cursor(PARQUET_QUERY, *_bounds(window))
-        pending: list[Any] = []
+        pending: list[Any] = []  # Arrow batches (compact), not asyncpg records
+        rows_pending = 0
         while rows := await cursor.fetch(FETCH):
-            pending.extend(rows)
-            if len(pending) >= ROW_GROUP:
-                writer.write_table(_table(pending, schema))
-                count += len(pending)
-                pending = []
+            pending.append(_table(rows, schema))
+            rows_pending += len(rows)
+            if rows_pending >= ROW_GROUP:
+                writer.write_table(pa.concat_tables(pending))
+                count, pending, rows_pending = count + rows_pending, [], 0
         if pending or count == 0:
-            writer.write_table(_table(pending, schema))
-            count += len(pending)
+            writer.write_table(pa.concat_tables(pending) if pending else _table([], schema))
+            count += rows_pending
     return count
 
 
