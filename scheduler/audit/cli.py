@@ -13,10 +13,14 @@ import shutil
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scheduler.audit.window import DEFAULT_GRACE, AuditWindow, parse_day, parse_instant
 from scheduler.durations import parse_duration
 from scheduler.errors import AuditInputError
+
+if TYPE_CHECKING:  # the job module is imported only when an audit runs
+    from scheduler.audit.job import AuditOptions
 
 EXIT_BREACH, EXIT_BAD_INPUT, EXIT_FAILED = 1, 2, 4
 DATABASE_ENV = "SCHEDULER_DATABASE_URL"
@@ -78,7 +82,7 @@ def _window(args: argparse.Namespace) -> AuditWindow:
     return AuditWindow.of_day(day, since, until, grace)
 
 
-def audit_options(args: argparse.Namespace):  # -> AuditOptions (imported lazily)
+def audit_options(args: argparse.Namespace) -> AuditOptions:
     """Check every option before Spark starts; AuditInputError says which one is wrong."""
     from scheduler.audit.inputs import classify, jdbc_jar
     from scheduler.audit.job import AuditOptions
@@ -178,7 +182,7 @@ def _bad_input(verb: str, exc: AuditInputError) -> int:
     return EXIT_BAD_INPUT
 
 
-def _failed(exc: Exception, options) -> int:
+def _failed(exc: Exception, options: AuditOptions) -> int:
     from scheduler.audit.inputs import connection_problem
 
     problem = connection_problem(exc) if options.source.jdbc else None

@@ -105,16 +105,6 @@ def expand(version: JobVersion, start_us: int, end_us: int) -> tuple[list[int], 
     return list(scheduled), due
 
 
-def expand_rows(
-    versions: Iterable[JobVersion], start_us: int, end_us: int
-) -> Iterator[tuple[str, str, int, int]]:
-    """(key, subject, scheduled_for µs, due_at µs) of every expected occurrence, job by job."""
-    for version in versions:
-        scheduled, due = expand(version, start_us, end_us)
-        for s, d in zip(scheduled, due, strict=True):
-            yield version.name, version.subject, s, d
-
-
 def expand_arrow(batches: Iterable[Any], start_us: int, end_us: int) -> Iterator[Any]:
     """`mapInArrow` body: job-version batches in, Arrow batches of expected occurrences out.
 

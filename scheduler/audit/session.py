@@ -8,6 +8,7 @@ progress lines; a failure points at that file.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -63,6 +64,8 @@ def start(
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    # py4j logs every connection it closes at INFO, even from finalizers at interpreter exit
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     active = SparkSession.getActiveSession()  # per thread; the context is per process
     if active is None and SparkContext._active_spark_context is not None:
         active = SparkSession.builder.getOrCreate()

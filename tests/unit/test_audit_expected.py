@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from scheduler.audit.expected import JobVersion, expand, expand_rows, from_us, to_us
+from scheduler.audit.expected import JobVersion, expand, from_us, to_us
 from scheduler.audit.window import AuditWindow
 from scheduler.schedules import jitter_for, load_text
 
@@ -82,14 +82,3 @@ def test_history_window_expects_runs_after_the_sync_and_before_removal() -> None
     assert (runs[0], runs[-1], len(runs)) == ("10:01", "15:00", 300)
     paused = JobVersion.of_definition({**doc, "paused": True}, since, None)
     assert day_of(paused, date(2026, 11, 21)) == []
-
-
-def test_expand_rows_yields_key_subject_and_times() -> None:
-    """Rows carry the job name and subject with each occurrence, job by job."""
-    window = AuditWindow.of_day(date(2026, 11, 21))
-    versions = [
-        JobVersion("a", "mq.a", "0 0 * * *", "UTC"),
-        JobVersion("b", "mq.b", "0 12 * * *", "UTC"),
-    ]
-    rows = list(expand_rows(versions, to_us(window.start), to_us(window.end)))
-    assert [(r[0], r[1], from_us(r[2]).hour) for r in rows] == [("a", "mq.a", 0), ("b", "mq.b", 12)]
