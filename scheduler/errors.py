@@ -65,6 +65,19 @@ class ServiceUnavailableError(SchedulerError, ConnectionError):
         self.service = service
 
 
+class RequestError(SchedulerError, ValueError):
+    """A management request (HTTP API, NATS service, CLI) that is wrong as asked.
+
+    `code` is a short machine code (`bad_request`, `too_far`, `bad_cursor`, ...), `field` the
+    input it is about when there is one; the message says what is wrong and what is expected.
+    """
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field
+
+
 class AuditInputError(SchedulerError, ValueError):
     """The drift audit cannot use its input (an option, a path, a log's columns); says which."""
 

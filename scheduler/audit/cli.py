@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from scheduler.audit.output import Output
 from scheduler.audit.window import DEFAULT_GRACE, AuditWindow, parse_day, parse_instant
 from scheduler.durations import parse_duration
 from scheduler.errors import AuditInputError
@@ -54,7 +55,9 @@ def configure_audit(parser: argparse.ArgumentParser) -> None:
         help="expected runs from the YAML or the database's schedule_history (auto: history "
         "when the JDBC input has it for the day, else YAML)",
     )
-    parser.add_argument("--out", required=True, help="output folder (created)")
+    parser.add_argument(
+        "--out", required=True, help="output folder (created), or a URL Spark writes (s3a://...)"
+    )
     parser.add_argument("--master", help="Spark master URL (default local[*], or spark-submit's)")
     parser.add_argument("--late-ms", type=int, default=1000, help="late above this (default 1000)")
     parser.add_argument(
@@ -111,7 +114,7 @@ def audit_options(args: argparse.Namespace) -> AuditOptions:
     return AuditOptions(
         window=window,
         source=source,
-        out=_writable(Path(args.out)),
+        out=_writable(Output(args.out)),
         schedules_dir=schedules,
         schedules_from=args.schedules_from,
         master=args.master,
@@ -121,13 +124,17 @@ def audit_options(args: argparse.Namespace) -> AuditOptions:
     )
 
 
-def _writable(out: Path) -> Path:
+def _writable(out: Output) -> Output:
+    """A local --out folder is created and checked now; a URL is Spark's to check."""
+    if out.remote:
+        return out
+    folder = Path(out.location)
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise AuditInputError("--out", f"cannot create {str(out)!r}: {exc.strerror}") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise AuditInputError("--out", f"{str(out)!r} is not writable (permission denied)")
+        raise AuditInputError("--out", f"cannot create {out.location!r}: {exc.strerror}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise AuditInputError("--out", f"{out.location!r} is not writable (permission denied)")
     return out
 
 
@@ -172,7 +179,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     print(
         f"audit {doc['date']}: {verdict}; cron {totals.get('expected', 0):,} expected, "
         f"{totals.get('missed', 0):,} missed, {totals.get('doubled', 0):,} doubled; "
-        f"report {options.out / 'report.html'}"
+        f"report {options.out.path('report.html')}"
     )
     return EXIT_BREACH if args.fail_on_slo and not result.ok else 0
 
@@ -194,7 +201,7 @@ def _failed(exc: Exception, options: AuditOptions) -> int:
         return EXIT_BAD_INPUT
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     print(
-        f"scheduler audit: failed: {first} (Spark's log: {options.out / 'spark.log'})",
+        f"scheduler audit: failed: {first} (Spark's log: {options.out.spark_log})",
         file=sys.stderr,
     )
     return EXIT_FAILED

@@ -29,8 +29,8 @@ JSONL_QUERY = (
     "SELECT json_build_object('kind', kind, 'key', key, 'subject', subject, "
     f"'scheduled_for', to_char(scheduled_for AT TIME ZONE 'UTC', {_MS}), "
     f"'fired_at', to_char(fired_at AT TIME ZONE 'UTC', {_MS}), 'attempt', attempt, "
-    "'epoch', epoch, 'instance', instance, 'stream', stream, 'stream_seq', stream_seq)::text "
-    + _WHERE
+    "'epoch', epoch, 'instance', instance, 'stream', stream, 'stream_seq', stream_seq, "
+    "'manual', manual)::text " + _WHERE
 )
 COLUMNS = (
     "kind",
@@ -43,6 +43,7 @@ COLUMNS = (
     "instance",
     "stream",
     "stream_seq",
+    "manual",
 )
 PARQUET_QUERY = f"SELECT {', '.join(COLUMNS)} " + _WHERE
 
@@ -107,6 +108,7 @@ async def _parquet(conn: asyncpg.Connection, window: AuditWindow, out: str) -> i
             ("instance", pa.string()),
             ("stream", pa.string()),
             ("stream_seq", pa.int64()),
+            ("manual", pa.bool_()),
         ]
     )
     count = 0

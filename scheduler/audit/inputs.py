@@ -126,6 +126,8 @@ def _arrow_type(kind: Any) -> str:
         return "timestamp"
     if t.is_integer(kind):
         return "bigint"
+    if t.is_boolean(kind):
+        return "boolean"
     return str(kind)
 
 
@@ -259,6 +261,7 @@ def normalize(raw: Any) -> Any:
         parsed("epoch", "bigint").alias("epoch"),
         text("instance").alias("instance"),
         parsed("stream_seq", "bigint").alias("stream_seq"),
+        F.coalesce(parsed("manual", "boolean"), F.lit(False)).alias("manual"),
         problem.alias("problem"),
     )
 

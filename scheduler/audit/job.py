@@ -21,6 +21,7 @@ from typing import Any
 from scheduler.audit import summary as summaries
 from scheduler.audit.expected import JobVersion
 from scheduler.audit.inputs import Source, in_window, read_history, read_log, read_unfired
+from scheduler.audit.output import Output
 from scheduler.audit.summary import Slo
 from scheduler.audit.transforms import (
     classify,
@@ -51,7 +52,7 @@ class AuditOptions:
 
     window: AuditWindow
     source: Source
-    out: Path
+    out: Output
     schedules_dir: Path | None = None
     schedules_from: str = "auto"  # auto | yaml | history
     master: str | None = None
@@ -75,9 +76,9 @@ def run(options: AuditOptions, progress: Progress = stderr_progress) -> AuditRes
     from scheduler.audit import session
 
     began = time.monotonic()
-    options.out.mkdir(parents=True, exist_ok=True)
+    options.out.prepare()
     spark, owned = session.start(
-        options.master, list(options.jars), options.out / "spark.log", dict(options.conf)
+        options.master, list(options.jars), options.out.spark_log, dict(options.conf)
     )
     try:
         master = spark.sparkContext.master
@@ -85,19 +86,19 @@ def run(options: AuditOptions, progress: Progress = stderr_progress) -> AuditRes
         result = Audit(spark, options, progress).run()
         result.run.update(master=master, spark=spark.version)
         result.run["seconds"] = round(time.monotonic() - began, 2)
-        _write_json(options.out / "run.json", result.run)
+        options.out.write_text(spark, "run.json", _json(result.run))
         from scheduler.audit import report
 
-        report.write(options.out / "report.html", result.summary, result.run)
-        progress(f"report written to {options.out / 'report.html'}")
+        options.out.write_text(spark, "report.html", report.render(result.summary, result.run))
+        progress(f"report written to {options.out.path('report.html')}")
         return result
     finally:
         if owned:
             spark.stop()
 
 
-def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+def _json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, default=str) + "\n"
 
 
 class Audit:
@@ -125,8 +126,8 @@ class Audit:
         occ = classify(
             occurrences(log, expected, self.unfired()), self.window, self.options.slo.late_ms
         )
-        occ.write.mode("overwrite").parquet(str(self.options.out / "occurrences"))
-        occ = self.spark.read.parquet(str(self.options.out / "occurrences"))
+        occ.write.mode("overwrite").parquet(self.options.out.path("occurrences"))
+        occ = self.spark.read.parquet(self.options.out.path("occurrences"))
         took = self._stage("occurrences", began)
         stats = _input_stats(observation)
         self.progress(
@@ -159,7 +160,7 @@ class Audit:
             extra,
             {v.name: v.subject for v in versions},
         )
-        _write_json(self.options.out / "summary.json", doc)
+        self.options.out.write_text(self.spark, "summary.json", _json(doc))
         self.progress(
             f"aggregates: {len(doc['schedules']):,} schedule(s), {len(doc['subjects']):,} "
             f"subject(s) ({self.stages['aggregates']:.1f} s); SLO "
@@ -224,8 +225,8 @@ class Audit:
 
         def table(name: str, frame: Any) -> Callable[[], list[dict[str, Any]]]:
             def written() -> list[dict[str, Any]]:
-                frame.coalesce(1).write.mode("overwrite").parquet(str(out / name))
-                return [r.asDict() for r in self.spark.read.parquet(str(out / name)).collect()]
+                frame.coalesce(1).write.mode("overwrite").parquet(out.path(name))
+                return [r.asDict() for r in self.spark.read.parquet(out.path(name)).collect()]
 
             return written
 

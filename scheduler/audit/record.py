@@ -12,13 +12,20 @@ REQUIRED = {
     "scheduled_for": "timestamp",
     "fired_at": "timestamp",
 }
-OPTIONAL = {"attempt": "bigint", "epoch": "bigint", "instance": "string", "stream_seq": "bigint"}
+OPTIONAL = {
+    "attempt": "bigint",
+    "epoch": "bigint",
+    "instance": "string",
+    "stream_seq": "bigint",
+    "manual": "boolean",  # an operator's "trigger now" (fire_log.manual): not an occurrence
+}
 FIELDS = {**REQUIRED, **OPTIONAL}
 KINDS = ("cron", "delayed")
 _ACCEPTED = {
     "string": {"string"},
     "timestamp": {"timestamp", "timestamp_ntz", "string"},
     "bigint": {"bigint", "int", "smallint", "tinyint", "string", "decimal"},
+    "boolean": {"boolean", "string"},
 }
 
 

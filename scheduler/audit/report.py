@@ -11,7 +11,6 @@ import base64
 import io
 import itertools
 from html import escape
-from pathlib import Path
 from typing import Any
 
 from scheduler.audit.summary import BUCKETS
@@ -29,10 +28,6 @@ tr.breach td{background:#fff3f2} .muted{color:#777} img{max-width:100%}
 """
 COUNTS = ("expected", "fired", "missed", "doubled", "early", "late", "unexpected")
 SUBJECT_COUNTS = ("fired", "missed", "doubled", "early", "late", "overdue", "dead", "expired")
-
-
-def write(path: Path, summary: dict[str, Any], run: dict[str, Any]) -> None:
-    path.write_text(render(summary, run), encoding="utf-8")
 
 
 def render(summary: dict[str, Any], run: dict[str, Any]) -> str:

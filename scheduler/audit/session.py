@@ -47,6 +47,18 @@ def loopback_master(master: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+def _quiet_python_loggers() -> None:
+    # py4j logs every connection it closes at INFO, even from finalizers at interpreter exit;
+    # PySpark 4 logs each analysis error it raises as JSON on stderr, also those we handle
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:  # PySpark 3.5 has neither logger
+        return
+    for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
 def _log4j_file() -> Path:
     path = Path(tempfile.gettempdir()) / "mq-scheduler-audit-log4j2.properties"
     if not path.is_file() or path.read_text() != LOG4J2:
@@ -64,8 +76,7 @@ def start(
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    # py4j logs every connection it closes at INFO, even from finalizers at interpreter exit
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    _quiet_python_loggers()
     active = SparkSession.getActiveSession()  # per thread; the context is per process
     if active is None and SparkContext._active_spark_context is not None:
         active = SparkSession.builder.getOrCreate()

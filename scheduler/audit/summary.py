@@ -15,9 +15,11 @@ PERCENTILE_METHOD = "exact (linear interpolation between closest ranks, whole mi
 # Lateness histogram bucket edges, ms (a bucket holds [edge, next edge)); -1 holds early ones.
 BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
 SCHEDULE_COUNTS = ("expected", "fired", "missed", "doubled", "early", "late", "unexpected")
+SCHEDULE_COUNTS += ("manual",)
 SUBJECT_COUNTS = ("fired", "early", "late", "missed", "doubled", "overdue", "dead", "expired")
+SUBJECT_COUNTS += ("manual",)
 KIND_COUNTS = ("expected", "fired", "delivered", "missed", "doubled", "early", "late")
-KIND_COUNTS += ("unexpected", "overdue", "dead", "expired")
+KIND_COUNTS += ("unexpected", "overdue", "dead", "expired", "manual")
 
 
 @dataclass(frozen=True, slots=True)

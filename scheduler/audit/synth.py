@@ -96,9 +96,13 @@ class Columns:
     subject: list[np.ndarray] = field(default_factory=list)
     scheduled: list[np.ndarray] = field(default_factory=list)
     fired: list[np.ndarray] = field(default_factory=list)
+    manual: list[np.ndarray] = field(default_factory=list)
 
-    def add(self, kind: str, key: Any, subject: Any, scheduled: Any, fired: Any) -> None:
+    def add(
+        self, kind: str, key: Any, subject: Any, scheduled: Any, fired: Any, manual: bool = False
+    ) -> None:
         n = len(fired)
+        self.manual.append(np.full(n, manual, dtype=bool))
         self.kind.append(np.full(n, kind, dtype=object))
         self.key.append(key if isinstance(key, np.ndarray) else np.full(n, key, dtype=object))
         self.subject.append(
@@ -164,6 +168,7 @@ class Synth:
                 "epoch": pa.array(np.full(n, 7, dtype=np.int64)),
                 "instance": pa.array(np.full(n, "synth-1", dtype=object), pa.string()),
                 "stream_seq": pa.array(np.arange(1, n + 1, dtype=np.int64)),
+                "manual": pa.array(r["manual"], pa.bool_()),
             }
         )
 
@@ -192,7 +197,7 @@ class Synth:
                     f'{{"kind":{_js(r["kind"][i])},"key":{_js(r["key"][i])},'
                     f'"subject":{_js(r["subject"][i])},"scheduled_for":"{scheduled[i]}",'
                     f'"fired_at":"{fired[i]}","attempt":1,"epoch":7,"instance":"synth-1",'
-                    f'"stream_seq":{i + 1}}}\n'
+                    f'"stream_seq":{i + 1},"manual":{"true" if r["manual"][i] else "false"}}}\n'
                     for i in range(lo, hi)
                 )
                 if index == 0:
@@ -286,12 +291,16 @@ def generate(
     _plant_tasks(tasks, rng, rates, late_ms, start_us, cols, truth)
     undelivered = _plant_unfired(unfired, rng, start_us, truth)
     invalid = _plant_edges(plans, start_us, end_us, cols) if edge_records else {}
+    if edge_records and plans:
+        groups = [("schedule", plans[0].name), ("subject", plans[0].subject), ("kind", "manual")]
+        truth.add(groups, {"manual": 1}, np.array([], np.int64))
     records = {
         "kind": np.concatenate(cols.kind) if cols.kind else np.array([], dtype=object),
         "key": np.concatenate(cols.key) if cols.key else np.array([], dtype=object),
         "subject": np.concatenate(cols.subject) if cols.subject else np.array([], dtype=object),
         "scheduled_for": np.concatenate(cols.scheduled) if cols.scheduled else np.array([], "i8"),
         "fired_at": np.concatenate(cols.fired) if cols.fired else np.array([], "i8"),
+        "manual": np.concatenate(cols.manual) if cols.manual else np.array([], bool),
     }
     doc = {
         "date": day.isoformat(),
@@ -464,6 +473,9 @@ def _plant_edges(plans: list[JobPlan], start_us: int, end_us: int, cols: Columns
     cols.add(
         "delayed", "task-too-late", TASK_SUBJECTS[0], [end_us - minute], [end_us + 7_200_000_000]
     )
+    # an operator's "trigger now": logged, but no occurrence of the job's schedule
+    at = start_us + 2 * 3600 * 1_000_000 + 7_777
+    cols.add("cron", name, subject, [at], [at + 3 * _MS], manual=True)
     cols.add("bogus", "x-1", subject, [start_us + minute], [start_us + minute])
     cols.add("delayed", np.array([None], dtype=object), subject, [start_us], [start_us])
     return {"kind is neither cron nor delayed": 1, "no key": 1, "outside_window": 2}
@@ -490,13 +502,14 @@ async def load_postgres(dsn: str, synth: Synth, invalid: bool = False) -> None:
             "synth-1",
             "JOBS",
             i + 1,
+            bool(r["manual"][i]),
         )
         for i in np.nonzero(valid)[0]
     ]
     conn = await asyncpg.connect(dsn)
     try:
         columns = ["kind", "key", "subject", "scheduled_for", "fired_at", "attempt", "epoch"]
-        columns += ["instance", "stream", "stream_seq"]
+        columns += ["instance", "stream", "stream_seq", "manual"]
         await conn.copy_records_to_table("fire_log", records=rows, columns=columns)
         await conn.executemany(
             "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for, status) "

@@ -44,6 +44,7 @@ def occurrences(log: Any, expected: Any, unfired: Any | None) -> Any:
 
     none_ts, none_str = F.lit(None).cast("timestamp"), F.lit(None).cast("string")
     cron = F.col("kind") == "cron"
+    manual = F.col("manual") if "manual" in log.columns else F.lit(False)
     parts = [
         expected.select(
             F.lit("cron").alias("kind"),
@@ -56,10 +57,10 @@ def occurrences(log: Any, expected: Any, unfired: Any | None) -> Any:
             none_ts.alias("fired_at"),
             none_str.alias("state"),
         ),
-        log.select(
-            "kind",
+        log.select(  # an operator's manual fires gather in one row per job, kind "manual"
+            F.when(manual, F.lit("manual")).otherwise(F.col("kind")).alias("kind"),
             "key",
-            F.when(cron, F.col("scheduled_for")).alias("slot"),
+            F.when(cron & ~manual, F.col("scheduled_for")).alias("slot"),
             "subject",
             "scheduled_for",
             none_ts.alias("due_at"),
@@ -121,21 +122,22 @@ def classify(occ: Any, window: AuditWindow, late_ms: int) -> Any:
     from pyspark.sql import functions as F
 
     delivered = F.col("deliveries") > 0
+    timed = delivered & (F.col("kind") != "manual")
     lateness = F.floor(
         (F.unix_micros("first_fired_at") - F.unix_micros("due_at")) / F.lit(1000)
     ).cast("long")
     flags = {
         "missed": (F.col("kind") == "cron") & F.col("expected") & ~delivered,
-        "doubled": F.col("deliveries") > 1,
-        "early": delivered & (F.col("first_fired_at") < F.col("due_at")),
-        "late": delivered & (F.col("lateness_ms") > late_ms),
+        "doubled": timed & (F.col("deliveries") > 1),
+        "early": timed & (F.col("first_fired_at") < F.col("due_at")),
+        "late": timed & (F.col("lateness_ms") > late_ms),
         "unexpected": (F.col("kind") == "cron") & ~F.col("expected") & delivered,
         "overdue": F.coalesce(F.col("state").isin("pending", "claimed"), F.lit(False)),
     }
-    out = occ.withColumn("lateness_ms", F.when(delivered, lateness))
+    out = occ.withColumn("lateness_ms", F.when(timed, lateness))
     for name, flag in flags.items():
         out = out.withColumn(name, F.coalesce(flag, F.lit(False)))
-    status = F.lit("ok")
+    status = F.when(F.col("kind") == "manual", "manual").otherwise("ok")
     for name in ("unexpected", "late", "doubled", "early"):
         status = F.when(F.col(name), name).otherwise(status)
     status = F.when(F.col("state").isin("dead", "expired"), F.col("state")).otherwise(status)
@@ -152,8 +154,11 @@ def _counts() -> list[Any]:
 
     return [
         F.sum(F.col("expected").cast("long")).alias("expected"),
-        F.sum("deliveries").alias("fired"),
-        F.sum((F.col("deliveries") > 0).cast("long")).alias("delivered"),
+        F.sum(F.when(F.col("kind") != "manual", F.col("deliveries"))).alias("fired"),
+        F.sum(F.when(F.col("kind") == "manual", F.col("deliveries"))).alias("manual"),
+        F.sum(((F.col("deliveries") > 0) & (F.col("kind") != "manual")).cast("long")).alias(
+            "delivered"
+        ),
         *(total(f) for f in ("missed", "doubled", "early", "late", "unexpected", "overdue")),
         F.sum((F.col("state") == "dead").cast("long")).alias("dead"),
         F.sum((F.col("state") == "expired").cast("long")).alias("expired"),
@@ -181,11 +186,11 @@ def _spread(frame: Any) -> Any:
 def per_schedule(occ: Any) -> Any:
     from pyspark.sql import functions as F
 
-    cron = occ.filter(F.col("kind") == "cron").groupBy("key")
+    cron = occ.filter(F.col("kind").isin("cron", "manual")).groupBy("key")
     return _spread(cron.agg(F.min("subject").alias("subject"), *_counts(), *_lateness()))
 
 
-COUNT_COLUMNS = ("expected", "fired", "delivered", "missed", "doubled", "early", "late")
+COUNT_COLUMNS = ("expected", "fired", "manual", "delivered", "missed", "doubled", "early", "late")
 COUNT_COLUMNS += ("unexpected", "overdue", "dead", "expired")
 
 

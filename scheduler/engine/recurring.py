@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ class CronEngine:
         self.js = js
         self.jobs: tuple[Job, ...] = ()
         self.errors: list[str] = []
+        self.paused_by_operator: frozenset[str] = frozenset()  # applied at the last sync
         self.reload_requested = asyncio.Event()
         self._stamp: tuple[tuple[str, float], ...] = ()
         self._streams: dict[str, str | None] = {}
@@ -97,7 +98,8 @@ class CronEngine:
         synced_at = self.clock.now()
         changed, removed = await self.store.sync(loaded_jobs, synced_at)
         self._synced_at = synced_at
-        self.jobs = loaded_jobs
+        self.paused_by_operator = await self.store.operator_paused()
+        self.jobs = operator_paused(loaded_jobs, self.paused_by_operator)
         self._upcoming, self._prepared = {}, {}  # computed from the jobs as they were
         log.info(
             "cron.synced jobs=%d changed=%d removed=%d errors=%d",
@@ -388,6 +390,11 @@ class Prepared:
 
     def frame(self, fired_at: bytes) -> bytes:
         return fired_at.join(self.frame_parts)
+
+
+def operator_paused(jobs: tuple[Job, ...], names: frozenset[str]) -> tuple[Job, ...]:
+    """The jobs with those an operator paused (management API) marked paused."""
+    return tuple(replace(j, paused=True) if j.name in names else j for j in jobs)
 
 
 def envelope(job: Job, occurrence: datetime, now: datetime) -> tuple[bytes, dict[str, str]]:

@@ -47,7 +47,7 @@ class ScheduleStore:
                 "excluded.definition, fingerprint = excluded.fingerprint, file = excluded.file, "
                 "line = excluded.line, active = true, updated_at = now() WHERE "
                 "schedules.fingerprint <> excluded.fingerprint OR NOT schedules.active "
-                "RETURNING name, definition, fingerprint",
+                "RETURNING name",
                 names,
                 [json.dumps(j.definition()) for j in jobs],
                 [j.fingerprint() for j in jobs],
@@ -59,14 +59,18 @@ class ScheduleStore:
                 "WHERE active AND NOT (name = ANY($1::text[])) RETURNING name",
                 names,
             )
-            await self._record_history(conn, changed, [r["name"] for r in removed], at)
+            await self._record_history(
+                conn, [r["name"] for r in changed], [r["name"] for r in removed], at
+            )
         return len(changed), len(removed)
 
     @staticmethod
     async def _record_history(
-        conn: Any, changed: Sequence[Any], removed: Sequence[str], at: datetime | None
+        conn: Any, changed: Sequence[str], removed: Sequence[str], at: datetime | None
     ) -> None:
-        ended = [r["name"] for r in changed] + list(removed)
+        """Close the open history rows of `changed` and `removed` jobs at `at` and open new ones
+        for `changed` (their definition as stored, paused when an operator paused the job)."""
+        ended = [*changed, *removed]
         if not ended:
             return
         await conn.execute(
@@ -77,12 +81,11 @@ class ScheduleStore:
         )
         await conn.execute(
             "INSERT INTO schedule_history (name, definition, fingerprint, valid_from) "
-            "SELECT name, definition, fingerprint, COALESCE($4::timestamptz, now()) FROM "
-            "unnest($1::text[], $2::jsonb[], $3::text[]) AS u(name, definition, fingerprint) "
+            "SELECT name, CASE WHEN paused_at IS NULL THEN definition ELSE definition || "
+            "'{\"paused\": true}'::jsonb END, fingerprint, COALESCE($2::timestamptz, now()) "
+            "FROM schedules WHERE name = ANY($1::text[]) AND active "
             "ON CONFLICT (name) WHERE valid_to IS NULL DO NOTHING",
-            [r["name"] for r in changed],
-            [r["definition"] for r in changed],
-            [r["fingerprint"] for r in changed],
+            list(changed),
             at,
         )
 
@@ -133,3 +136,47 @@ class ScheduleStore:
             )
         if in_office == 0:
             raise FencedError(epoch)
+
+    # -- operator actions (management API) ----------------------------------------------------
+    async def set_paused(self, name: str, who: str | None) -> bool:
+        """Pause a job for `who`, or resume it (`who` None); False when no job has that name.
+
+        A change of state also starts a new `schedule_history` version (paused or not) now."""
+        async with self.db.timed("pause") as conn, conn.transaction():
+            was = await conn.fetchval(
+                "SELECT paused_at IS NOT NULL FROM schedules WHERE name = $1 FOR UPDATE", name
+            )
+            if was is None:
+                return False
+            await conn.execute(
+                "UPDATE schedules SET paused_at = CASE WHEN $2::text IS NULL THEN NULL "
+                "ELSE coalesce(paused_at, now()) END, paused_by = $2, updated_at = now() "
+                "WHERE name = $1",
+                name,
+                who,
+            )
+            if was != (who is not None):
+                await self._record_history(conn, [name], [], None)
+        return True
+
+    async def operator_paused(self) -> frozenset[str]:
+        """Names of the jobs an operator has paused (on top of `paused` in YAML)."""
+        async with self.db.timed("paused") as conn:
+            rows = await conn.fetch("SELECT name FROM schedules WHERE paused_at IS NOT NULL")
+        return frozenset(r["name"] for r in rows)
+
+    async def log_manual_fire(self, fire: Advance, instance: str) -> None:
+        """A manual trigger's `fire_log` row: not fenced (no cursor moves), marked `manual`."""
+        async with self.db.timed("manual_fire") as conn:
+            await conn.execute(
+                "INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, attempt, "
+                "epoch, instance, stream, stream_seq, manual) SELECT 'cron', $1, $2, $3, $4, 1, "
+                "epoch, $5, $6, $7, true FROM leadership WHERE id = 1",
+                fire.name,
+                fire.subject,
+                fire.scheduled_for,
+                fire.fired_at,
+                instance,
+                fire.stream,
+                fire.stream_seq,
+            )

@@ -48,7 +48,7 @@ def test_jsonl_export_holds_the_days_records_in_the_design_format(
     assert len(lines) == count and f"{count:,} records" in err
     first = json.loads(lines[0])
     fields = ["kind", "key", "subject", "scheduled_for", "fired_at", "attempt", "epoch"]
-    assert list(first) == [*fields, "instance", "stream", "stream_seq"]
+    assert list(first) == [*fields, "instance", "stream", "stream_seq", "manual"]
     for line in lines:
         doc = json.loads(line)
         assert doc["kind"] in ("cron", "delayed")

@@ -120,3 +120,25 @@ async def test_new_job_fires_an_occurrence_between_its_sync_and_first_tick(
     assert cursors["alpha"] == T0.replace(second=1, microsecond=0)
     assert cursors["beta"] == T0
     assert [r["valid_from"] for r in await history(store)] == [T0, T0]
+
+
+async def test_operator_pause_and_resume_are_versions(store: ScheduleStore) -> None:
+    """Pausing a job through the management API starts a paused history version, resuming an
+    unpaused one; pausing it again while paused changes nothing."""
+    await store.sync(load_text(JOBS).jobs, T0)
+    assert await store.set_paused("beta", "ops@example")
+    assert await store.set_paused("beta", "ops@example")  # already paused: no new version
+    assert await store.set_paused("beta", None)
+    assert not await store.set_paused("gamma", "ops@example")
+    rows = [r for r in await history(store) if r["name"] == "beta"]
+    assert [json.loads(r["definition"])["paused"] for r in rows] == [False, True, False]
+    assert rows[0]["valid_to"] == rows[1]["valid_from"] and rows[1]["valid_to"] is not None
+    assert rows[2]["valid_to"] is None
+    await store.set_paused("beta", "ops@example")
+    edited = load_text(JOBS.replace('"0 * * * *"', '"45 * * * *"')).jobs  # YAML changes meanwhile
+    await store.sync(edited, T0 + timedelta(hours=3))
+    async with store.db.pool.acquire() as conn:  # the latest row (the test mixes two clocks)
+        last = json.loads(
+            await conn.fetchval("SELECT definition FROM schedule_history ORDER BY id DESC LIMIT 1")
+        )
+    assert (last["cron"], last["paused"]) == ("45 * * * *", True)  # still operator-paused

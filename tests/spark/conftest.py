@@ -62,7 +62,7 @@ def run_audit(out: Path, *args: str) -> AuditRun:
     """`scheduler audit ... --out OUT` in this process (on the session's SparkSession)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(["audit", *args, "--out", str(out)])
+        code = main(["audit", *args, *(() if "--out" in args else ("--out", str(out)))])
     return AuditRun(code, out, stdout.getvalue(), stderr.getvalue())
 
 

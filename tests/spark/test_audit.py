@@ -16,7 +16,7 @@ from tests.spark.conftest import AuditRun, audit_synth, run_audit
 pytestmark = pytest.mark.spark
 
 DAY = date(2026, 11, 21)
-COUNTS = ("expected", "fired", "missed", "doubled", "early", "late", "unexpected")
+COUNTS = ("expected", "fired", "missed", "doubled", "early", "late", "unexpected", "manual")
 
 
 def assert_matches_truth(summary: dict[str, Any], truth: dict[str, Any]) -> None:
@@ -28,12 +28,13 @@ def assert_matches_truth(summary: dict[str, Any], truth: dict[str, Any]) -> None
         assert_lateness(got["lateness_ms"], want["lateness_ms"], name)
     for name, want in truth["subjects"].items():
         got = summary["subjects"][name]
-        for count in ("fired", "missed", "doubled", "early", "late", "overdue", "dead"):
+        for count in ("fired", "missed", "doubled", "early", "late", "overdue", "dead", "manual"):
             assert got[count] == want.get(count, 0), (name, count)
         assert_lateness(got["lateness_ms"], want["lateness_ms"], name)
     for kind, want in truth["kinds"].items():
         got = summary["totals"][kind]
-        assert (got["expected"], got["fired"]) == (want.get("expected", 0), want["fired"]), kind
+        wanted = (want.get("expected", 0), want.get("fired", 0), want.get("manual", 0))
+        assert (got["expected"], got["fired"], got["manual"]) == wanted, kind
 
 
 def assert_lateness(got: dict[str, Any], want: dict[str, Any], name: str) -> None:
@@ -233,3 +234,27 @@ def test_a_log_with_the_wrong_columns_exits_2_naming_them(spark: Any, tmp_path: 
         assert run.code == 2, run.stderr
         assert len(lines) == 1 and "'key', 'subject', 'scheduled_for', 'fired_at'" in lines[0]
         assert lines[0].startswith("scheduler audit: --input: ") and "no column" in lines[0]
+
+
+def test_out_may_be_a_url_spark_writes(spark: Any, written: Path, tmp_path: Path) -> None:
+    """--out as a URL (file:// here, s3a:// in production): tables through Spark, summary.json,
+    run.json and report.html through Hadoop's FileSystem, Spark's log in a local temp dir."""
+    url = f"file://{tmp_path}/reports/day"
+    run = run_audit(
+        Path("unused"),
+        "--date",
+        DAY.isoformat(),
+        "--input",
+        str(written / "parquet"),
+        "--schedules",
+        str(written / "schedules"),
+        "--out",
+        url,
+    )
+    assert run.code == 0, run.stderr
+    out = tmp_path / "reports" / "day"
+    assert json.loads((out / "summary.json").read_text())["date"] == DAY.isoformat()
+    assert (out / "report.html").read_text().startswith("<!doctype html>")
+    assert (out / "occurrences").is_dir() and (out / "run.json").is_file()
+    assert not (out / "spark.log").exists()
+    assert f"report {url}/report.html" in run.stdout

@@ -1,11 +1,12 @@
-"""Schedule history: each cron job definition and the interval it was in force.
+"""Schedule history: each cron job definition and the interval it was in force (YAML syncs and
+operator pauses).
 
 The YAML sync closes a job's open row and opens a new one whenever the job is added, changed
 (paused included) or removed, so the drift audit knows which occurrences were expected at any
 moment of a day. Jobs already in `schedules` are backfilled as in force since their last change.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-11-25
 """
 
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
