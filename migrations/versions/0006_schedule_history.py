@@ -40,7 +40,9 @@ def upgrade() -> None:
     op.execute("CREATE INDEX schedule_history_span ON schedule_history (valid_from, valid_to)")
     op.execute(
         "INSERT INTO schedule_history (name, definition, fingerprint, valid_from) "
-        "SELECT name, definition, fingerprint, updated_at FROM schedules WHERE active"
+        "SELECT name, CASE WHEN paused_at IS NULL THEN definition "
+        "ELSE definition || '{\"paused\": true}'::jsonb END, fingerprint, updated_at "
+        "FROM schedules WHERE active"
     )
 
 

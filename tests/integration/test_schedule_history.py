@@ -12,6 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from scheduler import migrate
 from scheduler.bus.publisher import PubAck
 from scheduler.clock import FakeClock
 from scheduler.engine.office import take_office
@@ -142,3 +143,27 @@ async def test_operator_pause_and_resume_are_versions(store: ScheduleStore) -> N
             await conn.fetchval("SELECT definition FROM schedule_history ORDER BY id DESC LIMIT 1")
         )
     assert (last["cron"], last["paused"]) == ("45 * * * *", True)  # still operator-paused
+
+
+async def test_migration_backfills_the_jobs_in_force(database_url: str) -> None:
+    """Upgrading a database that already has jobs opens one history row per active job, paused
+    when an operator paused it, from its last change."""
+    await asyncio.to_thread(migrate.downgrade, database_url, "0005")
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "INSERT INTO schedules (name, definition, fingerprint, active, paused_at, updated_at) "
+            "VALUES ('on', '{\"name\": \"on\", \"paused\": false}', 'a', true, NULL, $1), "
+            "('held', '{\"name\": \"held\", \"paused\": false}', 'b', true, now(), $1), "
+            "('gone', '{\"name\": \"gone\", \"paused\": false}', 'c', false, NULL, $1)",
+            T0,
+        )
+        await migrate.upgrade_async(database_url)
+        rows = await conn.fetch(
+            "SELECT name, definition, valid_from, valid_to FROM schedule_history ORDER BY name"
+        )
+    finally:
+        await conn.close()
+    got = [(r["name"], json.loads(r["definition"])["paused"], r["valid_from"]) for r in rows]
+    assert got == [("held", True, T0), ("on", False, T0)]
+    assert all(r["valid_to"] is None for r in rows)
