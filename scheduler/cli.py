@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from scheduler import __version__
@@ -39,11 +39,6 @@ operations.md (running it, start-up errors, metrics), leadership.md (high availa
 Exit status: 0 done or stopped by a signal, 1 failed, 2 a setting is wrong (the message names
 it), 4 NATS or PostgreSQL unreachable for SCHEDULER_STARTUP_TIMEOUT, 130 interrupted.
 """
-
-OPEN_ISSUES = {
-    "audit": "the PySpark drift audit",
-    "export-log": "the execution-log export of the drift audit",
-}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,13 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     mig.set_defaults(func=cmd_migrate)
 
     _schedule_commands(sub)
+    _audit_commands(sub)
     from scheduler.commands import ops
 
     ops.register(sub)  # status, schedules, delayed, dlq: the management API's CLI
-    for verb, what in OPEN_ISSUES.items():
-        p = sub.add_parser(verb, help=f"{what} (not yet available)")
-        p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-        p.set_defaults(func=_not_yet(verb, what))
     return parser
 
 
@@ -129,15 +121,15 @@ def _schedule_commands(sub: Any) -> None:
     nxt.set_defaults(func=schedules.cmd_next)
 
 
-def _not_yet(verb: str, what: str) -> Callable[[argparse.Namespace], int]:
-    def run(_: argparse.Namespace) -> int:
-        print(
-            f"scheduler {verb}: {what} is not implemented yet (its issue is still open).",
-            file=sys.stderr,
-        )
-        return 3
+def _audit_commands(sub: Any) -> None:
+    from scheduler.audit import cli as audit  # PySpark is imported only when the audit runs
 
-    return run
+    aud = sub.add_parser("audit", help="the PySpark drift audit of a day's execution log")
+    audit.configure_audit(aud)
+    aud.set_defaults(func=audit.cmd_audit)
+    exp = sub.add_parser("export-log", help="write a day's fire_log as JSON lines or Parquet")
+    audit.configure_export(exp)
+    exp.set_defaults(func=audit.cmd_export)
 
 
 def _settings(args: argparse.Namespace) -> Any:

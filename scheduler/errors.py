@@ -76,3 +76,12 @@ class RequestError(SchedulerError, ValueError):
         super().__init__(message)
         self.code = code
         self.field = field
+
+
+class AuditInputError(SchedulerError, ValueError):
+    """The drift audit cannot use its input (an option, a path, a log's columns); says which."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        super().__init__(f"{what}: {problem}")
+        self.what = what
+        self.problem = problem

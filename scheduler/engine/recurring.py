@@ -75,6 +75,7 @@ class CronEngine:
         self._mirroring: asyncio.Task[None] | None = None
         self._mirrored_at = float("-inf")
         self._publisher: Publisher | None = None  # this term's, for messages framed ahead
+        self._synced_at: datetime | None = None  # a new job's cursor starts here
 
     def request_reload(self) -> None:
         """Ask for a YAML reload (SIGHUP)."""
@@ -94,7 +95,9 @@ class CronEngine:
         loaded_jobs, self.errors = self._load()
         for error in self.errors:
             log.error("cron.yaml_error %s", error)
-        changed, removed = await self.store.sync(loaded_jobs)
+        synced_at = self.clock.now()
+        changed, removed = await self.store.sync(loaded_jobs, synced_at)
+        self._synced_at = synced_at
         self.paused_by_operator = await self.store.operator_paused()
         self.jobs = operator_paused(loaded_jobs, self.paused_by_operator)
         self._upcoming, self._prepared = {}, {}  # computed from the jobs as they were
@@ -181,9 +184,10 @@ class CronEngine:
                 moves[job.name] = Advance(job.name, job.subject, cursors[job.name])
                 continue
             cursor = cursors.get(job.name)
-            if cursor is None:  # a new job starts from now: no back-fill
-                moves[job.name] = Advance(job.name, job.subject, now)
-                continue
+            if cursor is None:  # a new job starts from its sync (no back-fill, and no gap
+                # between the sync that schedule_history records and this tick)
+                cursor = min(self._synced_at or now, now)
+                moves[job.name] = Advance(job.name, job.subject, cursor)
             p = self._plan(job, cursor, now)
             if job.paused:
                 if p.cursor != cursor:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from scheduler.errors import FencedError
 from scheduler.schedules import Job
@@ -30,31 +31,63 @@ class ScheduleStore:
     def __init__(self, db: PostgresStore) -> None:
         self.db = db
 
-    async def sync(self, jobs: Sequence[Job]) -> tuple[int, int]:
-        """Upsert the YAML's jobs as active, deactivate the rest; return (changed, removed)."""
+    async def sync(self, jobs: Sequence[Job], at: datetime | None = None) -> tuple[int, int]:
+        """Upsert the YAML's jobs as active, deactivate the rest; return (changed, removed).
+
+        Every added, changed or removed job also closes its open `schedule_history` row and
+        (unless removed) opens a new one at `at` (the daemon's clock; the database's if None),
+        so the drift audit knows which definition was in force when."""
         names = [j.name for j in jobs]
         async with self.db.timed("sync") as conn, conn.transaction():
-            changed = await conn.fetchval(
+            changed = await conn.fetch(
                 "WITH u AS (SELECT * FROM unnest($1::text[], $2::jsonb[], $3::text[], "
-                "$4::text[], $5::int[]) AS u(name, definition, fingerprint, file, line)), "
-                "up AS (INSERT INTO schedules (name, definition, fingerprint, file, line) "
+                "$4::text[], $5::int[]) AS u(name, definition, fingerprint, file, line)) "
+                "INSERT INTO schedules (name, definition, fingerprint, file, line) "
                 "SELECT * FROM u ON CONFLICT (name) DO UPDATE SET definition = "
                 "excluded.definition, fingerprint = excluded.fingerprint, file = excluded.file, "
                 "line = excluded.line, active = true, updated_at = now() WHERE "
                 "schedules.fingerprint <> excluded.fingerprint OR NOT schedules.active "
-                "RETURNING 1) SELECT count(*) FROM up",
+                "RETURNING name",
                 names,
                 [json.dumps(j.definition()) for j in jobs],
                 [j.fingerprint() for j in jobs],
                 [j.file for j in jobs],
                 [j.line for j in jobs],
             )
-            removed = await conn.execute(
+            removed = await conn.fetch(
                 "UPDATE schedules SET active = false, updated_at = now() "
-                "WHERE active AND NOT (name = ANY($1::text[]))",
+                "WHERE active AND NOT (name = ANY($1::text[])) RETURNING name",
                 names,
             )
-        return int(changed), int(removed.split()[-1])
+            await self._record_history(
+                conn, [r["name"] for r in changed], [r["name"] for r in removed], at
+            )
+        return len(changed), len(removed)
+
+    @staticmethod
+    async def _record_history(
+        conn: Any, changed: Sequence[str], removed: Sequence[str], at: datetime | None
+    ) -> None:
+        """Close the open history rows of `changed` and `removed` jobs at `at` and open new ones
+        for `changed` (their definition as stored, paused when an operator paused the job)."""
+        ended = [*changed, *removed]
+        if not ended:
+            return
+        await conn.execute(
+            "UPDATE schedule_history SET valid_to = GREATEST(valid_from, "
+            "COALESCE($2::timestamptz, now())) WHERE valid_to IS NULL AND name = ANY($1::text[])",
+            ended,
+            at,
+        )
+        await conn.execute(
+            "INSERT INTO schedule_history (name, definition, fingerprint, valid_from) "
+            "SELECT name, CASE WHEN paused_at IS NULL THEN definition ELSE definition || "
+            "'{\"paused\": true}'::jsonb END, fingerprint, COALESCE($2::timestamptz, now()) "
+            "FROM schedules WHERE name = ANY($1::text[]) AND active "
+            "ON CONFLICT (name) WHERE valid_to IS NULL DO NOTHING",
+            list(changed),
+            at,
+        )
 
     async def cursors(self) -> dict[str, datetime]:
         async with self.db.timed("cursors") as conn:
@@ -108,16 +141,25 @@ class ScheduleStore:
 
     # -- operator actions (management API) ----------------------------------------------------
     async def set_paused(self, name: str, who: str | None) -> bool:
-        """Pause a job for `who`, or resume it (`who` None); False when no job has that name."""
-        async with self.db.timed("pause") as conn:
-            done = await conn.fetchval(
+        """Pause a job for `who`, or resume it (`who` None); False when no job has that name.
+
+        A change of state also starts a new `schedule_history` version (paused or not) now."""
+        async with self.db.timed("pause") as conn, conn.transaction():
+            was = await conn.fetchval(
+                "SELECT paused_at IS NOT NULL FROM schedules WHERE name = $1 FOR UPDATE", name
+            )
+            if was is None:
+                return False
+            await conn.execute(
                 "UPDATE schedules SET paused_at = CASE WHEN $2::text IS NULL THEN NULL "
                 "ELSE coalesce(paused_at, now()) END, paused_by = $2, updated_at = now() "
-                "WHERE name = $1 RETURNING name",
+                "WHERE name = $1",
                 name,
                 who,
             )
-        return done is not None
+            if was != (who is not None):
+                await self._record_history(conn, [name], [], None)
+        return True
 
     async def operator_paused(self) -> frozenset[str]:
         """Names of the jobs an operator has paused (on top of `paused` in YAML)."""

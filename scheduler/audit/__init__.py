@@ -1,0 +1,14 @@
+"""The drift audit (design section 7): did every cron occurrence fire once, on time, and did every
+delayed task go out when it was due?
+
+`scheduler audit` reads a day of the execution log (`fire_log`: JSON lines, Parquet or JDBC),
+expands each cron job's expected occurrences on the Spark executors with the daemon's own cron
+code, joins the two and writes Parquet tables, `summary.json` and `report.html`.
+`scheduler export-log` writes a day of `fire_log` as JSON lines or Parquet.
+
+Modules: `window` (the audited interval), `expected` (occurrences, pure), `inputs` (reading the
+log), `job` (the Spark transforms), `summary` (counts to `summary.json`, the SLO verdict),
+`report` (HTML), `session` (a quiet SparkSession), `export` (export-log), `synth` (a seeded log
+generator with planted truth), `cli`. Nothing here imports PySpark at module import time except
+`job`, `inputs` and `session`, which only the audit command loads.
+"""

@@ -1,0 +1,289 @@
+"""The audit run: session, stages, files. The transforms themselves are in `transforms.py`.
+
+`run()` reads the log, expands and joins the expected occurrences, writes the occurrence table,
+aggregates it and writes `summary.json`, `run.json` and the report. Nothing large passes through
+the driver: the expansion runs by job on the executors (`mapInArrow`), the per-occurrence table
+goes straight to Parquet, and only per-schedule, per-subject, per-hour and per-minute aggregates
+are collected.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scheduler.audit import summary as summaries
+from scheduler.audit.expected import JobVersion
+from scheduler.audit.inputs import Source, in_window, read_history, read_log, read_unfired
+from scheduler.audit.output import Output
+from scheduler.audit.summary import Slo
+from scheduler.audit.transforms import (
+    classify,
+    expected_occurrences,
+    histogram,
+    occurrences,
+    per_hour,
+    per_kind,
+    per_minute,
+    per_schedule,
+    per_subject,
+    with_idle_jobs,
+)
+from scheduler.audit.window import AuditWindow
+from scheduler.errors import AuditInputError
+
+TABLES = ("occurrences", "schedules", "subjects", "hours")
+Progress = Callable[[str], None]
+
+
+def stderr_progress(line: str) -> None:
+    print(f"audit: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditOptions:
+    """Everything `scheduler audit` was asked to do, already checked."""
+
+    window: AuditWindow
+    source: Source
+    out: Output
+    schedules_dir: Path | None = None
+    schedules_from: str = "auto"  # auto | yaml | history
+    master: str | None = None
+    slo: Slo = field(default_factory=Slo)
+    jars: tuple[str, ...] = ()
+    conf: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(slots=True)
+class AuditResult:
+    summary: dict[str, Any]
+    run: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.summary["slo"]["ok"])
+
+
+def run(options: AuditOptions, progress: Progress = stderr_progress) -> AuditResult:
+    """Run the whole audit; write tables, summary.json, run.json and report.html under `out`."""
+    from scheduler.audit import session
+
+    began = time.monotonic()
+    options.out.prepare()
+    spark, owned = session.start(
+        options.master, list(options.jars), options.out.spark_log, dict(options.conf)
+    )
+    try:
+        master = spark.sparkContext.master
+        progress(f"spark {spark.version} on {master} ready in {time.monotonic() - began:.1f} s")
+        result = Audit(spark, options, progress).run()
+        result.run.update(master=master, spark=spark.version)
+        result.run["seconds"] = round(time.monotonic() - began, 2)
+        options.out.write_text(spark, "run.json", _json(result.run))
+        from scheduler.audit import report
+
+        options.out.write_text(spark, "report.html", report.render(result.summary, result.run))
+        progress(f"report written to {options.out.path('report.html')}")
+        return result
+    finally:
+        if owned:
+            spark.stop()
+
+
+def _json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, default=str) + "\n"
+
+
+class Audit:
+    """One audit run on a given session: the stages in order, each timed."""
+
+    def __init__(self, spark: Any, options: AuditOptions, progress: Progress) -> None:
+        self.spark = spark
+        self.options = options
+        self.progress = progress
+        self.window = options.window
+        self.stages: dict[str, float] = {}
+
+    def _stage(self, name: str, began: float) -> float:
+        self.stages[name] = round(time.monotonic() - began, 2)
+        return self.stages[name]
+
+    def run(self) -> AuditResult:
+        from pyspark.sql import Observation
+
+        began = time.monotonic()
+        versions, schedules_source = self.versions()
+        observation = Observation("input")
+        log = self.read(observation)
+        expected = expected_occurrences(self.spark, versions, self.window)
+        occ = classify(
+            occurrences(log, expected, self.unfired()), self.window, self.options.slo.late_ms
+        )
+        occ.write.mode("overwrite").parquet(self.options.out.path("occurrences"))
+        occ = self.spark.read.parquet(self.options.out.path("occurrences"))
+        took = self._stage("occurrences", began)
+        stats = _input_stats(observation)
+        self.progress(
+            f"input: {stats['records']:,} records ({self.options.source.format}), "
+            f"{stats['in_window']:,} in the window, {stats['invalid']:,} invalid"
+        )
+        self.progress(
+            f"occurrences: {len(versions):,} job version(s) from {schedules_source}, "
+            f"expanded, joined and written ({took:.1f} s)"
+        )
+        began = time.monotonic()
+        tables = self.aggregate(occ, {v.name: v.subject for v in versions})
+        self._stage("aggregates", began)
+        extra = {
+            "window": {
+                "start": self.window.start.isoformat().replace("+00:00", "Z"),
+                "end": self.window.end.isoformat().replace("+00:00", "Z"),
+                "grace_seconds": self.window.grace.total_seconds(),
+            },
+            "input": stats,
+            "expected_from": schedules_source,
+            "jobs": len({v.name for v in versions}),
+        }
+        doc = summaries.build(
+            self.window.day.isoformat(),
+            self.options.slo,
+            tables["schedules"],
+            tables["subjects"],
+            tables["kinds"],
+            extra,
+            {v.name: v.subject for v in versions},
+        )
+        self.options.out.write_text(self.spark, "summary.json", _json(doc))
+        self.progress(
+            f"aggregates: {len(doc['schedules']):,} schedule(s), {len(doc['subjects']):,} "
+            f"subject(s) ({self.stages['aggregates']:.1f} s); SLO "
+            + ("ok" if doc["slo"]["ok"] else f"BREACHED by {len(doc['slo']['breaches'])}")
+        )
+        run = {
+            "date": doc["date"],
+            "input": self.options.source.display,
+            "format": self.options.source.format,
+            "stages_seconds": self.stages,
+            "series": tables["series"],
+            "histogram": tables["histogram"],
+            "hours": tables["hours"],
+        }
+        return AuditResult(doc, run)
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def versions(self) -> tuple[list[JobVersion], str]:
+        """The job versions to expand, and where they came from (history or yaml)."""
+        opts = self.options
+        history = None
+        if opts.source.jdbc and opts.schedules_from in ("auto", "history"):
+            history = read_history(self.spark, opts.source, self.window)
+            if history is None and opts.schedules_from == "history":
+                raise AuditInputError(
+                    "--schedules-from",
+                    "the database's schedule_history does not reach back to "
+                    f"{self.window.start.isoformat()}",
+                )
+        if history is not None:
+            return history, "schedule_history"
+        if opts.schedules_dir is None:
+            raise AuditInputError("--schedules", "required (no schedule_history to use instead)")
+        from scheduler.schedules import load_dir
+
+        loaded = load_dir(opts.schedules_dir)
+        for error in loaded.errors:
+            self.progress(f"schedules: skipped: {error}")
+        return [JobVersion.of_job(job) for job in loaded.jobs], str(opts.schedules_dir)
+
+    def read(self, observation: Any) -> Any:
+        """The usable in-window records, counted on the way (the log is scanned once, by the
+        occurrences stage)."""
+        from pyspark.sql import functions as F
+
+        parallelism = self.spark.sparkContext.defaultParallelism
+        raw = read_log(self.spark, self.options.source, self.window, max(4, 2 * parallelism))
+        counted = raw.observe(observation, *_observed(self.window))
+        return counted.filter(F.col("problem").isNull() & in_window(self.window)).drop("problem")
+
+    def unfired(self) -> Any:
+        if not self.options.source.jdbc:
+            return None
+        return read_unfired(self.spark, self.options.source, self.window)
+
+    def aggregate(self, occ: Any, jobs: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+        """Every aggregate, three Spark jobs at a time (each is a scan of the occurrence table;
+        running them side by side overlaps one's planning with another's tasks)."""
+        out = self.options.out
+        known = self.spark.createDataFrame(list(jobs.items()), "key string, job_subject string")
+
+        def table(name: str, frame: Any) -> Callable[[], list[dict[str, Any]]]:
+            def written() -> list[dict[str, Any]]:
+                frame.coalesce(1).write.mode("overwrite").parquet(out.path(name))
+                return [r.asDict() for r in self.spark.read.parquet(out.path(name)).collect()]
+
+            return written
+
+        def rows(frame: Any) -> Callable[[], list[dict[str, Any]]]:
+            return lambda: [r.asDict() for r in frame.collect()]
+
+        work = {
+            "schedules": table("schedules", with_idle_jobs(per_schedule(occ), known)),
+            "subjects": table("subjects", per_subject(occ)),
+            "hours": table("hours", per_hour(occ)),
+            "kinds": rows(per_kind(occ)),
+            "series": rows(per_minute(occ, self.window)),
+            "histogram": rows(histogram(occ)),
+        }
+        with ThreadPoolExecutor(3, thread_name_prefix="aggregate") as pool:
+            futures = {name: pool.submit(job) for name, job in work.items()}
+            return {name: future.result() for name, future in futures.items()}
+
+
+_PROBLEMS = (
+    "not a JSON record",
+    "no kind",
+    "kind is neither cron nor delayed",
+    "no key",
+    "no subject",
+    "no scheduled_for",
+    "scheduled_for is not an RFC 3339 time",
+    "no fired_at",
+    "fired_at is not an RFC 3339 time",
+)
+
+
+def _observed(window: AuditWindow) -> list[Any]:
+    from pyspark.sql import functions as F
+
+    ok = F.col("problem").isNull()
+    metrics = [
+        F.count(F.lit(1)).alias("records"),
+        F.sum((~ok).cast("long")).alias("invalid"),
+        F.sum((ok & in_window(window)).cast("long")).alias("in_window"),
+    ]
+    for index, problem in enumerate(_PROBLEMS):
+        hit = (F.col("problem") == problem).cast("long")
+        metrics.append(F.sum(hit).alias(f"problem_{index}"))
+    return metrics
+
+
+def _input_stats(observation: Any) -> dict[str, Any]:
+    got = observation.get
+    invalid = {p: int(got.get(f"problem_{i}") or 0) for i, p in enumerate(_PROBLEMS)}
+    records = int(got.get("records") or 0)
+    in_window_count = int(got.get("in_window") or 0)
+    bad = int(got.get("invalid") or 0)
+    return {
+        "records": records,
+        "in_window": in_window_count,
+        "outside_window": records - bad - in_window_count,
+        "invalid": bad,
+        "invalid_reasons": {p: n for p, n in invalid.items() if n},
+    }

@@ -1,0 +1,288 @@
+"""`report.html`: one self-contained page a person reads in the morning.
+
+The SLO verdict first, then the worst offenders, lateness over the day and its distribution
+(matplotlib PNGs embedded as data URIs), a table per schedule, per subject and per hour, and the
+audit's own inputs. No external assets: the file can be mailed or archived as it is.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+from html import escape
+from typing import Any
+
+from scheduler.audit.summary import BUCKETS
+
+WORST = 10
+STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+h1{margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px solid #ddd}
+.verdict{font-size:1.3em;padding:.8em 1em;border-radius:6px;margin:1em 0}
+.ok{background:#e6f4ea;border:1px solid #8bc79b} .bad{background:#fdecea;border:1px solid #e59a93}
+table{border-collapse:collapse;margin:.5em 0;font-size:13px}
+th,td{padding:3px 9px;border-bottom:1px solid #eee;text-align:right}
+th{background:#f6f6f6;position:sticky;top:0} td.l,th.l{text-align:left}
+tr.breach td{background:#fff3f2} .muted{color:#777} img{max-width:100%}
+"""
+COUNTS = ("expected", "fired", "missed", "doubled", "early", "late", "unexpected")
+SUBJECT_COUNTS = ("fired", "missed", "doubled", "early", "late", "overdue", "dead", "expired")
+
+
+def render(summary: dict[str, Any], run: dict[str, Any]) -> str:
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>Drift audit {escape(summary['date'])}</title><style>{STYLE}</style></head><body>",
+        f"<h1>Drift audit {escape(summary['date'])}</h1>",
+        f"<p class='muted'>window {escape(summary['window']['start'])} to "
+        f"{escape(summary['window']['end'])} (UTC)</p>",
+        _verdict(summary),
+        _totals(summary),
+        _worst(summary),
+        "<h2>Lateness over the day</h2>",
+        _img(_plot_series(run.get("series") or [], summary)),
+        "<h2>Lateness distribution</h2>",
+        _img(_plot_histogram(run.get("histogram") or [])),
+        "<h2>Schedules</h2>",
+        _schedule_table(summary),
+        "<h2>Subjects</h2>",
+        _subject_table(summary),
+        "<h2>Per hour (UTC)</h2>",
+        _hour_table(run.get("hours") or []),
+        "<h2>About this audit</h2>",
+        _inputs(summary, run),
+        "</body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def _verdict(summary: dict[str, Any]) -> str:
+    slo = summary["slo"]
+    rule = (
+        f"lateness p99 &le; {slo['lateness_p99_ms']} ms per schedule and subject; no missed, "
+        "doubled, early or overdue run"
+    )
+    if slo["ok"]:
+        return f"<div class='verdict ok'><b>SLO met.</b> {rule}.</div>"
+    items = "".join(
+        f"<li><b>{escape(name)}</b>: {escape('; '.join(why))}</li>"
+        for name, why in slo["reasons"].items()
+    )
+    count = len(slo["breaches"])
+    return (
+        f"<div class='verdict bad'><b>SLO breached</b> by {count} schedule(s) or subject(s). "
+        f"{rule}.<ul>{items}</ul></div>"
+    )
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "<span class='muted'>-</span>"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return escape(str(value))
+
+
+def _table(headers: list[str], rows: list[list[Any]], breach: list[bool] | None = None) -> str:
+    head = "".join(
+        f"<th class='l'>{escape(h)}</th>" if i == 0 else f"<th>{escape(h)}</th>"
+        for i, h in enumerate(headers)
+    )
+    body = []
+    for index, row in enumerate(rows):
+        cls = " class='breach'" if breach and breach[index] else ""
+        cells = "".join(
+            f"<td class='l'>{escape(str(v))}</td>" if i == 0 else f"<td>{_num(v)}</td>"
+            for i, v in enumerate(row)
+        )
+        body.append(f"<tr{cls}>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _late_cells(entry: dict[str, Any]) -> list[Any]:
+    lat = entry["lateness_ms"]
+    return [lat["p50"], lat["p95"], lat["p99"], lat["max"]]
+
+
+def _totals(summary: dict[str, Any]) -> str:
+    rows = []
+    for kind, entry in summary["totals"].items():
+        counts = [entry.get(c) for c in (*COUNTS, "overdue", "dead", "expired")]
+        rows.append([kind, *counts, *_late_cells(entry)])
+    headers = ["kind", *COUNTS, "overdue", "dead", "expired", "p50 ms", "p95 ms", "p99 ms"]
+    return _table([*headers, "max ms"], rows)
+
+
+def _badness(entry: dict[str, Any]) -> tuple[int, float]:
+    faults = sum(entry.get(c, 0) for c in ("missed", "doubled", "early", "overdue"))
+    return faults, entry["lateness_ms"]["p99"] or 0.0
+
+
+def _worst(summary: dict[str, Any]) -> str:
+    ranked = sorted(
+        [("schedule", n, e) for n, e in summary["schedules"].items()]
+        + [("subject", n, e) for n, e in summary["subjects"].items()],
+        key=lambda item: _badness(item[2]),
+        reverse=True,
+    )[:WORST]
+    rows = [
+        [
+            name,
+            what,
+            *(e.get(c) for c in ("missed", "doubled", "early", "overdue", "late")),
+            e["lateness_ms"]["p99"],
+            e["lateness_ms"]["max"],
+        ]
+        for what, name, e in ranked
+        if _badness(e) != (0, 0.0)
+    ]
+    if not rows:
+        return "<h2>Worst offenders</h2><p>None: nothing was late, missed or doubled.</p>"
+    headers = ["name", "is a", "missed", "doubled", "early", "overdue", "late", "p99 ms", "max ms"]
+    breached = set(summary["slo"]["breaches"])
+    return "<h2>Worst offenders</h2>" + _table(headers, rows, [r[0] in breached for r in rows])
+
+
+def _schedule_table(summary: dict[str, Any]) -> str:
+    items = sorted(summary["schedules"].items(), key=lambda kv: _badness(kv[1]), reverse=True)
+    rows = [[n, e["subject"], *(e[c] for c in COUNTS), *_late_cells(e)] for n, e in items]
+    breached = set(summary["slo"]["breaches"])
+    headers = ["schedule", "subject", *COUNTS, "p50 ms", "p95 ms", "p99 ms", "max ms"]
+    return _table(headers, rows, [r[0] in breached for r in rows])
+
+
+def _subject_table(summary: dict[str, Any]) -> str:
+    items = sorted(summary["subjects"].items(), key=lambda kv: _badness(kv[1]), reverse=True)
+    rows = [
+        [
+            n,
+            e["by_kind"]["cron"],
+            e["by_kind"]["delayed"],
+            *(e[c] for c in SUBJECT_COUNTS),
+            *_late_cells(e),
+        ]
+        for n, e in items
+    ]
+    breached = set(summary["slo"]["breaches"])
+    headers = ["subject", "cron", "delayed", *SUBJECT_COUNTS, "p50 ms", "p95 ms", "p99 ms"]
+    return _table([*headers, "max ms"], rows, [r[0] in breached for r in rows])
+
+
+def _hour_table(hours: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            f"{h['hour']:02d}:00 {h['kind']}",
+            h["expected"],
+            h["fired"],
+            h["missed"],
+            h["doubled"],
+            h["early"],
+            h["late"],
+            h["overdue"],
+            h["p50"],
+            h["p99"],
+            h["max"],
+        ]
+        for h in hours
+    ]
+    headers = ["hour", "expected", "fired", "missed", "doubled", "early", "late", "overdue"]
+    return _table([*headers, "p50 ms", "p99 ms", "max ms"], rows)
+
+
+def _inputs(summary: dict[str, Any], run: dict[str, Any]) -> str:
+    stats = summary["input"]
+    invalid = ", ".join(f"{n:,} {why}" for why, n in stats["invalid_reasons"].items()) or "none"
+    rows = [
+        ["date", summary["date"]],
+        ["log", f"{run.get('input')} ({run.get('format')})"],
+        ["records read", f"{stats['records']:,}"],
+        ["in the window", f"{stats['in_window']:,}"],
+        ["outside the window", f"{stats['outside_window']:,}"],
+        ["invalid records", invalid],
+        ["expected occurrences from", summary["expected_from"]],
+        ["jobs", f"{summary['jobs']:,}"],
+        ["late above", f"{summary['slo']['late_ms']} ms"],
+        ["percentiles", summary["percentiles"]],
+        ["Spark", f"{run.get('spark')} on {run.get('master')}"],
+        ["time taken", f"{run.get('seconds', 0):.1f} s ({_stages(run)})"],
+    ]
+    body = "".join(
+        f"<tr><td class='l'>{escape(k)}</td><td class='l'>{escape(str(v))}</td></tr>"
+        for k, v in rows
+    )
+    return f"<table>{body}</table>"
+
+
+def _stages(run: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:.1f} s" for k, v in (run.get("stages_seconds") or {}).items())
+
+
+# --- Plots ----------------------------------------------------------------------------------------
+
+
+def _figure() -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 3.4), dpi=90)
+    return fig, ax
+
+
+def _png(fig: Any) -> str:
+    from matplotlib import pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _img(data: str | None) -> str:
+    if data is None:
+        return "<p class='muted'>No deliveries to plot.</p>"
+    return f"<img alt='plot' src='data:image/png;base64,{data}'>"
+
+
+def _plot_series(series: list[dict[str, Any]], summary: dict[str, Any]) -> str | None:
+    if not series:
+        return None
+    fig, ax = _figure()
+    hours = [row["minute"] / 60 for row in series]
+    for key, width, alpha in (("max", 0.7, 0.5), ("p99", 0.9, 0.9), ("p50", 0.9, 0.9)):
+        values = [max(row[key], 0.1) for row in series]
+        ax.plot(hours, values, label=key, linewidth=width, alpha=alpha)
+    ax.axhline(
+        summary["slo"]["lateness_p99_ms"],
+        color="red",
+        linestyle="--",
+        linewidth=0.8,
+        label="SLO p99",
+    )
+    ax.set_yscale("log")
+    ax.set_xlabel("hour of the window (UTC)")
+    ax.set_ylabel("lateness per minute, ms")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def _plot_histogram(buckets: list[dict[str, Any]]) -> str | None:
+    if not buckets:
+        return None
+    fig, ax = _figure()
+    counts = {b["bucket"]: b["count"] for b in buckets}
+    edges = [-1, *BUCKETS]
+    labels = ["early", *(f"{lo}-{hi}" for lo, hi in itertools.pairwise(BUCKETS)), f">{BUCKETS[-1]}"]
+    ax.bar(range(len(edges)), [counts.get(e, 0) for e in edges], color="#4c72b0")
+    ax.set_xticks(range(len(edges)), labels, fontsize=7, rotation=30)
+    ax.set_yscale("log")
+    ax.set_xlabel("lateness of the first delivery, ms")
+    ax.set_ylabel("occurrences")
+    ax.grid(alpha=0.3, axis="y")
+    return _png(fig)

@@ -1,0 +1,128 @@
+"""From aggregated counts to `summary.json` and the SLO verdict (design section 7). Pure.
+
+The Spark job hands over one plain row per schedule, per subject and per kind; this module
+shapes them into the document, judges the SLO and says why each breach is one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Percentiles are exact: Spark's `percentile` over whole milliseconds, interpolating linearly
+# between the two closest ranks (numpy's default method).
+PERCENTILE_METHOD = "exact (linear interpolation between closest ranks, whole milliseconds)"
+# Lateness histogram bucket edges, ms (a bucket holds [edge, next edge)); -1 holds early ones.
+BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
+SCHEDULE_COUNTS = ("expected", "fired", "missed", "doubled", "early", "late", "unexpected")
+SCHEDULE_COUNTS += ("manual",)
+SUBJECT_COUNTS = ("fired", "early", "late", "missed", "doubled", "overdue", "dead", "expired")
+SUBJECT_COUNTS += ("manual",)
+KIND_COUNTS = ("expected", "fired", "delivered", "missed", "doubled", "early", "late")
+KIND_COUNTS += ("unexpected", "overdue", "dead", "expired", "manual")
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Lateness p99 each schedule and subject must stay at or under; the per-delivery lateness
+    above which a delivery counts as late."""
+
+    lateness_p99_ms: int = 1000
+    late_ms: int = 1000
+
+
+def lateness(row: dict[str, Any]) -> dict[str, Any]:
+    """The `lateness_ms` block of a row: p50, p95, p99, max and mean (None without deliveries)."""
+
+    def num(value: Any) -> float | int | None:
+        if value is None:
+            return None
+        rounded = round(float(value), 3)
+        return int(rounded) if rounded.is_integer() else rounded
+
+    return {k: num(row.get(k)) for k in ("p50", "p95", "p99", "max", "mean")}
+
+
+def _counts(row: dict[str, Any], names: tuple[str, ...]) -> dict[str, int]:
+    return {name: int(row.get(name) or 0) for name in names}
+
+
+def schedule_entry(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "subject": row.get("subject"),
+        **_counts(row, SCHEDULE_COUNTS),
+        "lateness_ms": lateness(row),
+    }
+
+
+def subject_entry(row: dict[str, Any]) -> dict[str, Any]:
+    entry: dict[str, Any] = _counts(row, SUBJECT_COUNTS)
+    entry["lateness_ms"] = lateness(row)
+    entry["by_kind"] = {"cron": int(row.get("cron") or 0), "delayed": int(row.get("delayed") or 0)}
+    return entry
+
+
+SCHEDULE_FAULTS = ("missed", "doubled", "early")
+SUBJECT_FAULTS = ("early", "doubled", "overdue")
+
+
+def problems(entry: dict[str, Any], slo: Slo, faults: tuple[str, ...]) -> list[str]:
+    """Why an entry breaks the SLO: p99 over the limit, or any of `faults` counted (a schedule:
+    missed, doubled or early runs; a subject: early, doubled or overdue deliveries)."""
+    found = _p99_problem(entry, slo)
+    found += [f"{entry[count]} {count}" for count in faults if entry[count]]
+    return found
+
+
+def _p99_problem(entry: dict[str, Any], slo: Slo) -> list[str]:
+    p99 = entry["lateness_ms"]["p99"]
+    if p99 is not None and p99 > slo.lateness_p99_ms:
+        return [f"lateness p99 {p99} ms > {slo.lateness_p99_ms} ms"]
+    return []
+
+
+def _by(field: str) -> Any:
+    return lambda row: row[field]
+
+
+def build(
+    day: str,
+    slo: Slo,
+    schedules: list[dict[str, Any]],
+    subjects: list[dict[str, Any]],
+    kinds: list[dict[str, Any]],
+    extra: dict[str, Any],
+    jobs: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The whole `summary.json` document, schedules and subjects sorted by name; `jobs` (name ->
+    subject) adds the jobs that expected nothing in the window and fired nothing, as zeros."""
+    known = {r["key"] for r in schedules}
+    idle = [{"key": n, "subject": s} for n, s in (jobs or {}).items() if n not in known]
+    by_schedule = {r["key"]: schedule_entry(r) for r in sorted([*schedules, *idle], key=_by("key"))}
+    by_subject = {r["subject"]: subject_entry(r) for r in sorted(subjects, key=_by("subject"))}
+    reasons: dict[str, list[str]] = {}
+    for name, entry in by_schedule.items():
+        if why := problems(entry, slo, SCHEDULE_FAULTS):
+            reasons[name] = why
+    for name, entry in by_subject.items():
+        if why := problems(entry, slo, SUBJECT_FAULTS):
+            reasons.setdefault(name, []).extend(why)
+    totals = {
+        r["kind"]: {**_counts(r, KIND_COUNTS), "lateness_ms": lateness(r)}
+        for r in sorted(kinds, key=lambda r: r["kind"])
+    }
+    return {
+        "date": day,
+        "slo": {
+            "lateness_p99_ms": slo.lateness_p99_ms,
+            "late_ms": slo.late_ms,
+            "ok": not reasons,
+            "breaches": list(reasons),
+            "reasons": reasons,
+        },
+        "schedules": by_schedule,
+        "subjects": by_subject,
+        "totals": totals,
+        "percentiles": PERCENTILE_METHOD,
+        **extra,
+    }
