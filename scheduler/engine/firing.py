@@ -11,7 +11,6 @@ fired, fire log, retries, dead letters, expiries).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import functools
 import logging
 import random
@@ -20,6 +19,7 @@ from datetime import datetime, timedelta
 
 from scheduler.bus.publisher import BatchItem, PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339, wait_event
+from scheduler.engine.armed import Armed
 from scheduler.engine.heap import Entry, HorizonHeap, TaskRef
 from scheduler.engine.office import Office
 from scheduler.errors import FencedError
@@ -45,7 +45,6 @@ BOOK_BATCH = 500
 BOOK_DEFER_MAX = 50_000
 CLAIMS_IN_FLIGHT = 4
 MAX_BACKOFF = 60.0
-_AFTER_PRIORITIES = 99  # sorts after every priority (1-10) of the same millisecond
 _BLOCK = (
     b"NATS/1.0\r\nNats-Msg-Id: %s\r\nMq-Scheduled-For: %s\r\nMq-Fired-At: %s\r\n"
     b"Mq-Attempt: %d\r\n\r\n"
@@ -78,7 +77,7 @@ class Firing:
         self.clock = clock
         self.metrics = metrics
         self.wake = wake
-        self.armed: list[tuple[int, int, int, str, ClaimedTask]] = []
+        self.armed = Armed(settings.armed_max, settings.armed_max_bytes)
         self.armed_event = asyncio.Event()
         self.outcome_event = asyncio.Event()
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
@@ -144,14 +143,10 @@ class Firing:
             depose()
 
     def arm(self, claimed: Sequence[ClaimedTask]) -> None:
-        """Hand claimed tasks to the dispatcher, which publishes each at its due millisecond."""
-        entries = sorted((to_ms(t.due_at), t.priority, t.seq, t.id, t) for t in claimed)
-        armed = self.armed
-        in_order = not armed or not entries or entries[0] >= armed[-1]
-        armed.extend(entries)
-        if not in_order:  # a retry or an older claim: merge (two sorted runs, one pass)
-            armed.sort()
-        self.armed_event.set()
+        """Hand claimed tasks to the dispatcher, which publishes each at its due millisecond
+        (a task already armed is kept once; see `engine.armed`)."""
+        if self.armed.add(claimed):
+            self.armed_event.set()
 
     def _idle_seconds(self) -> float:
         """Until the next claim: when the next task enters the lookahead, but not sooner than
@@ -176,7 +171,7 @@ class Firing:
             if not self.office.may_act():  # self-fenced (say, woken from SIGSTOP): publish nothing
                 await self._wait(self.armed_event, 0.05)
                 continue
-            left = self.armed[0][0] - self.now_ms()
+            left = self.armed.next_due_ms() - self.now_ms()  # type: ignore[operator]
             if left > 0:  # re-checked after every wake: robust to wall-clock steps
                 # A long sleep is cut short by PRE_WAKE_MS and finished with a short one: the
                 # first wake after idling often comes late (see engine.recurring.PRE_WAKE).
@@ -192,9 +187,7 @@ class Firing:
         fired_at_b = fired_at.encode()
         batch: list[BatchItem] = []
         lateness: dict[int, int] = {}  # due ms -> tasks, observed per group
-        cut = bisect.bisect_right(self.armed, (now_ms, _AFTER_PRIORITIES))
-        due, self.armed[:cut] = self.armed[:cut], []
-        for due_ms, *_, task in due:
+        for due_ms, *_, task in self.armed.pop_due(now_ms):
             lateness[due_ms] = lateness.get(due_ms, 0) + 1
             if task.expires_at is not None and task.expires_at <= now:
                 self._expired.append(task)
@@ -293,7 +286,8 @@ class Firing:
             return False
         now = self.now_ms()
         nxt = self.heap.next_due_ms()
-        return (nxt is not None and nxt <= now) or bool(self.armed and self.armed[0][0] <= now)
+        armed = self.armed.next_due_ms()
+        return (nxt is not None and nxt <= now) or (armed is not None and armed <= now)
 
     async def _finish(self, dispatcher: asyncio.Task[None], books: asyncio.Task[None]) -> None:
         """Graceful stop: publish what is armed (due within the lookahead) and record it all.
