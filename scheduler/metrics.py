@@ -108,6 +108,16 @@ class Metrics:
             ["stream"],
             registry=r,
         )
+        self.cron_failures = Counter(
+            _P + "cron_publish_failures_total",
+            "Cron publishes that failed; the job then backs off (doubling, capped, jittered).",
+            registry=r,
+        )
+        self.cron_backing_off = Gauge(
+            _P + "cron_jobs_backing_off",
+            "Cron jobs waiting out a backoff after their target failed.",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import random
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
+from scheduler.backoff import backoff_seconds
 from scheduler.bus.publisher import BatchItem, PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339, wait_event
 from scheduler.engine.armed import Armed
@@ -44,7 +44,6 @@ BOOK_BATCH = 500
 # recorded after it: PostgreSQL's CPU goes to the claims that feed the deliveries first.
 BOOK_DEFER_MAX = 50_000
 CLAIMS_IN_FLIGHT = 4
-MAX_BACKOFF = 60.0
 _BLOCK = (
     b"NATS/1.0\r\nNats-Msg-Id: %s\r\nMq-Scheduled-For: %s\r\nMq-Fired-At: %s\r\n"
     b"Mq-Attempt: %d\r\n\r\n"
@@ -376,8 +375,7 @@ class Firing:
 
     def backoff(self, attempt: int) -> timedelta:
         """First backoff doubling per attempt up to 60 s, with +-20 % jitter."""
-        base = min(self.settings.backoff.total_seconds() * 2 ** max(attempt - 1, 0), MAX_BACKOFF)
-        return timedelta(seconds=base * random.uniform(0.8, 1.2))
+        return timedelta(seconds=backoff_seconds(self.settings.backoff.total_seconds(), attempt))
 
     async def _publish_dead(self, dead: list[tuple[ClaimedTask, str, str]]) -> None:
         for task, error, reason in dead:
