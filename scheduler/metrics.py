@@ -118,6 +118,11 @@ class Metrics:
             "Cron jobs waiting out a backoff after their target failed.",
             registry=r,
         )
+        self.publish_in_doubt = Counter(
+            _P + "publish_in_doubt_total",
+            "Deliveries sent but never acknowledged: in doubt until republished (same id).",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,9 @@ class NatsBus:
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
         self.connected = asyncio.Event()
+        # called with False when the link drops (before nats-py reconnects and flushes what it
+        # buffered) and True once it is back; the engine holds and revalidates its publishes
+        self.link_listeners: list[Callable[[bool], None]] = []
 
     async def connect(self, attempts: int | None = None) -> None:
         """Connect, retrying with backoff (forever when `attempts` is None)."""
@@ -118,6 +122,11 @@ class NatsBus:
     def _set_connected(self, up: bool) -> None:
         self.metrics.connected.labels("nats").set(1 if up else 0)
         (self.connected.set if up else self.connected.clear)()
+        for listener in list(self.link_listeners):
+            try:
+                listener(up)
+            except Exception:  # a listener must not break nats-py's reconnect sequence
+                log.exception("nats.link_listener_failed")
 
     @property
     def is_connected(self) -> bool:

@@ -25,7 +25,16 @@ from scheduler.engine.office import Office
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics, observe_many
 from scheduler.settings import Settings
-from scheduler.store.tasks import ClaimedTask, Fired, TaskStore, ceil_ms, from_ms, to_ms
+from scheduler.store.tasks import (
+    Claimed,
+    ClaimedTask,
+    Fired,
+    TaskStore,
+    ceil_ms,
+    firing_order,
+    from_ms,
+    to_ms,
+)
 from scheduler.subjects import check_target, dlq_subject
 
 log = logging.getLogger("scheduler.firing")
@@ -78,6 +87,12 @@ class Firing:
         self.wake = wake
         self.armed = Armed(settings.armed_max, settings.armed_max_bytes)
         self.armed_event = asyncio.Event()
+        self.room_event = asyncio.Event()  # set when the dispatcher takes tasks off `armed`
+        # claimed by this leader but taken without payloads (over the byte budget), in order
+        self._parked: list[ClaimedTask] = []
+        self._claiming = 0  # tasks in claims still in flight
+        self._orphans_left = False  # a reclaim of orphans is under way, page by page
+        self._orphan_stale: timedelta | None = None
         self.outcome_event = asyncio.Event()
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
         self._expired: list[ClaimedTask] = []
@@ -98,11 +113,29 @@ class Firing:
         books = asyncio.create_task(self._keep_books(epoch), name="books")
         try:
             while not stop.is_set() and self.office.may_act():
+                if self._room() <= 0:  # full: wait until the dispatcher takes some out
+                    await self._wait(self.room_event, 0.05)
+                    continue
+                if self._parked or self._orphans_left:
+                    await self._refill(epoch)
+                    continue
                 wait = self._idle_seconds()
                 if wait > 0 or not await self.step(epoch):
                     await self._wait(self.wake, max(wait, 0.001))
         finally:
             await self._finish(dispatcher, books)
+
+    def reclaim_orphans(self, stale: timedelta | None = None) -> None:
+        """Take over, page by page as room allows, the tasks claimed by earlier leaders (and
+        with `stale`, any claim older than that) before claiming anything new."""
+        self._orphans_left, self._orphan_stale = True, stale
+
+    def _room(self) -> int:
+        """How many more tasks may be claimed: the armed set's limits, less what is parked
+        or being claimed."""
+        if self.armed.byte_room() <= 0:
+            return 0
+        return self.armed.room() - self._claiming - len(self._parked)
 
     async def step(self, epoch: int) -> bool:
         """Claim what falls due within the lookahead; return whether there was any.
@@ -111,12 +144,13 @@ class Firing:
         the next window (a burst of tasks due at one instant drains at the database's pace)."""
         now = self.now_ms()
         until = now + LOOKAHEAD_MS
-        entries = self.heap.pop_due(until, self.settings.batch)
+        entries = self.heap.pop_due(until, min(self.settings.batch, self._room()))
         self.metrics.heap_size.set(len(self.heap))
         if not entries:
             return False
         self._last_claim_ms = now
         await self._claim_slots.acquire()
+        self._claiming += len(entries)
         claim = asyncio.create_task(self._claim(epoch, entries, until), name="claim")
         self._claims.add(claim)
         claim.add_done_callback(self._claims.discard)
@@ -124,7 +158,11 @@ class Firing:
 
     async def _claim(self, epoch: int, entries: list[Entry], until: int) -> None:
         try:
-            self.arm(await self.tasks.claim(epoch, [e[3] for e in entries], from_ms(until)))
+            ids = [e[3] for e in entries]
+            claimed = await self.tasks.claim_within(
+                epoch, ids, from_ms(until), self.armed.byte_room()
+            )
+            self._take(claimed)
         except FencedError:
             self._deposed(epoch)
         except Exception as exc:  # PostgreSQL away: put the batch back and let the loop retry
@@ -133,7 +171,38 @@ class Firing:
                 self.heap.push(TaskRef(task_id, due_ms, priority, seq))
             await self.clock.sleep(0.5)
         finally:
+            self._claiming -= len(entries)
             self._claim_slots.release()
+
+    def _take(self, claimed: Claimed) -> None:
+        self.arm(claimed.ready)
+        if claimed.parked:
+            self._parked = sorted([*self._parked, *claimed.parked], key=firing_order)
+
+    async def _refill(self, epoch: int) -> None:
+        """Fetch parked payloads, or take over a page of orphans, within the room there is."""
+        room, budget = self._room(), self.armed.byte_room()
+        try:
+            if self._parked:
+                parked, self._parked = self._parked[:room], self._parked[room:]
+                got = await self.tasks.load_claimed(epoch, [t.id for t in parked], budget)
+                self._parked = [*got.parked, *self._parked]
+                self.arm(got.ready)
+                return
+            limit = min(self.settings.batch, room)
+            got = await self.tasks.reclaim_orphans(epoch, self._orphan_stale, limit, budget)
+        except FencedError:
+            self._deposed(epoch)
+            return
+        except Exception as exc:  # PostgreSQL away: try again shortly
+            log.warning("reclaim.failed error=%r", exc)
+            await self.clock.sleep(0.5)
+            return
+        if got.ready or got.parked:
+            log.info("engine.reclaimed count=%d", len(got.ready) + len(got.parked))
+        if len(got.ready) + len(got.parked) < limit:
+            self._orphans_left = False  # that was the last page
+        self._take(got)
 
     def _deposed(self, epoch: int) -> None:
         log.error("engine.fenced epoch=%d: a newer leader exists; stepping down", epoch)
@@ -167,7 +236,9 @@ class Firing:
             if not self.armed:
                 await self._wait(self.armed_event, 1.0)
                 continue
-            if not self.office.may_act():  # self-fenced (say, woken from SIGSTOP): publish nothing
+            if not self.publisher.may_send():  # self-fenced (say, woken from SIGSTOP), or the
+                if self._closing:  # link not revalidated: publish nothing; when stopping,
+                    return  # the tasks stay claimed and the next leader publishes them
                 await self._wait(self.armed_event, 0.05)
                 continue
             left = self.armed.next_due_ms() - self.now_ms()  # type: ignore[operator]
@@ -186,9 +257,12 @@ class Firing:
         fired_at_b = fired_at.encode()
         batch: list[BatchItem] = []
         lateness: dict[int, int] = {}  # due ms -> tasks, observed per group
-        for due_ms, *_, task in self.armed.pop_due(now_ms):
+        due = self.armed.pop_due(now_ms)
+        if due:
+            self.room_event.set()
+        for due_ms, *_, task in due:
             lateness[due_ms] = lateness.get(due_ms, 0) + 1
-            if task.expires_at is not None and task.expires_at <= now:
+            if task.expires_at is not None and task.expires_at <= now and not task.doubted:
                 self._expired.append(task)
                 self.outcome_event.set()
                 continue
@@ -303,6 +377,7 @@ class Firing:
             dispatcher.cancel()
             await asyncio.gather(dispatcher, return_exceptions=True)
             self.armed.clear()
+            self._parked.clear()
         async with asyncio.timeout(self.publisher.timeout + 1):
             while self._inflight:  # noqa: ASYNC110 (futures resolve via callbacks)
                 await asyncio.sleep(0.005)
@@ -341,33 +416,41 @@ class Firing:
             log.info("task.expired id=%s target=%s expired_at=%s", t.id, t.target, t.expires_at)
 
     async def _failed(self, epoch: int, failed: list[tuple[ClaimedTask, PublishError]]) -> None:
+        """Retry with backoff, or dead-letter after `max_attempts`. A publish that went out
+        unacknowledged leaves its task in doubt (never pending: a cancel must not succeed
+        for a task JetStream may hold); its retry republishes the same `Nats-Msg-Id`."""
         if not failed:
             return
         now = self.clock.now()
-        dead = [
-            (t, str(e), "publish_failed")
-            for t, e in failed
-            if e.permanent or t.attempts >= self.settings.max_attempts
-        ]
-        dead_ids = {t.id for t, _, _ in dead}
-        retry = [
-            (t, ceil_ms(now + self.backoff(t.attempts)), str(e))
-            for t, e in failed
-            if t.id not in dead_ids
-        ]
+        dead: list[tuple[ClaimedTask, str, str]] = []
+        retry: list[tuple[ClaimedTask, datetime, str, bool]] = []
+        for t, e in failed:
+            doubt = e.in_doubt or t.doubted
+            if e.permanent or t.attempts >= self.settings.max_attempts:
+                if doubt:  # the task may have been delivered: say so
+                    reason, error = "publish_unconfirmed", f"{e} (it may have been delivered)"
+                else:
+                    reason, error = "publish_failed", str(e)
+                dead.append((t, error, reason))
+            else:
+                retry.append((t, ceil_ms(now + self.backoff(t.attempts)), str(e), e.in_doubt))
         async with self.heap_lock:  # the loader must not move its cursor past a retry unseen
             await self.tasks.retry_later(epoch, retry)
-            for task, due, _ in retry:
+            for task, due, _, _ in retry:
                 self.heap.offer(TaskRef(task.id, to_ms(due), task.priority, task.seq))
-        for task, _, error in retry:
+        for task, _, error, doubt in retry:
             log.warning(
-                "publish.retry id=%s target=%s attempt=%d error=%s",
+                "publish.retry id=%s target=%s attempt=%d in_doubt=%s error=%s",
                 task.id,
                 task.target,
                 task.attempts,
+                doubt or task.doubted,
                 error,
             )
         self.metrics.publish_retries.inc(len(retry))
+        in_doubt = sum(1 for _, _, _, doubt in retry if doubt)
+        if in_doubt:
+            self.metrics.publish_in_doubt.inc(in_doubt)
         if dead:
             await self.tasks.kill(epoch, dead)
             await self._publish_dead(dead)

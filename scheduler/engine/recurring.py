@@ -132,6 +132,9 @@ class CronEngine:
             if self.reload_requested.is_set() or self._files_stamp() != self._stamp:
                 self.reload_requested.clear()
                 await self.sync()
+            if not publisher.may_send():  # the link came back but is not revalidated yet
+                await first_of(self.clock.sleep(0.05), stop.wait())
+                continue
             try:
                 await self.tick(epoch, publisher, cursors)
             except FencedError:

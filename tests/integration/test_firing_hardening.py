@@ -27,7 +27,7 @@ async def test_rearmed_claims_go_out_once_and_never_early(parts: Parts) -> None:
     ids = [t.id for t in rows]
     firing = parts.firing()
     firing.arm(await parts.tasks.claim(parts.epoch, ids, soon(5000)))
-    firing.arm(await parts.tasks.reclaim_orphans(parts.epoch, timedelta(0)))
+    firing.arm((await parts.tasks.reclaim_orphans(parts.epoch, timedelta(0))).ready)
     await parts.pool.execute(
         "UPDATE delayed_messages SET status = 'pending' WHERE id = ANY($1)", ids[::5]
     )
