@@ -58,8 +58,11 @@ class Parts:
             asyncio.Lock(),
         )
 
-    async def insert(self, dues: list[datetime], priority: int = 5) -> list[NewTask]:
-        """Store one task per due time (target `SUBJECT`), in order."""
+    async def insert(
+        self, dues: list[datetime], priority: int = 5, heap: bool = False
+    ) -> list[NewTask]:
+        """Store one task per due time (target `SUBJECT`), in order; with `heap`, also put
+        them on the heap, as intake does for tasks inside the loaded horizon."""
         rows = []
         for due in dues:
             task_id = f"e_{uuid.uuid4().hex}"
@@ -67,8 +70,16 @@ class Parts:
             rows.append(
                 NewTask(task_id, SUBJECT, json.dumps(doc).encode(), {}, priority, due, due, None)
             )
-        await self.tasks.insert(rows)
+        for ref in await self.tasks.insert(rows):
+            if heap:
+                self.heap.push(ref)
         return rows
+
+    async def wait_status(self, task_id: str, *wanted: str) -> str:
+        """Poll until the task's status is one of `wanted` (the caller bounds the wait)."""
+        while (status := await self.status(task_id)) not in wanted:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        return status
 
     async def stored(self, within: float = 10.0, count: int | None = None) -> list[Any]:
         """Every message of the target stream (until `count`, or quiet for 1 s)."""
