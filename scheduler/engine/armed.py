@@ -19,6 +19,7 @@ from scheduler.store.tasks import ClaimedTask, to_ms
 # (due_ms, priority, seq, arming number, task)
 Slot = tuple[int, int, int, int, ClaimedTask]
 _AFTER_PRIORITIES = 99  # sorts after every priority (1-10) of the same millisecond
+_LAST = 2**63  # sorts after every arming number
 
 
 class Armed:
@@ -76,6 +77,16 @@ class Armed:
         due, self._slots = slots[:cut], slots[cut:]
         self._forget(due)
         return due
+
+    def take_after(self, due_ms: int, priority: int, seq: int) -> list[ClaimedTask]:
+        """Take every entry whose key comes after (due_ms, priority, seq), in firing order."""
+        slots = self._slots
+        cut = bisect.bisect_right(slots, (due_ms, priority, seq, _LAST))
+        if cut == len(slots):
+            return []
+        later, self._slots = slots[cut:], slots[:cut]
+        self._forget(later)
+        return [s[4] for s in later]
 
     def clear(self) -> list[ClaimedTask]:
         """Take everything (losing office: the tasks stay claimed for the next leader)."""

@@ -99,6 +99,9 @@ class Firing:
         self._inflight = 0
         self._claims: set[asyncio.Task[None]] = set()
         self._claim_slots = asyncio.Semaphore(CLAIMS_IN_FLIGHT)
+        self._reserved = 0  # payload bytes promised to claims in flight
+        self._taken = asyncio.Event()  # set once the latest claim's result is taken
+        self._taken.set()
         self._closing = False
         self._books_closing = False
         self._last_claim_ms = 0
@@ -133,7 +136,7 @@ class Firing:
     def _room(self) -> int:
         """How many more tasks may be claimed: the armed set's limits, less what is parked
         or being claimed."""
-        if self.armed.byte_room() <= 0:
+        if self.armed.byte_room() - self._reserved <= 0:
             return 0
         return self.armed.room() - self._claiming - len(self._parked)
 
@@ -151,17 +154,32 @@ class Firing:
         self._last_claim_ms = now
         await self._claim_slots.acquire()
         self._claiming += len(entries)
-        claim = asyncio.create_task(self._claim(epoch, entries, until), name="claim")
+        budget = max(self.armed.byte_room() - self._reserved, 1)
+        self._reserved += budget
+        before, self._taken = self._taken, asyncio.Event()
+        claim = asyncio.create_task(
+            self._claim(epoch, entries, until, budget, before, self._taken), name="claim"
+        )
         self._claims.add(claim)
         claim.add_done_callback(self._claims.discard)
         return True
 
-    async def _claim(self, epoch: int, entries: list[Entry], until: int) -> None:
+    async def _claim(
+        self,
+        epoch: int,
+        entries: list[Entry],
+        until: int,
+        budget: int,
+        before: asyncio.Event,
+        taken: asyncio.Event,
+    ) -> None:
+        """One claim of up to `budget` payload bytes. Claims run concurrently, but their
+        results are taken in the order they were started (`before` is the previous one's),
+        so a burst due at one instant still goes out in firing order."""
         try:
             ids = [e[3] for e in entries]
-            claimed = await self.tasks.claim_within(
-                epoch, ids, from_ms(until), self.armed.byte_room()
-            )
+            claimed = await self.tasks.claim_within(epoch, ids, from_ms(until), budget)
+            await before.wait()
             self._take(claimed)
         except FencedError:
             self._deposed(epoch)
@@ -171,23 +189,38 @@ class Firing:
                 self.heap.push(TaskRef(task_id, due_ms, priority, seq))
             await self.clock.sleep(0.5)
         finally:
+            taken.set()
             self._claiming -= len(entries)
+            self._reserved -= budget
             self._claim_slots.release()
 
     def _take(self, claimed: Claimed) -> None:
-        self.arm(claimed.ready)
-        if claimed.parked:
-            self._parked = sorted([*self._parked, *claimed.parked], key=firing_order)
+        """Arm what came with payloads, park the rest; nothing armed may come after a parked
+        task in firing order (it would go out first), so such tasks are parked too, their
+        payloads dropped until they are fetched again in order."""
+        ready, parked = claimed.ready, claimed.parked
+        if parked or self._parked:
+            first = firing_order(min((*parked, *self._parked), key=firing_order))
+            due_ms, priority, seq = to_ms(first[0]), first[1], first[2]
+            later = self.armed.take_after(due_ms, priority, seq)
+            ready = [t for t in ready if firing_order(t) <= first]
+            later += [t for t in claimed.ready if firing_order(t) > first]
+            for task in later:
+                task.payload = b""
+            self._parked = sorted([*self._parked, *parked, *later], key=firing_order)
+        self.arm(ready)
 
     async def _refill(self, epoch: int) -> None:
         """Fetch parked payloads, or take over a page of orphans, within the room there is."""
         room, budget = self._room(), self.armed.byte_room()
         try:
-            if self._parked:
-                parked, self._parked = self._parked[:room], self._parked[room:]
-                got = await self.tasks.load_claimed(epoch, [t.id for t in parked], budget)
-                self._parked = [*got.parked, *self._parked]
-                self.arm(got.ready)
+            if self._parked:  # they stay parked while fetched: claims finishing meanwhile
+                chunk = [t.id for t in self._parked[:room]]  # must still see them
+                got = await self.tasks.load_claimed(epoch, chunk, budget)
+                # fetched, or no longer claimed by this leader: off the parked list
+                done = set(chunk) - {t.id for t in got.parked}
+                self._parked = [t for t in self._parked if t.id not in done]
+                self._take(Claimed(got.ready, []))
                 return
             limit = min(self.settings.batch, room)
             got = await self.tasks.reclaim_orphans(epoch, self._orphan_stale, limit, budget)

@@ -4,6 +4,7 @@ fixed office and a target stream, wired as `DelayedEngine.run_term` wires them."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections import Counter
@@ -25,7 +26,7 @@ from scheduler.engine.office import FixedOffice, take_office
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.store.postgres import PostgresStore, create_pool
-from scheduler.store.tasks import NewTask, TaskStore
+from scheduler.store.tasks import NewTask, TaskStore, ceil_ms
 
 STREAM = "ENG"
 SUBJECT = "mq.eng.work"
@@ -59,14 +60,15 @@ class Parts:
         )
 
     async def insert(
-        self, dues: list[datetime], priority: int = 5, heap: bool = False
+        self, dues: list[datetime], priority: int = 5, heap: bool = False, size: int = 0
     ) -> list[NewTask]:
-        """Store one task per due time (target `SUBJECT`), in order; with `heap`, also put
-        them on the heap, as intake does for tasks inside the loaded horizon."""
+        """Store one task per due time (target `SUBJECT`, payloads of about `size` bytes), in
+        order; with `heap`, also put them on the heap, as intake does for tasks inside the
+        loaded horizon."""
         rows = []
-        for due in dues:
+        for due in map(ceil_ms, dues):  # whole milliseconds, as intake stores them
             task_id = f"e_{uuid.uuid4().hex}"
-            doc = {"id": task_id, "delay_until": due.isoformat()}
+            doc = {"id": task_id, "delay_until": due.isoformat(), "pad": "x" * size}
             rows.append(
                 NewTask(task_id, SUBJECT, json.dumps(doc).encode(), {}, priority, due, due, None)
             )
@@ -157,6 +159,9 @@ async def make_parts(
             await publisher.close()
         await nc.close()
         await pool.close()
+
+
+parts_of = contextlib.asynccontextmanager(make_parts)
 
 
 async def run_for(firing: Firing, epoch: int, until: Any, within: float = 10.0) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import nats
 import pytest
 
+from scheduler.engine.office import FixedOffice, take_office
 from scheduler.settings import Settings
 from scheduler.store.tasks import to_ms
 from tests.faults.proxy import FaultProxy
@@ -20,6 +21,7 @@ from tests.integration.engine_parts import (
     early,
     ids_of,
     make_parts,
+    parts_of,
     run_for,
     soon,
 )
@@ -122,3 +124,76 @@ async def _read(nats_url: str) -> list[Any]:
             await psub.unsubscribe()
     finally:
         await nc.close()
+
+
+class Spy:
+    """Records what each claim, reclaim or payload fetch brought into memory."""
+
+    def __init__(self, parts: Parts) -> None:
+        self.calls: dict[str, list[tuple[int, int]]] = {}  # name -> (tasks, payload bytes)
+        for name in ("claim_within", "reclaim_orphans", "load_claimed"):
+            setattr(parts.tasks, name, self._wrap(name, getattr(parts.tasks, name)))
+
+    def _wrap(self, name: str, method: Any) -> Any:
+        async def spied(*args: Any, **kwargs: Any) -> Any:
+            got = await method(*args, **kwargs)
+            tasks = [*got.ready, *got.parked]
+            self.calls.setdefault(name, []).append((len(tasks), sum(len(t.payload) for t in tasks)))
+            return got
+
+        return spied
+
+
+async def test_a_burst_of_large_tasks_is_armed_within_the_byte_and_count_limits(
+    settings: Settings,
+) -> None:
+    """200 tasks of 20 KB due at one instant, armed set limited to 64 tasks and 200 KB: no
+    statement brings more than the budget (plus one task) into memory, the armed set never
+    holds more than its limits, and every task goes out once, none early, in intake order."""
+    async with parts_of(settings, armed_max=64, armed_max_bytes=200_000) as parts:
+        spy = Spy(parts)
+        rows = await parts.insert([soon(800)] * 200, heap=True, size=20_000)
+        firing = parts.firing()
+        peak = [0, 0]
+        arm = firing.arm
+
+        def watched_arm(claimed: Any) -> None:
+            arm(claimed)
+            peak[0] = max(peak[0], len(firing.armed))
+            peak[1] = max(peak[1], firing.armed.bytes)
+
+        firing.arm = watched_arm  # type: ignore[method-assign]
+        await run_for(firing, parts.epoch, parts.until_stored(len(rows)), within=30)
+        msgs = await parts.stored(count=len(rows))
+        assert [m.headers["Nats-Msg-Id"] for m in msgs] == [t.id for t in rows]
+        assert early(msgs, {t.id: t.due_at for t in rows}) == []
+        assert peak[0] <= 64 and peak[1] <= 200_000 + 20_000, peak
+        fetched = [b for calls in spy.calls.values() for _, b in calls]
+        assert fetched and max(fetched) <= 200_000 + 20_000 + 1_000, spy.calls
+        assert "load_claimed" in spy.calls  # parked tasks were fetched later
+
+
+async def test_orphans_of_an_earlier_leader_are_reclaimed_page_by_page(
+    settings: Settings,
+) -> None:
+    """3,000 tasks claimed by an earlier leader that died before publishing them: the new
+    leader takes them over in pages no larger than its armed set (500), never in one query,
+    and publishes each once."""
+    async with parts_of(settings, armed_max=500) as parts:
+        rows = await parts.insert([soon(-1000)] * 3000)
+        await parts.pool.execute(
+            "UPDATE delayed_messages SET status = 'claimed', claimed_epoch = $1, "
+            "claimed_at = now(), attempts = 1",
+            parts.epoch,
+        )
+        parts.epoch = await take_office(parts.pool, "next-leader")
+        parts.office = FixedOffice(parts.epoch)
+        spy = Spy(parts)
+        firing = parts.firing()
+        firing.reclaim_orphans()
+        await run_for(firing, parts.epoch, parts.until_stored(len(rows)), within=60)
+        msgs = await parts.stored(count=len(rows))
+        assert ids_of(msgs) == dict.fromkeys((t.id for t in rows), 1)
+        pages = [n for n, _ in spy.calls["reclaim_orphans"]]
+        assert sum(pages) == len(rows)
+        assert len(pages) >= 6 and max(pages) <= 500, pages

@@ -144,3 +144,25 @@ def test_a_later_key_never_compares_payloads() -> None:
     f.arm([task("a", due, seq=1), task("b", due, seq=1)])
     f.arm([task("a", due, seq=1)])
     assert len(f.armed) == 2
+
+
+def test_room_is_bounded_by_count_and_by_payload_bytes() -> None:
+    """The set admits tasks while under both limits; one task larger than the byte limit
+    still fits into an empty set (so it can be published at all), and taking tasks out
+    gives the room back."""
+    from scheduler.engine.armed import Armed
+
+    armed = Armed(max_count=3, max_bytes=100)
+    base = to_ms(T0)
+    assert armed.room() == 3 and armed.byte_room() == 100
+    armed.add([task("a", base, size=60)])
+    assert armed.room() == 2 and armed.byte_room() == 40
+    armed.add([task("b", base + 1, size=60)])
+    assert armed.bytes == 120 and armed.room() == 0 and armed.byte_room() == 0
+    assert [s[4].id for s in armed.pop_due(base)] == ["a"]
+    assert armed.bytes == 60 and armed.room() == 2
+    armed.clear()
+    huge = Armed(max_count=10, max_bytes=10)
+    assert huge.byte_room() == 10
+    huge.add([task("big", base, size=1000)])
+    assert huge.room() == 0 and len(huge) == 1
