@@ -26,6 +26,7 @@ from scheduler.engine.delayed import DelayedEngine
 from scheduler.engine.leader import Leadership
 from scheduler.engine.office import Office
 from scheduler.engine.recurring import CronEngine
+from scheduler.engine.skew import ClockCheck
 from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
 from scheduler.service import SchedulerService
@@ -80,6 +81,7 @@ class Daemon:
         self.tasks: TaskStore | None = None
         self.office: Office | None = None
         self.leadership: Leadership | None = None
+        self.clock_check: ClockCheck | None = None
         self.state_kv: Any = None
         self.engine: DelayedEngine | None = None
         self.cron: CronEngine | None = None
@@ -119,6 +121,8 @@ class Daemon:
                     tg.create_task(self._upkeep_loop(), name="fire-log-upkeep")
                     tg.create_task(self._engine_loop(), name="engine")
                     tg.create_task(self._lag_probe(), name="loop-lag")
+                    assert self.clock_check is not None
+                    tg.create_task(self.clock_check.run(self._done_leading), name="clock-check")
                     tg.create_task(self._stop.wait(), name="stop-signal")
                 self.state = RunState.STOPPING
                 log.info("daemon.stopping")
@@ -156,7 +160,19 @@ class Daemon:
         await self._check_lease_bucket()
         leader_kv = await self.bus.js.key_value(s.leader_bucket)
         self.state_kv = await self.bus.js.key_value(s.state_bucket)
-        self.leadership = Leadership(leader_kv, self.store.pool, s, self.clock, self.metrics)
+        self.clock_check = ClockCheck(
+            self.store.pool, self.clock, s.max_clock_skew.total_seconds(), self.metrics
+        )
+        await self.clock_check.measure()
+        self.leadership = Leadership(
+            leader_kv,
+            self.store.pool,
+            s,
+            self.clock,
+            self.metrics,
+            clock_ok=self.clock_check.ok,
+            clock_check=self.clock_check.measure,
+        )
         self.office = self.leadership
         self.metrics.is_leader.set(0)
         self.cron = CronEngine(
@@ -362,6 +378,7 @@ class Daemon:
             "nats": "connected" if nats_ok else "disconnected",
             "postgres": "migrated" if self.migrated else "pending",
             "warnings": list(self.warnings)
+            + ([w] if self.clock_check and (w := self.clock_check.warning) else [])
             + (self.cron.errors if self.cron else [])
             + (list(self.engine.warnings.values()) if self.engine else []),
         }

@@ -123,6 +123,16 @@ class Metrics:
             "Deliveries sent but never acknowledged: in doubt until republished (same id).",
             registry=r,
         )
+        self.clock_skew = Gauge(
+            _P + "clock_skew_seconds",
+            "This host's wall clock minus PostgreSQL's, last measured.",
+            registry=r,
+        )
+        self.clock_skew_exceeded = Gauge(
+            _P + "clock_skew_exceeded",
+            "1 while the clock skew is beyond SCHEDULER_MAX_CLOCK_SKEW (office refused).",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

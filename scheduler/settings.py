@@ -49,6 +49,7 @@ _DURATION_FIELDS = (
     "shutdown_grace",
     "dlq_max_age",
     "intake_duplicate_window",
+    "max_clock_skew",
 )
 
 
@@ -93,6 +94,7 @@ class Settings(BaseSettings):
     fire_log_retention: int = Field(default=14, ge=1)
     armed_max: int = Field(default=20_000, ge=1)
     armed_max_bytes: ByteSize = 64 * 1024 * 1024
+    max_clock_skew: Duration = timedelta(milliseconds=100)
     max_delay: Duration = timedelta(days=400)
     dlq_stream: str = "MQ_DLQ"
     dlq_subject_prefix: str = "mq.dlq"
