@@ -1,11 +1,12 @@
 """The firing loop: from the horizon heap to JetStream, exactly on time, once.
 
-Three cooperating loops. The claimer pops what falls due within `LOOKAHEAD_MS` and claims it in
-PostgreSQL (a cancel that commits first wins) so the claim's round trip is never on the critical
-path. The dispatcher publishes each armed task the moment the wall clock reaches its due
-millisecond (never before: re-checked after every wake), pipelined, with `Nats-Msg-Id` = task id.
-The bookkeeper records acknowledged outcomes every few milliseconds in one transaction (mark
-fired, fire log, retries, dead letters, expiries).
+Three cooperating loops. The claimer (`engine.claims`) claims in PostgreSQL what falls due in
+the next few tens of milliseconds, into the bounded armed set (`engine.armed`). The dispatcher
+publishes each armed task the moment the wall clock reaches its due millisecond (never before:
+re-checked after every wake), pipelined, with `Nats-Msg-Id` = task id, and only while the
+publisher may send (in office, link revalidated). The bookkeeper records acknowledged outcomes
+every few milliseconds in one transaction (mark fired, fire log, retries, in-doubt tasks, dead
+letters, expiries).
 """
 
 from __future__ import annotations
@@ -20,39 +21,29 @@ from scheduler.backoff import backoff_seconds
 from scheduler.bus.publisher import BatchItem, PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339, wait_event
 from scheduler.engine.armed import Armed
-from scheduler.engine.heap import Entry, HorizonHeap, TaskRef
+from scheduler.engine.claims import Claimer
+from scheduler.engine.heap import HorizonHeap, TaskRef
 from scheduler.engine.office import Office
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics, observe_many
 from scheduler.settings import Settings
 from scheduler.store.tasks import (
-    Claimed,
     ClaimedTask,
     Fired,
     TaskStore,
     ceil_ms,
-    firing_order,
-    from_ms,
     to_ms,
 )
 from scheduler.subjects import check_target, dlq_subject
 
 log = logging.getLogger("scheduler.firing")
 
-# Claims run in steps: each claims every task due within LOOKAHEAD_MS, the next one follows
-# CLAIM_STEP_MS later, or sooner when a task would otherwise be claimed less than CLAIM_LEAD_MS
-# before it is due (a claim round trip under load takes 15-30 ms here). A steady stream of
-# tasks so costs 40 claim statements a second instead of one per due millisecond.
-LOOKAHEAD_MS = 80
-CLAIM_LEAD_MS = 40
-CLAIM_STEP_MS = 25
 BOOK_EVERY = 0.025
 PRE_WAKE_MS = 20
 BOOK_BATCH = 500
 # While a backlog of due tasks drains (a burst), outcomes are held back, up to this many, and
 # recorded after it: PostgreSQL's CPU goes to the claims that feed the deliveries first.
 BOOK_DEFER_MAX = 50_000
-CLAIMS_IN_FLIGHT = 4
 _BLOCK = (
     b"NATS/1.0\r\nNats-Msg-Id: %s\r\nMq-Scheduled-For: %s\r\nMq-Fired-At: %s\r\n"
     b"Mq-Attempt: %d\r\n\r\n"
@@ -88,23 +79,14 @@ class Firing:
         self.armed = Armed(settings.armed_max, settings.armed_max_bytes)
         self.armed_event = asyncio.Event()
         self.room_event = asyncio.Event()  # set when the dispatcher takes tasks off `armed`
-        # claimed by this leader but taken without payloads (over the byte budget), in order
-        self._parked: list[ClaimedTask] = []
-        self._claiming = 0  # tasks in claims still in flight
-        self._orphans_left = False  # a reclaim of orphans is under way, page by page
-        self._orphan_stale: timedelta | None = None
+        self.claims = Claimer(settings, heap, tasks, self.armed, clock, metrics, self.arm)
+        self.claims.on_fenced = self._deposed
         self.outcome_event = asyncio.Event()
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
         self._expired: list[ClaimedTask] = []
         self._inflight = 0
-        self._claims: set[asyncio.Task[None]] = set()
-        self._claim_slots = asyncio.Semaphore(CLAIMS_IN_FLIGHT)
-        self._reserved = 0  # payload bytes promised to claims in flight
-        self._taken = asyncio.Event()  # set once the latest claim's result is taken
-        self._taken.set()
         self._closing = False
         self._books_closing = False
-        self._last_claim_ms = 0
         self._target_checks: dict[str, str | None] = {}
 
     def now_ms(self) -> int:
@@ -115,129 +97,25 @@ class Firing:
         dispatcher = asyncio.create_task(self._dispatch(), name="dispatch")
         books = asyncio.create_task(self._keep_books(epoch), name="books")
         try:
+            claims = self.claims
             while not stop.is_set() and self.office.may_act():
-                if self._room() <= 0:  # full: wait until the dispatcher takes some out
+                if claims.room() <= 0:  # full: wait until the dispatcher takes some out
                     await self._wait(self.room_event, 0.05)
                     continue
-                if self._parked or self._orphans_left:
-                    await self._refill(epoch)
+                if claims.backlog:
+                    await claims.refill(epoch)
                     continue
-                wait = self._idle_seconds()
-                if wait > 0 or not await self.step(epoch):
+                wait = claims.idle_seconds()
+                if wait > 0 or not await claims.step(epoch):
                     await self._wait(self.wake, max(wait, 0.001))
         finally:
             await self._finish(dispatcher, books)
 
     def reclaim_orphans(self, stale: timedelta | None = None) -> None:
-        """Take over, page by page as room allows, the tasks claimed by earlier leaders (and
-        with `stale`, any claim older than that) before claiming anything new."""
-        self._orphans_left, self._orphan_stale = True, stale
+        """See `Claimer.reclaim_orphans`."""
+        self.claims.reclaim_orphans(stale)
 
-    def _room(self) -> int:
-        """How many more tasks may be claimed: the armed set's limits, less what is parked
-        or being claimed."""
-        if self.armed.byte_room() - self._reserved <= 0:
-            return 0
-        return self.armed.room() - self._claiming - len(self._parked)
-
-    async def step(self, epoch: int) -> bool:
-        """Claim what falls due within the lookahead; return whether there was any.
-
-        Up to `CLAIMS_IN_FLIGHT` claims run at once, so one slow round trip does not hold up
-        the next window (a burst of tasks due at one instant drains at the database's pace)."""
-        now = self.now_ms()
-        until = now + LOOKAHEAD_MS
-        entries = self.heap.pop_due(until, min(self.settings.batch, self._room()))
-        self.metrics.heap_size.set(len(self.heap))
-        if not entries:
-            return False
-        self._last_claim_ms = now
-        await self._claim_slots.acquire()
-        self._claiming += len(entries)
-        budget = max(self.armed.byte_room() - self._reserved, 1)
-        self._reserved += budget
-        before, self._taken = self._taken, asyncio.Event()
-        claim = asyncio.create_task(
-            self._claim(epoch, entries, until, budget, before, self._taken), name="claim"
-        )
-        self._claims.add(claim)
-        claim.add_done_callback(self._claims.discard)
-        return True
-
-    async def _claim(
-        self,
-        epoch: int,
-        entries: list[Entry],
-        until: int,
-        budget: int,
-        before: asyncio.Event,
-        taken: asyncio.Event,
-    ) -> None:
-        """One claim of up to `budget` payload bytes. Claims run concurrently, but their
-        results are taken in the order they were started (`before` is the previous one's),
-        so a burst due at one instant still goes out in firing order."""
-        try:
-            ids = [e[3] for e in entries]
-            claimed = await self.tasks.claim_within(epoch, ids, from_ms(until), budget)
-            await before.wait()
-            self._take(claimed)
-        except FencedError:
-            self._deposed(epoch)
-        except Exception as exc:  # PostgreSQL away: put the batch back and let the loop retry
-            log.warning("claim.failed count=%d error=%r", len(entries), exc)
-            for due_ms, priority, seq, task_id in entries:
-                self.heap.push(TaskRef(task_id, due_ms, priority, seq))
-            await self.clock.sleep(0.5)
-        finally:
-            taken.set()
-            self._claiming -= len(entries)
-            self._reserved -= budget
-            self._claim_slots.release()
-
-    def _take(self, claimed: Claimed) -> None:
-        """Arm what came with payloads, park the rest; nothing armed may come after a parked
-        task in firing order (it would go out first), so such tasks are parked too, their
-        payloads dropped until they are fetched again in order."""
-        ready, parked = claimed.ready, claimed.parked
-        if parked or self._parked:
-            first = firing_order(min((*parked, *self._parked), key=firing_order))
-            due_ms, priority, seq = to_ms(first[0]), first[1], first[2]
-            later = self.armed.take_after(due_ms, priority, seq)
-            ready = [t for t in ready if firing_order(t) <= first]
-            later += [t for t in claimed.ready if firing_order(t) > first]
-            for task in later:
-                task.payload = b""
-            self._parked = sorted([*self._parked, *parked, *later], key=firing_order)
-        self.arm(ready)
-
-    async def _refill(self, epoch: int) -> None:
-        """Fetch parked payloads, or take over a page of orphans, within the room there is."""
-        room, budget = self._room(), self.armed.byte_room()
-        try:
-            if self._parked:  # they stay parked while fetched: claims finishing meanwhile
-                chunk = [t.id for t in self._parked[:room]]  # must still see them
-                got = await self.tasks.load_claimed(epoch, chunk, budget)
-                # fetched, or no longer claimed by this leader: off the parked list
-                done = set(chunk) - {t.id for t in got.parked}
-                self._parked = [t for t in self._parked if t.id not in done]
-                self._take(Claimed(got.ready, []))
-                return
-            limit = min(self.settings.batch, room)
-            got = await self.tasks.reclaim_orphans(epoch, self._orphan_stale, limit, budget)
-        except FencedError:
-            self._deposed(epoch)
-            return
-        except Exception as exc:  # PostgreSQL away: try again shortly
-            log.warning("reclaim.failed error=%r", exc)
-            await self.clock.sleep(0.5)
-            return
-        if got.ready or got.parked:
-            log.info("engine.reclaimed count=%d", len(got.ready) + len(got.parked))
-        if len(got.ready) + len(got.parked) < limit:
-            self._orphans_left = False  # that was the last page
-        self._take(got)
-
-    def _deposed(self, epoch: int) -> None:
+    def _deposed(self, epoch: int) -> None:  # also the claimer's `on_fenced`
         log.error("engine.fenced epoch=%d: a newer leader exists; stepping down", epoch)
         depose = getattr(self.office, "depose", None)
         if depose is not None:
@@ -248,15 +126,6 @@ class Firing:
         (a task already armed is kept once; see `engine.armed`)."""
         if self.armed.add(claimed):
             self.armed_event.set()
-
-    def _idle_seconds(self) -> float:
-        """Until the next claim: when the next task enters the lookahead, but not sooner than
-        a step after the last claim, unless it would then be claimed too close to its time."""
-        nxt = self.heap.next_due_ms()
-        if nxt is None:
-            return 1.0
-        at = min(max(nxt - LOOKAHEAD_MS, self._last_claim_ms + CLAIM_STEP_MS), nxt - CLAIM_LEAD_MS)
-        return min(1.0, max(0.0, (at - self.now_ms()) / 1000))
 
     async def _wait(self, event: asyncio.Event, seconds: float) -> None:
         """Sleep up to `seconds` of the clock's time, waking early when `event` is set."""
@@ -400,8 +269,7 @@ class Firing:
 
         After losing office nothing more is published; armed tasks stay claimed and the next
         leader re-publishes them (the duplicate window drops a repeat)."""
-        if self._claims:
-            await asyncio.gather(*self._claims, return_exceptions=True)
+        await self.claims.settle()
         self._closing = True
         self.armed_event.set()
         if self.office.may_act():
@@ -410,7 +278,7 @@ class Firing:
             dispatcher.cancel()
             await asyncio.gather(dispatcher, return_exceptions=True)
             self.armed.clear()
-            self._parked.clear()
+            self.claims.forget()
         async with asyncio.timeout(self.publisher.timeout + 1):
             while self._inflight:  # noqa: ASYNC110 (futures resolve via callbacks)
                 await asyncio.sleep(0.005)
