@@ -167,8 +167,11 @@ class SoakProducer(RawProducer):
             self.acked_ids.add(i)
 
     def frame(self, i: int, subject: bytes, payload: bytes, headers: dict[str, str]) -> bytes:
-        if not payload:  # too_large: built when sent, not kept for the whole run
-            payload = _json(_doc(headers["X-Soak"], 0, 0, data={"pad": "x" * (MAX_PAYLOAD - 3000)}))
+        if not payload:  # too_large: built when sent, not kept for the whole run; with its
+            # headers just under the server's max_payload (over it the server would drop our
+            # connection), over the daemon's limit (max_payload - 4 KiB for its own headers)
+            pad = "x" * (MAX_PAYLOAD - 5000)
+            payload = _json(_doc(headers["X-Soak"], 0, 0, data={"pad": pad}))
         block = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         h = block.encode()
         reply = f"{self.inbox}.{i}".encode()
@@ -199,8 +202,8 @@ class SoakProducer(RawProducer):
                     self.writer.write(b"".join(chunk))
                     await self.writer.drain()
                     self.sent_ids.update(range(i, j))
-                except (ConnectionError, OSError):
-                    pass  # unknown: the read loop ends and we reconnect
+                except (ConnectionError, OSError, RuntimeError):
+                    pass  # unknown: the read loop ends (or has ended) and we reconnect
                 i = j
             if i < n:
                 await asyncio.sleep(max(0.001, items[i][0] - time.time()))
@@ -281,13 +284,7 @@ async def soak(a: argparse.Namespace, ns: NatsServer, env: Env) -> dict[str, Any
         await fleet.leader(http)
         producer = SoakProducer(env.nats_url)
         await producer.start()
-        cpu0 = (
-            fleet.cpu(),
-            cpu_by_command(),
-            own_cpu_seconds(),
-            machine_busy_seconds(),
-            time.time(),
-        )
+        cpu0 = snapshot(fleet)
         t0 = items[0][0]
         feeding = asyncio.create_task(producer.run(items))
         await asyncio.sleep(max(0.0, t0 + a.duration / 3 - time.time()))
@@ -306,14 +303,9 @@ async def soak(a: argparse.Namespace, ns: NatsServer, env: Env) -> dict[str, Any
         events["successor"] = survivor.env["SCHEDULER_INSTANCE_ID"]
         fleet.start_one()
         await feeding
-        await asyncio.sleep(a.delay + a.grace)  # the last ones fall due and arrive
-        cpu1 = (
-            fleet.cpu(),
-            cpu_by_command(),
-            own_cpu_seconds(),
-            machine_busy_seconds(),
-            time.time(),
-        )
+        await asyncio.sleep(a.delay)  # the last ones fall due
+        cpu1 = snapshot(fleet)
+        await asyncio.sleep(a.grace)  # stragglers (retries after the outages) arrive
         await producer.close()
         target = await read_back(env.nats_url, "BENCH")
         dlq = await read_back(env.nats_url, "MQ_DLQ")
@@ -324,6 +316,11 @@ async def soak(a: argparse.Namespace, ns: NatsServer, env: Env) -> dict[str, Any
         "events": events,
         "cores": cores(cpu0, cpu1, len(items)),
     }
+
+
+def snapshot(fleet: Fleet) -> tuple[Any, ...]:
+    """CPU seconds so far: daemons, nats-server and postgres, the bench; machine busy; now."""
+    return fleet.cpu(), cpu_by_command(), own_cpu_seconds(), machine_busy_seconds(), time.time()
 
 
 def cores(before: tuple[Any, ...], after: tuple[Any, ...], tasks: int) -> dict[str, Any]:
