@@ -182,6 +182,20 @@ def _claimed(row: asyncpg.Record) -> ClaimedTask:
     )
 
 
+_TOO_LATE: dict[str | None, str] = {None: "not_found", "in_doubt": IN_FLIGHT}
+
+
+async def _answer_status(conn: asyncpg.Connection, task_id: str, target: str) -> str | None:
+    """The status a cancel or reschedule that changed nothing reports on: `in_doubt` also for
+    a task being republished after a doubt (claimed again: it may already be delivered)."""
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        "SELECT CASE WHEN status = 'claimed' AND doubted THEN 'in_doubt' ELSE status END "
+        "FROM delayed_messages WHERE id = $1 AND target = $2",
+        task_id,
+        target,
+    )
+
+
 class TaskStore:
     """Statements on `delayed_messages`, `fire_log` and `dead_letters`."""
 
@@ -484,12 +498,8 @@ class TaskStore:
             )
             if done:
                 return "cancelled"
-            status = await conn.fetchval(
-                "SELECT status FROM delayed_messages WHERE id = $1 AND target = $2", task_id, target
-            )
-        return {None: "not_found", "cancelled": "cancelled", "in_doubt": IN_FLIGHT}.get(
-            status, "too_late"
-        )
+            status = await _answer_status(conn, task_id, target)
+        return "cancelled" if status == "cancelled" else _TOO_LATE.get(status, "too_late")
 
     async def reschedule(
         self, task_id: str, target: str, due: datetime
@@ -510,10 +520,8 @@ class TaskStore:
                 return "rescheduled", TaskRef(
                     row["id"], to_ms(row["due_at"]), row["priority"], row["seq"]
                 )
-            status = await conn.fetchval(
-                "SELECT status FROM delayed_messages WHERE id = $1 AND target = $2", task_id, target
-            )
-        return {None: "not_found", "in_doubt": IN_FLIGHT}.get(status, "too_late"), None
+            status = await _answer_status(conn, task_id, target)
+        return _TOO_LATE.get(status, "too_late"), None
 
     async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
         """A task's state for the API (no payload bytes)."""

@@ -197,3 +197,35 @@ async def test_orphans_of_an_earlier_leader_are_reclaimed_page_by_page(
         pages = [n for n, _ in spy.calls["reclaim_orphans"]]
         assert sum(pages) == len(rows)
         assert len(pages) >= 6 and max(pages) <= 500, pages
+
+
+async def test_cancel_and_reschedule_answer_by_what_may_have_been_delivered(parts: Parts) -> None:
+    """Pending: `cancelled` / `rescheduled`. In doubt, or claimed again for its republish:
+    `in_flight` (it may be in the stream already). Claimed once and not in doubt: `too_late`.
+    Unknown: `not_found`. Only the pending ones change."""
+    rows = await parts.insert([soon(60_000)] * 5)
+    states = [
+        ("pending", False),
+        ("in_doubt", True),
+        ("claimed", True),
+        ("claimed", False),
+    ]
+    for t, (status, doubted) in zip(rows, states, strict=False):
+        await parts.pool.execute(
+            "UPDATE delayed_messages SET status = $2, doubted = $3 WHERE id = $1",
+            t.id,
+            status,
+            doubted,
+        )
+    cancels = [await parts.tasks.cancel(t.id, t.target) for t in rows[:4]]
+    assert cancels == ["cancelled", "in_flight", "in_flight", "too_late"]
+    moves = [(await parts.tasks.reschedule(t.id, t.target, soon(1000)))[0] for t in rows[1:]]
+    assert moves == ["in_flight", "in_flight", "too_late", "rescheduled"]
+    assert await parts.tasks.cancel("nope", rows[0].target) == "not_found"
+    assert [await parts.status(t.id) for t in rows] == [
+        "cancelled",
+        "in_doubt",
+        "claimed",
+        "claimed",
+        "pending",
+    ]
