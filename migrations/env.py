@@ -24,12 +24,22 @@ def _run(connection: Connection) -> None:
         )
         with context.begin_transaction():
             context.run_migrations()
+    except Exception:
+        # End the failed transaction, or the unlock below fails too and its error ("current
+        # transaction is aborted") hides the one that matters (say, a missing permission).
+        connection.rollback()
+        raise
     finally:
         connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK})")
 
 
 async def _main() -> None:
-    engine = create_async_engine(config.get_main_option("sqlalchemy.url"), pool_size=1)
+    # A label on the session lets `scheduler` end a migration it was asked to stop.
+    name = config.attributes.get("application_name")
+    connect_args = {"server_settings": {"application_name": name}} if name else {}
+    engine = create_async_engine(
+        config.get_main_option("sqlalchemy.url"), pool_size=1, connect_args=connect_args
+    )
     try:
         async with engine.connect() as conn:
             await conn.run_sync(_run)

@@ -14,3 +14,27 @@ async def first_of(*waits: Awaitable[object]) -> None:
     finally:
         for fut in futures:
             fut.cancel()
+
+
+class Backoff:
+    """Waits between attempts to reach a service at start: 0.2 s doubling to 5 s, within a
+    budget of `budget` seconds counted from creation."""
+
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+        self.attempt = 0
+        self._delay = 0.2
+        self._deadline = asyncio.get_running_loop().time() + budget
+
+    @property
+    def left(self) -> float:
+        """Seconds of the budget left (0 or less: spent)."""
+        return self._deadline - asyncio.get_running_loop().time()
+
+    @property
+    def next_wait(self) -> float:
+        return max(0.0, min(self._delay, self.left))
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.next_wait)
+        self._delay = min(self._delay * 2, 5.0)

@@ -1,4 +1,9 @@
-"""The `scheduler` command line. Only this module configures logging."""
+"""The `scheduler` command line. Only this module configures logging.
+
+Exit statuses (docs/operations.md, "Start-up errors"): 0 done or stopped by a signal, 1 failed,
+2 a setting is wrong, 3 verb not built yet, 4 NATS or PostgreSQL unreachable for
+SCHEDULER_STARTUP_TIMEOUT, 130 a one-shot command interrupted.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,27 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from scheduler import __version__
-from scheduler.errors import ConfigError, SchedulerError
+from scheduler.errors import ConfigError, SchedulerError, ServiceUnavailableError
+
+EXIT_FAILED, EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 1, 2, 4, 130
+
+DESCRIPTION = """\
+mq-scheduler: the cron-style scheduler and delayed-delivery timer of a NATS JetStream task
+queue. Producers publish tasks with a delay_until to the delay lane (mq.delay.<rest>); the
+daemon keeps them in PostgreSQL and publishes each one to mq.<rest> when it falls due. Cron
+jobs come from scheduled_jobs YAML files. Several instances run as one leader and standbys.
+"""
+
+EPILOG = """\
+Try it: `scheduler run --embedded` starts a local nats-server and PostgreSQL (scripts/dev
+does this from a checkout). Settings are SCHEDULER_* environment variables or --config FILE.
+`scheduler COMMAND --help` describes a command. Read more in the README (quick start and
+configuration) and docs/: producers.md (publishing delayed tasks), cron.md (cron jobs),
+operations.md (running it, start-up errors, metrics), leadership.md (high availability).
+
+Exit status: 0 done or stopped by a signal, 1 failed, 2 a setting is wrong (the message names
+it), 4 NATS or PostgreSQL unreachable for SCHEDULER_STARTUP_TIMEOUT, 130 interrupted.
+"""
 
 OPEN_ISSUES = {
     "audit": "the PySpark drift audit",
@@ -27,18 +52,33 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # Until a command's event loop takes the signals over, SIGTERM stops like Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return int(args.func(args))
     except ConfigError as exc:
         print(f"scheduler: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
+    except ServiceUnavailableError as exc:
+        print(f"scheduler: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except SchedulerError as exc:
         print(f"scheduler: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("scheduler: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scheduler", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="scheduler",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"mq-scheduler {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
 
@@ -106,7 +146,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from scheduler.daemon import Daemon
 
     daemon = Daemon(settings, embedded=args.embedded)
-    return _run_async(_run_daemon(daemon))
+    code = _run_async(_run_daemon(daemon))
+    if daemon.stopped_during_start is not None:
+        print(
+            f"scheduler: stopped during start-up (while {daemon.stopped_during_start})",
+            file=sys.stderr,
+        )
+    return code
 
 
 async def _run_daemon(daemon: Any) -> int:
@@ -133,20 +179,29 @@ async def _run_daemon(daemon: Any) -> int:
 
         tune_gc()
     started.cancel()
-    await runner
+    try:
+        await runner
+    except asyncio.CancelledError:  # the second signal: cleanup was cut short
+        print("scheduler: stopped at once (second signal)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 
 def print_banner(daemon: Any) -> None:
+    """Where everything listens, and the variables the docs' examples read (NATS_URL is also
+    the `nats` CLI's), ready to paste into another shell."""
     e = daemon.endpoints
     tag = {k: " (embedded)" if k in e.embedded else "" for k in ("nats", "postgres")}
     lines = [
         f"mq-scheduler {__version__} running as {daemon.settings.instance_id}",
         f"  NATS        {e.nats_url}{tag['nats']}",
         f"  PostgreSQL  {e.database_url}{tag['postgres']}",
-        f"  API         {e.api.url}  (/healthz, /readyz)",
+        f"  API         {e.api.url}  (/healthz, /readyz, /v1/leader)",
         f"  metrics     {e.metrics.url}/metrics",
         f"  schedules   {daemon.settings.schedules_dir}",
+        "  delay lane  publish to mq.delay.<rest>: delivered to mq.<rest> (docs/producers.md)",
+        "For producers and the examples in docs/, in another shell:",
+        f"  export NATS_URL={e.nats_url} SCHEDULER_API={e.api.url}",
         "Press Ctrl-C to stop.",
     ]
     print("\n".join(lines), flush=True)
@@ -155,25 +210,45 @@ def print_banner(daemon: Any) -> None:
 def cmd_migrate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging(settings.log_level, settings.log_format)
+    return _run_async(_migrate(settings, args))
+
+
+async def _migrate(settings: Any, args: argparse.Namespace) -> int:
+    """`scheduler migrate`; SIGTERM or Ctrl-C cancels it at any point (status 130)."""
     from scheduler import migrate
     from scheduler.embedded import Postgres
 
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
+    budget = settings.startup_timeout.total_seconds()
     pg = None
-    dsn = settings.database_dsn
-    if dsn is None:
-        if not args.embedded:
-            raise ConfigError("SCHEDULER_DATABASE_URL", "not set (or pass --embedded)")
-        pg = Postgres(settings.data_dir / "postgres").start()
-        dsn = pg.url
     try:
+        dsn = settings.database_dsn
+        if dsn is None:
+            if not args.embedded:
+                raise ConfigError("SCHEDULER_DATABASE_URL", "not set (or pass --embedded)")
+            pg = Postgres(settings.data_dir / "postgres")
+            await pg.start_async()
+            dsn = pg.url
+        target = args.revision
         if args.down:
-            migrate.downgrade(dsn, args.revision if args.revision != "head" else "base")
+            target = target if target != "head" else "base"
+            await migrate.downgrade_async(dsn, target, budget)
         else:
-            migrate.upgrade(dsn, args.revision)
+            await migrate.upgrade_async(dsn, target, budget)
+    except asyncio.CancelledError:
+        print(
+            "scheduler: migrate stopped by a signal; the schema is at the last migration that "
+            "completed (run it again)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     finally:
         if pg is not None:
             pg.stop()
-    print(f"migrations {'down' if args.down else 'up'} to {args.revision}: done")
+    print(f"migrations {'down' if args.down else 'up'} to {target}: done")
     return 0
 
 
@@ -211,5 +286,5 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     quiet = max(logging.getLevelName(level), logging.WARNING)
-    for noisy in ("nats", "pgserver", "aiohttp.access"):
+    for noisy in ("nats", "pgserver", "aiohttp.access", "alembic.runtime.plugins"):
         logging.getLogger(noisy).setLevel(quiet)

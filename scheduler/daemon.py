@@ -3,13 +3,15 @@
 Start order: HTTP first (so `/healthz` answers while we connect), then the embedded servers if
 asked, NATS, migrations, the PostgreSQL pool, provisioning, and the loops. Every component
 registers its own cleanup on one AsyncExitStack; `stop()` only signals, and shutdown is bounded
-by `SCHEDULER_SHUTDOWN_GRACE`.
+by `SCHEDULER_SHUTDOWN_GRACE`. A stop during the start abandons it at once (whatever phase it is
+in) and unwinds what was started; `stopped_during_start` then names the phase.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import gc
 import logging
 from contextlib import AsyncExitStack
@@ -88,6 +90,8 @@ class Daemon:
         self.provisioned: list[ProvisionNote] = []
         self.warnings: list[str] = []
         self.migrated = False
+        self.phase = "starting"
+        self.stopped_during_start: str | None = None
         self.started = asyncio.Event()
         self._stop = asyncio.Event()
         self._done_leading = asyncio.Event()  # set once the engine ended and the lease is given up
@@ -107,7 +111,8 @@ class Daemon:
         """Run until `stop()`; everything started is torn down on the way out."""
         try:
             async with AsyncExitStack() as stack:
-                await self._start(stack)
+                if not await self._start_unless_stopped(stack):
+                    return
                 self.state = RunState.RUNNING
                 self.started.set()
                 log.info("daemon.running instance=%s", self.settings.instance_id)
@@ -130,36 +135,45 @@ class Daemon:
             self.state = RunState.STOPPED
             log.info("daemon.stopped")
 
+    async def _start_unless_stopped(self, stack: AsyncExitStack) -> bool:
+        """Start; a stop requested meanwhile cancels the start at once (False)."""
+        start = asyncio.create_task(self._start(stack), name="start")
+        try:
+            await first_of(asyncio.shield(start), self._stop.wait())
+        except asyncio.CancelledError:  # cancelled from outside (a second Ctrl-C)
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
+            raise
+        if start.done():
+            start.result()
+            return True
+        start.cancel()
+        await asyncio.gather(start, return_exceptions=True)
+        self.stopped_during_start = self.phase
+        log.info("daemon.start_abandoned phase=%r", self.phase)
+        return False
+
+    def _enter(self, phase: str) -> None:
+        self.phase = phase
+        log.info("daemon.start phase=%r", phase)
+
     async def _start(self, stack: AsyncExitStack) -> None:
-        s = self.settings
-        api = await serve(build_api(self), s.http_host, s.http_port)
-        stack.push_async_callback(api.close)
-        metrics = await serve(build_metrics_app(self.metrics), s.http_host, s.metrics_port)
-        stack.push_async_callback(metrics.close)
-        self.endpoints.api, self.endpoints.metrics = api, metrics
-        s = await self._start_embedded(stack)
+        await self._open_http(stack)
+        s = self.settings = await self._start_embedded(stack)
+        budget = s.startup_timeout.total_seconds()
+        self._enter("connecting to NATS")
         self.bus = NatsBus(s, self.metrics)
-        await self.bus.connect()
         stack.push_async_callback(self.bus.close)
+        await self.bus.connect(budget)
         self._check_server_version()
-        dsn = s.database_dsn
-        assert dsn is not None
-        await migrate.upgrade_async(dsn)
-        self.migrated = True
-        self.store = PostgresStore(await create_pool(dsn), self.metrics)
-        stack.push_async_callback(self.store.close)
-        self.metrics.connected.labels("postgres").set(1)
-        if s.provision:
-            self.provisioned = await provision(self.bus, embedded=self.embedded)
-        self.settings = s
+        self.store = await self._open_postgres(stack, budget)
+        self._enter("provisioning streams and buckets")
+        leader_kv = await self.bus.setup(self._provision())
+        self._enter("starting the service and the lease")
         self.tasks = TaskStore(self.store)
         service = SchedulerService(self.bus.nc, s, self.tasks, self.clock, self.stats)
         await service.start()
         stack.push_async_callback(service.stop)
-        assert self.bus.js is not None
-        await self._check_lease_bucket()
-        leader_kv = await self.bus.js.key_value(s.leader_bucket)
-        self.state_kv = await self.bus.js.key_value(s.state_bucket)
         self.clock_check = ClockCheck(
             self.store.pool, self.clock, s.max_clock_skew.total_seconds(), self.metrics
         )
@@ -188,6 +202,41 @@ class Daemon:
             self._intake_stream(),
             self.cron,
         )
+
+    async def _open_http(self, stack: AsyncExitStack) -> None:
+        s = self.settings
+        self._enter("opening the HTTP ports")
+        api = await self._listen(build_api(self), s.http_port, "SCHEDULER_HTTP_PORT")
+        stack.push_async_callback(api.close)
+        metrics_app = build_metrics_app(self.metrics)
+        metrics = await self._listen(metrics_app, s.metrics_port, "SCHEDULER_METRICS_PORT")
+        stack.push_async_callback(metrics.close)
+        self.endpoints.api, self.endpoints.metrics = api, metrics
+
+    async def _open_postgres(self, stack: AsyncExitStack, budget: float) -> PostgresStore:
+        """First contact (retried for `budget` s), migrations, then the pool."""
+        dsn = self.settings.database_dsn
+        assert dsn is not None
+        self._enter("connecting to PostgreSQL")
+        await migrate.current_revision(dsn, budget)
+        self._enter("migrating the schema")
+        await migrate.upgrade_async(dsn, budget=budget)
+        self.migrated = True
+        self._enter("opening the PostgreSQL pool")
+        store = PostgresStore(await create_pool(dsn, budget), self.metrics)
+        stack.push_async_callback(store.close)
+        self.metrics.connected.labels("postgres").set(1)
+        return store
+
+    async def _provision(self) -> Any:
+        """Provision (when asked), check the lease bucket, open both buckets; the lease KV."""
+        assert self.bus is not None and self.bus.js is not None
+        if self.settings.provision:
+            self.provisioned = await provision(self.bus, embedded=self.embedded)
+        await self._check_lease_bucket()
+        leader_kv = await self.bus.js.key_value(self.settings.leader_bucket)
+        self.state_kv = await self.bus.js.key_value(self.settings.state_bucket)
+        return leader_kv
 
     def _intake_stream(self) -> str:
         """The configured intake stream, or the stream found covering the delay lane."""
@@ -294,6 +343,21 @@ class Daemon:
             log.warning("leader.bucket_ttl_long %s", why)
             self.warnings.append(why)
 
+    async def _listen(self, app: Any, port: int, variable: str) -> Served:
+        """Serve `app` on the HTTP host and `port`. A port that cannot be had ends the start
+        with a ConfigError naming `variable`, except in embedded mode when the port is only
+        the default: then a free one is picked (the start banner shows it)."""
+        host = self.settings.http_host
+        field_name = variable.removeprefix("SCHEDULER_").lower()
+        try:
+            return await serve(app, host, port)
+        except OSError as exc:
+            chosen = field_name in self.settings.model_fields_set
+            if exc.errno == errno.EADDRINUSE and self.embedded and not chosen:
+                log.info("embedded.port_taken %s=%d: listening on a free port", variable, port)
+                return await self._listen(app, 0, variable)
+            raise listen_error(exc, variable, host, port) from None
+
     async def _start_embedded(self, stack: AsyncExitStack) -> Settings:
         """Start whichever server has no URL (embedded mode), or fail naming the variable."""
         s = self.settings
@@ -302,20 +366,24 @@ class Daemon:
         if s.nats_url is None:
             if not self.embedded:
                 raise ConfigError("SCHEDULER_NATS_URL", "not set (or run with --embedded)")
-            server = await asyncio.to_thread(NatsServer(data_dir / "nats").start)
+            self._enter("starting the embedded nats-server")
+            server = NatsServer(data_dir / "nats")
             stack.callback(server.stop)
+            await server.start_async()
             changes["nats_url"] = server.url
             self.endpoints.embedded.append("nats")
         if s.database_url is None:
             if not self.embedded:
                 raise ConfigError("SCHEDULER_DATABASE_URL", "not set (or run with --embedded)")
-            pg = await asyncio.to_thread(Postgres(data_dir / "postgres").start)
+            self._enter("starting the embedded PostgreSQL")
+            pg = Postgres(data_dir / "postgres")
             stack.callback(pg.stop)
+            await pg.start_async()
             changes["database_url"] = pg.url
             self.endpoints.embedded.append("postgres")
         if changes:
             s = s.with_overrides(**changes)
-        self.endpoints.nats_url = s.nats_url or ""
+        self.endpoints.nats_url = s.redacted_nats_url
         self.endpoints.database_url = s.redacted_database_url or ""
         return s
 
@@ -383,6 +451,24 @@ class Daemon:
             + (list(self.engine.warnings.values()) if self.engine else []),
         }
         return ready, body
+
+
+def listen_error(exc: OSError, variable: str, host: str, port: int) -> ConfigError:
+    """What to tell a user whose HTTP or metrics port cannot be listened on."""
+    fix = "choose another port (0 picks a free port)"
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(variable, f"port {port} on {host} is already in use; {fix}")
+    if exc.errno == errno.EACCES:
+        return ConfigError(variable, f"port {port} on {host} needs privileges; {fix}")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError(
+            "SCHEDULER_HTTP_HOST",
+            f"{host} is not an address of this machine; use 127.0.0.1, 0.0.0.0 or one of its "
+            "addresses",
+        )
+    return ConfigError(
+        "SCHEDULER_HTTP_HOST", f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    )
 
 
 def tune_gc() -> None:

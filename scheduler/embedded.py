@@ -2,23 +2,32 @@
 
 Both live under one data dir (default `.scheduler-data/`) that survives restarts; each listens on
 a free port (PostgreSQL on a unix socket) so nothing already running on the machine is touched.
+nats-server keeps its port across restarts while that port is free (`nats/port` in the data
+dir), so a producer's NATS_URL stays valid. Both starts can be cancelled at any moment (a
+signal during start-up) without leaving a server behind.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
+
+from scheduler.errors import SchedulerError
 
 log = logging.getLogger("scheduler.embedded")
 
 
-class EmbeddedError(RuntimeError):
+class EmbeddedError(SchedulerError, RuntimeError):
     """An embedded server could not be found or started."""
 
 
@@ -27,6 +36,27 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def remembered_port(path: Path) -> int:
+    """The port written in `path` if it is free now, else a free one (written there)."""
+    with contextlib.suppress(OSError, ValueError):
+        port = int(path.read_text().strip())
+        if 0 < port < 65536 and port_is_free(port):
+            return port
+    port = free_port()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{port}\n")
+    return port
 
 
 def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
@@ -53,12 +83,20 @@ def nats_server_binary() -> str:
 
 
 class NatsServer:
-    """A nats-server child process with JetStream in `store_dir`, on a free loopback port."""
+    """A nats-server child process with JetStream in `store_dir`, on a free loopback port
+    (the one it had before in that dir, when free)."""
 
-    def __init__(self, store_dir: Path, port: int | None = None, extra: list[str] | None = None):
+    def __init__(
+        self,
+        store_dir: Path,
+        port: int | None = None,
+        extra: list[str] | None = None,
+        jetstream: bool = True,
+    ):
         self.store_dir = Path(store_dir)
-        self.port = port or free_port()
+        self.port = port or remembered_port(self.store_dir / "port")
         self.extra = extra or []
+        self.jetstream = jetstream
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -66,19 +104,52 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10.0) -> NatsServer:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js"]
-        args += ["-sd", str(self.store_dir), *self.extra]
-        logfile = open(self.store_dir / "nats-server.log", "ab")
-        self.proc = subprocess.Popen(args, stdout=logfile, stderr=subprocess.STDOUT)
-        logfile.close()
+        self._spawn()
         try:
             wait_for_port("127.0.0.1", self.port, timeout)
-        except EmbeddedError:
+        except EmbeddedError as exc:
+            report = self._exit_report()
+            self.stop()
+            raise EmbeddedError(report or f"nats-server: {exc}") from None
+        log.info("embedded.nats_started url=%s store=%s", self.url, self.store_dir)
+        return self
+
+    async def start_async(self, timeout: float = 10.0) -> NatsServer:
+        """`start` without blocking the event loop; cancelled, the child is stopped."""
+        self._spawn()
+        try:
+            async with asyncio.timeout(timeout):
+                while not await _accepts("127.0.0.1", self.port):
+                    if (report := self._exit_report()) is not None:
+                        raise EmbeddedError(report)
+                    await asyncio.sleep(0.01)
+        except BaseException:
             self.stop()
             raise
         log.info("embedded.nats_started url=%s store=%s", self.url, self.store_dir)
         return self
+
+    def _spawn(self) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port)]
+        if self.jetstream:
+            args += ["-js", "-sd", str(self.store_dir)]
+        args += self.extra
+        with open(self.store_dir / "nats-server.log", "ab") as logfile:
+            # A session of its own: a Ctrl-C in the terminal reaches the daemon only, which
+            # shuts down gracefully (lease, drain) before it stops this server.
+            self.proc = subprocess.Popen(
+                args, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def _exit_report(self) -> str | None:
+        """Why nats-server exited at start (its last log line), or None while it runs."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        logfile = self.store_dir / "nats-server.log"
+        lines = logfile.read_text(errors="replace").splitlines() if logfile.exists() else []
+        last = lines[-1] if lines else "no output"
+        return f"nats-server exited at start (status {self.proc.returncode}): {last} ({logfile})"
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -105,7 +176,11 @@ class Postgres:
 
     def start(self) -> Postgres:
         try:
-            import pgserver
+            with warnings.catch_warnings():
+                # platformdirs, imported by pgserver, warns on a machine without a login
+                # session; pgserver then keeps its lock file under /tmp, which is fine.
+                warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+                import pgserver
         except ImportError as exc:
             raise EmbeddedError(
                 "pgserver not installed: pip install 'mq-scheduler[embedded]'"
@@ -115,6 +190,33 @@ class Postgres:
         self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
         log.info("embedded.postgres_started dir=%s", self.data_dir)
         return self
+
+    async def start_async(self) -> Postgres:
+        """`start` in a worker thread (pgserver blocks). Cancelled, it ends the initdb or
+        pg_ctl that pgserver runs (and the postmaster they spawned), waits for the thread, and
+        stops a server that came up all the same: nothing outlives the cancellation."""
+        job = asyncio.ensure_future(asyncio.to_thread(self.start))
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            _signal_children({"initdb", "pg_ctl", "postgres"}, signal.SIGTERM)
+            with contextlib.suppress(Exception):
+                await asyncio.wait({job}, timeout=5)
+            if job.done() and not job.cancelled() and job.exception() is None:
+                self.stop()
+            else:
+                self._stop_orphan()
+            raise
+
+    def _stop_orphan(self) -> None:
+        """Fast-shut-down a postmaster that pg_ctl started before the start was abandoned."""
+        import psutil  # pgserver's dependency, as this whole class is
+
+        with contextlib.suppress(OSError, ValueError, psutil.Error):
+            pid = int((self.data_dir / "postmaster.pid").read_text().split()[0])
+            proc = psutil.Process(pid)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(5)
 
     @property
     def url(self) -> str:
@@ -127,6 +229,27 @@ class Postgres:
         if self._server is not None:
             self._server.cleanup()  # type: ignore[attr-defined]
             self._server = None
+
+
+async def _accepts(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 0.5)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+def _signal_children(names: set[str], sig: int) -> None:
+    """Send `sig` to this process's descendants with one of `names`."""
+    import psutil  # pgserver's dependency: only embedded PostgreSQL calls this
+
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.name() in names:
+                child.send_signal(sig)
 
 
 def default_data_dir() -> Path:

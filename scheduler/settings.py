@@ -50,6 +50,7 @@ _DURATION_FIELDS = (
     "dlq_max_age",
     "intake_duplicate_window",
     "max_clock_skew",
+    "startup_timeout",
 )
 
 
@@ -104,6 +105,7 @@ class Settings(BaseSettings):
     state_bucket: str = "scheduler_state"
     data_dir: Path = Path(".scheduler-data")
     shutdown_grace: Duration = timedelta(seconds=20)
+    startup_timeout: Duration = timedelta(seconds=60)
     allow_unsafe_nats: bool = False
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")
@@ -183,6 +185,11 @@ class Settings(BaseSettings):
     def redacted_database_url(self) -> str | None:
         return None if self.database_dsn is None else redact_url(self.database_dsn)
 
+    @property
+    def redacted_nats_url(self) -> str:
+        """The NATS URL(s) with passwords and tokens replaced by ***."""
+        return ",".join(redact_url(url, token=True) for url in self.nats_servers)
+
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with some fields replaced (validated again)."""
         data = {k: getattr(self, k) for k in type(self).model_fields}
@@ -202,12 +209,16 @@ def _check_postgres_url(url: str) -> None:
         raise ValueError("names no host: give user@host/db or ?host=/socket/dir")
 
 
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ***."""
+def redact_url(url: str, token: bool = False) -> str:
+    """The URL with any password replaced by ***; with `token`, a user name without a password
+    too (NATS reads `nats://secret@host` as a token)."""
     parts = urlsplit(url)
-    if parts.password is None:
+    if parts.password is not None:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    elif token and parts.username is not None:
+        netloc = "***@" + parts.netloc.rsplit("@", 1)[1]
+    else:
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
 
 

@@ -3,6 +3,9 @@
 `NATS_URL` / `DATABASE_URL` point the suite at servers you already run instead. Each test gets
 a fresh database cloned from a migrated template and a JetStream namespace emptied after it; the
 teardown checks that the test closed every connection it opened.
+
+Every test on these fixtures runs twice: `[current]` and `[compat]` (marker `compat`: nats-server
+2.10 and PostgreSQL 15, see tests/compat.py); `-m "not compat"` runs the first only.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from scheduler import migrate
-from scheduler.embedded import NatsServer, Postgres, free_port
+from scheduler.embedded import Postgres, free_port
 from scheduler.settings import Settings
+from tests.compat import CURRENT, NatsServerOf, Servers, compat_servers
 
 # Locally hypothesis explores new cases on every run; CI replays a fixed set so a rare
 # counterexample shows up in a developer's run rather than turning a landing red at random.
@@ -31,21 +35,35 @@ if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 
 
+@pytest.fixture(scope="session", params=["current", "compat"])
+def servers(request: pytest.FixtureRequest) -> Servers:
+    """The suite's own servers, or production's versions (nats-server 2.10, PostgreSQL 15)."""
+    return CURRENT if request.param == "current" else compat_servers()
+
+
 @pytest.fixture(scope="session")
-def nats_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int | None]]:
+def nats_service(
+    servers: Servers, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, int | None]]:
     """(client URL, monitoring port or None) of the session's nats-server."""
-    if os.environ.get("NATS_URL"):
+    if servers is CURRENT and os.environ.get("NATS_URL"):
         yield os.environ["NATS_URL"], None
         return
     monitor = free_port()
-    server = NatsServer(tmp_path_factory.mktemp("nats"), extra=["-m", str(monitor)]).start()
+    store = tmp_path_factory.mktemp("nats")
+    server = NatsServerOf(store, servers.nats_binary, extra=["-m", str(monitor)]).start()
     yield server.url, monitor
     server.stop()
 
 
 @pytest.fixture(scope="session")
-def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_admin_dsn(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A DSN with the right to create databases, on the session's PostgreSQL."""
+    if servers.pg_skip:
+        pytest.skip(servers.pg_skip)
+    if servers.pg_admin_dsn:
+        yield servers.pg_admin_dsn
+        return
     if os.environ.get("DATABASE_URL"):
         yield os.environ["DATABASE_URL"]
         return
@@ -61,20 +79,24 @@ def _dsn_for(admin_dsn: str, database: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_template(pg_admin_dsn: str) -> str:
-    """The name of a database migrated to head, cloned for every test."""
+def pg_template(pg_admin_dsn: str) -> Iterator[str]:
+    """The name of a database migrated to head, cloned for every test; dropped at the end (the
+    server may be one the suite does not own)."""
     name = f"mqs_tpl_{uuid.uuid4().hex[:8]}"
 
-    async def create() -> None:
+    async def admin(sql: str) -> None:
         conn = await asyncpg.connect(pg_admin_dsn)
         try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
+            await conn.execute(sql)
         finally:
             await conn.close()
 
-    asyncio.run(create())
-    migrate.upgrade(_dsn_for(pg_admin_dsn, name))
-    return name
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        migrate.upgrade(_dsn_for(pg_admin_dsn, name))
+        yield name
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture
@@ -152,8 +174,12 @@ def settings(nats_url: str, database_url: str, tmp_path: Path) -> Settings:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Everything under tests/integration and tests/faults talks to real servers."""
+    """Everything under tests/integration and tests/faults talks to real servers; the runs on
+    production's server versions carry `compat`."""
     for item in items:
         parts = Path(str(item.fspath)).parts
         if "integration" in parts or "faults" in parts:
             item.add_marker(pytest.mark.integration)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("servers") == "compat":
+            item.add_marker(pytest.mark.compat)

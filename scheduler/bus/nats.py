@@ -8,25 +8,36 @@ of flushing stale publishes when it comes back (design section 5).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-import nats
+from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as js_api
+from nats.js import errors as js_errors
 from nats.js.errors import BadRequestError, NotFoundError
 
-from scheduler.errors import ServiceUnavailableError
+from scheduler.aio import Backoff, first_of
+from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.metrics import Metrics
-from scheduler.settings import Settings
+from scheduler.settings import Settings, redact_url
 
 log = logging.getLogger("scheduler.nats")
 
 MIN_SERVER_VERSION = (2, 10, 23)
+
+# What the embedded work stream captures: the platform's registered queues (mq.inference.>,
+# mq.batch.>, mq.scheduled.>, mq.notify.>) and mq.tasks.> for experiments, so a task sent in
+# development, or by an example in docs/, has somewhere to arrive.
+DEV_WORK_SUBJECTS = ("mq.tasks.>", "mq.scheduled.>", "mq.inference.>", "mq.batch.>", "mq.notify.>")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,33 +62,73 @@ class NatsBus:
         # called with False when the link drops (before nats-py reconnects and flushes what it
         # buffered) and True once it is back; the engine holds and revalidates its publishes
         self.link_listeners: list[Callable[[bool], None]] = []
+        self._connect_error: BaseException | None = None
+        self._backoff: Backoff | None = None  # of the first connect, while it runs
+        self._warned = False  # the first failure to connect was logged
+        self._closing = False
+        self._denied = ""  # the last permissions violation the server reported
+        self._denied_event = asyncio.Event()
 
-    async def connect(self, attempts: int | None = None) -> None:
-        """Connect, retrying with backoff (forever when `attempts` is None)."""
-        delay, tried = 0.2, 0
+    async def connect(self, budget: float = 60.0) -> None:
+        """Connect, retrying an unreachable server with backoff for `budget` seconds.
+
+        The first failure is logged at once with the URL (credentials hidden) and the setting
+        to check, and so is every retry; past the budget it raises ServiceUnavailableError.
+        Refused credentials or TLS raise ConfigError at once (retrying cannot help).
+        """
+        backoff = self._backoff = Backoff(budget)
         while True:
+            backoff.attempt += 1
+            self._connect_error = None
+            nc = Client()
             try:
                 # nats-py retries a first connect forever when reconnects are unlimited, so the
-                # first connect tries each server once and our loop bounds it; after it succeeds
-                # the client reconnects forever.
-                self.nc = await nats.connect(**self._options(), max_reconnect_attempts=1)
-                self.nc.options["max_reconnect_attempts"] = -1
-                break
-            except Exception as exc:  # nats-py raises several unrelated types on connect
-                tried += 1
-                if attempts is not None and tried >= attempts:
-                    raise ServiceUnavailableError("NATS", str(exc) or type(exc).__name__) from exc
-                log.warning(
-                    "nats.connect_failed attempt=%d error=%r retry_in=%.1fs", tried, exc, delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        self.js = self.nc.jetstream()
+                # first connect tries each server twice at once and our loop bounds it; once it
+                # succeeds, the client reconnects forever, a second apart.
+                options = self._options()
+                options.update(max_reconnect_attempts=1, reconnect_time_wait=0)
+                async with asyncio.timeout(max(backoff.left, options["connect_timeout"])):
+                    await nc.connect(**options)
+            except asyncio.CancelledError:
+                await _close_quietly(nc)
+                raise
+            except ValueError as exc:  # a URL nats-py cannot parse
+                await _close_quietly(nc)
+                raise ConfigError(
+                    "SCHEDULER_NATS_URL", f"{self.settings.redacted_nats_url}: {exc}"
+                ) from None
+            except (OSError, nats_errors.Error) as exc:  # what nats-py raises on connect
+                await _close_quietly(nc)
+                cause = self._connect_error or exc
+                if (variable := permanent_connect_error(cause, self.settings)) is not None:
+                    raise nats_refused(self.settings, variable, cause) from None
+                if backoff.left <= 0:
+                    raise nats_unavailable(self.settings, cause, budget) from None
+                if backoff.attempt > 1:
+                    self._warn_unreachable(cause, backoff)
+                await backoff.wait()
+                continue
+            break
+        nc.options["max_reconnect_attempts"] = -1
+        nc.options["reconnect_time_wait"] = 1
+        self.nc = nc
+        self.js = nc.jetstream()
         self._set_connected(True)
         log.info(
             "nats.connected url=%s server=%s",
-            self.nc.connected_url.netloc if self.nc.connected_url else "?",
+            redact_url(nc.connected_url.geturl(), token=True) if nc.connected_url else "?",
             self.server_version,
+        )
+
+    def _warn_unreachable(self, cause: BaseException, backoff: Backoff, retry: bool = True) -> None:
+        log.warning(
+            'nats.unreachable url=%s error="%s" attempt=%d %s(check SCHEDULER_NATS_URL; '
+            "giving up in %.0fs)",
+            self.settings.redacted_nats_url,
+            describe_connect_error(cause),
+            backoff.attempt,
+            f"retry_in={backoff.next_wait:.1f}s " if retry else "",
+            backoff.left,
         )
 
     def _options(self) -> dict[str, Any]:
@@ -107,11 +158,55 @@ class NatsBus:
         return opts
 
     async def _on_error(self, exc: Exception) -> None:
+        if self.nc is None:  # still connecting: connect() reports the cause with the URL
+            self._connect_error = exc
+            if self._backoff is not None and not self._warned:
+                self._warned = True  # said at once, not after nats-py's second try of a server
+                self._warn_unreachable(exc, self._backoff, retry=False)
+            return
+        if "permissions violation" in str(exc).lower():
+            self._denied = str(exc).removeprefix("nats: ")
+            self._denied_event.set()
         log.warning("nats.error error=%r", exc)
 
+    async def setup(self, work: Awaitable[T]) -> T:
+        """Run the start's JetStream calls (provisioning, bucket checks). A server without
+        JetStream, or a user the server denies the JetStream API (reported at once, where the
+        request itself would only time out), ends them with a ConfigError naming the setting."""
+        task = asyncio.ensure_future(work)
+        try:
+            await first_of(asyncio.shield(task), self._denied_event.wait())
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        url = self.settings.redacted_nats_url
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            subject = self._denied.rsplit(" to ", 1)[-1].strip('"').upper()
+            raise ConfigError(
+                credentials_variable(self.settings),
+                f"{url}: this user may not publish to {subject} (permissions violation); "
+                "the scheduler's NATS user needs publish rights on $JS.API.>",
+            )
+        try:
+            return task.result()
+        except (nats_errors.NoRespondersError, js_errors.ServiceUnavailableError) as exc:
+            raise ConfigError(
+                "SCHEDULER_NATS_URL",
+                f"{url}: JetStream is not enabled on this server (run nats-server with -js, or "
+                "`jetstream {}` in its configuration)",
+            ) from exc
+
     async def _on_disconnect(self) -> None:
-        log.warning("nats.disconnected")
-        self.metrics.disconnects.labels("nats").inc()
+        if self.nc is None:  # a first connect that failed: connect() reports it
+            return
+        if self._closing:  # our own close() or drain(): nothing went wrong
+            log.info("nats.closed")
+        else:
+            log.warning("nats.disconnected")
+            self.metrics.disconnects.labels("nats").inc()
         self._set_connected(False)
 
     async def _on_reconnect(self) -> None:
@@ -167,6 +262,7 @@ class NatsBus:
         """Drain and close; bounded so shutdown cannot hang on a dead server."""
         if self.nc is None or self.nc.is_closed:
             return
+        self._closing = True
         try:
             await asyncio.wait_for(self.nc.drain(), timeout=5)
         except Exception as exc:  # a dead link cannot drain; close hard below
@@ -174,6 +270,67 @@ class NatsBus:
         if not self.nc.is_closed:
             await self.nc.close()
         self._set_connected(False)
+
+
+def describe_connect_error(exc: BaseException) -> str:
+    """A connect failure in a few words: `connection refused`, `unknown host 'x'`, ..."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, socket.gaierror):
+        return f"unknown host ({exc.strerror})"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS failed: {getattr(exc, 'reason', None) or exc}"
+    if isinstance(exc, TimeoutError):
+        return "timed out (nothing answered)"
+    if isinstance(exc, nats_errors.AuthorizationError) or _is_auth(exc):
+        return "credentials refused (authorization violation)"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc).removeprefix("nats: ") or type(exc).__name__
+
+
+def nats_refused(settings: Settings, variable: str, cause: BaseException) -> ConfigError:
+    """NATS refused us for `cause` (credentials, TLS): retrying cannot cure it."""
+    return ConfigError(variable, f"{settings.redacted_nats_url}: {describe_connect_error(cause)}")
+
+
+def nats_unavailable(
+    settings: Settings, cause: BaseException, budget: float
+) -> ServiceUnavailableError:
+    return ServiceUnavailableError(
+        "NATS",
+        f"{settings.redacted_nats_url}: {describe_connect_error(cause)}; retried for "
+        f"{budget:g}s. Check SCHEDULER_NATS_URL and that nats-server runs there",
+    )
+
+
+def permanent_connect_error(exc: BaseException, settings: Settings) -> str | None:
+    """The setting to fix when retrying `exc` cannot help (credentials, TLS), else None."""
+    if isinstance(exc, nats_errors.AuthorizationError) or _is_auth(exc):
+        return credentials_variable(settings)
+    if isinstance(exc, ssl.SSLError | nats_errors.SecureConnRequiredError):
+        return "SCHEDULER_NATS_TLS_CA" if settings.nats_tls_ca else "SCHEDULER_NATS_URL"
+    return None
+
+
+def credentials_variable(settings: Settings) -> str:
+    """The setting that says who the daemon is to NATS."""
+    if settings.nats_creds:
+        return "SCHEDULER_NATS_CREDS"
+    if settings.nats_user or settings.nats_password:
+        return "SCHEDULER_NATS_USER/SCHEDULER_NATS_PASSWORD"
+    return "SCHEDULER_NATS_URL"
+
+
+def _is_auth(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "authorization violation" in text or "authentication" in text
+
+
+async def _close_quietly(nc: Client) -> None:
+    """Close a client whose first connect failed or was cancelled (it may hold tasks)."""
+    with contextlib.suppress(Exception):
+        await nc.close()
 
 
 # -- provisioning ---------------------------------------------------------------------------------
@@ -266,7 +423,7 @@ def stream_configs(settings: Settings, embedded: bool) -> list[js_api.StreamConf
         configs.append(
             js_api.StreamConfig(
                 name=settings.tasks_stream,
-                subjects=["mq.tasks.>", "mq.scheduled.>"],
+                subjects=list(DEV_WORK_SUBJECTS),
                 retention=js_api.RetentionPolicy.WORK_QUEUE,
                 storage=file,
                 duplicate_window=120,
@@ -275,11 +432,25 @@ def stream_configs(settings: Settings, embedded: bool) -> list[js_api.StreamConf
     return configs
 
 
+async def ensure_dev_subjects(js: JetStreamContext, config: js_api.StreamConfig) -> None:
+    """Add to an existing embedded work stream the subjects a newer version captures (a data
+    dir from before keeps working with the docs' examples)."""
+    info = await js.stream_info(config.name)
+    missing = [x for x in config.subjects or [] if x not in (info.config.subjects or [])]
+    if missing:
+        info.config.subjects = [*(info.config.subjects or []), *missing]
+        await js.update_stream(info.config)
+        log.info("nats.provision stream=%s added_subjects=%s", config.name, ",".join(missing))
+
+
 async def provision(bus: NatsBus, embedded: bool) -> list[ProvisionNote]:
     """Create what is missing; report streams that another stream's subjects already cover."""
     assert bus.js is not None
     s = bus.settings
-    notes = [await ensure_stream(bus.js, cfg) for cfg in stream_configs(s, embedded)]
+    configs = stream_configs(s, embedded)
+    notes = [await ensure_stream(bus.js, cfg) for cfg in configs]
+    if embedded and notes[-1].status == "exists":
+        await ensure_dev_subjects(bus.js, configs[-1])
     intake_stream = s.intake_stream
     if notes[0].status == "covered":
         intake_stream = notes[0].detail

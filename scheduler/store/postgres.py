@@ -1,21 +1,28 @@
-"""PostgreSQL: the system of record. A pool with bounded retries, and the store's statements."""
+"""PostgreSQL: the system of record. Connections and a pool opened with bounded retries (the one
+point where connection errors become errors that name SCHEDULER_DATABASE_URL), and the store's
+statements."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 import asyncpg
 
-from scheduler.errors import ServiceUnavailableError
+from scheduler.aio import Backoff
+from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.metrics import Metrics
+from scheduler.settings import redact_url
 
 log = logging.getLogger("scheduler.postgres")
 
-_RETRYABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.ConnectionDoesNotExistError)
+T = TypeVar("T")
 
 
 class _Connection(asyncpg.Connection):
@@ -27,27 +34,112 @@ class _Connection(asyncpg.Connection):
         return ""
 
 
+async def connect(dsn: str, budget: float = 60.0, **kwargs: Any) -> asyncpg.Connection:
+    """One connection, opened as `create_pool` opens its first (retried, errors translated)."""
+    return await _retrying(
+        dsn, budget, lambda timeout: asyncpg.connect(dsn, timeout=timeout, **kwargs)
+    )
+
+
 async def create_pool(
-    dsn: str, attempts: int = 10, min_size: int = 2, max_size: int = 10
+    dsn: str, budget: float = 60.0, min_size: int = 2, max_size: int = 10
 ) -> asyncpg.Pool:
-    """Open a pool, retrying refused or dropped connections with backoff up to `attempts` times."""
-    delay = 0.2
-    for attempt in range(1, attempts + 1):
+    """Open a pool, retrying an unreachable server with backoff for `budget` seconds."""
+
+    def open_pool(timeout: float) -> Awaitable[asyncpg.Pool]:
+        return asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            command_timeout=30,
+            timeout=timeout,
+            connection_class=_Connection,
+        )
+
+    return await _retrying(dsn, budget, open_pool)
+
+
+async def _retrying(dsn: str, budget: float, open_: Callable[[float], Awaitable[T]]) -> T:
+    """`open_(timeout)` until it succeeds. A refused, timed-out or unresolvable server is
+    retried with backoff and logged each time with the URL (password hidden); past `budget`
+    seconds: ServiceUnavailableError. A refusal that retrying cannot cure (credentials,
+    unknown database, TLS) raises ConfigError at once."""
+    backoff = Backoff(budget)
+    while True:
+        backoff.attempt += 1
         try:
-            return await asyncpg.create_pool(
-                dsn,
-                min_size=min_size,
-                max_size=max_size,
-                command_timeout=30,
-                connection_class=_Connection,
+            return await open_(min(10.0, max(backoff.left, 2.0)))
+        except Exception as exc:
+            problem = connect_problem(exc, dsn)
+            if problem is None:
+                raise
+            cause, retryable = problem
+            if not retryable:
+                raise refused(dsn, cause) from None
+            if backoff.left <= 0:
+                raise unavailable(dsn, cause, budget) from None
+            log.warning(
+                'postgres.unreachable url=%s error="%s" attempt=%d retry_in=%.1fs '
+                "(check SCHEDULER_DATABASE_URL; giving up in %.0fs)",
+                redact_url(dsn),
+                cause,
+                backoff.attempt,
+                backoff.next_wait,
+                backoff.left,
             )
-        except (*_RETRYABLE, asyncpg.PostgresConnectionError) as exc:
-            if attempt == attempts:
-                raise ServiceUnavailableError("PostgreSQL", repr(exc)) from exc
-            log.warning("postgres.connect_failed attempt=%d error=%r", attempt, exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-    raise AssertionError("unreachable")
+            await backoff.wait()
+
+
+def refused(dsn: str, cause: str) -> ConfigError:
+    """PostgreSQL at `dsn` refused us for `cause`, which retrying cannot cure."""
+    return ConfigError("SCHEDULER_DATABASE_URL", f"{redact_url(dsn)}: {cause}")
+
+
+def unavailable(dsn: str, cause: str, budget: float) -> ServiceUnavailableError:
+    return ServiceUnavailableError(
+        "PostgreSQL",
+        f"{redact_url(dsn)}: {cause}; retried for {budget:g}s. Check SCHEDULER_DATABASE_URL "
+        "and that PostgreSQL runs there",
+    )
+
+
+# SQLSTATEs that retrying cannot cure, with what to do about them.
+_PERMANENT_HINTS: dict[type[Exception], str] = {
+    asyncpg.InvalidPasswordError: "; check the user and password in the URL",
+    asyncpg.InvalidAuthorizationSpecificationError: "; check the user in the URL (and pg_hba.conf)",
+    asyncpg.InvalidCatalogNameError: "; create it (CREATE DATABASE) or fix the name in the URL",
+}
+
+
+def connect_problem(exc: BaseException, dsn: str = "") -> tuple[str, bool] | None:
+    """(cause in a few words, whether a retry may help) for a failed connect to `dsn`, or None
+    when `exc` is no connection problem (a bug: let it raise)."""
+    for kind, hint in _PERMANENT_HINTS.items():
+        if isinstance(exc, kind):
+            return f"{exc}{hint}", False
+    if "rejected SSL upgrade" in str(exc) and not _tls_required(dsn):
+        return "no PostgreSQL answers there (the reply is another protocol's)", False
+    if isinstance(exc, ssl.SSLError) or "SSL" in str(exc):
+        return f"TLS failed: {exc}; check sslmode and the certificates in the URL", False
+    if isinstance(exc, asyncpg.CannotConnectNowError | asyncpg.TooManyConnectionsError):
+        return str(exc), True
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused", True
+    if isinstance(exc, socket.gaierror):
+        return f"unknown host ({exc.strerror})", True
+    if isinstance(exc, TimeoutError):
+        return "timed out (nothing answered)", True
+    if isinstance(exc, OSError):
+        return (exc.strerror or str(exc)).lower(), True
+    if isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.InterfaceError):
+        return str(exc), True
+    if isinstance(exc, asyncpg.PostgresError):
+        return str(exc), False
+    return None
+
+
+def _tls_required(dsn: str) -> bool:
+    return any(f"sslmode={mode}" in dsn for mode in ("require", "verify-ca", "verify-full"))
 
 
 class PostgresStore:

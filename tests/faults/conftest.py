@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.embedded import NatsServer, Postgres
+from tests.compat import CURRENT, ClusterPostgres, NatsServerOf, Servers
 from tests.faults.harness import Cluster
 from tests.faults.proxy import FaultProxy
 
@@ -16,14 +17,14 @@ StartCluster = Callable[..., Awaitable[Cluster]]
 
 
 @pytest.fixture
-def own_nats(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path / "nats").start()
+def own_nats(servers: Servers, tmp_path: Path) -> Iterator[NatsServer]:
+    server = NatsServerOf(tmp_path / "nats", servers.nats_binary).start()
     yield server
     server.stop()
 
 
 class RestartablePostgres:
-    """A PostgreSQL of the test's own in a data dir; stop() and start() keep its URL."""
+    """A pgserver PostgreSQL of the test's own in a data dir; stop() and start() keep its URL."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
@@ -39,11 +40,19 @@ class RestartablePostgres:
 
 
 @pytest.fixture
-def own_pg(tmp_path: Path) -> Iterator[RestartablePostgres]:
-    """Listed before `start_cluster` in a test, it outlives the daemons at teardown."""
-    pg = RestartablePostgres(tmp_path / "pg")
-    yield pg
-    pg.stop()
+def own_pg(servers: Servers, tmp_path: Path) -> Iterator[RestartablePostgres | ClusterPostgres]:
+    """Listed before `start_cluster` in a test, it outlives the daemons at teardown. In the
+    compat run, a PostgreSQL 15 cluster made with that installation's initdb."""
+    if servers is CURRENT:
+        pg = RestartablePostgres(tmp_path / "pg")
+        yield pg
+        pg.stop()
+        return
+    if servers.pg_bindir is None:
+        pytest.skip(servers.pg_bindir_skip or "no PostgreSQL installation")
+    cluster = ClusterPostgres(servers.pg_bindir)
+    yield cluster
+    cluster.remove()
 
 
 @pytest.fixture

@@ -3,53 +3,78 @@
 from __future__ import annotations
 
 import json
-import os
+import re
 import signal
-import subprocess
-import sys
-import time
+import socket
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import psutil
 import pytest
 
-from scheduler.embedded import free_port
+from tests.processes import cli_env, scheduler
+
+DEFAULT_PORTS = (8055, 9090)
 
 
-def ready(port: int) -> dict[str, object] | None:
+def ready(api: str) -> dict[str, object] | None:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
+        with urllib.request.urlopen(f"{api}/readyz", timeout=1) as resp:
             return dict(json.loads(resp.read()))
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return None
 
 
+@pytest.fixture
+def default_ports_taken() -> Iterator[set[int]]:
+    """Hold 8055 and 9090 where they are free (where they are not, someone else holds them);
+    yields the ports this test holds."""
+    held: set[int] = set()
+    with ExitStack() as stack:
+        for port in DEFAULT_PORTS:
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", port))
+                sock.listen(1)
+                held.add(port)
+            except OSError:
+                pass
+        yield held
+
+
 @pytest.mark.slow
-def test_run_embedded_is_ready_fast_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
-    """The daemon is ready within 20 s, prints where it listens, and Ctrl-C stops every process."""
-    http, metrics = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
-    env.update(SCHEDULER_HTTP_PORT=str(http), SCHEDULER_METRICS_PORT=str(metrics))
-    cmd = [sys.executable, "-m", "scheduler", "run", "--embedded", "--data-dir", str(tmp_path)]
+def test_run_embedded_with_default_ports_taken_prints_urls_and_ctrl_c_leaves_nothing(
+    tmp_path: Path, default_ports_taken: set[int]
+) -> None:
+    """With 8055 and 9090 taken, `run --embedded` listens on free ports and prints the NATS
+    URL, API and metrics a producer needs; the second start on the same data dir keeps the
+    NATS port; Ctrl-C stops every process and a normal shutdown logs no warning."""
+    env = cli_env(tmp_path, SCHEDULER_HTTP_PORT=None, SCHEDULER_METRICS_PORT=None)
+    nats_urls = []
     for _ in range(2):  # the second start reuses the data dir
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            deadline = time.monotonic() + 20
-            while (doc := ready(http)) is None and time.monotonic() < deadline:
-                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-                time.sleep(0.1)
-            assert doc is not None and doc["ready"] is True
+        with scheduler(["run", "--embedded", "--data-dir", str(tmp_path / "data")], env) as proc:
+            exports = proc.wait_for(r"export NATS_URL=", within=30, stream="out")
+            found = re.search(r"NATS_URL=(nats://127\.0\.0\.1:\d+) SCHEDULER_API=(\S+)", exports)
+            assert found is not None, exports
+            nats_urls.append(found.group(1))
+            api = found.group(2)
+            metrics = proc.wait_for(r"^  metrics ", within=1, stream="out").split()[-1]
+            for url in (api, metrics):
+                assert int(url.split(":")[-1].split("/")[0]) not in default_ports_taken
+            doc = ready(api)
+            assert doc is not None and doc["ready"] is True, proc.transcript()
+            with urllib.request.urlopen(metrics, timeout=2) as resp:
+                assert b"mq_scheduler_build_info" in resp.read()
             children = psutil.Process(proc.pid).children(recursive=True)
             assert any(c.name() == "nats-server" for c in children)
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        assert proc.returncode == 0, err.decode()
-        assert f"API         http://127.0.0.1:{http}" in out.decode()
-        assert "(embedded)" in out.decode()
+            proc.signal(signal.SIGINT)
+            code = proc.wait_exit(within=30)
+        assert code == 0, proc.transcript()
+        assert "(embedded)" in "\n".join(proc.out)
+        assert not [line for line in proc.err if " WARNING " in line], proc.transcript()
         assert not [c for c in children if c.is_running() and c.status() != "zombie"]
-        assert not (tmp_path / "postgres" / "postmaster.pid").exists()
+        assert not (tmp_path / "data" / "postgres" / "postmaster.pid").exists()
+    assert nats_urls[0] == nats_urls[1]

@@ -77,14 +77,15 @@ async def test_missing_urls_name_the_variable(tmp_path: Path) -> None:
 
 
 async def test_busy_http_port_is_a_clear_error(settings: Settings) -> None:
-    """A port already in use fails the start with the address in the message."""
+    """A port already in use fails the start with a ConfigError naming the variable."""
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+        expected = f"SCHEDULER_HTTP_PORT: port {port} on 127.0.0.1 is already in use"
+        with pytest.raises(ConfigError, match=expected):
             await Daemon(settings.with_overrides(http_port=port)).run()
 
 

@@ -19,7 +19,7 @@ from tests.helpers import wait_until
 async def test_provision_creates_streams_consumer_and_buckets(settings: Settings) -> None:
     """First provisioning creates MQ_DELAY, MQ_DLQ, MQ_TASKS, the consumer and both buckets."""
     bus = NatsBus(settings, Metrics())
-    await bus.connect(attempts=3)
+    await bus.connect()
     try:
         notes = await provision(bus, embedded=True)
         assert {(n.kind, n.name, n.status) for n in notes} == {
@@ -51,7 +51,7 @@ async def test_existing_stream_covering_the_lane_is_reported(settings: Settings)
     try:
         await nc.jetstream().add_stream(name="HANZO_MQ", subjects=["mq.>"])
         bus = NatsBus(settings, Metrics())
-        await bus.connect(attempts=3)
+        await bus.connect()
         try:
             notes = {n.name: n for n in await provision(bus, embedded=False)}
         finally:
@@ -69,7 +69,7 @@ async def test_publish_while_disconnected_fails_instead_of_buffering(tmp_path: P
     server = NatsServer(tmp_path / "nats").start()
     metrics = Metrics()
     bus = NatsBus(Settings(nats_url=server.url, instance_id="t"), metrics)
-    await bus.connect(attempts=3)
+    await bus.connect()
     try:
         assert metrics.connected.labels("nats")._value.get() == 1
         server.kill()
@@ -84,10 +84,41 @@ async def test_publish_while_disconnected_fails_instead_of_buffering(tmp_path: P
 
 
 async def test_connect_gives_up_after_bounded_attempts() -> None:
-    """A bounded connect to a port nobody serves fails with the service named."""
+    """A connect to a port nobody serves gives up after its budget with the service named."""
     from scheduler.embedded import free_port
     from scheduler.errors import ServiceUnavailableError
 
     bus = NatsBus(Settings(nats_url=f"nats://127.0.0.1:{free_port()}", instance_id="t"), Metrics())
     with pytest.raises(ServiceUnavailableError, match="NATS unavailable"):
-        await bus.connect(attempts=2)
+        await bus.connect(budget=0.5)
+
+
+async def test_embedded_work_stream_from_an_older_data_dir_gains_the_platform_queues(
+    settings: Settings,
+) -> None:
+    """An MQ_TASKS made by an older version (mq.tasks.>, mq.scheduled.> only) is extended to
+    the platform's queues, so the docs' mq.inference.chat examples arrive somewhere."""
+    nc = await nats.connect(settings.nats_url)
+    try:
+        await nc.jetstream().add_stream(
+            name="MQ_TASKS",
+            subjects=["mq.tasks.>", "mq.scheduled.>"],
+            retention=js_api.RetentionPolicy.WORK_QUEUE,
+        )
+        bus = NatsBus(settings, Metrics())
+        await bus.connect()
+        try:
+            await provision(bus, embedded=True)
+        finally:
+            await bus.close()
+        info = await nc.jetstream().stream_info("MQ_TASKS")
+        assert set(info.config.subjects or []) == {
+            "mq.tasks.>",
+            "mq.scheduled.>",
+            "mq.inference.>",
+            "mq.batch.>",
+            "mq.notify.>",
+        }
+        assert info.config.retention == js_api.RetentionPolicy.WORK_QUEUE
+    finally:
+        await nc.close()

@@ -50,3 +50,16 @@ def test_bad_setting_is_reported_not_raised(
     assert main(["migrate"]) == 2
     err = capsys.readouterr().err
     assert "SCHEDULER_LEASE_TTL" in err and "Traceback" not in err
+
+
+def test_top_level_help_is_for_users(capsys: pytest.CaptureFixture[str]) -> None:
+    """`scheduler --help` says what the tool is, lists the verbs and where to read more."""
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "cron-style scheduler and delayed-delivery timer" in out
+    for verb in ("run", "migrate", "validate", "next"):
+        assert f"    {verb} " in out
+    assert "scheduler run --embedded" in out and "docs/" in out and "README" in out
+    assert "configures logging" not in out  # the module docstring is for developers

