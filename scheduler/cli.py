@@ -42,7 +42,6 @@ it), 4 NATS or PostgreSQL unreachable for SCHEDULER_STARTUP_TIMEOUT, 130 interru
 OPEN_ISSUES = {
     "audit": "the PySpark drift audit",
     "export-log": "the execution-log export of the drift audit",
-    "dlq": "dead-letter inspection and replay",
 }
 
 
@@ -99,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     mig.set_defaults(func=cmd_migrate)
 
     _schedule_commands(sub)
+    from scheduler.commands import ops
+
+    ops.register(sub)  # status, schedules, delayed, dlq: the management API's CLI
     for verb, what in OPEN_ISSUES.items():
         p = sub.add_parser(verb, help=f"{what} (not yet available)")
         p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -286,5 +288,5 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     quiet = max(logging.getLevelName(level), logging.WARNING)
-    for noisy in ("nats", "pgserver", "aiohttp.access", "alembic.runtime.plugins"):
+    for noisy in ("nats", "pgserver", "uvicorn", "alembic.runtime.plugins"):
         logging.getLogger(noisy).setLevel(quiet)

@@ -13,6 +13,7 @@ import asyncio
 import enum
 import errno
 import gc
+import ipaddress
 import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from scheduler.engine.recurring import CronEngine
 from scheduler.engine.skew import ClockCheck
 from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
+from scheduler.operations.build import Operations, build_operations
+from scheduler.operations.stats import Refresher
 from scheduler.service import SchedulerService
 from scheduler.settings import Settings
 from scheduler.store.postgres import PostgresStore, create_pool
@@ -87,6 +90,8 @@ class Daemon:
         self.state_kv: Any = None
         self.engine: DelayedEngine | None = None
         self.cron: CronEngine | None = None
+        self.operations: Operations | None = None  # what the management API calls
+        self.refresher: Refresher | None = None
         self.provisioned: list[ProvisionNote] = []
         self.warnings: list[str] = []
         self.migrated = False
@@ -126,6 +131,8 @@ class Daemon:
                     tg.create_task(self._upkeep_loop(), name="fire-log-upkeep")
                     tg.create_task(self._engine_loop(), name="engine")
                     tg.create_task(self._lag_probe(), name="loop-lag")
+                    assert self.refresher is not None and self.bus.nc is not None
+                    tg.create_task(self.refresher.run(self.bus.nc, self._stop), name="refresher")
                     assert self.clock_check is not None
                     tg.create_task(self.clock_check.run(self._done_leading), name="clock-check")
                     tg.create_task(self._stop.wait(), name="stop-signal")
@@ -171,7 +178,11 @@ class Daemon:
         leader_kv = await self.bus.setup(self._provision())
         self._enter("starting the service and the lease")
         self.tasks = TaskStore(self.store)
-        service = SchedulerService(self.bus.nc, s, self.tasks, self.clock, self.stats)
+        self.operations = build_operations(
+            self.bus.nc, s, self.store, self.tasks, self.clock, self.leader
+        )
+        stack.callback(setattr, self, "operations", None)  # API: 503 before the pool closes
+        service = SchedulerService(self.bus.nc, s, self.operations.tasks, self.clock, self.stats)
         await service.start()
         stack.push_async_callback(service.stop)
         self.clock_check = ClockCheck(
@@ -202,6 +213,17 @@ class Daemon:
             self._intake_stream(),
             self.cron,
         )
+        self.refresher = Refresher(
+            s,
+            self.operations.stats.overview,
+            self.operations.stats.dead_letters,
+            ScheduleStore(self.store),
+            self.metrics,
+            self.clock,
+            self.leadership.may_act,
+            self._intake_backlog,
+            self.cron,
+        )
 
     async def _open_http(self, stack: AsyncExitStack) -> None:
         s = self.settings
@@ -212,6 +234,7 @@ class Daemon:
         metrics = await self._listen(metrics_app, s.metrics_port, "SCHEDULER_METRICS_PORT")
         stack.push_async_callback(metrics.close)
         self.endpoints.api, self.endpoints.metrics = api, metrics
+        self._check_api_exposure()
 
     async def _open_postgres(self, stack: AsyncExitStack, budget: float) -> PostgresStore:
         """First contact (retried for `budget` s), migrations, then the pool."""
@@ -285,6 +308,30 @@ class Daemon:
                 log.warning("engine.term_failed error=%r; retrying in %gs", exc, backoff)
                 await self._wait_stop(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+    def _check_api_exposure(self) -> None:
+        """Open reads are fine on loopback; on any other address say so, loudly, once."""
+        s = self.settings
+        if _is_loopback(s.http_host) or s.read_token is not None or s.admin_token is not None:
+            return
+        why = (
+            f"the management API listens on {s.http_host} and no SCHEDULER_READ_TOKEN or "
+            "SCHEDULER_ADMIN_TOKEN is set: anyone who reaches it can read tasks and schedules"
+        )
+        log.warning("api.open_reads %s", why)
+        self.warnings.append(why)
+
+    async def _intake_backlog(self) -> int | None:
+        """Messages on the delay lane the intake consumer has not taken yet (None: unknown)."""
+        assert self.bus is not None and self.bus.js is not None
+        try:
+            info = await self.bus.js.consumer_info(
+                self._intake_stream(), self.settings.intake_consumer
+            )
+        except Exception as exc:  # no consumer yet, or NATS away: the gauge keeps its value
+            log.debug("intake.backlog_unknown error=%r", exc)
+            return None
+        return int(info.num_pending or 0)
 
     def stats(self) -> dict[str, Any]:
         """What `scheduler.v1.stats` answers."""
@@ -469,6 +516,13 @@ def listen_error(exc: OSError, variable: str, host: str, port: int) -> ConfigErr
     return ConfigError(
         "SCHEDULER_HTTP_HOST", f"cannot listen on {host}:{port}: {exc.strerror or exc}"
     )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def tune_gc() -> None:

@@ -63,3 +63,16 @@ class ServiceUnavailableError(SchedulerError, ConnectionError):
     def __init__(self, service: str, detail: str) -> None:
         super().__init__(f"{service} unavailable: {detail}")
         self.service = service
+
+
+class RequestError(SchedulerError, ValueError):
+    """A management request (HTTP API, NATS service, CLI) that is wrong as asked.
+
+    `code` is a short machine code (`bad_request`, `too_far`, `bad_cursor`, ...), `field` the
+    input it is about when there is one; the message says what is wrong and what is expected.
+    """
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field

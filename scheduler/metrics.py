@@ -134,6 +134,31 @@ class Metrics:
             registry=r,
         )
 
+        # -- operations surface (forecast and backlog gauges, refreshed by the leader) --------
+        self.due_tasks = Gauge(
+            _P + "due_tasks",
+            "Pending delayed tasks due within the window (overdue ones included), for the top "
+            "subjects and `other`; exported by the leader only.",
+            ["subject", "within"],
+            registry=r,
+        )
+        self.dead_letters_unresolved = Gauge(
+            _P + "dead_letters_unresolved",
+            "Dead letters nobody has resolved or replayed yet; exported by the leader only.",
+            registry=r,
+        )
+        self.intake_backlog = Gauge(
+            _P + "intake_backlog",
+            "Messages on the delay lane not yet taken by the leader's intake consumer.",
+            registry=r,
+        )
+        self.api_requests = Counter(
+            _P + "api_requests_total",
+            "Management API requests by route template, method and status code.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

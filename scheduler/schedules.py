@@ -186,6 +186,14 @@ class Job:
         return _hash(self.definition())
 
 
+def job_from_definition(definition: dict[str, Any], file: str = "", line: int = 0) -> Job:
+    """The job a stored `Job.definition()` describes (what the management API reads back)."""
+    spec = dict(definition)
+    spec["jitter"] = spec.pop("jitter_seconds", 0)
+    spec["catchup_window"] = spec.pop("catchup_window_seconds", 3600)
+    return JobSpec.model_validate(spec).to_job(file, line)
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleError:
     """One problem found while loading schedules; `line` and `job` are None when unknown."""

@@ -20,11 +20,10 @@ from nats.micro.service import Service
 
 from scheduler import __version__
 from scheduler.clock import Clock, to_rfc3339
-from scheduler.engine.delayed import RESCHEDULED_SUBJECT
 from scheduler.envelope import Limits, parse_envelope
-from scheduler.errors import EnvelopeError, TargetRefusedError
+from scheduler.errors import EnvelopeError, RequestError, TargetRefusedError
+from scheduler.operations.tasks import TaskOperations, parse_due
 from scheduler.settings import Settings
-from scheduler.store.tasks import TaskStore
 from scheduler.subjects import check_target
 
 log = logging.getLogger("scheduler.service")
@@ -33,20 +32,16 @@ PREFIX = "scheduler.v1"
 Handler = Callable[[str, dict[str, Any], bytes], Awaitable[dict[str, Any]]]
 
 
-class BadRequest(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 class SchedulerService:
-    """Handlers of the micro service; every instance serves them (they work on PostgreSQL)."""
+    """Handlers of the micro service; every instance serves them (they work on PostgreSQL).
+
+    Cancel, reschedule and get call `scheduler.operations.tasks`, as the HTTP API does."""
 
     def __init__(
         self,
         nc: Client,
         settings: Settings,
-        tasks: TaskStore,
+        tasks: TaskOperations,
         clock: Clock,
         stats: Callable[[], dict[str, Any]],
     ) -> None:
@@ -92,11 +87,11 @@ class SchedulerService:
                 )
                 body = json.loads(req.data) if verb != "schedule" else {}
                 if not isinstance(body, dict):
-                    raise BadRequest("bad_request", "body must be a JSON object")
+                    raise RequestError("bad_request", "body must be a JSON object")
                 reply = await handler(target, body, req.data)
             except (TargetRefusedError, EnvelopeError) as exc:
                 reply = _error("bad_request", str(exc))
-            except BadRequest as exc:
+            except RequestError as exc:
                 reply = _error(exc.code, str(exc))
             except ValueError as exc:
                 reply = _error("bad_request", f"body is not JSON: {exc}")
@@ -123,22 +118,11 @@ class SchedulerService:
         return {"status": "scheduled", "id": env.id, "target": target, "due_at": to_rfc3339(due)}
 
     async def cancel(self, target: str, body: dict[str, Any], _: bytes) -> dict[str, Any]:
-        task_id = _task_id(body)
-        return {"status": await self.tasks.cancel(task_id, target), "id": task_id}
+        return (await self.tasks.cancel(_task_id(body), target)).as_reply()
 
     async def reschedule(self, target: str, body: dict[str, Any], _: bytes) -> dict[str, Any]:
-        task_id, due = _task_id(body), _due(body, self.clock.now(), self.settings)
-        status, ref = await self.tasks.reschedule(task_id, target, due)
-        if ref is not None:
-            notice = {
-                "id": ref.task_id,
-                "due_ms": ref.due_ms,
-                "priority": ref.priority,
-                "seq": ref.seq,
-            }
-            await self.nc.publish(RESCHEDULED_SUBJECT, json.dumps(notice).encode())
-            return {"status": status, "id": task_id, "due_at": to_rfc3339(due)}
-        return {"status": status, "id": task_id}
+        task_id, due = _task_id(body), parse_due(body.get("delay_until"))
+        return (await self.tasks.reschedule(task_id, due, target)).as_reply()
 
     async def get(self, target: str, body: dict[str, Any], _: bytes) -> dict[str, Any]:
         task = await self.tasks.get(_task_id(body), target)
@@ -150,23 +134,8 @@ class SchedulerService:
 def _task_id(body: dict[str, Any]) -> str:
     task_id = body.get("id")
     if not isinstance(task_id, str) or not task_id:
-        raise BadRequest("bad_request", "id: must be a non-empty string")
+        raise RequestError("bad_request", "id: must be a non-empty string", "id")
     return task_id
-
-
-def _due(body: dict[str, Any], now: datetime, settings: Settings) -> datetime:
-    raw = body.get("delay_until")
-    if not isinstance(raw, str):
-        raise BadRequest("bad_request", "delay_until: must be an ISO 8601 string with an offset")
-    try:
-        due = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise BadRequest("bad_request", f"delay_until: {raw!r} is not ISO 8601") from None
-    if due.tzinfo is None:
-        raise BadRequest("bad_request", "delay_until: must carry a UTC offset or Z")
-    if due - now > settings.max_delay:
-        raise BadRequest("too_far", f"delay_until: more than {settings.max_delay.days} days ahead")
-    return due
 
 
 def _plain(value: Any) -> Any:

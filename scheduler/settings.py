@@ -51,6 +51,7 @@ _DURATION_FIELDS = (
     "intake_duplicate_window",
     "max_clock_skew",
     "startup_timeout",
+    "forecast_interval",
 )
 
 
@@ -107,6 +108,8 @@ class Settings(BaseSettings):
     shutdown_grace: Duration = timedelta(seconds=20)
     startup_timeout: Duration = timedelta(seconds=60)
     allow_unsafe_nats: bool = False
+    forecast_top: int = Field(default=20, ge=1, le=1000)
+    forecast_interval: Duration = timedelta(seconds=5)
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")
 

@@ -11,11 +11,10 @@ Reload on SIGHUP or when a YAML file changes; a job removed from YAML stops.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -65,6 +64,7 @@ class CronEngine:
         self.js = js
         self.jobs: tuple[Job, ...] = ()
         self.errors: list[str] = []
+        self.paused_by_operator: frozenset[str] = frozenset()  # applied at the last sync
         self.reload_requested = asyncio.Event()
         self._stamp: tuple[tuple[str, float], ...] = ()
         self._streams: dict[str, str | None] = {}
@@ -98,7 +98,8 @@ class CronEngine:
         for error in self.errors:
             log.error("cron.yaml_error %s", error)
         changed, removed = await self.store.sync(loaded_jobs)
-        self.jobs = loaded_jobs
+        self.paused_by_operator = await self.store.operator_paused()
+        self.jobs = operator_paused(loaded_jobs, self.paused_by_operator)
         self._upcoming, self._prepared = {}, {}  # computed from the jobs as they were
         log.info(
             "cron.synced jobs=%d changed=%d removed=%d errors=%d",
@@ -245,7 +246,7 @@ class CronEngine:
             failed.add(job.name)
             if job.name in delivered:  # up to the last delivered occurrence, not past it
                 last, move = delivered[job.name]
-                moves[job.name] = dataclasses.replace(move, scheduled_for=last)
+                moves[job.name] = replace(move, scheduled_for=last)
             else:
                 moves.pop(job.name, None)
             self._failed(job, result)
@@ -443,6 +444,11 @@ class Prepared:
 
     def frame(self, fired_at: bytes) -> bytes:
         return fired_at.join(self.frame_parts)
+
+
+def operator_paused(jobs: tuple[Job, ...], names: frozenset[str]) -> tuple[Job, ...]:
+    """The jobs with those an operator paused (management API) marked paused."""
+    return tuple(replace(j, paused=True) if j.name in names else j for j in jobs)
 
 
 def envelope(job: Job, occurrence: datetime, now: datetime) -> tuple[bytes, dict[str, str]]:

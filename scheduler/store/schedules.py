@@ -103,3 +103,38 @@ class ScheduleStore:
             )
         if in_office == 0:
             raise FencedError(epoch)
+
+    # -- operator actions (management API) ----------------------------------------------------
+    async def set_paused(self, name: str, who: str | None) -> bool:
+        """Pause a job for `who`, or resume it (`who` None); False when no job has that name."""
+        async with self.db.timed("pause") as conn:
+            done = await conn.fetchval(
+                "UPDATE schedules SET paused_at = CASE WHEN $2::text IS NULL THEN NULL "
+                "ELSE coalesce(paused_at, now()) END, paused_by = $2, updated_at = now() "
+                "WHERE name = $1 RETURNING name",
+                name,
+                who,
+            )
+        return done is not None
+
+    async def operator_paused(self) -> frozenset[str]:
+        """Names of the jobs an operator has paused (on top of `paused` in YAML)."""
+        async with self.db.timed("paused") as conn:
+            rows = await conn.fetch("SELECT name FROM schedules WHERE paused_at IS NOT NULL")
+        return frozenset(r["name"] for r in rows)
+
+    async def log_manual_fire(self, fire: Advance, instance: str) -> None:
+        """A manual trigger's `fire_log` row: not fenced (no cursor moves), marked `manual`."""
+        async with self.db.timed("manual_fire") as conn:
+            await conn.execute(
+                "INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, attempt, "
+                "epoch, instance, stream, stream_seq, manual) SELECT 'cron', $1, $2, $3, $4, 1, "
+                "epoch, $5, $6, $7, true FROM leadership WHERE id = 1",
+                fire.name,
+                fire.subject,
+                fire.scheduled_for,
+                fire.fired_at,
+                instance,
+                fire.stream,
+                fire.stream_seq,
+            )

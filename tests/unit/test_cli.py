@@ -6,7 +6,8 @@ import pytest
 
 from scheduler.cli import OPEN_ISSUES, main
 
-VERBS = ["run", "migrate", "validate", "next", "audit", "export-log", "dlq"]
+VERBS = ["run", "migrate", "validate", "next", "audit", "export-log"]
+VERBS += ["status", "schedules", "delayed", "dlq"]  # the management API's CLI
 
 
 @pytest.mark.parametrize("verb", VERBS)

@@ -9,8 +9,8 @@ again, since the first attempt may still have been stored. The new status gets i
 partial index beside the pending one (empty when created, so the migration takes no time on a
 big table); the loader reads both in firing order.
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-11-25
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0005"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,124 @@
+"""Who is calling: bearer tokens `SCHEDULER_READ_TOKEN` (reads) and `SCHEDULER_ADMIN_TOKEN`
+(writes, and reads too), compared in constant time.
+
+- No token configured at all: reads are open (the API binds to loopback by default); writes are
+  refused with 403 naming `SCHEDULER_ADMIN_TOKEN`.
+- Any token configured: every read needs the read or the admin token (401 otherwise).
+- Writes need the admin token: 403 with the read token, 401 without a known token, 403 naming
+  the variable when no admin token is configured.
+
+Health, readiness, `/v1/leader`, metrics and the API document need no token. `Caller.kind` is
+what write logs record as "who". A later login form (the web console) can resolve a session
+cookie to a `Caller` in `identify` without touching the routes.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from scheduler.api.problems import ApiProblem
+from scheduler.settings import Settings
+
+READ_VAR = "SCHEDULER_READ_TOKEN"
+ADMIN_VAR = "SCHEDULER_ADMIN_TOKEN"
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="mq-scheduler"'}
+# Declares the scheme in the OpenAPI document (the /docs "Authorize" button); the token itself
+# is checked by `identify`, which gives the precise 401/403 answers.
+_BEARER = HTTPBearer(
+    auto_error=False,
+    description=f"{READ_VAR} for reads, {ADMIN_VAR} for reads and writes",
+)
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """An authenticated caller: `admin`, `read`, or `anonymous` (no tokens configured)."""
+
+    kind: str
+    address: str = ""
+
+    @property
+    def who(self) -> str:
+        return f"{self.kind}@{self.address}" if self.address else self.kind
+
+
+def _same(given: str, secret: str) -> bool:
+    return hmac.compare_digest(given.encode(), secret.encode())
+
+
+def identify(request: Request, settings: Settings) -> Caller | None:
+    """The caller a request's bearer token names, or None when it names no configured token."""
+    address = request.client.host if request.client else ""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    admin, read = settings.admin_token, settings.read_token
+    # Both compared every time, so the answer's timing says nothing about which one matched.
+    is_admin = admin is not None and _same(token, admin.get_secret_value())
+    is_read = read is not None and _same(token, read.get_secret_value())
+    if is_admin:
+        return Caller("admin", address)
+    if is_read:
+        return Caller("read", address)
+    return None
+
+
+def _settings(request: Request) -> Settings:
+    return request.app.state.backend.settings  # type: ignore[no-any-return]
+
+
+def reader(request: Request, _: Credentials) -> Caller:
+    """Dependency of every read route."""
+    settings = _settings(request)
+    caller = identify(request, settings)
+    if caller is not None:
+        return caller
+    if settings.admin_token is None and settings.read_token is None:
+        return Caller("anonymous", request.client.host if request.client else "")
+    raise _unauthorized(request, f"{READ_VAR} or {ADMIN_VAR}")
+
+
+def admin(request: Request, _: Credentials) -> Caller:
+    """Dependency of every route that changes state."""
+    settings = _settings(request)
+    if settings.admin_token is None:
+        raise ApiProblem(
+            403,
+            "writes_disabled",
+            f"this call changes state and the daemon has no admin token: set {ADMIN_VAR} on "
+            "the daemon to enable writes, then send it as 'Authorization: Bearer <token>'",
+        )
+    caller = identify(request, settings)
+    if caller is None:
+        raise _unauthorized(request, ADMIN_VAR)
+    if caller.kind != "admin":
+        raise ApiProblem(
+            403,
+            "forbidden",
+            f"this call changes state and needs the admin token ({ADMIN_VAR}); "
+            f"the read token ({READ_VAR}) only reads",
+        )
+    return caller
+
+
+def _unauthorized(request: Request, variable: str) -> ApiProblem:
+    sent = request.headers.get("authorization")
+    problem = "the bearer token is not one this daemon knows" if sent else "no bearer token"
+    return ApiProblem(
+        401,
+        "unauthorized",
+        f"{problem}: send 'Authorization: Bearer <token>' with the value of {variable}",
+        headers=_CHALLENGE,
+    )
+
+
+Reader = Annotated[Caller, Depends(reader)]
+Admin = Annotated[Caller, Depends(admin)]

@@ -1,0 +1,268 @@
+"""The management API's request and response bodies: the handlers validate with these, and the
+OpenAPI document at `/openapi.json` is generated from them (never written by hand)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+
+TASK_ID = r"^[\x21-\x7e]{1,200}$"  # the envelope's id rule: printable ASCII, no spaces
+JOB_NAME = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
+SUBJECT = r"^[\x21-\x7e]{1,255}$"
+WORD = r"^[a-z][a-z0-9_]{0,63}$"
+Stage = Literal["intake", "firing", "replay"]
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
+
+
+def _rfc3339_text(value: Any) -> Any:
+    """Times are RFC 3339 text; pydantic would also take a number as a Unix time."""
+    if isinstance(value, str) and _RFC3339.match(value):
+        return value
+    if isinstance(value, datetime):
+        return value
+    raise ValueError("must be an RFC 3339 date-time with an offset, e.g. 2026-11-22T06:00:00Z")
+
+
+# An aware instant given as RFC 3339 text (query parameters and bodies).
+Instant = Annotated[AwareDatetime, BeforeValidator(_rfc3339_text)]
+
+
+class Body(BaseModel):
+    """A request body: unknown fields are errors, so a typo is reported, never ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- health ------------------------------------------------------------------------------------
+class Health(BaseModel):
+    alive: bool
+
+
+class Readiness(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    ready: bool
+    state: str
+    role: str
+    epoch: int | None
+    instance: str
+    nats: str
+    postgres: str
+    warnings: list[str]
+
+
+class LeaderView(BaseModel):
+    """Who leads as the lease says (nulls while nobody does), and how this instance sees itself."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    instance: str | None
+    epoch: int | None
+    since: str | None
+    self_: dict[str, Any] = Field(alias="self", serialization_alias="self")
+
+
+# -- delayed tasks -----------------------------------------------------------------------------
+class TaskSummary(BaseModel):
+    id: str
+    target: str
+    status: str = Field(description="pending, claimed, fired, cancelled, expired, dead, ...")
+    priority: int
+    due_at: datetime = Field(description="when it fires (moves on retries and reschedules)")
+    scheduled_for: datetime = Field(description="the time the producer (or a replay) asked for")
+    expires_at: datetime | None
+    attempts: int
+    created_at: datetime
+    fired_at: datetime | None
+
+
+class Delivery(BaseModel):
+    scheduled_for: datetime
+    fired_at: datetime
+    attempt: int
+    epoch: int
+    instance: str
+    stream: str | None
+    stream_seq: int | None
+
+
+class TaskDetail(TaskSummary):
+    stream_seq: int | None
+    last_error: str | None
+    claimed_epoch: int | None
+    claimed_at: datetime | None
+    updated_at: datetime
+    headers: dict[str, Any] = Field(description="producer headers delivered with the task")
+    envelope: dict[str, Any] | None = Field(description="the stored envelope, when it is JSON")
+    payload_base64: str | None = Field(description="the stored bytes, when they are not JSON")
+    deliveries: list[Delivery]
+
+
+class TaskPage(BaseModel):
+    items: list[TaskSummary]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page")
+
+
+class Reschedule(Body):
+    delay_until: Instant = Field(description="the new due time, RFC 3339 with an offset")
+
+
+class TaskOutcome(BaseModel):
+    id: str
+    status: str = Field(description="cancelled or rescheduled")
+    due_at: str | None = None
+
+
+# -- cron jobs ---------------------------------------------------------------------------------
+class ScheduleSummary(BaseModel):
+    name: str
+    subject: str
+    cron: str
+    timezone: str
+    description: str
+    active: bool = Field(description="false once the job was removed from YAML")
+    paused: bool = Field(description="paused in YAML or by an operator")
+    paused_in_yaml: bool
+    paused_at: datetime | None = Field(description="when an operator paused it")
+    paused_by: str | None
+    file: str | None
+    line: int | None
+    last_scheduled_for: datetime | None = Field(description="the occurrence last handled")
+    last_fired_at: datetime | None
+    skipped: int
+
+
+class Occurrence(BaseModel):
+    scheduled_for: datetime
+    fire_at: datetime = Field(description="the occurrence plus its fixed jitter")
+
+
+class Fire(BaseModel):
+    scheduled_for: datetime
+    fired_at: datetime
+    lateness_ms: float
+    attempt: int
+    epoch: int
+    instance: str
+    stream: str | None
+    stream_seq: int | None
+    manual: bool
+
+
+class ScheduleDetail(ScheduleSummary):
+    definition: dict[str, Any] = Field(description="the job as synced from YAML")
+    next: list[Occurrence] = Field(description="the next 10 occurrences")
+    fires: list[Fire] = Field(description="the last 20 deliveries, newest first")
+
+
+class SchedulePage(BaseModel):
+    items: list[ScheduleSummary]
+    next_cursor: str | None
+
+
+class ScheduleOutcome(BaseModel):
+    name: str
+    status: str = Field(description="paused or resumed")
+
+
+class TriggerOutcome(BaseModel):
+    name: str
+    status: Literal["triggered"]
+    msg_id: str = Field(description="the delivery's Nats-Msg-Id: <job>@manual-<instant>")
+    subject: str
+    stream: str
+    seq: int
+    fired_at: str
+
+
+# -- dead letters ------------------------------------------------------------------------------
+class DeadLetterSummary(BaseModel):
+    id: uuid.UUID
+    original_id: str
+    subject: str
+    target: str | None
+    reason: str
+    stage: str = Field(description="intake (bad input, never a task) or firing")
+    error: str | None
+    attempts: int
+    first_seen: datetime
+    last_failed: datetime
+    resolved: bool
+    resolved_at: datetime | None
+    resolved_by: str | None
+    replayed_at: datetime | None
+
+
+class DeadLetterDetail(DeadLetterSummary):
+    payload: Any = Field(description="the message as JSON (bytes that are not JSON: base64)")
+    headers: dict[str, Any]
+    raw_base64: str | None
+
+
+class DeadLetterPage(BaseModel):
+    items: list[DeadLetterSummary]
+    next_cursor: str | None
+
+
+class Resolve(Body):
+    resolved: StrictBool = Field(default=True, description="false opens it again")
+
+
+class ReplayOutcome(BaseModel):
+    id: str
+    status: str = Field(description="replayed, or why not: already_replayed, target_refused, ...")
+    task_id: str | None = None
+    via: Literal["firing", "intake"] | None = Field(
+        default=None, description="back to pending (firing) or through the delay lane (intake)"
+    )
+    detail: str | None = None
+
+
+class ReplayBatch(Body):
+    reason: str | None = Field(default=None, pattern=WORD)
+    subject: str | None = Field(default=None, pattern=SUBJECT)
+    stage: Stage | None = None
+    limit: int = Field(default=100, ge=1, le=1000, description="at most this many")
+
+
+class ReplayBatchResult(BaseModel):
+    replayed: int
+    refused: int
+    results: list[ReplayOutcome]
+
+
+# -- statistics --------------------------------------------------------------------------------
+class SubjectCount(BaseModel):
+    subject: str
+    pending: int
+
+
+class Lateness(BaseModel):
+    window_seconds: int
+    samples: int
+    p50: float | None
+    p99: float | None
+
+
+class LeaseHolder(BaseModel):
+    instance: str | None
+    epoch: int | None
+    since: str | None
+
+
+class Stats(BaseModel):
+    at: datetime
+    pending: int
+    pending_by_subject: list[SubjectCount]
+    due: dict[str, int] = Field(description="pending tasks due within 1m, 5m, 15m, 1h")
+    lateness_ms: Lateness
+    dead_letters_unresolved: int
+    leader: LeaseHolder
+    epoch: int
+    epoch_taken_by: str | None
+    epoch_taken_at: datetime | None
+    instance: dict[str, Any] = Field(description="how the answering instance sees itself")

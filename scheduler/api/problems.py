@@ -1,0 +1,182 @@
+"""Errors as RFC 9457 problem details (`application/problem+json`), one shape for every error.
+
+`{"type", "title", "status", "detail", "code", ...}`: `code` is the machine word a script
+branches on (`unauthorized`, `forbidden`, `not_found`, `too_late`, `in_flight`, `validation`,
+...), `detail` says what is wrong and what to do. Validation errors also list every field in
+`errors`. Every route declares the problems it can answer, so the OpenAPI document is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+import asyncpg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from scheduler.errors import RequestError, ServiceUnavailableError
+from scheduler.operations import Outcome
+
+log = logging.getLogger("scheduler.api")
+
+MEDIA_TYPE = "application/problem+json"
+TYPE_BASE = "https://mq-scheduler.dev/problems/"
+# Outcome statuses that are not a conflict: the service could not do it now (retry later).
+UNAVAILABLE = frozenset({"publish_failed"})
+
+
+class FieldProblem(BaseModel):
+    field: str = Field(description="where: `body.delay_until`, `query.limit`, `path.id`")
+    message: str
+
+
+class Problem(BaseModel):
+    """An error (RFC 9457 problem details)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="a URI naming the kind of problem")
+    title: str
+    status: int = Field(description="the HTTP status code")
+    detail: str = Field(description="what is wrong and what to do about it")
+    code: str = Field(description="machine-readable kind: not_found, too_late, in_flight, ...")
+    errors: list[FieldProblem] | None = Field(default=None, description="every invalid field")
+
+
+class ApiProblem(Exception):
+    """Raised by handlers and dependencies; rendered as a problem response."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        detail: str,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail = status, code, detail
+        self.headers = headers or {}
+        self.extra = extra
+
+
+def problem_response(
+    status: int, code: str, detail: str, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    body = {
+        "type": TYPE_BASE + code,
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+        "code": code,
+        **{k: v for k, v in extra.items() if v is not None},
+    }
+    return JSONResponse(body, status_code=status, headers=headers, media_type=MEDIA_TYPE)
+
+
+def from_outcome(outcome: Outcome, what: str) -> ApiProblem:
+    """The problem for an operation that did not succeed: 404, 503 or 409 with its status."""
+    detail = outcome.detail or f"{what} {outcome.id!r}: {outcome.status}"
+    if outcome.status == "not_found":
+        return ApiProblem(404, "not_found", detail, id=outcome.id)
+    status = 503 if outcome.status in UNAVAILABLE else 409
+    return ApiProblem(status, outcome.status, detail, id=outcome.id, **outcome.data)
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the problems a route may answer (401/403/503 come with every route
+    that needs a token, 422 with every route that takes input)."""
+    return {
+        s: {"model": Problem, "content": {MEDIA_TYPE: {}}, "description": _DESCRIBE.get(s, "")}
+        for s in statuses
+    }
+
+
+def links(parameter: str, pointer: str, *operations: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI links from a list's first item to the operations on it (clients and fuzzers
+    follow them)."""
+    return {
+        200: {
+            "links": {
+                op: {"operationId": op, "parameters": {parameter: f"$response.body#{pointer}"}}
+                for op in operations
+            }
+        }
+    }
+
+
+_DESCRIBE = {
+    400: "The request is malformed (body is not JSON, or a cursor was altered).",
+    401: "No bearer token, or one the daemon does not know.",
+    403: "The token may not do this (a read token on a write), or writes are disabled "
+    "because SCHEDULER_ADMIN_TOKEN is not set.",
+    404: "No such object.",
+    409: "The object's state does not allow it; `code` says why (too_late, in_flight, ...).",
+    422: "A parameter or body field is invalid; `errors` lists each one.",
+    503: "The daemon is starting, or PostgreSQL or NATS cannot be reached; retry.",
+}
+
+
+def install(app: FastAPI) -> None:
+    """Render every error of `app` as problem details."""
+
+    @app.exception_handler(ApiProblem)
+    async def _api_problem(_: Request, exc: ApiProblem) -> JSONResponse:
+        return problem_response(exc.status, exc.code, exc.detail, exc.headers, **exc.extra)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
+        status = 400 if exc.code == "bad_cursor" else 422
+        errors = [{"field": exc.field, "message": str(exc)}] if exc.field else None
+        return problem_response(status, exc.code, str(exc), errors=errors)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [_field_problem(e) for e in exc.errors()]
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            detail = "body: not valid JSON (" + errors[0]["message"] + ")"
+            return problem_response(400, "bad_json", detail, errors=errors)
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        return problem_response(422, "validation", detail, errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        headers = dict(exc.headers or {})
+        detail = str(exc.detail)
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed(app, request))
+            detail = f"{request.method} is not supported here; use {headers['Allow']}"
+        elif exc.status_code == 400:
+            code, detail = "bad_body", f"the request body could not be read: {detail}"
+        return problem_response(exc.status_code, code, detail, headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, ServiceUnavailableError | asyncpg.PostgresConnectionError | OSError):
+            log.warning("api.unavailable path=%s error=%r", request.url.path, exc)
+            detail = f"a backing service is unavailable ({exc}); retry shortly"
+            return problem_response(503, "unavailable", detail)
+        log.exception("api.error path=%s", request.url.path)
+        return problem_response(500, "internal", f"unexpected error: {exc!r}; see the daemon log")
+
+
+def _allowed(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route serves at this path (the router's own 405 names one route's)."""
+    path = request.url.path
+    methods: set[str] = set()
+    for route in getattr(app.state, "api_routes", ()):
+        if route.path_regex.match(path):
+            methods |= route.methods
+    return sorted(methods)
+
+
+def _field_problem(error: Any) -> dict[str, str]:
+    loc = [str(part) for part in error.get("loc", ())]
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return {"field": ".".join(loc) or "body", "message": message}

@@ -1,0 +1,93 @@
+"""`/v1/delayed`: find, inspect, cancel and reschedule delayed tasks."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from scheduler.api.auth import Admin, Reader
+from scheduler.api.models import (
+    SUBJECT,
+    TASK_ID,
+    Instant,
+    Reschedule,
+    TaskDetail,
+    TaskOutcome,
+    TaskPage,
+)
+from scheduler.api.problems import ApiProblem, links, responses
+from scheduler.api.routes.common import Cursor, Limit, Ops, done
+from scheduler.store.overview import TaskFilter
+
+router = APIRouter(prefix="/v1/delayed", tags=["delayed tasks"])
+TaskId = Annotated[str, Path(pattern=TASK_ID, description="the envelope id")]
+LIST = responses(400, 401, 403, 422, 503) | links(
+    "task_id", "/items/0/id", "get_task", "cancel_task", "reschedule_task"
+)
+WRITE = responses(401, 403, 404, 409, 422, 503)
+
+
+@router.get("", response_model=TaskPage, responses=LIST)
+async def list_tasks(
+    ops: Ops,
+    _: Reader,
+    subject: Annotated[
+        str | None,
+        Query(pattern=SUBJECT, description="target subject; `mq.tasks.>` matches a prefix"),
+    ] = None,
+    org_id: Annotated[str | None, Query(pattern=r"^[^\x00]{1,200}$")] = None,
+    status: Annotated[
+        str | None, Query(pattern=r"^[a-z_]{1,32}$", description="pending, claimed, fired, ...")
+    ] = None,
+    due_before: Annotated[Instant | None, Query(description="due strictly before")] = None,
+    due_after: Annotated[Instant | None, Query(description="due at or after")] = None,
+    limit: Limit = 50,
+    cursor: Cursor = None,
+) -> Any:
+    """Tasks in firing order (due time, priority, intake order). `status=pending` reads the
+    pending index; `org_id` is read from each stored envelope, so narrow it with other filters."""
+    where = TaskFilter(subject, org_id, status, due_before, due_after)
+    got = await ops.tasks.list(where, cursor, limit)
+    return got.as_dict()
+
+
+@router.get("/{task_id}", response_model=TaskDetail, responses=responses(401, 403, 404, 422, 503))
+async def get_task(task_id: TaskId, ops: Ops, _: Reader) -> Any:
+    """One task: state, envelope, headers and every delivery recorded in the fire log."""
+    task = await ops.tasks.detail(task_id)
+    if task is None:
+        raise ApiProblem(404, "not_found", f"no delayed task with id {task_id!r}", id=task_id)
+    payload = task.pop("payload")
+    try:
+        envelope = json.loads(payload)
+    except ValueError:
+        envelope = None
+    task["envelope"] = envelope if isinstance(envelope, dict) else None
+    encoded = base64.b64encode(payload).decode()
+    task["payload_base64"] = None if task["envelope"] is not None else encoded
+    return task
+
+
+@router.delete(
+    "/{task_id}", response_model=TaskOutcome, response_model_exclude_none=True, responses=WRITE
+)
+async def cancel_task(task_id: TaskId, ops: Ops, caller: Admin) -> Any:
+    """Cancel a pending task. 200 `cancelled` guarantees it is never delivered; 409 when it is
+    already firing or done (`too_late`) or its publish is in doubt (`in_flight`)."""
+    outcome = await ops.tasks.cancel(task_id)
+    return {"id": task_id, **done(caller, "cancel", outcome, "task")}
+
+
+@router.patch(
+    "/{task_id}",
+    response_model=TaskOutcome,
+    response_model_exclude_none=True,
+    responses=WRITE | responses(400),
+)
+async def reschedule_task(task_id: TaskId, body: Reschedule, ops: Ops, caller: Admin) -> Any:
+    """Move a pending task to a new due time (same race rules as cancel)."""
+    outcome = await ops.tasks.reschedule(task_id, body.delay_until)
+    return {"id": task_id, **done(caller, "reschedule", outcome, "task")}

@@ -1,0 +1,80 @@
+"""`/v1/schedules`: cron jobs with their next occurrences and latest fires; pause, resume,
+trigger."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from scheduler.api.auth import Admin, Reader
+from scheduler.api.models import (
+    JOB_NAME,
+    ScheduleDetail,
+    ScheduleOutcome,
+    SchedulePage,
+    TriggerOutcome,
+)
+from scheduler.api.problems import ApiProblem, links, responses
+from scheduler.api.routes.common import Cursor, Limit, Ops, done
+
+router = APIRouter(prefix="/v1/schedules", tags=["cron jobs"])
+Name = Annotated[str, Path(pattern=JOB_NAME, max_length=100, description="the job's name")]
+WRITE = responses(401, 403, 404, 409, 422, 503)
+
+
+LIST = responses(400, 401, 403, 422, 503) | links(
+    "name",
+    "/items/0/name",
+    "get_schedule",
+    "pause_schedule",
+    "resume_schedule",
+    "trigger_schedule",
+)
+
+
+@router.get("", response_model=SchedulePage, responses=LIST)
+async def list_schedules(
+    ops: Ops,
+    _: Reader,
+    active: Annotated[
+        bool | None, Query(description="true: jobs in YAML now (default); false: removed ones")
+    ] = True,
+    limit: Limit = 50,
+    cursor: Cursor = None,
+) -> Any:
+    """Cron jobs by name: spec, source file and line, paused or not, last occurrence."""
+    got = await ops.schedules.list(active, cursor, limit)
+    return got.as_dict()
+
+
+@router.get("/{name}", response_model=ScheduleDetail, responses=responses(401, 403, 404, 422, 503))
+async def get_schedule(name: Name, ops: Ops, _: Reader) -> Any:
+    """A job with its next 10 occurrences (the daemon's own cron code) and last 20 fires."""
+    doc = await ops.schedules.show(name)
+    if doc is None:
+        raise ApiProblem(404, "not_found", f"no cron job named {name!r}", id=name)
+    return doc
+
+
+@router.post("/{name}/pause", response_model=ScheduleOutcome, responses=WRITE)
+async def pause_schedule(name: Name, ops: Ops, caller: Admin) -> Any:
+    """Stop firing the job until resumed (kept across reloads and restarts); occurrences
+    while paused are skipped, not caught up."""
+    outcome = await ops.schedules.pause(name, caller.who)
+    return {"name": name, **done(caller, "pause", outcome, "job")}
+
+
+@router.post("/{name}/resume", response_model=ScheduleOutcome, responses=WRITE)
+async def resume_schedule(name: Name, ops: Ops, caller: Admin) -> Any:
+    """Undo an operator's pause (409 `paused_in_yaml` when YAML itself says paused)."""
+    outcome = await ops.schedules.resume(name)
+    return {"name": name, **done(caller, "resume", outcome, "job")}
+
+
+@router.post("/{name}/trigger", response_model=TriggerOutcome, responses=WRITE)
+async def trigger_schedule(name: Name, ops: Ops, caller: Admin) -> Any:
+    """Fire the job once now with `Nats-Msg-Id` `<job>@manual-<instant>` and a fire-log row;
+    its regular occurrences are unaffected."""
+    outcome = await ops.schedules.trigger(name)
+    return {"name": name, **done(caller, "trigger", outcome, "job")}

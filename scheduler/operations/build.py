@@ -1,0 +1,47 @@
+"""All operations of one daemon, wired to its NATS connection and PostgreSQL pool."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client
+
+from scheduler.clock import Clock
+from scheduler.operations.dead_letters import DeadLetterOperations
+from scheduler.operations.schedules import ScheduleOperations
+from scheduler.operations.stats import StatsOperations
+from scheduler.operations.tasks import TaskOperations
+from scheduler.settings import Settings
+from scheduler.store.dead_letters import DeadLetterStore
+from scheduler.store.overview import OverviewStore
+from scheduler.store.postgres import PostgresStore
+from scheduler.store.schedules import ScheduleStore
+from scheduler.store.tasks import TaskStore
+
+
+@dataclass(frozen=True, slots=True)
+class Operations:
+    tasks: TaskOperations
+    schedules: ScheduleOperations
+    dead_letters: DeadLetterOperations
+    stats: StatsOperations
+
+
+def build_operations(
+    nc: Client,
+    settings: Settings,
+    db: PostgresStore,
+    tasks: TaskStore,
+    clock: Clock,
+    lease: Callable[[], Awaitable[dict[str, Any]]],
+) -> Operations:
+    overview, dead = OverviewStore(db), DeadLetterStore(db)
+    task_ops = TaskOperations(nc, settings, tasks, overview, clock)
+    return Operations(
+        tasks=task_ops,
+        schedules=ScheduleOperations(nc, settings, ScheduleStore(db), overview, clock),
+        dead_letters=DeadLetterOperations(nc, settings, dead, task_ops, clock),
+        stats=StatsOperations(overview, dead, clock, lease),
+    )

@@ -1,0 +1,152 @@
+"""Dead letters for operators: list, show, resolve, replay one, replay a filtered batch.
+
+A replay goes back through the normal path, never around it, and re-checks the target against
+`SCHEDULER_TARGET_ALLOW` as it is configured now:
+
+- **Firing stage** (a task whose publish failed `SCHEDULER_MAX_ATTEMPTS` times): the task goes
+  back to `pending` with the same id, attempts from zero and due now (see
+  `DeadLetterStore.requeue`); the leader claims and publishes it as any other, with
+  `Nats-Msg-Id` = the task id, so the target stream's duplicate window also drops a repeat.
+- **Intake stage** (bad input that never became a task): the stored bytes are validated again as
+  the intake would, and only if they now pass are they published to the delay lane again (with
+  `Nats-Msg-Id` `replay:<dead letter id>`); the intake stores a task id once (`ON CONFLICT DO
+  NOTHING`), and a replay of an id that is already a task is refused.
+
+A dead letter is replayed at most once (`replayed_at`); a replayed task that dies again makes a
+new dead letter.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+
+from scheduler.clock import Clock
+from scheduler.envelope import Limits, parse_envelope
+from scheduler.errors import EnvelopeError, TargetRefusedError
+from scheduler.operations import Outcome
+from scheduler.operations.paging import Page, bad_cursor, decode, from_us, page, us
+from scheduler.operations.tasks import TaskOperations
+from scheduler.settings import Settings
+from scheduler.store.dead_letters import DeadLetterFilter, DeadLetterStore
+from scheduler.subjects import check_target, delay_lane_prefix
+
+log = logging.getLogger("scheduler.operations")
+
+CURSOR = "dead-letters"
+PUBLISH_TIMEOUT = 5.0
+
+
+class DeadLetterOperations:
+    def __init__(
+        self,
+        nc: Client,
+        settings: Settings,
+        store: DeadLetterStore,
+        tasks: TaskOperations,
+        clock: Clock,
+    ) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.store = store
+        self.tasks = tasks
+        self.clock = clock
+
+    async def list(self, where: DeadLetterFilter, cursor: str | None, limit: int) -> Page[dict]:
+        key = decode(CURSOR, cursor, (int, str))
+        after = None
+        if key is not None:
+            after = (from_us(key[0]), _uuid(key[1]))
+        rows = await self.store.list(where, after, limit + 1)
+        return page(rows, limit, lambda r: (us(r["last_failed"]), str(r["id"])), CURSOR)
+
+    async def show(self, dead_id: uuid.UUID) -> dict[str, Any] | None:
+        return await self.store.get(dead_id)
+
+    async def resolve(self, dead_id: uuid.UUID, resolved: bool, who: str) -> dict[str, Any] | None:
+        return await self.store.resolve(dead_id, resolved, who)
+
+    async def replay(self, dead_id: uuid.UUID, who: str) -> Outcome:
+        """Replay one dead letter: `replayed`, or why not (a status and a detail)."""
+        dead = await self.store.get(dead_id)
+        ident = str(dead_id)
+        if dead is None:
+            return Outcome("not_found", ident, f"no dead letter with id {ident}")
+        if dead["replayed_at"] is not None:
+            return Outcome("already_replayed", ident, f"replayed at {dead['replayed_at']}")
+        target = dead["target"] or dead["subject"]
+        try:
+            check_target(target, self.settings.target_allow)
+        except TargetRefusedError as exc:
+            return Outcome("target_refused", ident, f"{exc} (SCHEDULER_TARGET_ALLOW)")
+        if dead["stage"] == "intake":
+            return await self._through_intake(dead, target, who)
+        return await self._requeue(dead, who)
+
+    async def replay_many(self, where: DeadLetterFilter, limit: int, who: str) -> list[Outcome]:
+        """Replay up to `limit` unresolved dead letters matching `where`, newest first."""
+        unresolved = DeadLetterFilter(where.reason, where.subject, where.stage, resolved=False)
+        rows = await self.store.list(unresolved, None, limit)
+        return [await self.replay(row["id"], who) for row in rows]
+
+    async def _requeue(self, dead: dict[str, Any], who: str) -> Outcome:
+        ident, task_id = str(dead["id"]), dead["original_id"]
+        task = await self.tasks.get(task_id)
+        if task is None:  # the task row is gone: its stored bytes go through the intake again
+            return await self._through_intake(dead, dead["target"] or dead["subject"], who)
+        now = self.clock.now()
+        if task["expires_at"] is not None and task["expires_at"] <= now:
+            detail = f"task {task_id}'s ttl ran out at {task['expires_at']}; it would expire"
+            return Outcome("expired", ident, detail)
+        done = await self.store.requeue(dead["id"], task_id, now, who)
+        if done.status != "replayed" or done.ref is None:
+            detail = f"task {task_id} is {done.task_status}" if done.task_status else ""
+            return Outcome(done.status, ident, detail, {"task_id": task_id})
+        await self.tasks.notify_leader(done.ref)
+        return Outcome("replayed", ident, data={"task_id": task_id, "via": "firing"})
+
+    async def _through_intake(self, dead: dict[str, Any], target: str, who: str) -> Outcome:
+        ident, raw = str(dead["id"]), dead["raw"]
+        if raw is None:
+            return Outcome("not_replayable", ident, "the dead letter kept no message bytes")
+        limits = Limits(max_payload=self.nc.max_payload, max_delay=self.settings.max_delay)
+        try:
+            env = parse_envelope(raw, self.clock.now(), limits)
+        except EnvelopeError as exc:
+            return Outcome("still_invalid", ident, f"{exc} (fix the producer and publish again)")
+        existing = await self.tasks.get(env.id)
+        if existing is not None:
+            detail = f"task {env.id} already exists ({existing['status']}); nothing to replay"
+            return Outcome("duplicate", ident, detail, {"task_id": env.id})
+        if not await self.store.mark_replayed(dead["id"], who):
+            return Outcome("already_replayed", ident)
+        subject = delay_lane_prefix(self.settings.intake_subject) + target[len("mq.") :]
+        headers = {k: v for k, v in (dead["headers"] or {}).items() if not _is_nats(k)}
+        # Not the envelope id: the producer's own publish used it, and the lane's duplicate
+        # window would drop the replay. A dead letter is replayed once, so this id is too;
+        # the intake stores a task id once whatever the message id.
+        headers["Nats-Msg-Id"] = f"replay:{ident}"
+        try:
+            await self.nc.jetstream().publish(
+                subject, raw, timeout=PUBLISH_TIMEOUT, headers=headers
+            )
+        except (NatsError, TimeoutError) as exc:
+            await self.store.unmark_replayed(dead["id"])
+            log.warning("dead_letter.replay_failed id=%s error=%r", ident, exc)
+            return Outcome("publish_failed", ident, f"publishing to {subject} failed: {exc!r}")
+        return Outcome("replayed", ident, data={"task_id": env.id, "via": "intake"})
+
+
+def _is_nats(header: str) -> bool:
+    return header.lower().startswith("nats-")
+
+
+def _uuid(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise bad_cursor() from None

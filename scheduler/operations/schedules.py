@@ -1,0 +1,166 @@
+"""Cron jobs for operators: list, show (next occurrences, last fires), pause, resume, trigger.
+
+YAML stays the source of truth for what a job is. An operator's pause is stored beside it in
+PostgreSQL (`schedules.paused_at`/`paused_by`), survives reloads and restarts, and is applied by
+the leader at its next sync: at once through a NATS notice, at the latest within a few seconds
+through the daemon's periodic check. A job paused in YAML can only be resumed by editing YAML.
+
+A manual trigger publishes one occurrence now from whichever instance received it, with its own
+`Nats-Msg-Id` `<job>@manual-<instant>` and a `fire_log` row marked `manual`; it moves no cursor,
+so the regular occurrences go on as planned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from itertools import islice
+from typing import Any
+
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.js.errors import NoStreamResponseError
+
+from scheduler.clock import Clock, to_rfc3339
+from scheduler.cron import occurrences
+from scheduler.engine.misfire import fire_time
+from scheduler.engine.recurring import envelope
+from scheduler.operations import Outcome
+from scheduler.operations.paging import Page, decode, page
+from scheduler.schedules import Job, job_from_definition
+from scheduler.settings import Settings
+from scheduler.store.overview import OverviewStore
+from scheduler.store.schedules import Advance, ScheduleStore
+
+log = logging.getLogger("scheduler.operations")
+
+CURSOR = "schedules"
+NEXT_COUNT = 10
+FIRES_COUNT = 20
+CHANGED_SUBJECT = "scheduler.v1.internal.schedules"
+PUBLISH_TIMEOUT = 5.0
+
+
+class ScheduleOperations:
+    def __init__(
+        self,
+        nc: Client,
+        settings: Settings,
+        store: ScheduleStore,
+        overview: OverviewStore,
+        clock: Clock,
+    ) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.store = store
+        self.overview = overview
+        self.clock = clock
+
+    async def list(self, active: bool | None, cursor: str | None, limit: int) -> Page[dict]:
+        key = decode(CURSOR, cursor, (str,))
+        rows = await self.overview.schedules(active, key[0] if key else None, limit + 1)
+        listed = page(rows, limit, lambda r: (r["name"],), CURSOR)
+        return Page([self._summary(r) for r in listed.items], listed.next_cursor)
+
+    async def show(self, name: str) -> dict[str, Any] | None:
+        """A job's summary plus its next occurrences and latest deliveries with lateness."""
+        row = await self.overview.schedule(name)
+        if row is None:
+            return None
+        doc = self._summary(row)
+        job = _job(row)
+        after = max(self.clock.now(), row["last_scheduled_for"] or self.clock.now())
+        doc["next"] = [
+            {"scheduled_for": at, "fire_at": fire_time(job, at)}
+            for at in islice(occurrences(job.cron, after, job.timezone), NEXT_COUNT)
+        ]
+        doc["fires"] = [_fire(f) for f in await self.overview.fires(name, FIRES_COUNT)]
+        return doc
+
+    async def pause(self, name: str, who: str) -> Outcome:
+        return await self._set_paused(name, who)
+
+    async def resume(self, name: str) -> Outcome:
+        row = await self.overview.schedule(name)
+        if row is not None and row["definition"].get("paused"):
+            where = f"{row['file']}:{row['line']}" if row["file"] else "its YAML file"
+            return Outcome(
+                "paused_in_yaml",
+                name,
+                f"job {name!r} is paused in YAML ({where}); set paused: false there and reload",
+            )
+        return await self._set_paused(name, None)
+
+    async def _set_paused(self, name: str, who: str | None) -> Outcome:
+        if not await self.store.set_paused(name, who):
+            return Outcome("not_found", name, f"no cron job named {name!r}")
+        await self.nc.publish(CHANGED_SUBJECT, name.encode())
+        return Outcome("paused" if who else "resumed", name)
+
+    async def trigger(self, name: str) -> Outcome:
+        """Fire one occurrence of `name` now, once, from this instance."""
+        row = await self.overview.schedule(name)
+        if row is None:
+            return Outcome("not_found", name, f"no cron job named {name!r}")
+        if not row["active"]:
+            return Outcome("removed", name, f"job {name!r} is no longer in the YAML files")
+        job = _job(row)
+        now = self.clock.now()
+        key = f"{job.name}@manual-{to_rfc3339(now)}"
+        body, headers = manual_envelope(job, now, key)
+        try:
+            ack = await self.nc.jetstream().publish(
+                job.subject, body, timeout=PUBLISH_TIMEOUT, headers=headers
+            )
+        except NoStreamResponseError:
+            detail = f"no stream captures {job.subject}: create one, then trigger again"
+            return Outcome("no_stream", name, detail)
+        except (NatsError, TimeoutError) as exc:
+            detail = f"publishing to {job.subject} failed: {exc!r}"
+            log.warning("schedule.trigger_failed job=%s error=%r", name, exc)
+            return Outcome("publish_failed", name, detail)
+        fired = Advance(job.name, job.subject, now, self.clock.now(), ack.stream, ack.seq)
+        await self.store.log_manual_fire(fired, self.settings.instance_id)
+        data = {"msg_id": key, "subject": job.subject, "stream": ack.stream, "seq": ack.seq}
+        return Outcome("triggered", name, data={**data, "fired_at": to_rfc3339(now)})
+
+    def _summary(self, row: dict[str, Any]) -> dict[str, Any]:
+        definition = row["definition"]
+        in_yaml = bool(definition.get("paused"))
+        return {
+            "name": row["name"],
+            "subject": definition["subject"],
+            "cron": definition["cron"],
+            "timezone": definition["timezone"],
+            "description": definition.get("description", ""),
+            "active": row["active"],
+            "paused": in_yaml or row["paused_at"] is not None,
+            "paused_in_yaml": in_yaml,
+            "paused_at": row["paused_at"],
+            "paused_by": row["paused_by"],
+            "file": row["file"],
+            "line": row["line"],
+            "last_scheduled_for": row["last_scheduled_for"],
+            "last_fired_at": row["last_fired_at"],
+            "skipped": row["skipped"] or 0,
+            "definition": definition,
+        }
+
+
+def manual_envelope(job: Job, now: datetime, key: str) -> tuple[bytes, dict[str, str]]:
+    """The cron envelope of an occurrence at `now`, under the manual id `key`."""
+    body, headers = envelope(job, now, now)
+    doc = json.loads(body)
+    doc["id"] = key
+    headers = {**headers, "Nats-Msg-Id": key, "Mq-Manual": "true"}
+    return json.dumps(doc, separators=(",", ":")).encode(), headers
+
+
+def _job(row: dict[str, Any]) -> Job:
+    return job_from_definition(row["definition"], row["file"] or "", row["line"] or 0)
+
+
+def _fire(row: dict[str, Any]) -> dict[str, Any]:
+    late = (row["fired_at"] - row["scheduled_for"]).total_seconds() * 1000
+    return {**row, "lateness_ms": round(late, 3)}

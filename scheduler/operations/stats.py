@@ -1,0 +1,182 @@
+"""Statistics for operators and the gauges only PostgreSQL and NATS can answer.
+
+`StatsOperations.stats()` is `GET /v1/stats`: pending tasks by subject, what falls due in the
+next minutes, recent lateness, unresolved dead letters and leadership, all read from PostgreSQL
+so a standby answers too.
+
+`Refresher` runs in every daemon; while it leads it refreshes, every `SCHEDULER_FORECAST_INTERVAL`,
+the forecast `mq_scheduler_due_tasks{subject, within}` (one range read of the pending index,
+the top `SCHEDULER_FORECAST_TOP` subjects plus `other`, so the label count stays bounded),
+`mq_scheduler_dead_letters_unresolved` and `mq_scheduler_intake_backlog`; a standby exports
+none of them, so summing across instances counts once. When one round of queries takes long
+(a huge window of due tasks) the next waits ten times as long, keeping PostgreSQL's share small.
+It also applies operator pauses: when the set of paused jobs in PostgreSQL differs from the one
+the cron engine applied, the engine reloads (at once on a NATS notice, else within an interval).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from scheduler.aio import first_of
+from scheduler.clock import Clock
+from scheduler.engine.recurring import CronEngine
+from scheduler.metrics import Metrics
+from scheduler.operations.schedules import CHANGED_SUBJECT
+from scheduler.settings import Settings
+from scheduler.store.dead_letters import DeadLetterStore
+from scheduler.store.overview import WINDOWS, OverviewStore
+from scheduler.store.schedules import ScheduleStore
+
+log = logging.getLogger("scheduler.stats")
+
+OTHER = "other"
+LATENESS_WINDOW = timedelta(minutes=5)
+SLOW_FACTOR = 10.0
+
+
+def top_subjects(forecast: dict[str, list[int]], top: int) -> dict[str, list[int]]:
+    """The `top` subjects with most tasks due in the widest window, the rest summed as `other`.
+
+    Ties go by name, so the chosen set is stable between refreshes. `other` is present (zeros
+    included) whenever any subject was folded into it."""
+    ranked = sorted(forecast.items(), key=lambda item: (-item[1][-1], item[0]))
+    shown = dict(ranked[:top])
+    rest = ranked[top:]
+    if rest:
+        shown[OTHER] = [sum(counts[i] for _, counts in rest) for i in range(len(WINDOWS))]
+    return shown
+
+
+class StatsOperations:
+    def __init__(
+        self,
+        overview: OverviewStore,
+        dead_letters: DeadLetterStore,
+        clock: Clock,
+        lease: Callable[[], Awaitable[dict[str, Any]]],
+    ) -> None:
+        self.overview = overview
+        self.dead_letters = dead_letters
+        self.clock = clock
+        self.lease = lease
+
+    async def stats(self, top: int) -> dict[str, Any]:
+        now = self.clock.now()
+        pending, by_subject = await self.overview.pending_by_subject(top)
+        due = await self.overview.forecast(now)
+        samples, p50, p99 = await self.overview.lateness(now - LATENESS_WINDOW)
+        leadership = await self.overview.leadership()
+        lease = await self.lease()
+        others = pending - sum(n for _, n in by_subject)
+        subjects = [{"subject": s, "pending": n} for s, n in by_subject]
+        if others:
+            subjects.append({"subject": OTHER, "pending": others})
+        return {
+            "at": now,
+            "pending": pending,
+            "pending_by_subject": subjects,
+            "due": {label: sum(c[i] for c in due.values()) for i, (label, _) in enumerate(WINDOWS)},
+            "lateness_ms": {"window_seconds": 300, "samples": samples, "p50": p50, "p99": p99},
+            "dead_letters_unresolved": await self.dead_letters.unresolved(),
+            "leader": {
+                "instance": lease.get("instance"),
+                "epoch": lease.get("epoch"),
+                "since": lease.get("since"),
+            },
+            "epoch": leadership["epoch"],
+            "epoch_taken_by": leadership["instance"],
+            "epoch_taken_at": leadership["since"],
+            "instance": lease.get("self", {}),
+        }
+
+
+class Refresher:
+    """The leader's periodic gauges and the application of operator pauses (see module doc)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        overview: OverviewStore,
+        dead_letters: DeadLetterStore,
+        schedules: ScheduleStore,
+        metrics: Metrics,
+        clock: Clock,
+        leads: Callable[[], bool],
+        backlog: Callable[[], Awaitable[int | None]],
+        cron: CronEngine | None = None,
+    ) -> None:
+        self.settings = settings
+        self.overview = overview
+        self.dead_letters = dead_letters
+        self.schedules = schedules
+        self.metrics = metrics
+        self.clock = clock
+        self.leads = leads
+        self.backlog = backlog
+        self.cron = cron
+        self.poke = asyncio.Event()
+        self._exported = False
+
+    async def run(self, nc: Client, stop: asyncio.Event) -> None:
+        """Refresh until `stop`; a schedules notice over NATS triggers a round at once."""
+        sub = await nc.subscribe(CHANGED_SUBJECT, cb=self._on_notice)
+        try:
+            while not stop.is_set():
+                started = self.clock.monotonic()
+                try:
+                    await self.refresh()
+                except Exception as exc:  # PostgreSQL or NATS away: keep the last values, retry
+                    log.warning("stats.refresh_failed error=%r", exc)
+                took = self.clock.monotonic() - started
+                wait = max(self.settings.forecast_interval.total_seconds(), SLOW_FACTOR * took)
+                self.poke.clear()
+                await first_of(self.poke.wait(), stop.wait(), asyncio.sleep(wait))
+        finally:
+            await sub.unsubscribe()
+
+    async def _on_notice(self, _: Msg) -> None:
+        self.poke.set()
+
+    async def refresh(self) -> None:
+        """One round: the gauges and operator pauses while leading; clear them otherwise."""
+        if not self.leads():
+            self.clear()
+            return
+        forecast = top_subjects(
+            await self.overview.forecast(self.clock.now()), self.settings.forecast_top
+        )
+        unresolved = await self.dead_letters.unresolved()
+        backlog = await self.backlog()
+        gauge = self.metrics.due_tasks
+        gauge.clear()  # no await until every value is set again: a scrape sees all or none
+        for subject, counts in forecast.items():
+            for (label, _), count in zip(WINDOWS, counts, strict=True):
+                gauge.labels(subject, label).set(count)
+        self.metrics.dead_letters_unresolved.set(unresolved)
+        if backlog is not None:
+            self.metrics.intake_backlog.set(backlog)
+        self._exported = True
+        await self.apply_pauses()
+
+    async def apply_pauses(self) -> None:
+        if self.cron is None:
+            return
+        paused = await self.schedules.operator_paused()
+        if paused != self.cron.paused_by_operator:
+            log.info("cron.operator_pauses_changed paused=%s", ",".join(sorted(paused)) or "-")
+            self.cron.request_reload()
+
+    def clear(self) -> None:
+        if self._exported:
+            self.metrics.due_tasks.clear()
+            self.metrics.dead_letters_unresolved.set(0)
+            self.metrics.intake_backlog.set(0)
+            self._exported = False

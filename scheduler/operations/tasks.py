@@ -1,0 +1,130 @@
+"""Delayed tasks: look up, list, cancel and reschedule (NATS service and HTTP API alike).
+
+Cancel and reschedule are single statements on the task's row that succeed only while it is
+`pending`: the leader claims a task (status `claimed`) before publishing it, so a `cancelled`
+answer that committed first guarantees no delivery, and one that comes after answers `too_late`
+(or whatever the store says the task is now). A reschedule also tells the leader over NATS so
+its in-memory heap moves the task at once; a lost notice is caught by the leader's sweep.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from nats.aio.client import Client
+
+from scheduler.clock import Clock, to_rfc3339
+from scheduler.engine.delayed import RESCHEDULED_SUBJECT
+from scheduler.engine.heap import TaskRef
+from scheduler.errors import RequestError
+from scheduler.operations import Outcome
+from scheduler.operations.paging import Page, decode, from_us, page, us
+from scheduler.settings import Settings
+from scheduler.store.overview import OverviewStore, TaskFilter
+from scheduler.store.tasks import TaskStore
+
+CURSOR = "delayed"
+
+
+def parse_due(raw: Any) -> datetime:
+    """A new due time as sent over the NATS service: an ISO 8601 string with an offset."""
+    if not isinstance(raw, str):
+        raise RequestError(
+            "bad_request", "delay_until: must be an ISO 8601 string with an offset", "delay_until"
+        )
+    try:
+        due = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise RequestError(
+            "bad_request", f"delay_until: {raw!r} is not ISO 8601", "delay_until"
+        ) from None
+    if due.tzinfo is None:
+        raise RequestError(
+            "bad_request", "delay_until: must carry a UTC offset or Z", "delay_until"
+        )
+    return due
+
+
+class TaskOperations:
+    def __init__(
+        self,
+        nc: Client,
+        settings: Settings,
+        tasks: TaskStore,
+        overview: OverviewStore,
+        clock: Clock,
+    ) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.tasks = tasks
+        self.overview = overview
+        self.clock = clock
+
+    async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
+        """A task's state (no payload), only if it targets `target` when one is given."""
+        return await self.tasks.get(task_id, target)
+
+    async def detail(self, task_id: str) -> dict[str, Any] | None:
+        """A task with its envelope, headers and deliveries."""
+        return await self.overview.task(task_id)
+
+    async def list(self, where: TaskFilter, cursor: str | None, limit: int) -> Page[dict]:
+        key = decode(CURSOR, cursor, (int, int, int))
+        after = None
+        if key is not None:
+            after = (from_us(key[0]), key[1], key[2])
+        rows = await self.overview.tasks(where, after, limit + 1)
+        return page(rows, limit, lambda r: (us(r["due_at"]), r["priority"], r["seq"]), CURSOR)
+
+    async def cancel(self, task_id: str, target: str | None = None) -> Outcome:
+        """`cancelled` (no delivery will happen), `too_late`, `not_found`, or the store's word."""
+        target = target or await self._target_of(task_id)
+        if target is None:
+            return Outcome("not_found", task_id, f"no delayed task with id {task_id!r}")
+        status = await self.tasks.cancel(task_id, target)
+        return Outcome(status, task_id, _explain(status, task_id))
+
+    async def reschedule(self, task_id: str, due: datetime, target: str | None = None) -> Outcome:
+        """Move a pending task to `due`: `rescheduled`, `too_late`, `not_found`, or the store's."""
+        self.check_due(due)
+        target = target or await self._target_of(task_id)
+        if target is None:
+            return Outcome("not_found", task_id, f"no delayed task with id {task_id!r}")
+        status, ref = await self.tasks.reschedule(task_id, target, due)
+        if ref is None:
+            return Outcome(status, task_id, _explain(status, task_id))
+        await self.notify_leader(ref)
+        return Outcome(status, task_id, data={"due_at": to_rfc3339(due)})
+
+    def check_due(self, due: datetime) -> None:
+        if due - self.clock.now() > self.settings.max_delay:
+            raise RequestError(
+                "too_far",
+                f"delay_until: more than {self.settings.max_delay.days} days ahead "
+                "(SCHEDULER_MAX_DELAY)",
+                "delay_until",
+            )
+
+    async def notify_leader(self, ref: TaskRef) -> None:
+        """Offer a task to the leader's heap at once (whichever instance leads)."""
+        notice = {"id": ref.task_id, "due_ms": ref.due_ms, "priority": ref.priority, "seq": ref.seq}
+        await self.nc.publish(RESCHEDULED_SUBJECT, json.dumps(notice).encode())
+
+    async def _target_of(self, task_id: str) -> str | None:
+        task = await self.tasks.get(task_id)
+        return None if task is None else str(task["target"])
+
+
+_WHY = {
+    "too_late": "the task is already firing or done; nothing was changed",
+    "in_flight": "the task's publish is in flight (its acknowledgement is in doubt); "
+    "it may or may not be delivered, so nothing was changed",
+}
+
+
+def _explain(status: str, task_id: str) -> str:
+    if status == "not_found":
+        return f"no delayed task with id {task_id!r}"
+    return _WHY.get(status, "")

@@ -1,0 +1,192 @@
+"""Read-side queries of the management API: task and schedule listings, statistics, forecast.
+
+Everything here only reads, so any instance (a standby too) answers from PostgreSQL. Listings
+page by keyset (the last row's sort key), never by offset, so a page costs the same at any depth.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from scheduler.store.dead_letters import subject_clause
+from scheduler.store.postgres import PostgresStore
+
+_TASK_SUMMARY = (
+    "id, target, status, priority, due_at, scheduled_for, expires_at, attempts, created_at, "
+    "fired_at, seq"
+)
+_TASK_DETAIL = (
+    _TASK_SUMMARY + ", stream_seq, last_error, claimed_epoch, claimed_at, updated_at, "
+    "headers::text AS headers, payload"
+)
+_SCHEDULE = (
+    "s.name, s.definition::text AS definition, s.file, s.line, s.active, s.paused_at, "
+    "s.paused_by, s.updated_at, st.last_scheduled_for, st.last_fired_at, st.skipped"
+)
+
+# The forecast windows: label -> how far ahead. The widest bounds the index range read.
+WINDOWS: tuple[tuple[str, timedelta], ...] = (
+    ("1m", timedelta(minutes=1)),
+    ("5m", timedelta(minutes=5)),
+    ("15m", timedelta(minutes=15)),
+    ("1h", timedelta(hours=1)),
+)
+
+# One range read of the pending index (status = 'pending', due_at <= now + widest window),
+# counted per subject and window; tasks already overdue count in every window.
+FORECAST_SQL = (
+    "SELECT target, "
+    + ", ".join(
+        f"count(*) FILTER (WHERE due_at <= $1::timestamptz + ${i + 2}::interval) AS w{i}"
+        for i in range(len(WINDOWS))
+    )
+    + " FROM delayed_messages WHERE status = 'pending' "
+    f"AND due_at <= $1::timestamptz + ${len(WINDOWS) + 1}::interval GROUP BY target"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    """Which delayed tasks to list; None means any."""
+
+    subject: str | None = None
+    org_id: str | None = None
+    status: str | None = None
+    due_before: datetime | None = None
+    due_after: datetime | None = None
+
+
+class OverviewStore:
+    def __init__(self, db: PostgresStore) -> None:
+        self.db = db
+
+    # -- delayed tasks ------------------------------------------------------------------------
+    async def tasks(
+        self, where: TaskFilter, after: tuple[datetime, int, int] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """Tasks in firing order (due, priority, intake order) after the keyset `after`.
+
+        With `status=pending` this reads the pending index in order; `org_id` is read from each
+        candidate's stored envelope, so combine it with a subject, status or due window."""
+        async with self.db.timed("tasks_list") as conn:
+            rows = await conn.fetch(
+                f"SELECT {_TASK_SUMMARY} FROM delayed_messages WHERE "
+                f"($1::text IS NULL OR {subject_clause('target', '$1')}) "
+                "AND ($2::text IS NULL OR status = $2) "
+                "AND ($3::timestamptz IS NULL OR due_at < $3) "
+                "AND ($4::timestamptz IS NULL OR due_at >= $4) "
+                "AND ($5::text IS NULL OR scheduler_payload_field(payload, 'org_id') = $5) "
+                "AND ($6::timestamptz IS NULL OR (due_at, priority, seq) > ($6, $7, $8)) "
+                "ORDER BY due_at, priority, seq LIMIT $9",
+                where.subject,
+                where.status,
+                where.due_before,
+                where.due_after,
+                where.org_id,
+                after[0] if after else None,
+                after[1] if after else 0,
+                after[2] if after else 0,
+                limit,
+            )
+        return [dict(r) for r in rows]
+
+    async def task(self, task_id: str) -> dict[str, Any] | None:
+        """One task with its envelope bytes, headers and every delivery in the fire log."""
+        async with self.db.timed("task_detail") as conn:
+            row = await conn.fetchrow(
+                f"SELECT {_TASK_DETAIL} FROM delayed_messages WHERE id = $1", task_id
+            )
+            if row is None:
+                return None
+            fires = await conn.fetch(
+                "SELECT scheduled_for, fired_at, attempt, epoch, instance, stream, stream_seq "
+                "FROM fire_log WHERE kind = 'delayed' AND key = $1 ORDER BY scheduled_for, "
+                "fired_at LIMIT 100",
+                task_id,
+            )
+        doc = dict(row)
+        doc["headers"] = json.loads(doc["headers"])
+        doc["payload"] = bytes(doc["payload"])
+        doc["deliveries"] = [dict(f) for f in fires]
+        return doc
+
+    # -- cron jobs ------------------------------------------------------------------------------
+    async def schedules(
+        self, active: bool | None, after: str | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """Cron jobs by name after `after`, with their cursors and operator pauses."""
+        async with self.db.timed("schedules_list") as conn:
+            rows = await conn.fetch(
+                f"SELECT {_SCHEDULE} FROM schedules s LEFT JOIN schedule_state st "
+                "ON st.name = s.name WHERE ($1::boolean IS NULL OR s.active = $1) "
+                "AND ($2::text IS NULL OR s.name > $2) ORDER BY s.name LIMIT $3",
+                active,
+                after,
+                limit,
+            )
+        return [_schedule(r) for r in rows]
+
+    async def schedule(self, name: str) -> dict[str, Any] | None:
+        async with self.db.timed("schedule_get") as conn:
+            row = await conn.fetchrow(
+                f"SELECT {_SCHEDULE} FROM schedules s LEFT JOIN schedule_state st "
+                "ON st.name = s.name WHERE s.name = $1",
+                name,
+            )
+        return None if row is None else _schedule(row)
+
+    async def fires(self, name: str, limit: int) -> list[dict[str, Any]]:
+        """A cron job's latest deliveries, newest first (the fire log's key index)."""
+        async with self.db.timed("schedule_fires") as conn:
+            rows = await conn.fetch(
+                "SELECT scheduled_for, fired_at, attempt, epoch, instance, stream, stream_seq, "
+                "manual FROM fire_log WHERE kind = 'cron' AND key = $1 "
+                "ORDER BY scheduled_for DESC, fired_at DESC LIMIT $2",
+                name,
+                limit,
+            )
+        return [dict(r) for r in rows]
+
+    # -- statistics -----------------------------------------------------------------------------
+    async def forecast(self, now: datetime) -> dict[str, list[int]]:
+        """Pending tasks per subject due by now + each of `WINDOWS` (in that order)."""
+        async with self.db.timed("forecast") as conn:
+            rows = await conn.fetch(FORECAST_SQL, now, *(span for _, span in WINDOWS))
+        return {r["target"]: [int(r[f"w{i}"]) for i in range(len(WINDOWS))] for r in rows}
+
+    async def pending_by_subject(self, top: int) -> tuple[int, list[tuple[str, int]]]:
+        """All pending tasks, and the `top` subjects holding most of them."""
+        async with self.db.timed("pending_by_subject") as conn:
+            rows = await conn.fetch(
+                "SELECT target, count(*) AS n FROM delayed_messages WHERE status = 'pending' "
+                "GROUP BY target ORDER BY n DESC, target"
+            )
+        total = sum(int(r["n"]) for r in rows)
+        return total, [(r["target"], int(r["n"])) for r in rows[:top]]
+
+    async def lateness(self, since: datetime) -> tuple[int, float | None, float | None]:
+        """Deliveries since `since` and their lateness p50 and p99 in milliseconds."""
+        async with self.db.timed("lateness") as conn:
+            row = await conn.fetchrow(
+                "SELECT count(*) AS n, percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY "
+                "greatest(extract(epoch FROM fired_at - scheduled_for), 0) * 1000) AS q "
+                "FROM fire_log WHERE fired_at >= $1 AND NOT manual",
+                since,
+            )
+        quantiles = row["q"] or [None, None]
+        return int(row["n"]), quantiles[0], quantiles[1]
+
+    async def leadership(self) -> dict[str, Any]:
+        """The fencing epoch and who took it last (PostgreSQL's view, any instance reads it)."""
+        async with self.db.timed("leadership") as conn:
+            row = await conn.fetchrow("SELECT epoch, instance, since FROM leadership WHERE id = 1")
+        return dict(row) if row else {"epoch": 0, "instance": None, "since": None}
+
+
+def _schedule(row: Any) -> dict[str, Any]:
+    doc = dict(row)
+    doc["definition"] = json.loads(doc["definition"])
+    return doc
