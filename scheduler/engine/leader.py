@@ -159,10 +159,6 @@ class Leadership:
     async def _hold(self, stop: asyncio.Event) -> None:
         await first_of(self._clock.sleep(self._renew_every), stop.wait(), self._lost.wait())
         if not stop.is_set() and self._in_office():
-            if not self._clock_ok():  # the clock left the bound: hand office over
-                self._lose("clock_skew")
-                await self._release()
-                return
             await self._renew()
 
     async def _stand(self, stop: asyncio.Event) -> None:
@@ -290,8 +286,11 @@ class Leadership:
             self._log.info("leader.released instance=%s revision=%d", self.instance, revision)
 
     def _in_office(self) -> bool:
-        if self._epoch is not None and self._clock.monotonic() >= self._deadline:
-            self._lose("deadline")
+        if self._epoch is not None:
+            if self._clock.monotonic() >= self._deadline:
+                self._lose("deadline")
+            elif not self._clock_ok():  # would fire early or late: stop acting at once
+                self._lose("clock_skew")
         return self._epoch is not None
 
     def _lose(self, reason: str, error: BaseException | None = None) -> None:

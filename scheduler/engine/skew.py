@@ -7,6 +7,11 @@ uncertainty and is given the benefit of the doubt. Beyond `SCHEDULER_MAX_CLOCK_S
 instance refuses office (a leader steps down, a standby stops campaigning) until the clock is
 back within the bound, and says so: a log line `clock.skew_exceeded`, a warning in `/readyz`,
 and the gauges `mq_scheduler_clock_skew_seconds` / `mq_scheduler_clock_skew_exceeded`.
+
+Between two measurements a step of the wall clock (an NTP step, a VM resumed) is caught at
+once, without asking PostgreSQL: the wall clock minus the monotonic clock moves by the step.
+Beyond the bound the verdict is withheld (`ok()` is false, so a leader stops acting on the
+spot) until a fresh measurement, taken right away, says where the clock now stands.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 
 import asyncpg
 
+from scheduler.aio import first_of
 from scheduler.clock import Clock
 from scheduler.metrics import Metrics
 
@@ -34,10 +40,26 @@ class ClockCheck:
         self.metrics = metrics
         self.skew: float | None = None  # local minus PostgreSQL, seconds, last measured
         self._exceeded = False
+        self._anchor: float | None = None  # wall minus monotonic clock at the last measurement
+        self._stepped = False
+        self._wake = asyncio.Event()  # measure now (a step was seen)
 
     def ok(self) -> bool:
-        """False while the last measurement was beyond the bound."""
-        return not self._exceeded
+        """False while the last measurement was beyond the bound, or while the wall clock has
+        stepped by more than the bound since then (until measured again, at once)."""
+        if self.bound <= 0 or self._anchor is None:
+            return not self._exceeded
+        drift = self._offset() - self._anchor
+        if abs(drift) > self.bound and not self._stepped:
+            self._stepped = True
+            log.warning(
+                "clock.stepped drift_ms=%+.0f: not acting until measured again", drift * 1e3
+            )
+            self._wake.set()
+        return not (self._exceeded or self._stepped)
+
+    def _offset(self) -> float:
+        return self.clock.now().timestamp() - self.clock.monotonic()
 
     @property
     def warning(self) -> str | None:
@@ -65,6 +87,7 @@ class ClockCheck:
             return self.ok()
         half_trip = (back - sent).total_seconds() / 2
         self.skew = (sent - theirs).total_seconds() + half_trip
+        self._anchor, self._stepped = self._offset(), False
         self.metrics.clock_skew.set(self.skew)
         self._judge(max(0.0, abs(self.skew) - half_trip))
         return self.ok()
@@ -86,8 +109,6 @@ class ClockCheck:
     async def run(self, stop: asyncio.Event) -> None:
         """Measure every `CHECK_EVERY` seconds until `stop` is set."""
         while not stop.is_set():
+            self._wake.clear()
             await self.measure()
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=CHECK_EVERY)
-            except TimeoutError:
-                pass
+            await first_of(self._wake.wait(), stop.wait(), asyncio.sleep(CHECK_EVERY))
