@@ -29,6 +29,7 @@ from scheduler.engine.delayed import DelayedEngine
 from scheduler.engine.leader import Leadership
 from scheduler.engine.office import Office
 from scheduler.engine.recurring import CronEngine
+from scheduler.engine.skew import ClockCheck
 from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
 from scheduler.operations.build import Operations, build_operations
@@ -85,6 +86,7 @@ class Daemon:
         self.tasks: TaskStore | None = None
         self.office: Office | None = None
         self.leadership: Leadership | None = None
+        self.clock_check: ClockCheck | None = None
         self.state_kv: Any = None
         self.engine: DelayedEngine | None = None
         self.cron: CronEngine | None = None
@@ -131,6 +133,8 @@ class Daemon:
                     tg.create_task(self._lag_probe(), name="loop-lag")
                     assert self.refresher is not None and self.bus.nc is not None
                     tg.create_task(self.refresher.run(self.bus.nc, self._stop), name="refresher")
+                    assert self.clock_check is not None
+                    tg.create_task(self.clock_check.run(self._done_leading), name="clock-check")
                     tg.create_task(self._stop.wait(), name="stop-signal")
                 self.state = RunState.STOPPING
                 log.info("daemon.stopping")
@@ -181,7 +185,19 @@ class Daemon:
         service = SchedulerService(self.bus.nc, s, self.operations.tasks, self.clock, self.stats)
         await service.start()
         stack.push_async_callback(service.stop)
-        self.leadership = Leadership(leader_kv, self.store.pool, s, self.clock, self.metrics)
+        self.clock_check = ClockCheck(
+            self.store.pool, self.clock, s.max_clock_skew.total_seconds(), self.metrics
+        )
+        await self.clock_check.measure()
+        self.leadership = Leadership(
+            leader_kv,
+            self.store.pool,
+            s,
+            self.clock,
+            self.metrics,
+            clock_ok=self.clock_check.ok,
+            clock_check=self.clock_check.measure,
+        )
         self.office = self.leadership
         self.metrics.is_leader.set(0)
         self.cron = CronEngine(
@@ -486,6 +502,7 @@ class Daemon:
             "nats": "closed" if self._nats_closed() else nats,
             "postgres": "migrated" if self.migrated else "pending",
             "warnings": list(self.warnings)
+            + ([w] if self.clock_check and (w := self.clock_check.warning) else [])
             + (self.cron.errors if self.cron else [])
             + (list(self.engine.warnings.values()) if self.engine else []),
         }

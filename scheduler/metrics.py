@@ -114,6 +114,31 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.cron_failures = Counter(
+            _P + "cron_publish_failures_total",
+            "Cron publishes that failed; the job then backs off (doubling, capped, jittered).",
+            registry=r,
+        )
+        self.cron_backing_off = Gauge(
+            _P + "cron_jobs_backing_off",
+            "Cron jobs waiting out a backoff after their target failed.",
+            registry=r,
+        )
+        self.publish_in_doubt = Counter(
+            _P + "publish_in_doubt_total",
+            "Deliveries sent but never acknowledged: in doubt until republished (same id).",
+            registry=r,
+        )
+        self.clock_skew = Gauge(
+            _P + "clock_skew_seconds",
+            "This host's wall clock minus PostgreSQL's, last measured.",
+            registry=r,
+        )
+        self.clock_skew_exceeded = Gauge(
+            _P + "clock_skew_exceeded",
+            "1 while the clock skew is beyond SCHEDULER_MAX_CLOCK_SKEW (office refused).",
+            registry=r,
+        )
 
         # -- operations surface (forecast and backlog gauges, refreshed by the leader) --------
         self.due_tasks = Gauge(

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    ByteSize,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -42,6 +49,7 @@ _DURATION_FIELDS = (
     "shutdown_grace",
     "dlq_max_age",
     "intake_duplicate_window",
+    "max_clock_skew",
     "startup_timeout",
     "forecast_interval",
 )
@@ -86,6 +94,9 @@ class Settings(BaseSettings):
     campaign_interval: Duration = timedelta(seconds=0.5)
     fence_margin: Duration | None = None
     fire_log_retention: int = Field(default=14, ge=1)
+    armed_max: int = Field(default=20_000, ge=1)
+    armed_max_bytes: ByteSize = 64 * 1024 * 1024
+    max_clock_skew: Duration = timedelta(milliseconds=100)
     max_delay: Duration = timedelta(days=400)
     dlq_stream: str = "MQ_DLQ"
     dlq_subject_prefix: str = "mq.dlq"

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from scheduler.clock import Clock
 from scheduler.daemon import Daemon
 from scheduler.settings import Settings
 
@@ -20,14 +21,15 @@ async def wait_until(predicate: Callable[[], bool], within: float = 3.0) -> None
 class DaemonRunner:
     """Starts a Daemon in this event loop (waiting until it runs) and stops it, bounded."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         self.settings = settings
+        self.clock = clock
         self.daemon: Daemon | None = None
         self.task: asyncio.Task[None] | None = None
 
     async def start(self, **overrides: Any) -> Daemon:
         settings = self.settings.with_overrides(**overrides) if overrides else self.settings
-        self.daemon = Daemon(settings)
+        self.daemon = Daemon(settings, clock=self.clock)
         self.task = asyncio.create_task(self.daemon.run())
         async with asyncio.timeout(20):
             while not self.daemon.started.is_set():

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -59,6 +59,9 @@ class NatsBus:
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
         self.connected = asyncio.Event()
+        # called with False when the link drops (before nats-py reconnects and flushes what it
+        # buffered) and True once it is back; the engine holds and revalidates its publishes
+        self.link_listeners: list[Callable[[bool], None]] = []
         self._connect_error: BaseException | None = None
         self._backoff: Backoff | None = None  # of the first connect, while it runs
         self._warned = False  # the first failure to connect was logged
@@ -214,6 +217,11 @@ class NatsBus:
     def _set_connected(self, up: bool) -> None:
         self.metrics.connected.labels("nats").set(1 if up else 0)
         (self.connected.set if up else self.connected.clear)()
+        for listener in list(self.link_listeners):
+            try:
+                listener(up)
+            except Exception:  # a listener must not break nats-py's reconnect sequence
+                log.exception("nats.link_listener_failed")
 
     @property
     def is_connected(self) -> bool:

@@ -9,6 +9,15 @@ target stream's duplicate window.
 The firing path uses `publish_batch`: every message of a due batch framed and handed to the
 connection at once, and each outcome handed to a callback straight from the read loop (no
 future, no scheduled callback, no coroutine per message).
+
+A leader must never send a publish after its lease can have passed (design section 5). Every
+batch is checked against the `fence` (the office's `may_act`) right before it is handed to the
+connection, and against the connection's state: after a reconnect nothing is sent until the
+owner has revalidated its epoch and called `release()`. Frames handed over but still in the
+client's pending buffer when the link drops or office ends are taken back (`drop_unsent`), so
+nats-py cannot flush them on the next connection. An outcome is definite (the message was not
+stored: not sent, no stream, a JetStream error) unless `PublishError.in_doubt` says the message
+went out and its ack never came: JetStream may hold it.
 """
 
 from __future__ import annotations
@@ -41,15 +50,22 @@ class PublishError(Exception):
     """A publish was not acknowledged: no stream, a JetStream error, a timeout or a lost link.
 
     `permanent` ones are not worth retrying; `reason` is the dead-letter reason they lead to
-    (`too_large`: the message cannot fit the server's max_payload and was never sent)."""
+    (`too_large`: the message cannot fit the server's max_payload and was never sent);
+    `in_doubt` ones were sent but not acknowledged: the stream may have stored them."""
 
     def __init__(
-        self, subject: str, message: str, permanent: bool = False, reason: str = "publish_failed"
+        self,
+        subject: str,
+        message: str,
+        permanent: bool = False,
+        reason: str = "publish_failed",
+        in_doubt: bool = False,
     ) -> None:
         super().__init__(message)
         self.subject = subject
         self.permanent = permanent
         self.reason = reason
+        self.in_doubt = in_doubt  # sent, but unacknowledged: the stream may have stored it
 
 
 Item = tuple[str, bytes, dict[str, str]]
@@ -114,10 +130,19 @@ def _settle(fut: asyncio.Future[PubAck], outcome: Outcome) -> None:
 class Publisher:
     """Publishes to JetStream with up to `max_inflight` unacknowledged messages at once."""
 
-    def __init__(self, nc: Client, timeout: float = 5.0, max_inflight: int = MAX_INFLIGHT) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        timeout: float = 5.0,
+        max_inflight: int = MAX_INFLIGHT,
+        fence: Callable[[], bool] | None = None,
+    ) -> None:
         self.nc = nc
         self.wire = Wire(nc)
         self.timeout = timeout
+        self.fence = fence
+        self._held = False
+        self._validated = self._reconnects()
         self._slots = _Slots(max_inflight)
         # token -> (outcome callback, subject, deadline on the loop's clock)
         self._pending: dict[str, tuple[Done, str, float]] = {}
@@ -139,21 +164,76 @@ class Publisher:
             await asyncio.sleep(min(0.25, self.timeout / 4))
             now = loop.time()
             for token in [t for t, (_, _, deadline) in self._pending.items() if deadline <= now]:
-                self._fail(token, "no acknowledgement in time")
+                self._fail(token, "no acknowledgement in time", in_doubt=True)
+
+    # -- the fence ----------------------------------------------------------------------------
+    def _reconnects(self) -> int:
+        stats = getattr(self.nc, "stats", None)
+        return int(stats.get("reconnects", 0)) if isinstance(stats, dict) else 0
+
+    def refusal(self) -> str | None:
+        """Why nothing may be sent now, or None: out of office, or a reconnect (or a dropped
+        link) since the owner last called `release()`."""
+        if self.fence is not None and not self.fence():
+            return "this instance is not in office"
+        if self._held or self._reconnects() != self._validated:
+            return "the connection was lost; the epoch is not revalidated yet"
+        return None
+
+    def may_send(self) -> bool:
+        return self.refusal() is None
+
+    def hold(self) -> None:
+        """Send nothing until `release()` (the link dropped)."""
+        self._held = True
+
+    def release(self) -> None:
+        """The owner revalidated its epoch on the current connection: sending may resume."""
+        self._held = False
+        self._validated = self._reconnects()
+
+    def drop_unsent(self, why: str) -> int:
+        """Take this publisher's frames back from the client's pending buffer and fail them
+        as not sent (definite: they never reached the socket). Returns how many."""
+        prefix = self._prefix + "."
+        dropped = self.wire.take_unsent(prefix.encode()) if self._prefix else []
+        for reply in dropped:
+            self._fail(reply[len(prefix) :].decode(), f"not sent: {why}")
+        if dropped:
+            log.warning("publisher.dropped_unsent count=%d why=%s", len(dropped), why)
+        return len(dropped)
+
+    def on_link_lost(self) -> None:
+        """The connection dropped: hold sends and take back what nats-py would otherwise
+        flush onto the next connection (before anyone could revalidate the epoch)."""
+        self.hold()
+        self.drop_unsent("the connection was lost")
+
+    def on_office_lost(self) -> None:
+        """Office ended (self-fence, deposed): drop unsent frames and, when the socket holds a
+        backlog the peer has not taken (a silent link), cut it rather than let it flow later."""
+        self.drop_unsent("office lost")
+        if self.wire.cut_backlog():
+            log.warning("publisher.cut_backlog: the link was backed up when office ended")
+
+    def _refuse(self, tokens: Sequence[str], why: str) -> None:
+        for token in tokens:
+            self._fail(token, f"not sent: {why}")
 
     async def close(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
             self._reaper = None
+        self.drop_unsent("publisher closed")
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
             except Exception:  # connection already closed: nothing left to unsubscribe
                 pass
             self._sub = None
-        for token in list(self._pending):
-            self._fail(token, "publisher closed")
+        for token in list(self._pending):  # sent; their acks can no longer be matched
+            self._fail(token, "publisher closed before the acknowledgement", in_doubt=True)
 
     async def publish(
         self, subject: str, payload: bytes, headers: dict[str, str]
@@ -166,6 +246,10 @@ class Publisher:
         fut: asyncio.Future[PubAck] = loop.create_future()
         deadline = loop.time() + self.timeout
         self._pending[token] = (functools.partial(_settle, fut), subject, deadline)
+        why = self.refusal()
+        if why is not None:
+            self._refuse([token], why)
+            return fut
         try:
             await self.wire.publish(subject, payload, f"{self._prefix}.{token}", headers)
         except MaxPayloadError:
@@ -195,6 +279,10 @@ class Publisher:
             self._pending[token] = (functools.partial(_settle, fut), subject, deadline)
             futures.append(fut)
             tokens.append(token)
+        why = self.refusal()
+        if why is not None:
+            self._refuse(tokens, why)
+            return futures
         frames = []
         for (subject, _, frame), token in zip(items, tokens, strict=True):
             if self.wire.fits(frame):
@@ -212,6 +300,11 @@ class Publisher:
         """Send every item, framed and handed to the connection together; each item's callback
         is called once, from the read loop, with its PubAck or PublishError (a failure to send
         calls it at once). Waits only when `max_inflight` messages are unacknowledged."""
+        why = self.refusal()
+        if why is not None:  # refused before anything is framed
+            for subject, _, _, done in items:
+                done(PublishError(subject, f"not sent: {why}"))
+            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         nc, wire, pending, slots = self.nc, self.wire, self._pending, self._slots
@@ -248,6 +341,10 @@ class Publisher:
             if frames:  # keep the order of the connection's writes
                 await self._send_frames(frames, tokens, size)
                 frames, tokens, size = [], [], 0
+            why = self.refusal()
+            if why is not None:  # office or link lost while waiting for a slot
+                self._refuse([token], why)
+                continue
             try:
                 hdrs = _parse_block(headers) if type(headers) is bytes else dict(headers)
                 await wire.publish(subject, payload, reply, hdrs)
@@ -259,6 +356,10 @@ class Publisher:
             await self._send_frames(frames, tokens, size)
 
     async def _send_frames(self, frames: list[bytes], tokens: list[str], size: int) -> None:
+        why = self.refusal()  # right before the batch leaves: a wait for slots may have
+        if why is not None:  # outlived the lease or the connection
+            self._refuse(tokens, why)
+            return
         try:
             await self.wire.send_frames(frames, size)
         except Exception as exc:  # closed, reconnecting (no buffer): all of them fail
@@ -289,13 +390,15 @@ class Publisher:
         except Exception:  # never let a callback break the client's read loop
             log.exception("publisher.callback_failed subject=%s", target)
 
-    def _fail(self, token: str, message: str, reason: str | None = None) -> None:
+    def _fail(
+        self, token: str, message: str, reason: str | None = None, in_doubt: bool = False
+    ) -> None:
         entry = self._pending.pop(token, None)
         if entry is None:
             return
         done, subject, _ = entry
         self._slots.release()
-        error = PublishError(subject, message)
+        error = PublishError(subject, message, in_doubt=in_doubt)
         if reason is not None:
             error = PublishError(subject, message, permanent=True, reason=reason)
         try:

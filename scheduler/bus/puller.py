@@ -5,19 +5,31 @@ second that is a large share of the daemon's CPU. Here one inbox subscription co
 in a buffer through a callback, and pull requests are topped up so about `batch` messages are
 always requested: a steady stream flows in as soon as producers publish it, and an idle lane
 costs one long-poll request per `expires`.
+
+Pull requests live in the server for the connection that sent them: after a reconnect (a
+nats-server restart) they are gone, and no status will ever say so. The puller therefore asks
+again after every reconnect, and whenever it has heard nothing (no message, no status) for
+longer than a request can live. A request that cannot be sent while disconnected is
+back-pressure: nothing is counted as requested and the next `take()` tries again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError, ConnectionReconnectingError, OutboundBufferLimitError
 
 from scheduler.bus.wire import message_of, raw_subscribe, status_of
 
+log = logging.getLogger("scheduler.puller")
+
 _DONE_STATUSES = {"404", "408", "409"}  # no messages, request expired, request ended
+SILENCE_GRACE = 2.0  # seconds past a request's expiry without a word: it is lost
 
 
 class Puller:
@@ -33,10 +45,14 @@ class Puller:
         self._requested = 0
         self._inbox = ""
         self._sub = None
+        self._reconnects = 0
+        self._heard = 0.0  # monotonic time of the last delivery or status
 
     async def start(self) -> Puller:
         self._inbox = self.nc.new_inbox()
         self._sub = await raw_subscribe(self.nc, self._inbox, self._on_raw)
+        self._reconnects = self.nc.stats["reconnects"]
+        self._heard = time.monotonic()
         await self._top_up()
         return self
 
@@ -45,6 +61,7 @@ class Puller:
 
         A status has no payload and no reply subject; a delivery always has a reply (its ack
         subject), so a producer's empty message with a status-like header is a delivery."""
+        self._heard = time.monotonic()
         status = status_of(hdr) if not data and not reply else None
         if status is not None:
             if status in _DONE_STATUSES or status.startswith("4"):
@@ -74,12 +91,30 @@ class Puller:
                 pass
             self._sub = None
 
+    def _forget_lost_requests(self) -> None:
+        """Count outstanding requests as gone after a reconnect or a long silence."""
+        reconnects = self.nc.stats["reconnects"]
+        if reconnects != self._reconnects:
+            self._reconnects = reconnects
+            if self._requested:
+                log.info("puller.repull reason=reconnect requested=%d", self._requested)
+            self._requested = 0
+        elif self._requested and time.monotonic() - self._heard > self.expires + SILENCE_GRACE:
+            log.info("puller.repull reason=silence requested=%d", self._requested)
+            self._requested = 0
+            self._heard = time.monotonic()
+
     async def _top_up(self) -> None:
+        self._forget_lost_requests()
         want = self.batch - self._requested
-        if want >= self.batch // 2:
-            req = {"batch": want, "expires": int(self.expires * 1e9)}
+        if want < self.batch // 2 or not self.nc.is_connected:
+            return  # enough asked for; or disconnected: ask again once connected
+        req = {"batch": want, "expires": int(self.expires * 1e9)}
+        try:
             await self.nc.publish(self.subject, json.dumps(req).encode(), reply=self._inbox)
-            self._requested += want
+        except (OutboundBufferLimitError, ConnectionClosedError, ConnectionReconnectingError):
+            return  # the link dropped just now: back-pressure, the next take() asks again
+        self._requested += want
 
     async def take(self, timeout: float, linger: float = 0.002) -> list[Msg]:
         """Wait up to `timeout` for messages, linger briefly to gather a batch, return them all."""

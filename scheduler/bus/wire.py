@@ -27,6 +27,8 @@ the message's `defect` for the caller to refuse.
 from __future__ import annotations
 
 import re
+import socket
+import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -127,6 +129,49 @@ class Wire:
         if frames:
             self._check(0)
             await self._send(frames, 0)
+
+    def take_unsent(self, reply_prefix: bytes) -> list[bytes]:
+        """Remove from the client's pending buffer every publish whose reply subject starts
+        with `reply_prefix` (frames handed over but not yet written to the socket: after a
+        reconnect nats-py would send them on the new connection) and return their reply
+        subjects. Other commands in the buffer (pings, subscriptions, other publishes) stay."""
+        nc = self.nc
+        pending = getattr(nc, "_pending", None)
+        if not pending:
+            return []
+        keep: list[bytes] = []
+        taken: list[bytes] = []
+        size = 0
+        for frame in pending:
+            reply = _reply_of(frame)
+            if reply is not None and reply.startswith(reply_prefix):
+                taken.append(reply)
+                size += len(frame)
+            else:
+                keep.append(frame)
+        if taken:
+            nc._pending = keep
+            nc._pending_data_size = max(0, nc._pending_data_size - size)
+        return taken
+
+    def cut_backlog(self) -> bool:
+        """Abort the connection when its socket has bytes queued that the peer has not taken
+        (a silent link): with a reset (linger 0) the kernel drops its send buffer too, so
+        nothing queued there reaches the server later. nats-py then reconnects. Returns
+        whether there was a backlog to cut."""
+        transport = getattr(self.nc, "_transport", None)
+        writer = getattr(transport, "_io_writer", None)
+        raw = getattr(writer, "transport", None)
+        if raw is None or raw.is_closing() or not raw.get_write_buffer_size():
+            return False
+        sock = raw.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:  # already gone: abort below still drops the user-space buffer
+                pass
+        raw.abort()
+        return True
 
     async def _send(self, frames: list[bytes], payload_bytes: int) -> None:
         nc = self.nc
@@ -236,6 +281,16 @@ def parse_header_block(hdr: bytes) -> tuple[dict[str, str] | None, tuple[str, st
             continue
         out[key] = text
     return out or None, defect
+
+
+def _reply_of(frame: bytes) -> bytes | None:
+    """The reply subject of a `PUB`/`HPUB` command frame, or None (another command, or none)."""
+    if not frame.startswith((b"HPUB ", b"PUB ")):
+        return None
+    head = frame[: frame.find(b"\r\n")].split(b" ")
+    # PUB subject [reply] size / HPUB subject [reply] header-size total-size
+    expected = 5 if head[0] == b"HPUB" else 4
+    return head[2] if len(head) == expected else None
 
 
 def status_of(hdr: bytes | None) -> str | None:

@@ -83,7 +83,18 @@ class DelayedEngine:
             return  # stopped while standing by
         epoch = taking.result()
         assert self.bus.nc is not None and self.bus.js is not None
-        publisher = await Publisher(self.bus.nc, timeout=PUBLISH_TIMEOUT).start()
+        publisher = await Publisher(
+            self.bus.nc, timeout=PUBLISH_TIMEOUT, fence=self.office.may_act
+        ).start()
+        relinked = asyncio.Event()
+
+        def on_link(up: bool) -> None:
+            if up:
+                relinked.set()
+            else:
+                publisher.on_link_lost()
+
+        self.bus.link_listeners.append(on_link)
         sub = await self.bus.nc.subscribe(RESCHEDULED_SUBJECT, cb=self._on_rescheduled)
         dead = DeadLetterCopies(publisher, self.settings.dlq_subject_prefix, self.metrics)
         firing = Firing(
@@ -114,7 +125,7 @@ class DelayedEngine:
         )
         log.info("engine.term_started epoch=%d", epoch)
         try:
-            firing.arm(await self.tasks.reclaim_orphans(epoch))
+            firing.reclaim_orphans()
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(firing.run(epoch, stop), name="firing")
                 tg.create_task(
@@ -122,12 +133,16 @@ class DelayedEngine:
                     name="intake",
                 )
                 tg.create_task(self._loader(stop, firing, epoch), name="loader")
-                tg.create_task(self._watch_office(stop), name="office-watch")
+                tg.create_task(self._watch_office(stop, publisher), name="office-watch")
+                tg.create_task(
+                    self._revalidate(epoch, publisher, firing, relinked, stop), name="relink"
+                )
                 if self.cron is not None:
                     tg.create_task(self.cron.run(epoch, publisher, stop), name="cron")
         except* OfficeLost:
             log.warning("engine.office_lost epoch=%d", epoch)
         finally:
+            self.bus.link_listeners.remove(on_link)
             for check in list(self._checks):
                 check.cancel()
             await sub.unsubscribe()
@@ -172,10 +187,44 @@ class DelayedEngine:
             self.warnings[stream] = why
             log.warning("stream.duplicate_window_short %s", why)
 
-    async def _watch_office(self, stop: asyncio.Event) -> None:
+    async def _watch_office(self, stop: asyncio.Event, publisher: Publisher) -> None:
         await first_of(self.office.lost.wait(), stop.wait())
-        if self.office.lost.is_set() and not stop.is_set():
-            raise OfficeLost()
+        if self.office.lost.is_set():
+            publisher.on_office_lost()  # nothing queued may go out after the lease
+            if not stop.is_set():
+                raise OfficeLost()
+
+    async def _revalidate(
+        self,
+        epoch: int,
+        publisher: Publisher,
+        firing: Firing,
+        relinked: asyncio.Event,
+        stop: asyncio.Event,
+    ) -> None:
+        """After each reconnect, publish nothing until PostgreSQL confirms this leader's
+        epoch: while the link was down a newer leader may have taken office."""
+        while not stop.is_set():
+            await first_of(relinked.wait(), stop.wait())
+            relinked.clear()
+            while not stop.is_set():
+                try:
+                    current = await self.tasks.current_epoch()
+                    break
+                except Exception as exc:  # PostgreSQL away: stay held, ask again shortly
+                    log.warning("engine.revalidate_failed error=%r", exc)
+                    await _wait_or_stop(stop, 0.5)
+            else:
+                return
+            if current != epoch:
+                log.error("engine.fenced epoch=%d current=%d after reconnect", epoch, current)
+                depose = getattr(self.office, "depose", None)
+                if depose is not None:
+                    depose()
+                return
+            publisher.release()
+            firing.armed_event.set()
+            log.info("engine.link_revalidated epoch=%d", epoch)
 
     async def _loader(self, stop: asyncio.Event, firing: Firing, epoch: int) -> None:
         """Keep the heap filled up to now + horizon; sweep for stragglers; count pending."""
@@ -189,7 +238,7 @@ class DelayedEngine:
                 now = self.clock.monotonic()
                 if now - last_sweep >= SWEEP_EVERY:
                     await self.sweep()
-                    firing.arm(await self.tasks.reclaim_orphans(epoch, STALE_CLAIM))
+                    firing.reclaim_orphans(STALE_CLAIM)
                     last_sweep = now
                 if now - last_analyze >= ANALYZE_EVERY and await self.tasks.analyze_if_stale():
                     last_analyze = now

@@ -1,52 +1,44 @@
 """The firing loop: from the horizon heap to JetStream, exactly on time, once.
 
-Three cooperating loops. The claimer pops what falls due within `LOOKAHEAD_MS` and claims it in
-PostgreSQL (a cancel that commits first wins) so the claim's round trip is never on the critical
-path. The dispatcher publishes each armed task the moment the wall clock reaches its due
-millisecond (never before: re-checked after every wake), pipelined, with `Nats-Msg-Id` = task id.
-The bookkeeper records acknowledged outcomes every few milliseconds in one transaction (mark
-fired, fire log, retries, dead letters, expiries).
+Three cooperating loops. The claimer (`engine.claims`) claims in PostgreSQL what falls due in
+the next few tens of milliseconds, into the bounded armed set (`engine.armed`). The dispatcher
+publishes each armed task the moment the wall clock reaches its due millisecond (never before:
+re-checked after every wake), pipelined, with `Nats-Msg-Id` = task id, and only while the
+publisher may send (in office, link revalidated). The bookkeeper records acknowledged outcomes
+every few milliseconds in one transaction (mark fired, fire log, retries, in-doubt tasks, dead
+letters, expiries).
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import functools
 import logging
-import random
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
+from scheduler.backoff import backoff_seconds
 from scheduler.bus.publisher import BatchItem, PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339, wait_event
+from scheduler.engine.armed import Armed
+from scheduler.engine.claims import Claimer
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
-from scheduler.engine.heap import Entry, HorizonHeap, TaskRef
+from scheduler.engine.heap import HorizonHeap, TaskRef
 from scheduler.engine.office import Office
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics, observe_many
 from scheduler.settings import Settings
-from scheduler.store.tasks import ClaimedTask, Fired, TaskStore, ceil_ms, from_ms, to_ms
+from scheduler.store.tasks import ClaimedTask, Fired, TaskStore, ceil_ms, to_ms
 from scheduler.subjects import check_target
 
 log = logging.getLogger("scheduler.firing")
 
-# Claims run in steps: each claims every task due within LOOKAHEAD_MS, the next one follows
-# CLAIM_STEP_MS later, or sooner when a task would otherwise be claimed less than CLAIM_LEAD_MS
-# before it is due (a claim round trip under load takes 15-30 ms here). A steady stream of
-# tasks so costs 40 claim statements a second instead of one per due millisecond.
-LOOKAHEAD_MS = 80
-CLAIM_LEAD_MS = 40
-CLAIM_STEP_MS = 25
 BOOK_EVERY = 0.025
 PRE_WAKE_MS = 20
 BOOK_BATCH = 500
 # While a backlog of due tasks drains (a burst), outcomes are held back, up to this many, and
 # recorded after it: PostgreSQL's CPU goes to the claims that feed the deliveries first.
 BOOK_DEFER_MAX = 50_000
-CLAIMS_IN_FLIGHT = 4
-MAX_BACKOFF = 60.0
-_AFTER_PRIORITIES = 99  # sorts after every priority (1-10) of the same millisecond
 _BLOCK = (
     b"NATS/1.0\r\nNats-Msg-Id: %s\r\nMq-Scheduled-For: %s\r\nMq-Fired-At: %s\r\n"
     b"Mq-Attempt: %d\r\n\r\n"
@@ -81,17 +73,17 @@ class Firing:
         self.clock = clock
         self.metrics = metrics
         self.wake = wake
-        self.armed: list[tuple[int, int, int, str, ClaimedTask]] = []
+        self.armed = Armed(settings.armed_max, settings.armed_max_bytes)
         self.armed_event = asyncio.Event()
+        self.room_event = asyncio.Event()  # set when the dispatcher takes tasks off `armed`
+        self.claims = Claimer(settings, heap, tasks, self.armed, clock, metrics, self.arm)
+        self.claims.on_fenced = self._deposed
         self.outcome_event = asyncio.Event()
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
         self._expired: list[ClaimedTask] = []
         self._inflight = 0
-        self._claims: set[asyncio.Task[None]] = set()
-        self._claim_slots = asyncio.Semaphore(CLAIMS_IN_FLIGHT)
         self._closing = False
         self._books_closing = False
-        self._last_claim_ms = 0
         self._target_checks: dict[str, str | None] = {}
 
     def now_ms(self) -> int:
@@ -102,68 +94,35 @@ class Firing:
         dispatcher = asyncio.create_task(self._dispatch(), name="dispatch")
         books = asyncio.create_task(self._keep_books(epoch), name="books")
         try:
+            claims = self.claims
             while not stop.is_set() and self.office.may_act():
-                wait = self._idle_seconds()
-                if wait > 0 or not await self.step(epoch):
+                if claims.room() <= 0:  # full: wait until the dispatcher takes some out
+                    await self._wait(self.room_event, 0.05)
+                    continue
+                if claims.backlog:
+                    await claims.refill(epoch)
+                    continue
+                wait = claims.idle_seconds()
+                if wait > 0 or not await claims.step(epoch):
                     await self._wait(self.wake, max(wait, 0.001))
         finally:
             await self._finish(dispatcher, books)
 
-    async def step(self, epoch: int) -> bool:
-        """Claim what falls due within the lookahead; return whether there was any.
+    def reclaim_orphans(self, stale: timedelta | None = None) -> None:
+        """See `Claimer.reclaim_orphans`."""
+        self.claims.reclaim_orphans(stale)
 
-        Up to `CLAIMS_IN_FLIGHT` claims run at once, so one slow round trip does not hold up
-        the next window (a burst of tasks due at one instant drains at the database's pace)."""
-        now = self.now_ms()
-        until = now + LOOKAHEAD_MS
-        entries = self.heap.pop_due(until, self.settings.batch)
-        self.metrics.heap_size.set(len(self.heap))
-        if not entries:
-            return False
-        self._last_claim_ms = now
-        await self._claim_slots.acquire()
-        claim = asyncio.create_task(self._claim(epoch, entries, until), name="claim")
-        self._claims.add(claim)
-        claim.add_done_callback(self._claims.discard)
-        return True
-
-    async def _claim(self, epoch: int, entries: list[Entry], until: int) -> None:
-        try:
-            self.arm(await self.tasks.claim(epoch, [e[3] for e in entries], from_ms(until)))
-        except FencedError:
-            self._deposed(epoch)
-        except Exception as exc:  # PostgreSQL away: put the batch back and let the loop retry
-            log.warning("claim.failed count=%d error=%r", len(entries), exc)
-            for due_ms, priority, seq, task_id in entries:
-                self.heap.push(TaskRef(task_id, due_ms, priority, seq))
-            await self.clock.sleep(0.5)
-        finally:
-            self._claim_slots.release()
-
-    def _deposed(self, epoch: int) -> None:
+    def _deposed(self, epoch: int) -> None:  # also the claimer's `on_fenced`
         log.error("engine.fenced epoch=%d: a newer leader exists; stepping down", epoch)
         depose = getattr(self.office, "depose", None)
         if depose is not None:
             depose()
 
     def arm(self, claimed: Sequence[ClaimedTask]) -> None:
-        """Hand claimed tasks to the dispatcher, which publishes each at its due millisecond."""
-        entries = sorted((to_ms(t.due_at), t.priority, t.seq, t.id, t) for t in claimed)
-        armed = self.armed
-        in_order = not armed or not entries or entries[0] >= armed[-1]
-        armed.extend(entries)
-        if not in_order:  # a retry or an older claim: merge (two sorted runs, one pass)
-            armed.sort()
-        self.armed_event.set()
-
-    def _idle_seconds(self) -> float:
-        """Until the next claim: when the next task enters the lookahead, but not sooner than
-        a step after the last claim, unless it would then be claimed too close to its time."""
-        nxt = self.heap.next_due_ms()
-        if nxt is None:
-            return 1.0
-        at = min(max(nxt - LOOKAHEAD_MS, self._last_claim_ms + CLAIM_STEP_MS), nxt - CLAIM_LEAD_MS)
-        return min(1.0, max(0.0, (at - self.now_ms()) / 1000))
+        """Hand claimed tasks to the dispatcher, which publishes each at its due millisecond
+        (a task already armed is kept once; see `engine.armed`)."""
+        if self.armed.add(claimed):
+            self.armed_event.set()
 
     async def _wait(self, event: asyncio.Event, seconds: float) -> None:
         """Sleep up to `seconds` of the clock's time, waking early when `event` is set."""
@@ -176,10 +135,12 @@ class Firing:
             if not self.armed:
                 await self._wait(self.armed_event, 1.0)
                 continue
-            if not self.office.may_act():  # self-fenced (say, woken from SIGSTOP): publish nothing
+            if not self.publisher.may_send():  # self-fenced (say, woken from SIGSTOP), or the
+                if self._closing:  # link not revalidated: publish nothing; when stopping,
+                    return  # the tasks stay claimed and the next leader publishes them
                 await self._wait(self.armed_event, 0.05)
                 continue
-            left = self.armed[0][0] - self.now_ms()
+            left = self.armed.next_due_ms() - self.now_ms()  # type: ignore[operator]
             if left > 0:  # re-checked after every wake: robust to wall-clock steps
                 # A long sleep is cut short by PRE_WAKE_MS and finished with a short one: the
                 # first wake after idling often comes late (see engine.recurring.PRE_WAKE).
@@ -195,11 +156,12 @@ class Firing:
         fired_at_b = fired_at.encode()
         batch: list[BatchItem] = []
         lateness: dict[int, int] = {}  # due ms -> tasks, observed per group
-        cut = bisect.bisect_right(self.armed, (now_ms, _AFTER_PRIORITIES))
-        due, self.armed[:cut] = self.armed[:cut], []
+        due = self.armed.pop_due(now_ms)
+        if due:
+            self.room_event.set()
         for due_ms, *_, task in due:
             lateness[due_ms] = lateness.get(due_ms, 0) + 1
-            if task.expires_at is not None and task.expires_at <= now:
+            if task.expires_at is not None and task.expires_at <= now and not task.doubted:
                 self._expired.append(task)
                 self.outcome_event.set()
                 continue
@@ -296,15 +258,15 @@ class Firing:
             return False
         now = self.now_ms()
         nxt = self.heap.next_due_ms()
-        return (nxt is not None and nxt <= now) or bool(self.armed and self.armed[0][0] <= now)
+        armed = self.armed.next_due_ms()
+        return (nxt is not None and nxt <= now) or (armed is not None and armed <= now)
 
     async def _finish(self, dispatcher: asyncio.Task[None], books: asyncio.Task[None]) -> None:
         """Graceful stop: publish what is armed (due within the lookahead) and record it all.
 
         After losing office nothing more is published; armed tasks stay claimed and the next
         leader re-publishes them (the duplicate window drops a repeat)."""
-        if self._claims:
-            await asyncio.gather(*self._claims, return_exceptions=True)
+        await self.claims.settle()
         self._closing = True
         self.armed_event.set()
         if self.office.may_act():
@@ -313,6 +275,7 @@ class Firing:
             dispatcher.cancel()
             await asyncio.gather(dispatcher, return_exceptions=True)
             self.armed.clear()
+            self.claims.forget()
         async with asyncio.timeout(self.publisher.timeout + 1):
             while self._inflight:  # noqa: ASYNC110 (futures resolve via callbacks)
                 await asyncio.sleep(0.005)
@@ -351,33 +314,41 @@ class Firing:
             log.info("task.expired id=%s target=%s expired_at=%s", t.id, t.target, t.expires_at)
 
     async def _failed(self, epoch: int, failed: list[tuple[ClaimedTask, PublishError]]) -> None:
+        """Retry with backoff, or dead-letter after `max_attempts`. A publish that went out
+        unacknowledged leaves its task in doubt (never pending: a cancel must not succeed
+        for a task JetStream may hold); its retry republishes the same `Nats-Msg-Id`."""
         if not failed:
             return
         now = self.clock.now()
-        dead = [
-            (t, str(e), e.reason)
-            for t, e in failed
-            if e.permanent or t.attempts >= self.settings.max_attempts
-        ]
-        dead_ids = {t.id for t, _, _ in dead}
-        retry = [
-            (t, ceil_ms(now + self.backoff(t.attempts)), str(e))
-            for t, e in failed
-            if t.id not in dead_ids
-        ]
+        dead: list[tuple[ClaimedTask, str, str]] = []
+        retry: list[tuple[ClaimedTask, datetime, str, bool]] = []
+        for t, e in failed:
+            doubt = e.in_doubt or t.doubted
+            if e.permanent or t.attempts >= self.settings.max_attempts:
+                if doubt:  # the task may have been delivered: say so
+                    reason, error = "publish_unconfirmed", f"{e} (it may have been delivered)"
+                else:
+                    reason, error = e.reason, str(e)
+                dead.append((t, error, reason))
+            else:
+                retry.append((t, ceil_ms(now + self.backoff(t.attempts)), str(e), e.in_doubt))
         async with self.heap_lock:  # the loader must not move its cursor past a retry unseen
             await self.tasks.retry_later(epoch, retry)
-            for task, due, _ in retry:
+            for task, due, _, _ in retry:
                 self.heap.offer(TaskRef(task.id, to_ms(due), task.priority, task.seq))
-        for task, _, error in retry:
+        for task, _, error, doubt in retry:
             log.warning(
-                "publish.retry id=%s target=%s attempt=%d error=%s",
+                "publish.retry id=%s target=%s attempt=%d in_doubt=%s error=%s",
                 task.id,
                 task.target,
                 task.attempts,
+                doubt or task.doubted,
                 error,
             )
         self.metrics.publish_retries.inc(len(retry))
+        in_doubt = sum(1 for _, _, _, doubt in retry if doubt)
+        if in_doubt:
+            self.metrics.publish_in_doubt.inc(in_doubt)
         if dead:
             await self.tasks.kill(epoch, dead)
             await self._publish_dead(dead)
@@ -385,8 +356,7 @@ class Firing:
 
     def backoff(self, attempt: int) -> timedelta:
         """First backoff doubling per attempt up to 60 s, with +-20 % jitter."""
-        base = min(self.settings.backoff.total_seconds() * 2 ** max(attempt - 1, 0), MAX_BACKOFF)
-        return timedelta(seconds=base * random.uniform(0.8, 1.2))
+        return timedelta(seconds=backoff_seconds(self.settings.backoff.total_seconds(), attempt))
 
     async def _publish_dead(self, dead: list[tuple[ClaimedTask, str, str]]) -> None:
         letters = []

@@ -67,8 +67,14 @@ class Leadership:
         metrics: Metrics,
         log: logging.Logger | None = None,
         take_office: TakeOffice = take_office,
+        clock_ok: Callable[[], bool] | None = None,
+        clock_check: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._kv, self._pool, self._clock, self._metrics = kv, pool, clock, metrics
+        # this host's wall clock against PostgreSQL's (engine.skew): the last verdict, and a
+        # fresh measurement taken before taking office
+        self._clock_ok = clock_ok or (lambda: True)
+        self._clock_check = clock_check
         self._log = log or logging.getLogger("scheduler.leader")
         self._take_office = take_office
         self.instance = settings.instance_id
@@ -156,6 +162,11 @@ class Leadership:
             await self._renew()
 
     async def _stand(self, stop: asyncio.Event) -> None:
+        if not self._clock_ok():  # a leader with a wrong clock fires early: do not campaign
+            if self._revision is not None:
+                await self._release()
+            await first_of(self._clock.sleep(self._campaign_every), stop.wait())
+            return
         held_by_another = await self._campaign()
         if self._in_office():
             return
@@ -184,6 +195,9 @@ class Leadership:
         return False
 
     async def _take(self, revision: int) -> None:
+        if self._clock_check is not None and not await self._bounded(self._clock_check()):
+            await self._delete(revision)  # logged by the check; a standby may take it
+            return
         try:
             epoch = await self._bounded(self._take_office(self._pool, self.instance))
         except Exception as exc:  # PostgreSQL down or slow: hand the lease back, stay standby
@@ -272,8 +286,11 @@ class Leadership:
             self._log.info("leader.released instance=%s revision=%d", self.instance, revision)
 
     def _in_office(self) -> bool:
-        if self._epoch is not None and self._clock.monotonic() >= self._deadline:
-            self._lose("deadline")
+        if self._epoch is not None:
+            if self._clock.monotonic() >= self._deadline:
+                self._lose("deadline")
+            elif not self._clock_ok():  # would fire early or late: stop acting at once
+                self._lose("clock_skew")
         return self._epoch is not None
 
     def _lose(self, reason: str, error: BaseException | None = None) -> None:

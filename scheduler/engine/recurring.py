@@ -15,11 +15,12 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from scheduler.aio import first_of
+from scheduler.backoff import backoff_seconds
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.engine.misfire import ON_TIME, Plan, next_fire, plan
@@ -76,6 +77,8 @@ class CronEngine:
         self._mirrored_at = float("-inf")
         self._publisher: Publisher | None = None  # this term's, for messages framed ahead
         self._synced_at: datetime | None = None  # a new job's cursor starts here
+        # job -> (publishes failed in a row, monotonic time before which it is not retried)
+        self._failing: dict[str, tuple[int, float]] = {}
 
     def request_reload(self) -> None:
         """Ask for a YAML reload (SIGHUP)."""
@@ -133,6 +136,9 @@ class CronEngine:
             if self.reload_requested.is_set() or self._files_stamp() != self._stamp:
                 self.reload_requested.clear()
                 await self.sync()
+            if not publisher.may_send():  # the link came back but is not revalidated yet
+                await first_of(self.clock.sleep(0.05), stop.wait())
+                continue
             try:
                 await self.tick(epoch, publisher, cursors)
             except FencedError:
@@ -183,6 +189,8 @@ class CronEngine:
             if job.name in done:
                 moves[job.name] = Advance(job.name, job.subject, cursors[job.name])
                 continue
+            if self._backing_off(job.name):
+                continue  # its target keeps failing: nothing is planned until the retry time
             cursor = cursors.get(job.name)
             if cursor is None:  # a new job starts from its sync (no back-fill, and no gap
                 # between the sync that schedule_history records and this tick)
@@ -200,19 +208,7 @@ class CronEngine:
             for occurrence in p.fire:
                 firing.append((job, occurrence))
         results = await self._settle(early) + await self._fire(publisher, firing, now)
-        for job, occurrence, result in results:
-            if isinstance(result, PubAck):
-                moves[job.name] = Advance(
-                    job.name,
-                    job.subject,
-                    max(occurrence, moves[job.name].scheduled_for),
-                    self.clock.now(),
-                    result.stream,
-                    result.seq,
-                    skipped=moves[job.name].skipped,
-                )
-            elif result is not None:
-                moves.pop(job.name, None)  # not delivered: keep the cursor, retry next tick
+        self._outcomes(results, moves)
         if moves:
             await self.store.advance(epoch, list(moves.values()), self.settings.instance_id)
             for m in moves.values():
@@ -221,6 +217,64 @@ class CronEngine:
             if self._mirroring is None or self._mirroring.done():
                 mirror = self._mirror(epoch, cursors, publisher)
                 self._mirroring = asyncio.create_task(mirror, name="mirror")
+
+    def _outcomes(
+        self,
+        results: list[tuple[Job, datetime, PubAck | PublishError | None]],
+        moves: dict[str, Advance],
+    ) -> None:
+        """Fold publish outcomes (oldest occurrence first per job) into the cursor moves.
+
+        A job's cursor advances to its last delivered occurrence before the first one that
+        failed, never past a failure: the failed occurrence and everything after it are
+        published again after the job's backoff (the later ones with the same ids, dropped by
+        the target stream's duplicate window)."""
+        delivered: dict[str, tuple[datetime, Advance]] = {}  # job -> last occurrence, move
+        failed: set[str] = set()
+        for job, occurrence, result in results:
+            if job.name in failed or result is None:
+                continue
+            if isinstance(result, PubAck):
+                plan = moves[job.name]
+                moves[job.name] = move = Advance(
+                    job.name,
+                    job.subject,
+                    max(occurrence, plan.scheduled_for),
+                    self.clock.now(),
+                    result.stream,
+                    result.seq,
+                    skipped=plan.skipped,
+                )
+                delivered[job.name] = (occurrence, move)
+                continue
+            failed.add(job.name)
+            if job.name in delivered:  # up to the last delivered occurrence, not past it
+                last, move = delivered[job.name]
+                moves[job.name] = replace(move, scheduled_for=last)
+            else:
+                moves.pop(job.name, None)
+            self._failed(job, result)
+        for name in delivered.keys() - failed:
+            self._failing.pop(name, None)
+        self.metrics.cron_backing_off.set(len(self._failing))
+
+    def _failed(self, job: Job, error: PublishError) -> None:
+        """Back off: the job is not planned again before a jittered, doubling, capped wait."""
+        failures = self._failing.get(job.name, (0, 0.0))[0] + 1
+        wait = backoff_seconds(self.settings.backoff.total_seconds(), failures)
+        self._failing[job.name] = (failures, self.clock.monotonic() + wait)
+        self.metrics.cron_failures.inc()
+        log.warning(
+            "cron.publish_failed job=%s failures=%d retry_in=%.2fs error=%s",
+            job.name,
+            failures,
+            wait,
+            error,
+        )
+
+    def _backing_off(self, name: str) -> bool:
+        failing = self._failing.get(name)
+        return failing is not None and self.clock.monotonic() < failing[1]
 
     async def _fire(
         self, publisher: Publisher, firing: list[tuple[Job, datetime]], now: datetime
@@ -249,8 +303,7 @@ class CronEngine:
                     late = (self.clock.now() - occurrence).total_seconds()
                     self.metrics.fired.labels("cron").inc()
                     self.metrics.lateness.labels("cron").observe(max(late, 0.0))
-                except PublishError as exc:
-                    log.warning("cron.publish_failed job=%s error=%s", job.name, exc)
+                except PublishError as exc:  # logged with its backoff in `_failed`
                     result = exc
             out.append((job, occurrence, result))
         return out
@@ -323,6 +376,11 @@ class CronEngine:
             if job.paused:
                 continue
             cursor = cursors.get(job.name, now)
+            failing = self._failing.get(job.name)
+            if failing is not None:  # backing off: wake at its retry time, not before
+                retry = now + timedelta(seconds=max(failing[1] - self.clock.monotonic(), 0.0))
+                nexts.append(max(next_fire(job, cursor), retry))
+                continue
             at = next_fire(job, cursor)
             self._upcoming[job.name] = (cursor, at)
             nexts.append(at)

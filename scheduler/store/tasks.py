@@ -4,6 +4,17 @@ Every state change a leader makes (claim, fired, retry, expire, dead) runs in a 
 transaction: it first reads the fencing epoch `FOR SHARE` and aborts with FencedError when a newer
 leader has taken office. `FOR SHARE` also makes a new leader's epoch increment wait for such a
 transaction in flight, so once `take_office` returns no older epoch can commit anything.
+
+A task whose publish went out but was never acknowledged is `in_doubt`: JetStream may hold it.
+It is due again after a backoff (the leader republishes it with the same `Nats-Msg-Id`, which
+the target stream's duplicate window drops if it was stored), and until then a cancel or a
+reschedule answers `in_flight`, never `cancelled`: a `cancelled` answer is never followed by a
+delivery. The loader reads `pending` and `in_doubt` tasks alike, in firing order.
+
+Claims and reclaims return payloads only up to a byte budget (a running sum over the rows the
+statement touched): rows past it come back without their payload, claimed all the same, and
+are fetched later (`load_claimed`), so one statement never pulls more than the budget into
+memory whatever producers sent.
 """
 
 from __future__ import annotations
@@ -11,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -29,7 +40,20 @@ log = logging.getLogger("scheduler.store")
 
 ANALYZE_AFTER_ROWS = 20_000
 _TASK_COLUMNS = (
-    "id, target, payload, headers, priority, due_at, scheduled_for, expires_at, attempts, seq"
+    "id, target, payload, headers, priority, due_at, scheduled_for, expires_at, attempts, seq, "
+    "doubted"
+)
+READY = "('pending', 'in_doubt')"  # statuses a claim takes; each has its partial index
+IN_FLIGHT = "in_flight"  # what cancel and reschedule answer for a task in doubt
+# Payload columns within a byte budget: the rows of `upd` (which must return `_TASK_COLUMNS`
+# and `size`) in firing order; a row whose predecessors already fill the budget comes back
+# with a NULL payload.
+_BUDGETED = (
+    "SELECT u.id, u.target, CASE WHEN u.run - u.size < {budget} THEN u.payload END AS payload, "
+    "u.headers, u.priority, u.due_at, u.scheduled_for, u.expires_at, u.attempts, u.seq, "
+    "u.doubted FROM "
+    "(SELECT upd.*, sum(upd.size) OVER (ORDER BY upd.due_at, upd.priority, upd.seq) AS run "
+    "FROM upd) AS u"
 )
 
 
@@ -98,6 +122,7 @@ class ClaimedTask(NewTask):
 
     attempts: int
     seq: int
+    doubted: bool = False  # an earlier publish went out unacknowledged: it may be stored
 
     @property
     def due_ms(self) -> int:
@@ -139,9 +164,31 @@ class Insertion:
 _NO_HEADERS: dict[str, str] = {}  # shared by every task without headers; never mutated
 
 
+@dataclass(slots=True)
+class Claimed:
+    """Tasks a claim took, in firing order: `ready` with their payloads, `parked` (claimed
+    too) past the byte budget and without them, to be fetched with `load_claimed`."""
+
+    ready: list[ClaimedTask]
+    parked: list[ClaimedTask]
+
+    @classmethod
+    def of(cls, rows: Iterable[asyncpg.Record]) -> Claimed:
+        ready: list[ClaimedTask] = []
+        parked: list[ClaimedTask] = []
+        for r in rows:
+            (ready if r["payload"] is not None else parked).append(_claimed(r))
+        order = firing_order
+        return cls(sorted(ready, key=order), sorted(parked, key=order))
+
+
+def firing_order(t: ClaimedTask) -> tuple[datetime, int, int]:
+    return (t.due_at, t.priority, t.seq)
+
+
 def _claimed(row: asyncpg.Record) -> ClaimedTask:
     headers = row["headers"]
-    payload = row["payload"]
+    payload = row["payload"] or b""
     return ClaimedTask(
         id=row["id"],
         target=row["target"],
@@ -153,6 +200,21 @@ def _claimed(row: asyncpg.Record) -> ClaimedTask:
         expires_at=row["expires_at"],
         attempts=row["attempts"],
         seq=row["seq"],
+        doubted=row["doubted"],
+    )
+
+
+_TOO_LATE: dict[str | None, str] = {None: "not_found", "in_doubt": IN_FLIGHT}
+
+
+async def _answer_status(conn: asyncpg.Connection, task_id: str, target: str) -> str | None:
+    """The status a cancel or reschedule that changed nothing reports on: `in_doubt` also for
+    a task being republished after a doubt (claimed again: it may already be delivered)."""
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        "SELECT CASE WHEN status = 'claimed' AND doubted THEN 'in_doubt' ELSE status END "
+        "FROM delayed_messages WHERE id = $1 AND target = $2",
+        task_id,
+        target,
     )
 
 
@@ -271,13 +333,18 @@ class TaskStore:
     async def load_page(
         self, after: tuple[int, int, int], until: datetime, limit: int
     ) -> list[TaskRef]:
-        """Pending tasks with key > `after` due by `until`, in firing order (the partial index)."""
+        """Pending and in-doubt tasks with key > `after` due by `until`, in firing order (each
+        status from its partial index, merged)."""
         due_ms, priority, seq = after
+        page = (
+            "(SELECT id, due_at, priority, seq FROM delayed_messages WHERE status = '{}' "
+            "AND (due_at, priority, seq) > ($1, $2, $3) AND due_at <= $4 "
+            "ORDER BY due_at, priority, seq LIMIT $5)"
+        )
         async with self.db.timed("load") as conn:
             rows = await conn.fetch(
-                "SELECT id, due_at, priority, seq FROM delayed_messages WHERE status = 'pending' "
-                "AND (due_at, priority, seq) > ($1, $2, $3) AND due_at <= $4 "
-                "ORDER BY due_at, priority, seq LIMIT $5",
+                f"SELECT * FROM ({page.format('pending')} UNION ALL "
+                f"{page.format('in_doubt')}) AS p ORDER BY due_at, priority, seq LIMIT $5",
                 from_ms(max(due_ms, 0)) if due_ms >= 0 else datetime(1970, 1, 1, tzinfo=UTC),
                 priority,
                 min(seq, 2**62),
@@ -290,54 +357,96 @@ class TaskStore:
         """Pending tasks due before `before`: the sweep that catches anything the heap missed."""
         async with self.db.timed("sweep") as conn:
             rows = await conn.fetch(
-                "SELECT id, due_at, priority, seq FROM delayed_messages WHERE status = 'pending' "
-                "AND due_at < $1 ORDER BY due_at, priority, seq LIMIT $2",
+                "SELECT id, due_at, priority, seq FROM delayed_messages WHERE status IN "
+                f"{READY} AND due_at < $1 ORDER BY due_at, priority, seq LIMIT $2",
                 before,
                 limit,
             )
         return [TaskRef(r["id"], to_ms(r["due_at"]), r["priority"], r["seq"]) for r in rows]
 
     async def claim(self, epoch: int, ids: Sequence[str], until: datetime) -> list[ClaimedTask]:
-        """Claim the pending tasks among `ids` due by `until`; cancelled ones are skipped.
+        """`claim_within` without a byte budget: every claimed task with its payload."""
+        return (await self.claim_within(epoch, ids, until, 2**62)).ready
+
+    async def claim_within(
+        self, epoch: int, ids: Sequence[str], until: datetime, budget: int
+    ) -> Claimed:
+        """Claim the pending and in-doubt tasks among `ids` due by `until`; cancelled ones are
+        skipped. Payloads come back up to `budget` bytes (see the module docstring).
 
         One statement, one round trip: the epoch check (`FOR SHARE`) and the update commit
         together. The outer join always yields a row, so a fenced epoch is told apart from
         an empty claim."""
+        budgeted = _BUDGETED.format(budget="$4")
         async with self.db.timed("claim") as conn:
             rows = await conn.fetch(
                 "WITH lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 "
                 "FOR SHARE), upd AS (UPDATE delayed_messages SET status = 'claimed', "
                 "claimed_epoch = $1, claimed_at = now(), attempts = attempts + 1, "
                 "updated_at = now() FROM lead WHERE id = ANY($2::text[]) AND "
-                f"status = 'pending' AND due_at <= $3 RETURNING {_TASK_COLUMNS}) "
-                "SELECT (SELECT count(*) FROM lead) AS in_office, upd.* "
-                "FROM (SELECT 1) AS one LEFT JOIN upd ON true",
+                f"status IN {READY} AND due_at <= $3 RETURNING {_TASK_COLUMNS}, "
+                "octet_length(payload) AS size) "
+                "SELECT (SELECT count(*) FROM lead) AS in_office, b.* "
+                f"FROM (SELECT 1) AS one LEFT JOIN ({budgeted}) AS b ON true",
                 epoch,
                 list(ids),
                 until,
+                budget,
             )
         if not rows or rows[0]["in_office"] == 0:
             raise FencedError(epoch)
-        claimed = [_claimed(r) for r in rows if r["id"] is not None]
-        return sorted(claimed, key=lambda t: (t.due_at, t.priority, t.seq))
+        return Claimed.of(r for r in rows if r["id"] is not None)
 
     async def reclaim_orphans(
-        self, epoch: int, stale: timedelta | None = None
-    ) -> list[ClaimedTask]:
-        """Take over claimed tasks never marked fired, to publish them again.
-
-        Without `stale`: those of earlier leaders (on taking office). With it: any claim older
-        than that, this leader's own included (a claim whose reply was lost in an outage)."""
+        self,
+        epoch: int,
+        stale: timedelta | None = None,
+        limit: int = 1000,
+        budget: int = 2**62,
+    ) -> Claimed:
+        """Take over up to `limit` claimed tasks never marked fired, in firing order, to
+        publish them again: those of earlier leaders and, with `stale`, any claim older than
+        that, this leader's own included (a claim whose reply was lost in an outage). Paged:
+        each page is one short statement, whatever the number of orphans; a task taken over
+        no longer matches, so calling again gives the next page. Payloads up to `budget`."""
+        budgeted = _BUDGETED.format(budget="$4")
         async with self.fenced(epoch, "reclaim") as conn:
             rows = await conn.fetch(
-                "UPDATE delayed_messages SET claimed_epoch = $1, claimed_at = now(), "
-                "updated_at = now() WHERE status = 'claimed' AND (CASE WHEN $2::interval "
-                "IS NULL THEN claimed_epoch <> $1 ELSE claimed_at < now() - $2::interval END) "
-                f"RETURNING {_TASK_COLUMNS}",
+                "WITH pick AS (SELECT id FROM delayed_messages WHERE status = 'claimed' AND "
+                "(claimed_epoch <> $1 OR ($2::interval IS NOT NULL AND claimed_at < now() - "
+                "$2::interval)) ORDER BY due_at, priority, seq LIMIT $3), upd AS (UPDATE "
+                "delayed_messages d SET claimed_epoch = $1, claimed_at = now(), updated_at = "
+                "now() FROM pick WHERE d.id = pick.id AND d.status = 'claimed' RETURNING "
+                f"d.id, d.target, d.payload, d.headers, d.priority, d.due_at, d.scheduled_for, "
+                "d.expires_at, d.attempts, d.seq, d.doubted, octet_length(d.payload) AS size) "
+                f"{budgeted}",
                 epoch,
                 stale,
+                limit,
+                budget,
             )
-        return sorted((_claimed(r) for r in rows), key=lambda t: (t.due_at, t.priority, t.seq))
+        return Claimed.of(rows)
+
+    async def load_claimed(self, epoch: int, ids: Sequence[str], budget: int) -> Claimed:
+        """The payloads of tasks this leader claimed but took without them (over a budget),
+        in firing order, again up to `budget` bytes; tasks no longer claimed by `epoch` (a
+        newer leader took them) are left out."""
+        budgeted = _BUDGETED.format(budget="$3")
+        async with self.db.timed("load_claimed") as conn:
+            rows = await conn.fetch(
+                f"WITH upd AS (SELECT {_TASK_COLUMNS}, octet_length(payload) AS size FROM "
+                "delayed_messages WHERE id = ANY($2::text[]) AND status = 'claimed' AND "
+                f"claimed_epoch = $1) {budgeted}",
+                epoch,
+                list(ids),
+                budget,
+            )
+        return Claimed.of(rows)
+
+    async def current_epoch(self) -> int:
+        """The fencing epoch PostgreSQL holds now (a leader compares it with its own)."""
+        async with self.db.timed("epoch") as conn:
+            return int(await conn.fetchval("SELECT epoch FROM leadership WHERE id = 1"))
 
     async def mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
         """Record deliveries: status fired and one `fire_log` row each, in one statement.
@@ -386,21 +495,25 @@ class TaskStore:
             raise FencedError(epoch)
 
     async def retry_later(
-        self, epoch: int, items: Sequence[tuple[ClaimedTask, datetime, str]]
+        self, epoch: int, items: Sequence[tuple[ClaimedTask, datetime, str, bool]]
     ) -> None:
-        """Put failed publishes back to pending with a later due time and the error text."""
+        """Put failed publishes back with a later due time and the error text: `pending` when
+        the message was certainly not stored, `in_doubt` (the last item) when it went out
+        unacknowledged, and for good once a task has been in doubt (`doubted`)."""
         if not items:
             return
         async with self.fenced(epoch, "retry") as conn:
             await conn.execute(
-                "UPDATE delayed_messages d SET status = 'pending', due_at = u.due, "
+                "UPDATE delayed_messages d SET status = CASE WHEN d.doubted OR u.doubt THEN "
+                "'in_doubt' ELSE 'pending' END, doubted = d.doubted OR u.doubt, due_at = u.due, "
                 "last_error = u.err, updated_at = now() FROM unnest($2::text[], "
-                "$3::timestamptz[], $4::text[]) AS u(id, due, err) "
+                "$3::timestamptz[], $4::text[], $5::boolean[]) AS u(id, due, err, doubt) "
                 "WHERE d.id = u.id AND d.status = 'claimed' AND d.claimed_epoch = $1",
                 epoch,
-                [t.id for t, _, _ in items],
-                [d for _, d, _ in items],
-                [e for _, _, e in items],
+                [t.id for t, _, _, _ in items],
+                [d for _, d, _, _ in items],
+                [e for _, _, e, _ in items],
+                [doubt for _, _, _, doubt in items],
             )
 
     async def expire(self, epoch: int, ids: Sequence[str]) -> None:
@@ -466,7 +579,8 @@ class TaskStore:
             )
 
     async def cancel(self, task_id: str, target: str) -> str:
-        """`cancelled` (now or before), `too_late` (claimed or done), or `not_found`."""
+        """`cancelled` (now or before), `in_flight` (published, acknowledgement outstanding:
+        it may be delivered), `too_late` (claimed or done), or `not_found`."""
         async with self.db.timed("cancel") as conn:
             done = await conn.fetchval(
                 "UPDATE delayed_messages SET status = 'cancelled', updated_at = now() "
@@ -476,15 +590,14 @@ class TaskStore:
             )
             if done:
                 return "cancelled"
-            status = await conn.fetchval(
-                "SELECT status FROM delayed_messages WHERE id = $1 AND target = $2", task_id, target
-            )
-        return {None: "not_found", "cancelled": "cancelled"}.get(status, "too_late")
+            status = await _answer_status(conn, task_id, target)
+        return "cancelled" if status == "cancelled" else _TOO_LATE.get(status, "too_late")
 
     async def reschedule(
         self, task_id: str, target: str, due: datetime
     ) -> tuple[str, TaskRef | None]:
-        """Move a pending task to `due`: `rescheduled` (+ its heap ref), `too_late`, `not_found`."""
+        """Move a pending task to `due`: `rescheduled` (+ its heap ref), `in_flight` (in doubt:
+        it may have been delivered, so it is never moved), `too_late`, `not_found`."""
         due = ceil_ms(due)
         async with self.db.timed("reschedule") as conn:
             row = await conn.fetchrow(
@@ -499,10 +612,8 @@ class TaskStore:
                 return "rescheduled", TaskRef(
                     row["id"], to_ms(row["due_at"]), row["priority"], row["seq"]
                 )
-            status = await conn.fetchval(
-                "SELECT status FROM delayed_messages WHERE id = $1 AND target = $2", task_id, target
-            )
-        return ("not_found" if status is None else "too_late"), None
+            status = await _answer_status(conn, task_id, target)
+        return _TOO_LATE.get(status, "too_late"), None
 
     async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
         """A task's state for the API (no payload bytes)."""
@@ -546,7 +657,7 @@ class TaskStore:
         async with self.db.timed("count") as conn:
             return int(
                 await conn.fetchval(
-                    "SELECT count(*) FROM delayed_messages WHERE status = 'pending'"
+                    f"SELECT count(*) FROM delayed_messages WHERE status IN {READY}"
                 )
             )
 

@@ -69,12 +69,14 @@ async def start_cluster(tmp_path: Path) -> AsyncIterator[StartCluster]:
     """Start daemons (one per NATS URL given) on one database; all are stopped at teardown."""
     clusters: list[Cluster] = []
 
-    async def start(nats_urls: list[str], database_url: str, schedules: str = "") -> Cluster:
+    async def start(
+        nats_urls: list[str], database_url: str, schedules: str = "", **env: str
+    ) -> Cluster:
         workdir = tmp_path / f"cluster{len(clusters)}"
         (workdir / "schedules").mkdir(parents=True)
         if schedules:
             (workdir / "schedules" / "jobs.yaml").write_text(schedules)
-        cluster = Cluster(workdir, nats_urls, database_url)
+        cluster = Cluster(workdir, nats_urls, database_url, env)
         clusters.append(cluster)
         return await cluster.start()
 

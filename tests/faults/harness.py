@@ -145,13 +145,14 @@ class Cluster:
     workdir: Path
     nats_urls: list[str]
     database_url: str
+    env: dict[str, str] = field(default_factory=dict)  # SCHEDULER_* overrides for every member
     members: list[DaemonProc] = field(default_factory=list)
 
     async def start(self) -> Cluster:
         for i, url in enumerate(self.nats_urls):
-            self.members.append(
-                DaemonProc(f"d{i + 1}", self.workdir, url, self.database_url).start()
-            )
+            member = DaemonProc(f"d{i + 1}", self.workdir, url, self.database_url)
+            member.env.update(self.env)
+            self.members.append(member.start())
         await asyncio.gather(*(m.wait_ready() for m in self.members))
         return self
 

@@ -10,6 +10,10 @@ connection to the upstream. Faults:
   server late), which the target stream's duplicate window must absorb.
 - `reset()`: close every open connection at once; new ones still connect and forward.
 - `heal()`: forward again.
+
+`tap`, when set, is called with (connection number, bytes) for everything forwarded from a
+client to the upstream (connections are numbered from 1 in the order they are accepted), so a
+test can see which connection carried which publish, and when it was forwarded.
 """
 
 from __future__ import annotations
@@ -18,12 +22,20 @@ import asyncio
 import contextlib
 import socket
 import struct
+from collections.abc import Callable
 
 
 class FaultProxy:
-    def __init__(self, upstream_host: str, upstream_port: int, chunk: int = 65536) -> None:
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        chunk: int = 65536,
+        receive_buffer: int | None = None,
+    ) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.chunk = chunk
+        self.receive_buffer = receive_buffer
         self.port = 0
         self._server: asyncio.Server | None = None
         self._flowing = asyncio.Event()
@@ -31,13 +43,22 @@ class FaultProxy:
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._pumps: set[asyncio.Task[None]] = set()
         self.connections = 0
+        self.tap: Callable[[int, bytes], None] | None = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
     async def start(self) -> FaultProxy:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        if self.receive_buffer is None:
+            self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        else:  # a small window, as over a WAN: a silent link backs up into the client quickly
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.receive_buffer)
+            sock.bind(("127.0.0.1", 0))
+            self._server = await asyncio.start_server(
+                self._accept, sock=sock, limit=self.receive_buffer
+            )
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -73,6 +94,7 @@ class FaultProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        number = self.connections
         await self._flowing.wait()
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
@@ -81,8 +103,8 @@ class FaultProxy:
             return
         link = (writer, up_writer)
         self._links.add(link)
-        for src, dst in ((reader, up_writer), (up_reader, writer)):
-            pump = asyncio.create_task(self._pump(src, dst, link))
+        for src, dst, tapped in ((reader, up_writer, number), (up_reader, writer, 0)):
+            pump = asyncio.create_task(self._pump(src, dst, link, tapped))
             self._pumps.add(pump)
             pump.add_done_callback(self._pumps.discard)
 
@@ -91,6 +113,7 @@ class FaultProxy:
         src: asyncio.StreamReader,
         dst: asyncio.StreamWriter,
         link: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
+        number: int = 0,
     ) -> None:
         try:
             while True:
@@ -99,6 +122,8 @@ class FaultProxy:
                 if not data:
                     break
                 await self._flowing.wait()
+                if number and self.tap is not None:
+                    self.tap(number, data)
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):

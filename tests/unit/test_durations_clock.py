@@ -131,3 +131,15 @@ def test_to_rfc3339_repeated_instants_and_naive_after_cached() -> None:
     assert to_rfc3339(at) == first  # the cached path
     with pytest.raises(ValueError):
         to_rfc3339(at.replace(tzinfo=None))
+
+
+def test_backoff_doubles_from_the_first_wait_up_to_the_cap_with_jitter() -> None:
+    """Retry waits double per attempt from the first one, stop growing at the cap, and vary
+    by +-20 % so that retries of many jobs do not line up; a job failing for days (attempt
+    5,000) still waits the cap, no overflow."""
+    from scheduler.backoff import backoff_seconds
+
+    for attempt, base in [(1, 0.5), (2, 1.0), (3, 2.0), (8, 60.0), (40, 60.0), (5000, 60.0)]:
+        waits = [backoff_seconds(0.5, attempt, cap=60.0) for _ in range(200)]
+        assert all(base * 0.8 <= w <= base * 1.2 for w in waits)
+        assert max(waits) - min(waits) > base * 0.1

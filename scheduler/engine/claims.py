@@ -1,0 +1,205 @@
+"""Claims: pending tasks from the heap into the armed set, within its count and byte limits.
+
+The claimer pops what falls due within `LOOKAHEAD_MS` and claims it in PostgreSQL (a cancel that
+commits first wins) so the claim's round trip is never on the critical path. Up to
+`CLAIMS_IN_FLIGHT` claims run at once; their results are taken in the order they started.
+
+Memory stays bounded whatever producers sent or how many tasks fall due at once: a claim takes
+at most the room the armed set has (count), and its payloads only up to the bytes left (the
+rest come back *parked*: claimed, without payloads, fetched again in firing order as room
+appears). Tasks an earlier leader claimed but never recorded (orphans) are taken over the same
+way, page by page, before anything new is claimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+from scheduler.clock import Clock
+from scheduler.engine.armed import Armed
+from scheduler.engine.heap import Entry, HorizonHeap, TaskRef
+from scheduler.errors import FencedError
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+from scheduler.store.tasks import Claimed, ClaimedTask, TaskStore, firing_order, from_ms, to_ms
+
+log = logging.getLogger("scheduler.firing")
+
+# Claims run in steps: each claims every task due within LOOKAHEAD_MS, the next one follows
+# CLAIM_STEP_MS later, or sooner when a task would otherwise be claimed less than CLAIM_LEAD_MS
+# before it is due (a claim round trip under load takes 15-30 ms here). A steady stream of
+# tasks so costs 40 claim statements a second instead of one per due millisecond.
+LOOKAHEAD_MS = 80
+CLAIM_LEAD_MS = 40
+CLAIM_STEP_MS = 25
+CLAIMS_IN_FLIGHT = 4
+
+
+class Claimer:
+    """Claims for one term of office; `arm` receives the tasks ready to publish, in order."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        heap: HorizonHeap,
+        tasks: TaskStore,
+        armed: Armed,
+        clock: Clock,
+        metrics: Metrics,
+        arm: Callable[[Sequence[ClaimedTask]], None],
+    ) -> None:
+        self.settings = settings
+        self.heap = heap
+        self.tasks = tasks
+        self.armed = armed
+        self.clock = clock
+        self.metrics = metrics
+        self._arm = arm
+        self.on_fenced: Callable[[int], None] = lambda epoch: None
+        # claimed by this leader but taken without payloads (over the byte budget), in order
+        self._parked: list[ClaimedTask] = []
+        self._claiming = 0  # tasks in claims still in flight
+        self._reserved = 0  # payload bytes promised to claims in flight
+        self._claims: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(CLAIMS_IN_FLIGHT)
+        self._taken = asyncio.Event()  # set once the latest claim's result is taken
+        self._taken.set()
+        self._orphans_left = False  # a reclaim of orphans is under way, page by page
+        self._orphan_stale: timedelta | None = None
+        self._last_claim_ms = 0
+
+    @property
+    def backlog(self) -> bool:
+        """True while parked tasks or orphans wait to be taken (before any new claim)."""
+        return bool(self._parked) or self._orphans_left
+
+    async def settle(self) -> None:
+        """Wait for the claims in flight (stopping)."""
+        if self._claims:
+            await asyncio.gather(*self._claims, return_exceptions=True)
+
+    def forget(self) -> None:
+        """Office lost: parked tasks stay claimed in PostgreSQL for the next leader."""
+        self._parked.clear()
+        self._orphans_left = False
+
+    def reclaim_orphans(self, stale: timedelta | None = None) -> None:
+        """Take over, page by page as room allows, the tasks claimed by earlier leaders (and
+        with `stale`, any claim older than that) before claiming anything new."""
+        self._orphans_left, self._orphan_stale = True, stale
+
+    def room(self) -> int:
+        """How many more tasks may be claimed: the armed set's limits, less what is parked
+        or being claimed."""
+        if self.armed.byte_room() - self._reserved <= 0:
+            return 0
+        return self.armed.room() - self._claiming - len(self._parked)
+
+    async def step(self, epoch: int) -> bool:
+        """Claim what falls due within the lookahead; return whether there was any.
+
+        Up to `CLAIMS_IN_FLIGHT` claims run at once, so one slow round trip does not hold up
+        the next window (a burst of tasks due at one instant drains at the database's pace)."""
+        now = to_ms(self.clock.now())
+        until = now + LOOKAHEAD_MS
+        entries = self.heap.pop_due(until, min(self.settings.batch, self.room()))
+        self.metrics.heap_size.set(len(self.heap))
+        if not entries:
+            return False
+        self._last_claim_ms = now
+        await self._slots.acquire()
+        self._claiming += len(entries)
+        budget = max(self.armed.byte_room() - self._reserved, 1)
+        self._reserved += budget
+        before, self._taken = self._taken, asyncio.Event()
+        claim = asyncio.create_task(
+            self._claim(epoch, entries, until, budget, before, self._taken), name="claim"
+        )
+        self._claims.add(claim)
+        claim.add_done_callback(self._claims.discard)
+        return True
+
+    async def _claim(
+        self,
+        epoch: int,
+        entries: list[Entry],
+        until: int,
+        budget: int,
+        before: asyncio.Event,
+        taken: asyncio.Event,
+    ) -> None:
+        """One claim of up to `budget` payload bytes. Claims run concurrently, but their
+        results are taken in the order they were started (`before` is the previous one's),
+        so a burst due at one instant still goes out in firing order."""
+        try:
+            ids = [e[3] for e in entries]
+            claimed = await self.tasks.claim_within(epoch, ids, from_ms(until), budget)
+            await before.wait()
+            self._take(claimed)
+        except FencedError:
+            self.on_fenced(epoch)
+        except Exception as exc:  # PostgreSQL away: put the batch back and let the loop retry
+            log.warning("claim.failed count=%d error=%r", len(entries), exc)
+            for due_ms, priority, seq, task_id in entries:
+                self.heap.push(TaskRef(task_id, due_ms, priority, seq))
+            await self.clock.sleep(0.5)
+        finally:
+            taken.set()
+            self._claiming -= len(entries)
+            self._reserved -= budget
+            self._slots.release()
+
+    def _take(self, claimed: Claimed) -> None:
+        """Arm what came with payloads, park the rest; nothing armed may come after a parked
+        task in firing order (it would go out first), so such tasks are parked too, their
+        payloads dropped until they are fetched again in order."""
+        ready, parked = claimed.ready, claimed.parked
+        if parked or self._parked:
+            first = firing_order(min((*parked, *self._parked), key=firing_order))
+            due_ms, priority, seq = to_ms(first[0]), first[1], first[2]
+            later = self.armed.take_after(due_ms, priority, seq)
+            ready = [t for t in ready if firing_order(t) <= first]
+            later += [t for t in claimed.ready if firing_order(t) > first]
+            for task in later:
+                task.payload = b""
+            self._parked = sorted([*self._parked, *parked, *later], key=firing_order)
+        self._arm(ready)
+
+    async def refill(self, epoch: int) -> None:
+        """Fetch parked payloads, or take over a page of orphans, within the room there is."""
+        room, budget = self.room(), max(self.armed.byte_room() - self._reserved, 1)
+        try:
+            if self._parked:  # they stay parked while fetched: claims finishing meanwhile
+                chunk = [t.id for t in self._parked[:room]]  # must still see them
+                got = await self.tasks.load_claimed(epoch, chunk, budget)
+                # fetched, or no longer claimed by this leader: off the parked list
+                done = set(chunk) - {t.id for t in got.parked}
+                self._parked = [t for t in self._parked if t.id not in done]
+                self._take(Claimed(got.ready, []))
+                return
+            limit = min(self.settings.batch, room)
+            got = await self.tasks.reclaim_orphans(epoch, self._orphan_stale, limit, budget)
+        except FencedError:
+            self.on_fenced(epoch)
+            return
+        except Exception as exc:  # PostgreSQL away: try again shortly
+            log.warning("reclaim.failed error=%r", exc)
+            await self.clock.sleep(0.5)
+            return
+        if got.ready or got.parked:
+            log.info("engine.reclaimed count=%d", len(got.ready) + len(got.parked))
+        if len(got.ready) + len(got.parked) < limit:
+            self._orphans_left = False  # that was the last page
+        self._take(got)
+
+    def idle_seconds(self) -> float:
+        """Until the next claim: when the next task enters the lookahead, but not sooner than
+        a step after the last claim, unless it would then be claimed too close to its time."""
+        nxt = self.heap.next_due_ms()
+        if nxt is None:
+            return 1.0
+        at = min(max(nxt - LOOKAHEAD_MS, self._last_claim_ms + CLAIM_STEP_MS), nxt - CLAIM_LEAD_MS)
+        return min(1.0, max(0.0, (at - to_ms(self.clock.now())) / 1000))

@@ -1,0 +1,170 @@
+"""Cron jobs whose target keeps failing, against real NATS and PostgreSQL: no spinning, no crash."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import nats
+import pytest
+from nats.js.api import DiscardPolicy, StreamConfig
+
+from scheduler.bus.publisher import PubAck, Publisher, PublishError
+from scheduler.clock import SystemClock
+from scheduler.engine.office import FixedOffice, take_office
+from scheduler.engine.recurring import CronEngine
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+from scheduler.store.postgres import PostgresStore, create_pool
+from scheduler.store.schedules import ScheduleStore
+from tests.helpers import DaemonRunner, wait_until
+
+NOWHERE = """\
+scheduled_jobs:
+  - name: nowhere
+    subject: mq.scheduled.nowhere
+    cron: "* * * * * *"
+    data: {}
+"""
+
+CATCH_UP = """\
+scheduled_jobs:
+  - name: catchup
+    subject: mq.scheduled.catchup
+    cron: "* * * * * *"
+    misfire: fire_all
+    catchup_window: 1m
+    data: {}
+"""
+
+
+async def test_a_job_whose_target_stream_is_full_backs_off(settings: Settings) -> None:
+    """A job whose target stream refuses every message (full, discard new) is retried with
+    growing, jittered waits (a handful of publishes in three seconds, not thousands), counted
+    in a metric, and fires again once the stream has room."""
+    (settings.schedules_dir / "jobs.yaml").write_text(NOWHERE)
+    nc = await nats.connect(settings.nats_url)
+    js = nc.jetstream()
+    await js.add_stream(
+        name="FULL", subjects=["mq.scheduled.>"], max_msgs=1, discard=DiscardPolicy.NEW
+    )
+    await js.publish("mq.scheduled.other", b"{}")
+    seen: list[float] = []
+
+    async def count(msg: nats.aio.msg.Msg) -> None:
+        seen.append(asyncio.get_running_loop().time())
+
+    await nc.subscribe("mq.scheduled.nowhere", cb=count)
+    runner = DaemonRunner(settings.with_overrides(backoff=timedelta(milliseconds=200)))
+    try:
+        daemon = await runner.start()
+        await wait_until(lambda: len(seen) >= 1, within=10)
+        await asyncio.sleep(3.0)
+        attempts = len(seen)
+        failures = _value(daemon.metrics, "cron_failures")
+        backing_off = _value(daemon.metrics, "cron_backing_off")
+        await js.update_stream(StreamConfig(name="FULL", subjects=["mq.scheduled.>"]))
+        await wait_until(lambda: len(seen) > attempts, within=6)
+        await asyncio.sleep(1.5)
+        held = (await js.stream_info("FULL")).state.messages
+    finally:
+        await runner.stop()
+        await nc.close()
+    assert 2 <= attempts <= 8, f"{attempts} publishes in 3 s"
+    assert failures is not None and failures >= attempts - 1
+    assert backing_off == 1
+    assert held >= 2  # the filler and the job's own
+    assert _value(daemon.metrics, "cron_backing_off") == 0
+
+
+def _value(metrics: Metrics, name: str) -> float | None:
+    metric = getattr(metrics, name, None)  # None: the metric does not exist
+    return None if metric is None else float(metric._value.get())
+
+
+class FailingFirst:
+    """The real publisher, except that the first publish of `subject` fails (a stream full
+    at that instant, say): a tick's oldest occurrence fails while the later ones go through."""
+
+    def __init__(self, publisher: Publisher, subject: str) -> None:
+        self.publisher = publisher
+        self.subject = subject
+        self.failed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.publisher, name)
+
+    async def publish(
+        self, subject: str, payload: bytes, headers: dict[str, str]
+    ) -> asyncio.Future[PubAck]:
+        if subject == self.subject and not self.failed:
+            self.failed += 1
+            fut: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+            fut.set_exception(PublishError(subject, "maximum messages exceeded"))
+            return fut
+        return await self.publisher.publish(subject, payload, headers)
+
+
+@pytest.fixture
+async def cron_parts(settings: Settings) -> AsyncIterator[tuple[CronEngine, Any, int, Any]]:
+    (settings.schedules_dir / "jobs.yaml").write_text(CATCH_UP)
+    s = settings.with_overrides(backoff=timedelta(milliseconds=100))
+    assert s.database_dsn is not None
+    pool = await create_pool(s.database_dsn, min_size=1, max_size=2)
+    nc = await nats.connect(s.nats_url)
+    publisher = await Publisher(nc, timeout=5).start()
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="CATCHUP", subjects=["mq.scheduled.>"], duplicate_window=120)
+        epoch = await take_office(pool, "cron-test")
+        store = ScheduleStore(PostgresStore(pool, Metrics()))
+        engine = CronEngine(s, store, FixedOffice(epoch), SystemClock(), Metrics(), js)
+        await engine.sync()
+        yield engine, FailingFirst(publisher, "mq.scheduled.catchup"), epoch, js
+    finally:
+        await publisher.close()
+        await nc.close()
+        await pool.close()
+
+
+async def test_fire_all_with_its_oldest_occurrence_failing_keeps_the_cursor_before_it(
+    cron_parts: tuple[CronEngine, Any, int, Any],
+) -> None:
+    """fire_all catching up five occurrences whose oldest publish fails and the rest succeed:
+    the tick does not raise, the cursor stays before the failed one, and after the backoff
+    every occurrence is in the stream once."""
+    engine, publisher, epoch, js = cron_parts
+    now = datetime.now(UTC).replace(microsecond=0)
+    start = now - timedelta(seconds=5)
+    cursors = {"catchup": start}
+    await engine.store.advance(epoch, [_advance(start)], "cron-test")
+    await engine.tick(epoch, publisher, cursors)
+    assert publisher.failed == 1
+    assert (await engine.store.cursors())["catchup"] == start
+    assert cursors["catchup"] == start
+    await asyncio.sleep(0.3)  # past the first backoff (100 ms, +-20 %)
+    await engine.tick(epoch, publisher, cursors)
+    info = await js.stream_info("CATCHUP")
+    assert cursors["catchup"] >= now
+    msgs = await _read(js, info.state.messages)
+    keys = [m.headers["Nats-Msg-Id"] for m in msgs]
+    assert len(keys) == len(set(keys))
+    firsts = sorted(datetime.fromisoformat(k.split("@", 1)[1]) for k in keys)
+    assert firsts[0] == start + timedelta(seconds=1)
+    assert firsts == [firsts[0] + timedelta(seconds=i) for i in range(len(firsts))]
+
+
+def _advance(at: datetime) -> Any:
+    from scheduler.store.schedules import Advance
+
+    return Advance("catchup", "mq.scheduled.catchup", at)
+
+
+async def _read(js: Any, count: int) -> list[Any]:
+    psub = await js.pull_subscribe(">", stream="CATCHUP")
+    try:
+        return list(await psub.fetch(count, timeout=2))
+    finally:
+        await psub.unsubscribe()

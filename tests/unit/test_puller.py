@@ -1,0 +1,90 @@
+"""The intake puller's bookkeeping of pull requests across reconnects, silences and outages."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from nats.errors import OutboundBufferLimitError
+
+from scheduler.bus import puller as puller_module
+from scheduler.bus.puller import Puller
+
+
+class FakeClient:
+    """Just what the puller's request path touches: stats, connection state, publish."""
+
+    def __init__(self) -> None:
+        self.stats = {"reconnects": 0}
+        self.is_connected = True
+        self.sent: list[dict[str, Any]] = []
+        self.fail_with: Exception | None = None
+
+    async def publish(self, subject: str, payload: bytes, reply: str = "") -> None:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.sent.append(json.loads(payload))
+
+
+@pytest.fixture
+def now(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    clock = [100.0]
+    monkeypatch.setattr(puller_module.time, "monotonic", lambda: clock[0])
+    return clock
+
+
+def make(nc: FakeClient, now: list[float]) -> Puller:
+    p = Puller(nc, "S", "C", batch=100, expires=5.0)  # type: ignore[arg-type]
+    p._heard = now[0]
+    return p
+
+
+async def test_requests_are_asked_again_after_a_reconnect(now: list[float]) -> None:
+    """Outstanding requests die with the old connection: after a reconnect the whole batch
+    is requested again, although no status said the old requests ended."""
+    nc = FakeClient()
+    p = make(nc, now)
+    await p._top_up()
+    await p._top_up()
+    assert [r["batch"] for r in nc.sent] == [100]
+    nc.stats["reconnects"] = 1
+    await p._top_up()
+    assert [r["batch"] for r in nc.sent] == [100, 100]
+
+
+async def test_requests_are_asked_again_after_a_silence_longer_than_they_live(
+    now: list[float],
+) -> None:
+    """No message and no status for longer than a request's expiry plus a grace: the requests
+    are taken as lost and asked again; a delivery or status in between keeps them."""
+    nc = FakeClient()
+    p = make(nc, now)
+    await p._top_up()
+    now[0] += 5.0 + puller_module.SILENCE_GRACE - 0.1
+    await p._top_up()
+    assert len(nc.sent) == 1
+    p._on_raw(b"inbox", b"", b"", b"NATS/1.0 100 Idle Heartbeat\r\n\r\n")  # heard something
+    now[0] += 5.0
+    await p._top_up()
+    assert len(nc.sent) == 1
+    now[0] += puller_module.SILENCE_GRACE + 0.1
+    await p._top_up()
+    assert len(nc.sent) == 2
+
+
+async def test_an_outage_is_back_pressure_not_an_error(now: list[float]) -> None:
+    """While disconnected nothing is sent and nothing counted; a publish refused because the
+    link dropped just then (OutboundBufferLimitError) is swallowed and asked again later."""
+    nc = FakeClient()
+    p = make(nc, now)
+    nc.is_connected = False
+    await p._top_up()
+    assert nc.sent == [] and p._requested == 0
+    nc.is_connected = True
+    nc.fail_with = OutboundBufferLimitError()
+    await p._top_up()
+    assert nc.sent == [] and p._requested == 0
+    nc.fail_with = None
+    await p._top_up()
+    assert [r["batch"] for r in nc.sent] == [100] and p._requested == 100
