@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-
 import aiohttp
 import nats
 import pytest
@@ -167,5 +166,3 @@ async def console(settings: Settings, chromium: Browser) -> AsyncIterator[Consol
             await harness.stop()
             await nc.close()
     assert not console.errors, console.errors
-
-

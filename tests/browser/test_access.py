@@ -59,7 +59,11 @@ async def test_no_token_sees_nothing_and_a_token_change_ends_sessions(console: C
     admin token on the daemon ends the session."""
     await console.api.start()
     page = await console.page()
-    for path in (*PAGES, "dead-letters/00000000-0000-0000-0000-000000000000", "drift/x/report.html"):
+    for path in (
+        *PAGES,
+        "dead-letters/00000000-0000-0000-0000-000000000000",
+        "drift/x/report.html",
+    ):
         await page.goto(console.url + path)
         await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
         shown = await page.locator("body").inner_text()

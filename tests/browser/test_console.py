@@ -5,6 +5,7 @@ delivered once), and the console shows payloads as text."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,10 +23,12 @@ async def no_script_ran(page: Page) -> None:
 
 
 async def test_admin_pauses_resumes_and_triggers_a_job_and_sees_the_fire(
-    console: Console,
+    console: Console, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Signed in with the admin token, an operator pauses a job from the keyboard, resumes it,
-    triggers it after a confirmation, and the fire shows on the job's page and in the stream."""
+    triggers it after a confirmation, and the fire shows on the job's page and in the stream;
+    each action leaves the API's own write log line."""
+    caplog.set_level(logging.INFO, logger="scheduler.api")
     await console.api.start()
     page = await console.page()
     await page.goto(console.url)
@@ -58,6 +61,15 @@ async def test_admin_pauses_resumes_and_triggers_a_job_and_sees_the_fire(
     msgs = await console.api.read_stream("SCHEDULED", quiet=0.5, subject="mq.scheduled.nightly")
     assert len(msgs) == 1 and msgs[0].headers["Nats-Msg-Id"].startswith("nightly@manual-")
     assert msgs[0].headers["Nats-Msg-Id"] in await page.get_by_role("status").inner_text()
+    writes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("api.write")]
+    assert writes == [
+        f"api.write who=admin@127.0.0.1 action={action} id=nightly outcome={outcome}"
+        for action, outcome in (
+            ("pause", "paused"),
+            ("resume", "resumed"),
+            ("trigger", "triggered"),
+        )
+    ]
 
 
 async def test_delayed_task_found_and_cancelled_is_never_delivered(console: Console) -> None:
