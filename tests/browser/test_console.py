@@ -25,9 +25,9 @@ async def no_script_ran(page: Page) -> None:
 async def test_admin_pauses_resumes_and_triggers_a_job_and_sees_the_fire(
     console: Console, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Signed in with the admin token, an operator pauses a job from the keyboard, resumes it,
-    triggers it after a confirmation, and the fire shows on the job's page and in the stream;
-    each action leaves the API's own write log line."""
+    """Signed in with the admin token, an operator sees the overview refresh itself, pauses a
+    job from the keyboard, resumes it, triggers it after a confirmation, and the fire shows on
+    the job's page and in the stream; each action leaves the API's own write log line."""
     caplog.set_level(logging.INFO, logger="scheduler.api")
     await console.api.start()
     page = await console.page()
@@ -38,6 +38,15 @@ async def test_admin_pauses_resumes_and_triggers_a_job_and_sees_the_fire(
     await expect(page.get_by_role("heading", name="Overview")).to_be_visible()
     await expect(page.locator(".card").first).to_contain_text("test-1")
     await expect(page.get_by_role("table").first).to_contain_text("leader")
+    updated = page.locator(".updated time")
+    first = await updated.get_attribute("datetime")
+    await expect(updated).not_to_have_attribute("datetime", str(first), timeout=9_000)
+    await expect(page.locator(".card").first).to_contain_text("test-1")  # refreshed in place
+    toggle = page.get_by_role("button", name="Pause auto-refresh")
+    await toggle.click()
+    await expect(page.get_by_role("button", name="Resume auto-refresh")).to_have_attribute(
+        "aria-pressed", "true"
+    )
     await page.get_by_role("link", name="Schedules").click()
     await expect(page.get_by_role("heading", name="Schedules")).to_be_visible()
 
