@@ -16,17 +16,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 
-import aiohttp
-import nats
 import pytest
 from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, async_playwright
 
 from scheduler.settings import Settings
 from tests import tools
-from tests.integration.api.harness import ADMIN, READ, ApiHarness, write_jobs
+from tests.integration.api.harness import ADMIN, ApiHarness, running_api
 
 SHOTS = Path(__file__).with_name("screenshots")
 WIDTHS = (1280, 390)
@@ -145,24 +142,22 @@ async def shot(page: Page, name: str) -> Path:
 @pytest.fixture
 async def console(settings: Settings, chromium: Browser) -> AsyncIterator[Console]:
     """Not started: `await console.api.start(**overrides)` (admin and read tokens set)."""
-    nc = await nats.connect(settings.nats_url)
-    js = nc.jetstream()
-    await js.add_stream(name="TASKS", subjects=["mq.tasks.>"], duplicate_window=120)
-    await js.add_stream(name="SCHEDULED", subjects=["mq.scheduled.>"], duplicate_window=120)
-    write_jobs(settings, JOBS)
-    tuned = settings.with_overrides(
-        admin_token=ADMIN,
-        read_token=READ,
-        backoff=timedelta(milliseconds=100),
-        forecast_interval=timedelta(milliseconds=200),
-    )
-    async with aiohttp.ClientSession() as http:
-        harness = ApiHarness(tuned, nc, http)
+    async with running_api(settings, JOBS) as harness:
         console = Console(harness, chromium)
         try:
             yield console
         finally:
             await console.close()
-            await harness.stop()
-            await nc.close()
     assert not console.errors, console.errors
+
+
+async def tab_to(page: Page, name: str, presses: int = 60) -> None:
+    """Move the focus with Tab until the control named `name` has it (keyboard use)."""
+    for _ in range(presses):
+        await page.keyboard.press("Tab")
+        focused = await page.evaluate(
+            "() => (document.activeElement && document.activeElement.innerText) || ''"
+        )
+        if " ".join(focused.split()) == name:
+            return
+    raise AssertionError(f"{page.url}: Tab never reached {name!r}")

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from playwright.async_api import Page, expect
 
-from tests.browser.conftest import Console, shot
+from tests.browser.conftest import Console, shot, tab_to
 from tests.integration.api.harness import READ, TARGET, envelope, poll
 
 pytestmark = pytest.mark.parametrize("servers", ["current"], indirect=True)
@@ -200,15 +200,3 @@ async def test_script_in_payloads_and_inputs_renders_as_text(console: Console) -
     await expect(page.get_by_label("Org id")).to_have_value("<script>window.__xss=1</script>")
     await no_script_ran(page)
     assert await page.locator("script").count() == 1  # console.js, and nothing else
-
-
-async def tab_to(page: Page, name: str, presses: int = 60) -> None:
-    """Move the focus with Tab until the control named `name` has it (keyboard use)."""
-    for _ in range(presses):
-        await page.keyboard.press("Tab")
-        focused = await page.evaluate(
-            "() => { const e = document.activeElement; return e ? e.innerText || '' : ''; }"
-        )
-        if " ".join(focused.split()) == name:
-            return
-    raise AssertionError(f"Tab never reached {name!r}")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from playwright.async_api import Page, expect
 
-from tests.browser.conftest import WIDTHS, Console, shot
+from tests.browser.conftest import WIDTHS, Console, shot, tab_to
 from tests.integration.api.harness import READ, TARGET, envelope, poll
 
 pytestmark = pytest.mark.parametrize("servers", ["current"], indirect=True)
@@ -116,7 +116,7 @@ async def test_every_page_is_labelled_keyboard_usable_and_fits_both_widths(
         for name, (path, action) in pages.items():
             await page.goto(console.url + path)
             await audit(page)
-            await reach_by_tab(page, action)
+            await tab_to(page, action)
             await shot(page, name)
         await page.get_by_role("button", name="Sign out").click()
         await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
@@ -177,16 +177,3 @@ async def test_yaml_error_shows_as_a_banner_with_file_line_and_job(console: Cons
         await expect(banner).to_contain_text("value out of range 0-59")
         await expect(banner).to_contain_text("job report-weekly")
     await shot(page, "yaml-banner")
-
-
-async def reach_by_tab(page: Page, name: str, presses: int = 60) -> None:
-    """Tab from the top of the page until the control named `name` has the focus."""
-    await page.locator("body").focus()
-    for _ in range(presses):
-        await page.keyboard.press("Tab")
-        focused = await page.evaluate(
-            "() => (document.activeElement && document.activeElement.innerText) || ''"
-        )
-        if " ".join(focused.split()) == name:
-            return
-    raise AssertionError(f"{page.url}: Tab never reached {name!r}")

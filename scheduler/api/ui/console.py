@@ -248,6 +248,17 @@ def page_url(path: str, **params: Any) -> str:
     return f"{path}?{query}" if query else path
 
 
+async def shown(
+    view: View, api_path: str, template: str, name: str, active: str, back: str | None = None
+) -> HTMLResponse:
+    """A page showing one object the API answers for `api_path` (as `name`), or the API's
+    refusal."""
+    answer = await view.api.get(api_path)
+    if not answer.ok:
+        return view.failed(answer, back)
+    return view.render(template, active=active, **{name: answer.body})
+
+
 def fragment_or(view: View, full: str, part: str, **context: Any) -> HTMLResponse:
     """The whole page, or only its live part when console.js refreshes it."""
     return view.render(part if is_fragment(view.request) else full, **context)

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
-from scheduler.api.ui.console import Actor, View, Viewer, page_url
+from scheduler.api.ui.console import Actor, View, Viewer, page_url, shown
 
 router = APIRouter(prefix="/ui/dead-letters", include_in_schema=False)
 PAGE_SIZE = 50
@@ -86,18 +86,15 @@ async def replay_batch(form: Actor) -> Response:
 
 @router.get("/{dead_id}")
 async def dead_letter(view: Viewer, dead_id: str) -> HTMLResponse:
-    answer = await view.api.get(f"/v1/dead-letters/{dead_id}")
-    if not answer.ok:
-        return view.failed(answer, "/ui/dead-letters")
-    return view.render("dead_letter.html", active="dead-letters", dead=answer.body)
+    path = f"/v1/dead-letters/{dead_id}"
+    return await shown(view, path, "dead_letter.html", "dead", "dead-letters", "/ui/dead-letters")
 
 
 @router.get("/{dead_id}/replay")
 async def confirm_replay(view: Viewer, dead_id: str) -> HTMLResponse:
-    answer = await view.api.get(f"/v1/dead-letters/{dead_id}")
-    if not answer.ok:
-        return view.failed(answer, "/ui/dead-letters")
-    return view.render("confirm_replay.html", active="dead-letters", dead=answer.body)
+    path = f"/v1/dead-letters/{dead_id}"
+    back = "/ui/dead-letters"
+    return await shown(view, path, "confirm_replay.html", "dead", "dead-letters", back)
 
 
 @router.post("/{dead_id}/replay")

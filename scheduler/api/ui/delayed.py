@@ -9,7 +9,7 @@ from urllib.parse import quote
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
-from scheduler.api.ui.console import Actor, Viewer, page_url
+from scheduler.api.ui.console import Actor, Viewer, page_url, shown
 from scheduler.durations import parse_duration
 
 router = APIRouter(prefix="/ui/delayed", include_in_schema=False)
@@ -51,18 +51,14 @@ async def search(
 
 @router.get("/{task_id}")
 async def task(view: Viewer, task_id: str) -> HTMLResponse:
-    answer = await view.api.get(f"/v1/delayed/{task_id}")
-    if not answer.ok:
-        return view.failed(answer, "/ui/delayed")
-    return view.render("task.html", active="delayed", task=answer.body, error=None)
+    path = f"/v1/delayed/{task_id}"
+    return await shown(view, path, "task.html", "task", "delayed", "/ui/delayed")
 
 
 @router.get("/{task_id}/cancel")
 async def confirm_cancel(view: Viewer, task_id: str) -> HTMLResponse:
-    answer = await view.api.get(f"/v1/delayed/{task_id}")
-    if not answer.ok:
-        return view.failed(answer, "/ui/delayed")
-    return view.render("confirm_cancel.html", active="delayed", task=answer.body)
+    path = f"/v1/delayed/{task_id}"
+    return await shown(view, path, "confirm_cancel.html", "task", "delayed", "/ui/delayed")
 
 
 @router.post("/{task_id}/cancel")

@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
 from scheduler.api.models import JOB_NAME
-from scheduler.api.ui.console import Actor, View, Viewer, page_url
+from scheduler.api.ui.console import Actor, View, Viewer, page_url, shown
 
 router = APIRouter(prefix="/ui/schedules", include_in_schema=False)
 PAGE_SIZE = 25
@@ -54,18 +54,13 @@ async def _details(view: View, names: list[str]) -> list[dict[str, Any]]:
 
 @router.get("/{name}")
 async def schedule(view: Viewer, name: str) -> HTMLResponse:
-    answer = await view.api.get(f"/v1/schedules/{name}")
-    if not answer.ok:
-        return view.failed(answer)
-    return view.render("schedule.html", active="schedules", job=answer.body)
+    return await shown(view, f"/v1/schedules/{name}", "schedule.html", "job", "schedules")
 
 
 @router.get("/{name}/trigger")
 async def confirm_trigger(view: Viewer, name: str) -> HTMLResponse:
-    answer = await view.api.get(f"/v1/schedules/{name}")
-    if not answer.ok:
-        return view.failed(answer)
-    return view.render("confirm_trigger.html", active="schedules", job=answer.body)
+    path = f"/v1/schedules/{name}"
+    return await shown(view, path, "confirm_trigger.html", "job", "schedules", "/ui/schedules")
 
 
 @router.post("/{name}/{action}")
