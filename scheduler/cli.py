@@ -13,6 +13,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -51,8 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    # Until a command's event loop takes the signals over, SIGTERM stops like Ctrl-C does.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Until a command's event loop takes the signals over, SIGTERM stops like Ctrl-C does
+    # (signal handlers belong to the main thread; a caller running main() in another thread
+    # keeps its own).
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if in_main else None
     try:
         return int(args.func(args))
     except ConfigError as exc:
@@ -68,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         print("scheduler: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _parser() -> argparse.ArgumentParser:

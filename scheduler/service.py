@@ -72,6 +72,9 @@ class SchedulerService:
         await self.service.add_endpoint(
             name="stats", subject=f"{PREFIX}.stats", handler=self._stats
         )
+        # The subscriptions are only queued so far: once the server has them, a request made
+        # after start-up finds a responder (not `no responders` on a busy host).
+        await self.nc.flush()
 
     async def stop(self) -> None:
         if self.service is not None:
