@@ -30,9 +30,10 @@ from scheduler.engine.leader import Leadership
 from scheduler.engine.office import Office
 from scheduler.engine.recurring import CronEngine
 from scheduler.engine.skew import ClockCheck
-from scheduler.errors import ConfigError
+from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.metrics import Metrics
 from scheduler.operations.build import Operations, build_operations
+from scheduler.operations.instances import read_instances
 from scheduler.operations.stats import Refresher
 from scheduler.service import SchedulerService
 from scheduler.settings import Settings
@@ -361,6 +362,12 @@ class Daemon:
             "since": holder.get("since"),
             "self": me,
         }
+
+    async def instances(self) -> list[dict[str, Any]]:
+        """What `GET /v1/instances` answers: every instance's latest heartbeat."""
+        if self.state_kv is None:
+            raise ServiceUnavailableError("NATS", "the state bucket is not open yet")
+        return await read_instances(self.state_kv, self.clock.now())
 
     async def _check_lease_bucket(self) -> None:
         """The lease bucket's TTL must equal the lease TTL, else two leaders or slow takeovers."""

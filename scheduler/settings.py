@@ -52,6 +52,7 @@ _DURATION_FIELDS = (
     "max_clock_skew",
     "startup_timeout",
     "forecast_interval",
+    "ui_session_ttl",
 )
 
 
@@ -110,6 +111,9 @@ class Settings(BaseSettings):
     allow_unsafe_nats: bool = False
     forecast_top: int = Field(default=20, ge=1, le=1000)
     forecast_interval: Duration = timedelta(seconds=5)
+    audit_dir: Path | None = None
+    ui_session_ttl: Duration = Field(default=timedelta(hours=12), gt=timedelta(0))
+    ui_secure_cookie: bool = False
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")
 

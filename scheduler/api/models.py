@@ -159,9 +159,20 @@ class ScheduleDetail(ScheduleSummary):
     fires: list[Fire] = Field(description="the last 20 deliveries, newest first")
 
 
+class ScheduleProblem(BaseModel):
+    file: str
+    line: int | None
+    job: str | None = Field(description="the job the problem is in, when known")
+    message: str
+
+
 class SchedulePage(BaseModel):
     items: list[ScheduleSummary]
     next_cursor: str | None
+    problems: list[ScheduleProblem] = Field(
+        description="errors in the schedules YAML as this instance reads it now; the jobs they "
+        "name are not loaded (a job that was valid before stops firing)"
+    )
 
 
 class ScheduleOutcome(BaseModel):
@@ -266,3 +277,37 @@ class Stats(BaseModel):
     epoch_taken_by: str | None
     epoch_taken_at: datetime | None
     instance: dict[str, Any] = Field(description="how the answering instance sees itself")
+
+
+# -- instances ---------------------------------------------------------------------------------
+class Instance(BaseModel):
+    instance: str
+    role: Literal["leader", "standby"]
+    epoch: int | None
+    since: datetime | None = Field(description="when it took this role")
+    last_seen: datetime = Field(description="its latest heartbeat (every 5 s)")
+    stale: bool = Field(description="no heartbeat for 15 s: crashed, or cut off from NATS")
+
+
+class InstanceList(BaseModel):
+    items: list[Instance]
+
+
+# -- drift audit -------------------------------------------------------------------------------
+class AuditRun(BaseModel):
+    run: str = Field(description="the run's folder under SCHEDULER_AUDIT_DIR")
+    day: str = Field(description="the day audited: the folder's name, or when it was written")
+    written_at: datetime = Field(description="when its summary.json was written")
+    has_report: bool
+
+
+class AuditRuns(BaseModel):
+    configured: bool = Field(description="false: SCHEDULER_AUDIT_DIR is not set")
+    problem: str | None = Field(description="why the folder cannot be read")
+    items: list[AuditRun] = Field(description="newest first")
+
+
+class AuditSummary(BaseModel):
+    run: str
+    has_report: bool
+    summary: dict[str, Any] = Field(description="the run's summary.json (docs/drift-audit.md)")

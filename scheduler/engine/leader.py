@@ -328,17 +328,32 @@ class Leadership:
         return json.dumps({"instance": self.instance, "epoch": epoch, "since": since_text}).encode()
 
     async def heartbeat(self, state_kv: KeyValue, stop: asyncio.Event) -> None:
-        """Write `instances.<instance_id>` = {role, epoch, at} to the state bucket until `stop`:
-        every few seconds and at once when the role changes."""
+        """Write `instances.<instance_id>` = {instance, role, epoch, since, at} to the state bucket
+        until `stop`, every few seconds and at once when the role changes (`since`: when this
+        instance took the role; `GET /v1/instances` reads them); delete it at `stop`."""
         key = "instances." + re.sub(r"[^-/_=a-zA-Z0-9]", "_", self.instance)
+        role, since = "", self._clock.now()
         while not stop.is_set():
-            record = {"role": self.role, "epoch": self.epoch, "at": to_rfc3339(self._clock.now())}
+            now = self._clock.now()
+            if self.role != role:
+                role, since = self.role, self.since or now
+            record = {
+                "instance": self.instance,
+                "role": role,
+                "epoch": self.epoch,
+                "since": to_rfc3339(since),
+                "at": to_rfc3339(now),
+            }
             try:
                 await state_kv.put(key, json.dumps(record).encode())
             except Exception as exc:  # informational only; the next beat tries again
                 self._log.debug("leader.heartbeat_failed error=%r", exc)
             change = self._lost.wait() if record["role"] == "leader" else self._office.wait()
             await first_of(self._clock.sleep(HEARTBEAT_EVERY), stop.wait(), change)
+        try:  # a stopped instance leaves the list; one that crashed ages out as stale
+            await asyncio.wait_for(state_kv.delete(key), timeout=1.0)
+        except Exception as exc:  # NATS away: readers show the record as stale instead
+            self._log.debug("leader.heartbeat_delete_failed error=%r", exc)
 
 
 def _holder_of(value: bytes | None) -> str | None:

@@ -12,10 +12,12 @@ so the regular occurrences go on as planned.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from datetime import datetime
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client
@@ -28,7 +30,7 @@ from scheduler.engine.misfire import fire_time
 from scheduler.engine.recurring import envelope
 from scheduler.operations import Outcome
 from scheduler.operations.paging import Page, decode, page
-from scheduler.schedules import Job, job_from_definition
+from scheduler.schedules import Job, job_from_definition, load_dir, schedule_files
 from scheduler.settings import Settings
 from scheduler.store.overview import OverviewStore
 from scheduler.store.schedules import Advance, ScheduleStore
@@ -40,6 +42,7 @@ NEXT_COUNT = 10
 FIRES_COUNT = 20
 CHANGED_SUBJECT = "scheduler.v1.internal.schedules"
 PUBLISH_TIMEOUT = 5.0
+_UNREAD = object()
 
 
 class ScheduleOperations:
@@ -56,12 +59,23 @@ class ScheduleOperations:
         self.store = store
         self.overview = overview
         self.clock = clock
+        self._problems: tuple[object, list[dict[str, Any]]] = (_UNREAD, [])
 
     async def list(self, active: bool | None, cursor: str | None, limit: int) -> Page[dict]:
         key = decode(CURSOR, cursor, (str,))
         rows = await self.overview.schedules(active, key[0] if key else None, limit + 1)
         listed = page(rows, limit, lambda r: (r["name"],), CURSOR)
         return Page([self._summary(r) for r in listed.items], listed.next_cursor)
+
+    async def problems(self) -> list[dict[str, Any]]:
+        """Errors in the YAML files as this instance reads them now (the jobs they name are not
+        loaded, so not fired): `{file, line, job, message}`. Read again only when a file was
+        added, removed or changed."""
+        directory = Path(self.settings.schedules_dir)
+        stamp = await asyncio.to_thread(_files_stamp, directory)
+        if stamp != self._problems[0]:
+            self._problems = (stamp, await asyncio.to_thread(_load_problems, directory))
+        return self._problems[1]
 
     async def show(self, name: str) -> dict[str, Any] | None:
         """A job's summary plus its next occurrences and latest deliveries with lateness."""
@@ -155,6 +169,21 @@ def manual_envelope(job: Job, now: datetime, key: str) -> tuple[bytes, dict[str,
     doc["id"] = key
     headers = {**headers, "Nats-Msg-Id": key, "Mq-Manual": "true"}
     return json.dumps(doc, separators=(",", ":")).encode(), headers
+
+
+def _files_stamp(directory: Path) -> object:
+    try:
+        return tuple((str(p), p.stat().st_mtime_ns) for p in schedule_files(directory))
+    except OSError:  # not a folder (or gone): _load_problems says so
+        return None
+
+
+def _load_problems(directory: Path) -> list[dict[str, Any]]:
+    if not directory.is_dir():
+        message = "not a folder (SCHEDULER_SCHEDULES_DIR)"
+        return [{"file": str(directory), "line": None, "job": None, "message": message}]
+    errors = load_dir(directory).errors
+    return [{"file": e.file, "line": e.line, "job": e.job, "message": e.message} for e in errors]
 
 
 def _job(row: dict[str, Any]) -> Job:

@@ -14,7 +14,7 @@ import pytest
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from scheduler.clock import FakeClock
+from scheduler.clock import FakeClock, to_rfc3339
 from scheduler.engine.leader import LEASE_KEY, Leadership
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -334,14 +334,17 @@ async def test_database_down_gives_the_lease_back(
 
 
 async def test_heartbeat_writes_instance_state(start: Start, kv: FakeKV) -> None:
-    """The heartbeat records role and epoch under instances.<id> in the state bucket."""
+    """The heartbeat records role, epoch and since when under instances.<id> in the state
+    bucket, and deletes the record when it stops."""
     a, _ = start("a")
     await settle(a.may_act)
     stop = asyncio.Event()
     beat = asyncio.create_task(a.heartbeat(cast(KeyValue, kv), stop))
     await settle(lambda: kv.current("instances.a") is not None)
+    record = json.loads(kv.current("instances.a").value)  # type: ignore[union-attr]
+    assert record["role"] == "leader" and record["epoch"] == 1 and record["instance"] == "a"
+    assert a.since is not None and record["since"] == to_rfc3339(a.since)
     stop.set()
     async with asyncio.timeout(1):
         await beat
-    record = json.loads(kv.current("instances.a").value)  # type: ignore[union-attr]
-    assert record["role"] == "leader" and record["epoch"] == 1
+    assert kv.current("instances.a") is None

@@ -23,3 +23,18 @@ def test_pyproject_metadata_raises_no_setuptools_deprecation(
         warnings.filterwarnings("ignore", message=".*tool.setuptools.* is still \\*beta\\*")
         dist = apply_configuration(Distribution(), ROOT / "pyproject.toml")
     assert dist.metadata.license_expression == "Apache-2.0"
+
+
+def test_console_templates_and_static_files_are_package_data() -> None:
+    """Every file the console serves is matched by package-data, so a built wheel (the Docker
+    image's `pip install .`) carries it."""
+    import tomllib
+    from fnmatch import fnmatch
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["scheduler.api.ui"]
+    ui = ROOT / "scheduler" / "api" / "ui"
+    files = [
+        p.relative_to(ui).as_posix() for d in ("templates", "static") for p in (ui / d).iterdir()
+    ]
+    assert files and all(any(fnmatch(f, g) for g in globs) for f in files), files

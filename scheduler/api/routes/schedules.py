@@ -43,9 +43,10 @@ async def list_schedules(
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> Any:
-    """Cron jobs by name: spec, source file and line, paused or not, last occurrence."""
+    """Cron jobs by name: spec, source file and line, paused or not, last occurrence; and the
+    errors in the YAML files (`problems`)."""
     got = await ops.schedules.list(active, cursor, limit)
-    return got.as_dict()
+    return {**got.as_dict(), "problems": await ops.schedules.problems()}
 
 
 @router.get("/{name}", response_model=ScheduleDetail, responses=responses(401, 403, 404, 422, 503))

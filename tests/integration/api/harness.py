@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
@@ -117,6 +120,30 @@ class ApiHarness(DaemonRunner):
         finally:
             await psub.unsubscribe()
         return out
+
+
+@asynccontextmanager
+async def running_api(settings: Settings, jobs: str = JOBS) -> AsyncIterator[ApiHarness]:
+    """An ApiHarness (not started) with both tokens, fast retries, the `jobs` YAML and the
+    target streams TASKS and SCHEDULED; stopped and disconnected on the way out."""
+    nc = await nats.connect(settings.nats_url)
+    js = nc.jetstream()
+    await js.add_stream(name="TASKS", subjects=["mq.tasks.>"], duplicate_window=120)
+    await js.add_stream(name="SCHEDULED", subjects=["mq.scheduled.>"], duplicate_window=120)
+    write_jobs(settings, jobs)
+    tuned = settings.with_overrides(
+        admin_token=ADMIN,
+        read_token=READ,
+        backoff=timedelta(milliseconds=100),
+        forecast_interval=timedelta(milliseconds=200),
+    )
+    async with aiohttp.ClientSession() as http:
+        harness = ApiHarness(tuned, nc, http)
+        try:
+            yield harness
+        finally:
+            await harness.stop()
+            await nc.close()
 
 
 def write_jobs(settings: Settings, text: str = JOBS) -> Path:
