@@ -7,12 +7,12 @@ message, paid twice per task here (the JetStream ack of its intake message and i
 client's own pending buffer and flusher, so ordering with every other write of the connection
 is kept and the client still owns the socket.
 
-It relies on three internals of `nats.aio.client.Client` (`_pending`, `_pending_data_size`,
-`_flush_pending`), checked once at construction; on a client without them every call falls
-back to `Client.publish`. tests/integration/test_wire.py checks, on a real server, that what
-arrives is exactly what `Client.publish` would have sent. Header values with CR or LF and keys
-nats-py would refuse (non-ASCII, spaces, colons) also take the fallback, which raises nats-py's
-own error for them.
+It relies on internals of `nats.aio.client.Client` (`_pending`, `_pending_data_size`,
+`_flush_pending`, `_transport`), checked once at construction; on a client without them every
+call falls back to `Client.publish`. tests/integration/test_wire.py checks, on a real server,
+that what arrives is exactly what `Client.publish` would have sent. Header values with CR or LF
+and keys nats-py would refuse (non-ASCII, spaces, colons) also take the fallback, which raises
+nats-py's own error for them.
 
 No frame leaves through here bigger than the server's `max_payload`, counting its control line
 (subject, reply, sizes), headers and payload: the server would refuse it and nats-py then
@@ -45,7 +45,10 @@ _KEY = re.compile(r"[!-9;-~]+")  # printable ASCII but ':', no spaces: nats-py's
 class Wire:
     def __init__(self, nc: Client) -> None:
         self.nc = nc
-        self.raw = all(hasattr(nc, a) for a in ("_pending", "_pending_data_size", "_flush_pending"))
+        self.raw = all(
+            hasattr(nc, a)
+            for a in ("_pending", "_pending_data_size", "_flush_pending", "_transport")
+        )
         self._keys: set[str] = set()
 
     def _learn(self, key: str) -> bool:
@@ -175,12 +178,20 @@ class Wire:
 
     async def _send(self, frames: list[bytes], payload_bytes: int) -> None:
         nc = self.nc
-        size = sum(len(f) for f in frames)
-        nc._pending.extend(frames)
-        nc._pending_data_size += size
+        nc._pending.extend(frames)  # after whatever the client queued: the order is kept
+        nc._pending_data_size += sum(len(f) for f in frames)
         nc.stats["out_msgs"] += len(frames)
         nc.stats["out_bytes"] += payload_bytes
-        if nc._flush_queue is not None and nc._flush_queue.empty():
+        # Written now, in the step that checked the fence and the size, not later by the
+        # client's flusher task: a process frozen in between (SIGSTOP, a starved host) would
+        # find the frames still buffered on waking, and the flusher, ready before any timer,
+        # would send them before the lease check could see that office had ended.
+        transport = getattr(nc, "_transport", None)
+        if transport is not None and nc.is_connected:
+            transport.writelines(nc._pending)
+            nc._pending = []
+            nc._pending_data_size = 0
+        elif nc._flush_queue is not None and nc._flush_queue.empty():
             await nc._flush_pending()
 
 

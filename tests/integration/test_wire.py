@@ -263,3 +263,35 @@ async def test_no_publish_path_sends_a_frame_over_max_payload(nats_url: str) -> 
         assert nc.is_connected and not nc.is_closed
     finally:
         await nc.close()
+
+
+async def test_frames_are_written_to_the_socket_in_the_same_step_not_left_for_the_flusher(
+    nats_url: str,
+) -> None:
+    """What the wire hands over is written to the socket before the call returns, together
+    with what the client queued before it, never left in the client's buffer for its flusher
+    task: a process frozen right after (SIGSTOP, a starved host) would find it there on waking
+    and the flusher, ready before any timer, would send it before the lease check could see
+    that office ended."""
+    nc = await nats.connect(nats_url)
+    try:
+        got: list[nats.aio.msg.Msg] = []
+
+        async def collect(msg: nats.aio.msg.Msg) -> None:
+            got.append(msg)
+
+        await nc.subscribe("wire.step.>", cb=collect)
+        await nc.flush()
+        wire = Wire(nc)
+        await nc.publish("wire.step.first", b"queued by nats-py")  # in its buffer until flushed
+        frame = wire.frame("wire.step.second", b"ours", "", {"Nats-Msg-Id": "s1"})
+        assert frame is not None
+        await wire.send_frames([frame], 4)
+        assert nc._pending == [] and nc._pending_data_size == 0
+        await nc.flush()
+        async with asyncio.timeout(5):
+            while len(got) < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert [m.subject for m in got] == ["wire.step.first", "wire.step.second"]
+    finally:
+        await nc.close()

@@ -19,6 +19,7 @@ class BufferedClient:
         self._pending_data_size = 0
         self._max_payload = 1 << 20
         self._flush_queue = None
+        self._transport = None  # no socket to write to: frames stay in the buffer
         self.is_connected = True
         self.stats = {"reconnects": 0, "out_msgs": 0, "out_bytes": 0}
 
