@@ -42,6 +42,7 @@ class _Client:
 
     _pending: list[bytes] = []
     _pending_data_size = 0
+    _transport = None  # no socket: nothing is sent in these tests
 
     async def _flush_pending(self) -> None:
         return None

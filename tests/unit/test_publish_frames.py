@@ -20,6 +20,7 @@ class _RawClient:
     _pending: list[bytes] = []
     _pending_data_size = 0
     _max_payload = 1 << 20
+    _transport = None  # no socket: nothing is sent in these tests
     is_connected = True
 
     async def _flush_pending(self) -> None:  # pragma: no cover - never awaited here
