@@ -217,11 +217,17 @@ async def read_back(url: str, stream: str, subject: str = ">") -> list[Any]:
         last = (await js.stream_info(stream)).state.last_seq
         cfg = ConsumerConfig(ack_policy=AckPolicy.NONE, max_ack_pending=-1)
         psub = await js.pull_subscribe(subject, stream=stream, config=cfg)
-        while last and (not out or out[-1].metadata.sequence.stream < last):
+        idle = 0  # fetches in a row that brought nothing: big messages (a DLQ of 1 MB copies)
+        # can take longer than one fetch's timeout to arrive, so one empty fetch is not the end
+        while last and (not out or out[-1].metadata.sequence.stream < last) and idle < 5:
             try:
-                out += await psub.fetch(5000, timeout=1.5)
+                got = await psub.fetch(1000, timeout=3)
             except (TimeoutError, nats.errors.TimeoutError):
-                break
+                got = []
+            idle = 0 if got else idle + 1
+            out += got
+        if last and (not out or out[-1].metadata.sequence.stream < last):
+            raise RuntimeError(f"read back {len(out)} messages of {stream}, which holds {last}")
     finally:
         await nc.close()
     return out
