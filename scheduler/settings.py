@@ -182,6 +182,19 @@ class Settings(BaseSettings):
             raise ValueError(f"not a file: {str(value)!r}")
         return value
 
+    @field_validator("nats_creds")
+    @classmethod
+    def _creds_file(cls, value: Path | None) -> Path | None:
+        # nats-py fails inside its connect with a TypeError on a file that lacks either part
+        if value is not None:
+            text = value.read_text(errors="replace")
+            if not (_CREDS_JWT.search(text) and _SEED.search(text)):
+                raise ValueError(
+                    "not a NATS credentials file: it needs the user's JWT and NKey seed blocks, "
+                    "as `nsc generate creds` writes them"
+                )
+        return value
+
     @field_validator("nats_nkey_seed")
     @classmethod
     def _nkey_seed(cls, value: SecretStr | None) -> SecretStr | None:
@@ -299,6 +312,7 @@ def nkey_seed(value: SecretStr) -> bytes:
 
 
 _SEED = re.compile(r"SU[A-Z2-7]{56}")
+_CREDS_JWT = re.compile(r"-+BEGIN NATS USER JWT-+\s*\n\s*[\w-]+\.[\w-]+\.[\w-]+")
 
 
 def _check_postgres_url(url: str) -> None:

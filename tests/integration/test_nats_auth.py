@@ -20,6 +20,7 @@ from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from tests.compat import NatsServerOf, Servers
+from tests.natsjwt import Operator, new_key
 from tests.processes import CliProcess, cli_env, scheduler
 from tests.tls import CertificateAuthority
 
@@ -186,6 +187,51 @@ async def test_tls_with_the_ca_and_mutual_tls_with_a_client_certificate(
     assert await connects(settings_for(mutual, nats_tls_ca=pki["ca"], **client, **secret))
     tls_url = mutual.replace("nats://", "tls://")
     assert await connects(settings_for(tls_url, nats_tls_ca=pki["ca"], **client, **secret))
+
+
+@pytest.fixture
+def operator() -> Operator:
+    return Operator()
+
+
+async def test_the_daemon_connects_with_a_creds_file(
+    start_nats: StartNats, operator: Operator, tmp_path: Path
+) -> None:
+    """In operator mode (JWTs, a memory resolver), a `.creds` file of a user of an account with
+    JetStream gets the daemon's connection in."""
+    url = await asyncio.to_thread(start_nats, operator.server_config(tmp_path))
+    creds = operator.user_creds(tmp_path / "scheduler.creds")
+    assert await connects(settings_for(url, nats_creds=creds))
+
+
+CREDS_WRONG = {
+    "expired-jwt": "the user's JWT has expired",
+    "untrusted-signer": "the user's JWT is signed by a key its account does not trust",
+    "not-creds": "the file holds no JWT",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CREDS_WRONG))
+async def test_a_refused_creds_file_stops_the_start_with_one_line(
+    start_nats: StartNats, operator: Operator, tmp_path: Path, case: str
+) -> None:
+    """A `.creds` file the server refuses (expired, signed by an untrusted key) or that is no
+    creds file ends `scheduler run` with one line naming SCHEDULER_NATS_CREDS; its seed is not
+    in the output."""
+    url = await asyncio.to_thread(start_nats, operator.server_config(tmp_path))
+    path = tmp_path / "scheduler.creds"
+    if case == "expired-jwt":
+        operator.user_creds(path, expired=True)
+    elif case == "untrusted-signer":
+        operator.user_creds(path, signer=new_key(nkeys.PREFIX_BYTE_ACCOUNT))
+    else:
+        path.write_text("SUAM" + "B" * 54 + "\n")
+    proc, line = await asyncio.to_thread(
+        run_fails, tmp_path, SCHEDULER_NATS_URL=url, SCHEDULER_NATS_CREDS=str(path)
+    )
+    assert_names(line, "SCHEDULER_NATS_CREDS")
+    seed = next(t for t in path.read_text().split() if t.startswith("SU"))
+    assert_no_secret(proc, seed)
 
 
 # -- wrong ones: one line naming the setting ------------------------------------------------------

@@ -195,12 +195,13 @@ def test_nats_credentials_and_tls_files_are_read(
     [
         ({"nats_tls_ca": "/no/such/ca.pem"}, "SCHEDULER_NATS_TLS_CA", "no such file"),
         ({"nats_creds": "/no/such.creds"}, "SCHEDULER_NATS_CREDS", "no such file"),
+        ({"nats_creds": "FILE"}, "SCHEDULER_NATS_CREDS", "not a NATS credentials file"),
         ({"nats_tls_cert": "FILE"}, "SCHEDULER_NATS_TLS_KEY", "go together"),
         ({"nats_tls_key": "FILE"}, "SCHEDULER_NATS_TLS_CERT", "go together"),
         ({"nats_nkey_seed": "SUshort"}, "SCHEDULER_NATS_NKEY_SEED", "neither a user seed"),
         ({"nats_nkey_seed": "FILE"}, "SCHEDULER_NATS_NKEY_SEED", "holds no user seed"),
         ({"nats_token": "t", "nats_user": "u"}, "SCHEDULER_NATS_TOKEN", "one way to authenticate"),
-        ({"nats_creds": "FILE", "nats_nkey_seed": SEED}, "SCHEDULER_NATS_CREDS", "one way"),
+        ({"nats_creds": "CREDS", "nats_nkey_seed": SEED}, "SCHEDULER_NATS_CREDS", "one way"),
         ({"database_password_file": "/no/pw"}, "SCHEDULER_DATABASE_PASSWORD_FILE", "no such file"),
     ],
 )
@@ -211,7 +212,10 @@ def test_wrong_credential_settings_name_the_variable(
     are refused at load, naming the variable to fix."""
     some_file = tmp_path / "file"
     some_file.write_text("not a seed\n")
-    values = {k: str(some_file) if v == "FILE" else v for k, v in fields.items()}
+    creds = tmp_path / "user.creds"
+    creds.write_text(f"-----BEGIN NATS USER JWT-----\naaa.bbb.ccc\n------END\n{SEED}\n")
+    files = {"FILE": str(some_file), "CREDS": str(creds)}
+    values = {k: files.get(v, v) for k, v in fields.items()}
     with pytest.raises(ConfigError) as info:
         load_settings(**values)
     assert info.value.variable == variable, str(info.value)
