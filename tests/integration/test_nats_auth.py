@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,10 +18,12 @@ import nkeys
 import pytest
 
 from scheduler.bus.nats import NatsBus
+from scheduler.daemon import Daemon
 from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from tests.compat import NatsServerOf, Servers
+from tests.helpers import DaemonRunner, wait_until
 from tests.natsjwt import Operator, new_key
 from tests.processes import CliProcess, cli_env, scheduler
 from tests.tls import CertificateAuthority
@@ -39,6 +43,26 @@ SEED, PUBLIC = new_user_nkey()
 OTHER_SEED, _ = new_user_nkey()
 
 StartNats = Callable[[str], str]
+
+
+def http_text(url: str) -> str:
+    """The body of GET `url` (any status)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return str(resp.read().decode())
+    except urllib.error.HTTPError as exc:
+        return str(exc.read().decode())
+
+
+async def served_text(daemon: Daemon) -> str:
+    """What /readyz, /v1/leader and /metrics serve, in one string."""
+    assert daemon.endpoints.api is not None and daemon.endpoints.metrics is not None
+    urls = [
+        daemon.endpoints.api.url + "/readyz",
+        daemon.endpoints.api.url + "/v1/leader",
+        daemon.endpoints.metrics.url + "/metrics",
+    ]
+    return "\n".join([await asyncio.to_thread(http_text, u) for u in urls])
 
 
 @pytest.fixture
@@ -361,8 +385,6 @@ async def test_a_running_daemon_shows_no_secret_in_logs_repr_or_readyz(
 ) -> None:
     """Under mutual TLS with an NKey seed, the daemon starts and is ready; neither its logs,
     its settings' repr nor /readyz hold the seed."""
-    from tests.helpers import DaemonRunner, wait_until
-
     url = await asyncio.to_thread(start_nats, tls_block(pki, verify=True) + NKEYS)
     (tmp_path / "schedules").mkdir()
     settings = Settings(
@@ -384,9 +406,10 @@ async def test_a_running_daemon_shows_no_secret_in_logs_repr_or_readyz(
     daemon = await runner.start()
     try:
         await wait_until(lambda: daemon.readiness()[0], 10)
-        body = json.dumps(daemon.readiness()[1])
+        body = json.dumps(daemon.readiness()[1]) + await served_text(daemon)
     finally:
         await runner.stop()
+    assert '"ready":true' in body.replace(" ", "") and "mq_scheduler_" in body, body
     for text in (caplog.text, repr(settings), str(settings), body):
         assert SEED not in text
         assert SEED[2:20] not in text

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import asyncpg
 import pytest
 
 from scheduler import migrate
+from scheduler.daemon import Daemon
 from scheduler.settings import Settings
 from tests.compat import ClusterPostgres, Servers, compat_servers
 from tests.helpers import DaemonRunner, wait_until
@@ -88,6 +91,26 @@ class TlsPostgres(ClusterPostgres):
         )
 
 
+def http_text(url: str) -> str:
+    """The body of GET `url` (any status)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return str(resp.read().decode())
+    except urllib.error.HTTPError as exc:
+        return str(exc.read().decode())
+
+
+async def served_text(daemon: Daemon) -> str:
+    """What /readyz, /v1/leader and /metrics serve, in one string."""
+    assert daemon.endpoints.api is not None and daemon.endpoints.metrics is not None
+    urls = [
+        daemon.endpoints.api.url + "/readyz",
+        daemon.endpoints.api.url + "/v1/leader",
+        daemon.endpoints.metrics.url + "/metrics",
+    ]
+    return "\n".join([await asyncio.to_thread(http_text, u) for u in urls])
+
+
 @pytest.fixture(scope="module")
 def ca(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
     return CertificateAuthority(tmp_path_factory.mktemp("pg-pki"))
@@ -151,7 +174,7 @@ async def test_the_daemon_runs_over_verified_tls_with_a_password_file(
     daemon = await runner.start()
     try:
         await wait_until(lambda: daemon.readiness()[0], 10)
-        body = json.dumps(daemon.readiness()[1])
+        body = json.dumps(daemon.readiness()[1]) + await served_text(daemon)
         admin = await asyncpg.connect(app_db.admin_dsn)
         try:
             rows = await admin.fetch(
@@ -163,6 +186,7 @@ async def test_the_daemon_runs_over_verified_tls_with_a_password_file(
     finally:
         await runner.stop()
     assert rows and all(r["ssl"] for r in rows), rows
+    assert '"ready":true' in body.replace(" ", "") and "mq_scheduler_" in body, body
     assert PASSWORD not in caplog.text and PASSWORD not in body
     assert PASSWORD not in repr(settings)
 
