@@ -232,6 +232,11 @@ class Settings(BaseSettings):
         file = self.database_password_file
         if file is None:
             return self
+        if self.database_url is not None and not urlsplit(self.database_dsn or "").username:
+            raise ValueError(
+                "SCHEDULER_DATABASE_PASSWORD_FILE: SCHEDULER_DATABASE_URL names no user for the "
+                "password (postgresql://user@host/db)"
+            )
         if self.database_url is not None and urlsplit(self.database_dsn or "").password:
             raise ValueError(
                 "SCHEDULER_DATABASE_PASSWORD_FILE: is set and SCHEDULER_DATABASE_URL has a "
@@ -304,7 +309,10 @@ def nkey_seed(value: SecretStr) -> bytes:
         path = Path(text)
         if not path.is_file():
             raise ValueError("is neither a user seed (SU...) nor a readable file")
-        found = _SEED.search(path.read_text())
+        try:
+            found = _SEED.search(path.read_text(errors="replace"))
+        except OSError as exc:
+            raise ValueError(f"{text!r} cannot be read ({exc.strerror})") from None
         if found is None:
             raise ValueError(f"{text!r} holds no user seed (a line starting SU)")
         text = found.group(0)

@@ -265,6 +265,7 @@ def test_database_password_file_is_read_once_and_never_shown(tmp_path: Path) -> 
     [
         ("postgresql://app:inline@db/app", "pw", "has a password too"),
         ("postgresql://app@db/app", "\n", "is empty"),
+        ("postgresql:///app?host=/run/pg", "pw", "names no user"),
     ],
 )
 def test_database_password_file_conflicts_are_refused(
