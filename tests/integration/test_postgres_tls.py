@@ -140,8 +140,8 @@ async def app_db(tls_pg: TlsPostgres) -> AsyncIterator[TlsPostgres]:
     yield tls_pg
 
 
-def password_file(tmp_path: Path, password: str) -> Path:
-    path = tmp_path / "pg-password"
+def password_file(tmp_path: Path, password: str, name: str = "pg-password") -> Path:
+    path = tmp_path / name
     path.write_text(password + "\n")
     path.chmod(0o600)
     return path
@@ -205,7 +205,7 @@ async def test_migrate_runs_over_verified_tls(
 
 
 @pytest.mark.parametrize("verb", ["run", "migrate"])
-@pytest.mark.parametrize("case", ["stranger-ca", "wrong-password", "no-tls"])
+@pytest.mark.parametrize("case", ["stranger-ca", "expired-server", "wrong-password", "no-tls"])
 async def test_a_wrong_ca_or_password_stops_the_start_with_one_line(
     app_db: TlsPostgres,
     ca: CertificateAuthority,
@@ -214,17 +214,27 @@ async def test_a_wrong_ca_or_password_stops_the_start_with_one_line(
     verb: str,
     case: str,
 ) -> None:
-    """A CA that did not sign the server's certificate, a wrong password in the file, or a URL
-    without TLS (the server refuses it) ends `scheduler run` / `migrate` at once with one line
-    naming the setting (exit status 2), no traceback, no password."""
+    """A CA that did not sign the server's certificate, a server certificate that has expired, a
+    wrong password in the file, or a URL without TLS (the server refuses it) ends `scheduler
+    run` / `migrate` at once with one line naming the setting (exit status 2), no traceback, no
+    password."""
     good = password_file(tmp_path, PASSWORD)
+    if case == "expired-server":
+        await asyncio.to_thread(app_db.stop)
+        app_db.server_pem = ca.issue("pg-server-old", expired=True)
+        await asyncio.to_thread(app_db.start)
     url, file, words = {
         "stranger-ca": (
             app_db.app_url(CertificateAuthority(tmp_path / "other", "other CA").pem),
             good,
             "TLS failed",
         ),
-        "wrong-password": (app_db.app_url(ca.pem), password_file(tmp_path, "wr0ng-s3cret"), ""),
+        "expired-server": (app_db.app_url(ca.pem), good, "certificate has expired"),
+        "wrong-password": (
+            app_db.app_url(ca.pem),
+            password_file(tmp_path, "wr0ng-s3cret", "wrong"),
+            "",
+        ),
         "no-tls": (
             app_db.app_url(ca.pem).split("?")[0] + "?sslmode=disable",
             good,
