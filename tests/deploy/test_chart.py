@@ -758,6 +758,37 @@ def test_audit_to_an_object_store_path(render: Render, tmp_path: Path) -> None:
     assert all(v["name"] != "output" for v in pod["volumes"])
 
 
+def test_daemons_can_read_the_audit_reports(render: Render) -> None:
+    """With audit.output.pvc.mountInDaemons the daemon pods mount the audit's claim read-only
+    at /audit and SCHEDULER_AUDIT_DIR points there (the console's drift page); by default they
+    don't, and an explicit config.audit_dir is left alone."""
+    assert "SCHEDULER_AUDIT_DIR" not in env_of(daemon_container(render()))
+    pvc = {"enabled": True, "mountInDaemons": True, "accessModes": ["ReadWriteMany"]}
+    manifests = render(values={"audit": {"output": {"pvc": pvc}}})
+    container = daemon_container(manifests)
+    assert env_of(container)["SCHEDULER_AUDIT_DIR"] == {
+        "name": "SCHEDULER_AUDIT_DIR",
+        "value": "/audit",
+    }
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/audit")
+    assert mount["readOnly"] is True
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    claim = one(manifests, "PersistentVolumeClaim")
+    assert volume["persistentVolumeClaim"] == {
+        "claimName": claim["metadata"]["name"],
+        "readOnly": True,
+    }
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    own = render(values={"audit": {"output": {"pvc": pvc}}, "config": {"audit_dir": "/elsewhere"}})
+    env = [e for e in daemon_container(own)["env"] if e["name"] == "SCHEDULER_AUDIT_DIR"]
+    assert env == [{"name": "SCHEDULER_AUDIT_DIR", "value": "/elsewhere"}]
+    to_store = render(
+        values={"audit": {"output": {"pvc": pvc, "objectStorePath": "s3a://reports/drift"}}}
+    )
+    assert "SCHEDULER_AUDIT_DIR" not in env_of(daemon_container(to_store))
+
+
 def test_audit_can_be_turned_off(render: Render) -> None:
     """audit.enabled=false renders no CronJob, PVC or audit NetworkPolicy."""
     manifests = render(values={"audit": {"enabled": False}})

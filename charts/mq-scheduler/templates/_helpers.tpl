@@ -294,3 +294,9 @@ valueFrom:
           k8s-app: kube-dns
   {{- end }}
 {{- end -}}
+
+{{/* "true" when the daemon pods mount the audit's claim read-only at /audit (empty otherwise). */}}
+{{- define "mq-scheduler.auditInDaemons" -}}
+{{- $out := .Values.audit.output -}}
+{{- if and .Values.audit.enabled $out.pvc.enabled $out.pvc.mountInDaemons (not $out.objectStorePath) -}}true{{- end -}}
+{{- end }}
