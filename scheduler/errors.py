@@ -20,7 +20,7 @@ class EnvelopeError(SchedulerError, ValueError):
     """A task envelope broke one or more rules; each problem names its field.
 
     `reason` is a short machine code (`unparseable`, `invalid_envelope`, `too_large`, `expired`,
-    `too_far`) used as a metric label and in the dead-letter record.
+    `too_far`, `org_mismatch`) used as a metric label and in the dead-letter record.
     """
 
     def __init__(self, problems: list[tuple[str, str]], reason: str = "invalid_envelope") -> None:

@@ -15,6 +15,9 @@ from scheduler.errors import TargetRefusedError
 
 REFUSED_PREFIXES = ("mq.delay.", "mq.dlq.", "$JS.", "$KV.", "$SYS.", "_INBOX.")
 _TOKEN = re.compile(r"[^\s.*>\x00-\x1f\x7f]+")
+# Tenancy (docs/security.md, "Subject scheme"): `mq.org.<org>.<rest>` is organisation <org>'s
+# slice; its delay lane is `mq.delay.org.<org>.<rest>`. Other targets name no organisation.
+ORG_TOKEN = "org"
 INVALID = "_invalid"  # the DLQ subject's tail for a task without a usable target
 # A subject goes into a frame's control line with a reply inbox and two sizes, and the server
 # closes a connection whose control line passes its max_control_line (4 KiB by default).
@@ -38,6 +41,14 @@ def target_from_delay_subject(subject: str, lane_prefix: str = "mq.delay.") -> s
 def target_from_rest(rest: str) -> str:
     """The `<rest>` of an API subject (`scheduler.v1.cancel.<rest>`) -> `mq.<rest>`."""
     return "mq." + rest
+
+
+def org_of(target: str) -> str | None:
+    """The organisation a target names (`mq.org.acme.billing.run` -> `acme`), or None."""
+    parts = target.split(".", 3)
+    if len(parts) >= 3 and parts[0] == "mq" and parts[1] == ORG_TOKEN and parts[2]:
+        return parts[2]
+    return None
 
 
 def dlq_subject(target: str | None, prefix: str = "mq.dlq") -> str:
