@@ -302,8 +302,13 @@ def _read_yaml(text: str, filename: str, out: _FileResult) -> tuple[Any, _LineLo
         problem = f"the file is {len(text)} characters long; at most {MAX_FILE_BYTES}"
         out.errors.append(ScheduleError(filename, None, None, problem))
         return None
-    loader = _LineLoader(text)
-    node: yaml.Node | None = None
+    try:
+        loader = _LineLoader(text)  # raises on control characters in the text
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        problem = f"YAML syntax error: character #x{exc.character:04x} is not allowed"
+        out.errors.append(ScheduleError(filename, line, None, problem))
+        return None
     try:
         node = loader.get_single_node()
         if node is not None and (problem := _too_big(node)) is not None:

@@ -92,7 +92,7 @@ def _refusal(subject: str, allow: tuple[str, ...]) -> str | None:
         return f"is longer than {MAX_SUBJECT_BYTES} bytes"
     if not is_literal(subject):
         return "is not a literal subject (wildcards, empty tokens or control characters)"
-    if not subject.isascii():  # non-ASCII letters can pass for others (a Cyrillic "а" in "acme")
+    if not subject.isascii():  # a Cyrillic letter can pass for a Latin one
         return "holds non-ASCII characters (subjects are dotted ASCII names)"
     for prefix in REFUSED_PREFIXES:
         if subject.startswith(prefix):

@@ -176,3 +176,10 @@ def test_durations_out_of_range_raise_duration_error(value: object, problem: str
 def test_the_longest_duration_is_accepted() -> None:
     """100 years exactly is still a duration."""
     assert parse_duration("36500d") == MAX_DURATION
+
+
+def test_a_control_character_in_the_file_is_an_error_with_its_line() -> None:
+    """PyYAML refuses control characters while opening the text: a file:line error too."""
+    assert errors_of(JOB + "# \x08\n") == [
+        "s.yaml:5: YAML syntax error: character #x0008 is not allowed"
+    ]
