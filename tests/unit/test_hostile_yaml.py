@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from scheduler.cron import CronExpr, CronSyntaxError
 from scheduler.durations import MAX_DURATION, parse_duration
 from scheduler.errors import DurationError
 from scheduler.schedules import MAX_CRON_CHARS, MAX_FILE_BYTES, load_dir, load_text
@@ -183,3 +184,20 @@ def test_a_control_character_in_the_file_is_an_error_with_its_line() -> None:
     assert errors_of(JOB + "# \x08\n") == [
         "s.yaml:5: YAML syntax error: character #x0008 is not allowed"
     ]
+
+
+@pytest.mark.parametrize(
+    ("cron", "problem"),
+    [
+        ("\u00b2 * * * *", "'\u00b2' is not a number"),  # "²".isdigit() is True, int() fails
+        ("*/\u0663 * * * *", "must be a whole number >= 1"),  # an Arabic-Indic three
+        ("9" * 5000 + " * * * *", "value out of range 0-59"),  # int() of 5,000 digits raises
+        ("*/" + "9" * 5000 + " * * * *", "must be a whole number >= 1"),
+    ],
+)
+def test_cron_numbers_that_are_not_plain_ascii_digits_are_syntax_errors(
+    cron: str, problem: str
+) -> None:
+    """Unicode digits and numbers too long to convert are CronSyntaxError (found by fuzzing)."""
+    with pytest.raises(CronSyntaxError, match=problem):
+        CronExpr.parse(cron)
