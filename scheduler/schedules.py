@@ -270,9 +270,12 @@ class _LineLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                 key = self.construct_object(key_node)
-                if key in lines:
-                    self.duplicates.append((key_node.start_mark.line + 1, key))
-                lines.setdefault(key, key_node.start_mark.line + 1)
+                try:
+                    if key in lines:
+                        self.duplicates.append((key_node.start_mark.line + 1, key))
+                    lines.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: construct_mapping reports it below
+                    continue
         self.key_lines[id(data)] = (data, lines)  # keeps `data` alive so the id stays unique
         yield data
         data.update(self.construct_mapping(node))
@@ -325,9 +328,15 @@ def _read_yaml(text: str, filename: str, out: _FileResult) -> tuple[Any, _LineLo
         problem = f"YAML nesting is deeper than the loader can read (at most {MAX_YAML_DEPTH})"
         out.errors.append(ScheduleError(filename, None, None, problem))
         return None
-    except (ValueError, OverflowError) as exc:  # a scalar the safe constructors cannot build
-        where = loader.building.start_mark.line + 1 if loader.building is not None else None
-        out.errors.append(ScheduleError(filename, where, None, f"YAML value error: {exc}"))
+    # A scalar the safe constructors cannot build (`!!timestamp x` fails with AttributeError)
+    except (ValueError, OverflowError, TypeError, AttributeError) as exc:
+        node = loader.building
+        where = node.start_mark.line + 1 if node is not None else None
+        problem = str(exc)
+        if isinstance(exc, TypeError | AttributeError) and node is not None:
+            shown = str(node.value)[:40] if isinstance(node, yaml.ScalarNode) else "this node"
+            problem = f"a {node.tag.rsplit(':', 1)[-1]} cannot be built from {shown!r}"
+        out.errors.append(ScheduleError(filename, where, None, f"YAML value error: {problem}"))
         return None
     finally:
         loader.dispose()

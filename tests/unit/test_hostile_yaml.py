@@ -201,3 +201,17 @@ def test_cron_numbers_that_are_not_plain_ascii_digits_are_syntax_errors(
     """Unicode digits and numbers too long to convert are CronSyntaxError (found by fuzzing)."""
     with pytest.raises(CronSyntaxError, match=problem):
         CronExpr.parse(cron)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("    data: {t: !!timestamp x}\n", "s.yaml:5: YAML value error: a timestamp cannot be"),
+        ("    data: {? !!set {a}: 1}\n", "s.yaml:5: YAML syntax error: found unhashable key"),
+    ],
+)
+def test_tags_forced_onto_the_wrong_scalar_are_errors(line: str, expected: str) -> None:
+    """A `!!timestamp` on a non-date and a set used as a key are file:line errors (found by
+    fuzzing: they raised AttributeError and TypeError from inside the loader)."""
+    errors = errors_of(JOB + line)
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
