@@ -291,3 +291,9 @@ def test_a_missing_org_id_on_an_org_subject_is_refused_and_elsewhere_is_free() -
     check_org(env, "mq.inference.chat")
     check_org(parse_envelope(raw(envelope(org_id="globex")), NOW), "mq.inference.chat")
     check_org(parse_envelope(raw(envelope(org_id="acme")), NOW), "mq.org.acme.work")
+
+
+def test_a_delay_until_decades_past_is_due_now() -> None:
+    """A `delay_until` at the start of the accepted range (1970) is simply due at once."""
+    env = parse_envelope(raw(envelope(delay_until="1970-01-01T00:00:00Z")), NOW)
+    assert env.due_at(NOW) == NOW

@@ -74,6 +74,8 @@ def test_subject_matching(pattern: str, subject: str, expected: bool) -> None:
         ("mq.*", "wildcards"),
         ("mq.a.>", "wildcards"),
         ("mq..a", "wildcards, empty tokens"),
+        ("", "not a literal subject"),
+        ("mq.", "not a literal subject"),
         ("mq.a\x00b", "control characters"),
         ("mq.a\x7f", "control characters"),
         ("mq." + "a" * 1022, "longer than 1024 bytes"),
