@@ -18,6 +18,7 @@ _TOKEN = re.compile(r"[^\s.*>\x00-\x1f\x7f]+")
 # Tenancy (docs/security.md, "Subject scheme"): `mq.org.<org>.<rest>` is organisation <org>'s
 # slice; its delay lane is `mq.delay.org.<org>.<rest>`. Other targets name no organisation.
 ORG_TOKEN = "org"
+_ORG_PREFIX = f"mq.{ORG_TOKEN}."
 INVALID = "_invalid"  # the DLQ subject's tail for a task without a usable target
 # A subject goes into a frame's control line with a reply inbox and two sizes, and the server
 # closes a connection whose control line passes its max_control_line (4 KiB by default).
@@ -45,10 +46,10 @@ def target_from_rest(rest: str) -> str:
 
 def org_of(target: str) -> str | None:
     """The organisation a target names (`mq.org.acme.billing.run` -> `acme`), or None."""
-    parts = target.split(".", 3)
-    if len(parts) >= 3 and parts[0] == "mq" and parts[1] == ORG_TOKEN and parts[2]:
-        return parts[2]
-    return None
+    if not target.startswith(_ORG_PREFIX):  # the intake's hot path: most targets stop here
+        return None
+    org = target[len(_ORG_PREFIX) :].split(".", 1)[0]
+    return org or None
 
 
 def dlq_subject(target: str | None, prefix: str = "mq.dlq") -> str:
