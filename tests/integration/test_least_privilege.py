@@ -218,6 +218,42 @@ async def test_a_producer_can_neither_write_nor_delete_the_lease_bucket(tenancy:
     assert tenancy.runner.daemon is not None and tenancy.runner.daemon.leadership.role == "leader"
 
 
+async def test_a_producer_can_neither_write_nor_delete_the_state_bucket(tenancy: Tenancy) -> None:
+    """The cron cursors' and heartbeats' bucket is as closed to a producer as the lease's."""
+    nc = tenancy.acme.nc
+    await nc.publish("$KV.scheduler_state.instances.least-privilege", b"{}")
+    await tenancy.acme.wait_denied("$KV.scheduler_state.instances.least-privilege")
+    for call, api in (
+        (nc.jetstream().purge_stream, "PURGE"),
+        (nc.jetstream().delete_stream, "DELETE"),
+    ):
+        with pytest.raises(Exception):  # noqa: B017 - denied: no answer, never a success
+            await asyncio.wait_for(call("KV_scheduler_state"), DENIED)
+        await tenancy.acme.wait_denied(f"$JS.API.STREAM.{api}.KV_scheduler_state")
+    ops_kv = await tenancy.ops.nc.jetstream().key_value("scheduler_state")
+    beat = await ops_kv.get("instances.least-privilege")
+    assert json.loads(beat.value)["instance"] == "least-privilege"
+
+
+async def test_a_standby_under_the_same_user_takes_over_and_delivers(tenancy: Tenancy) -> None:
+    """A second daemon under the `scheduler` user stands by (campaign, watch, heartbeat),
+    takes the lease when the leader stops, and delivers; still no violation of that user."""
+    standby = DaemonRunner(tenancy.runner.settings.with_overrides(instance_id="standby"))
+    await standby.start()
+    try:
+        assert standby.daemon is not None and standby.daemon.leadership.role == "standby"
+        await tenancy.runner.stop()
+        async with asyncio.timeout(10):
+            await standby.daemon.leadership.wait_for_office()
+        doc = envelope(due_in(0.3), org_id="acme")
+        await tenancy.publish(tenancy.acme, "mq.delay.org.acme.work", doc)
+        [msg] = await tenancy.read("TASKS", 1)
+        assert json.loads(msg.data)["id"] == doc["id"]
+    finally:
+        await standby.stop()
+    assert tenancy.server.violations("scheduler") == []
+
+
 async def _delete_key(nc: Client, bucket: str, key: str) -> None:
     kv = await nc.jetstream().key_value(bucket)
     await kv.delete(key)
