@@ -24,6 +24,7 @@ from nats.js import errors as js_errors
 from nats.js.errors import BadRequestError, NotFoundError
 
 from scheduler.aio import Backoff, first_of
+from scheduler.bus import wire
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings, redact_url
@@ -229,9 +230,7 @@ class NatsBus:
 
     @property
     def server_version(self) -> str:
-        if self.nc is None or not self.nc._server_info:
-            return "unknown"
-        return str(self.nc._server_info.get("version", "unknown"))
+        return wire.server_version(self.nc)
 
     @property
     def max_payload(self) -> int:

@@ -307,7 +307,7 @@ class Publisher:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        nc, wire, pending, slots = self.nc, self.wire, self._pending, self._slots
+        wire, pending, slots = self.wire, self._pending, self._slots
         frames: list[bytes] = []
         tokens: list[str] = []
         size = 0
@@ -331,7 +331,7 @@ class Publisher:
             else:
                 frame = wire.frame(subject, payload, reply, headers)
             if frame is not None:
-                if len(frame) - 4 <= nc._max_payload:  # as Wire.fits, inlined: hot path
+                if wire.fits(frame):
                     frames.append(frame)
                     tokens.append(token)
                     size += len(payload)

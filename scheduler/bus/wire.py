@@ -1,5 +1,17 @@
 """The hot publish paths written straight to the NATS protocol, bypassing nats-py's per-call work.
 
+This is the only module of the project that touches nats-py's private internals. They are listed
+in `NATS_INTERNALS` below (tests/unit/test_nats_internals.py fails, naming the attribute, when an
+installed nats-py lacks one; pyproject.toml pins nats-py to the range tested):
+
+- `Client._pending`, `Client._pending_data_size`, `Client._flush_pending`, `Client._flush_queue`:
+  the client's write buffer and its flusher (`Wire._send`, `Wire.take_unsent`);
+- `Client._transport` (and its `_io_writer.transport`): the socket (`Wire._send`, `cut_backlog`);
+- `Client._max_payload`, `Client._server_info`: the server's limits and version;
+- `Client._process_msg` (patched) and `Subscription._id`: raw deliveries (`raw_subscribe`);
+- `Msg(_client=)`: messages built from raw deliveries (`message_of`).
+
+
 nats-py's `publish` validates the subject, checks every header key with a regex, strips and
 re-encodes every value into a bytearray, and awaits a flush check: about 8-10 us of CPU per
 message, paid twice per task here (the JetStream ack of its intake message and its delivery).
@@ -40,6 +52,39 @@ from nats.errors import MaxPayloadError, OutboundBufferLimitError
 from scheduler.headers import block_size
 
 _KEY = re.compile(r"[!-9;-~]+")  # printable ASCII but ':', no spaces: nats-py's own rule
+
+# (owner, attribute): every nats-py internal used by this module (see the docstring above).
+NATS_INTERNALS: tuple[tuple[str, str], ...] = (
+    ("Client", "_pending"),
+    ("Client", "_pending_data_size"),
+    ("Client", "_flush_pending"),
+    ("Client", "_flush_queue"),
+    ("Client", "_transport"),
+    ("Client", "_max_payload"),
+    ("Client", "_server_info"),
+    ("Client", "_process_msg"),
+    ("Subscription", "_id"),
+    ("Msg", "_client"),
+)
+
+
+def missing_internals(owners: Mapping[str, object]) -> list[str]:
+    """The `Owner.attribute` names of `NATS_INTERNALS` that the given objects (an instance or
+    class per owner name) lack: what an installed nats-py no longer provides."""
+    return [
+        f"{owner}.{attr}"
+        for owner, attr in NATS_INTERNALS
+        if not hasattr(owners[owner], attr)
+        and attr not in getattr(owners[owner], "__dataclass_fields__", {})
+    ]
+
+
+def server_version(nc: Client | None) -> str:
+    """The version the connected server announced, or "unknown"."""
+    info = getattr(nc, "_server_info", None)
+    if not info:
+        return "unknown"
+    return str(info.get("version", "unknown"))
 
 
 class Wire:

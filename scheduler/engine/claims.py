@@ -19,12 +19,13 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from scheduler.clock import Clock
+from scheduler.core import ClaimedTask, Entry, TaskRef, firing_order, from_ms, to_ms
 from scheduler.engine.armed import Armed
-from scheduler.engine.heap import Entry, HorizonHeap, TaskRef
+from scheduler.engine.heap import HorizonHeap
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.tasks import Claimed, ClaimedTask, TaskStore, firing_order, from_ms, to_ms
+from scheduler.store.tasks import Claimed, TaskStore
 
 log = logging.getLogger("scheduler.firing")
 

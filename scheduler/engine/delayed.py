@@ -18,16 +18,17 @@ from scheduler.aio import first_of
 from scheduler.bus.nats import NatsBus
 from scheduler.bus.publisher import Publisher
 from scheduler.clock import Clock
+from scheduler.core import TaskRef, from_ms, to_ms
 from scheduler.engine.deadletter import DeadLetterCopies
 from scheduler.engine.firing import Firing
-from scheduler.engine.heap import HorizonHeap, TaskRef
+from scheduler.engine.heap import HorizonHeap
 from scheduler.engine.intake import Intake
 from scheduler.engine.office import Office
 from scheduler.engine.recurring import CronEngine
 from scheduler.envelope import Limits
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.tasks import TaskStore, from_ms, to_ms
+from scheduler.store.tasks import TaskStore
 
 log = logging.getLogger("scheduler.engine")
 

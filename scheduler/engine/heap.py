@@ -12,32 +12,10 @@ memory is bounded by what is due within the horizon (and a hard cap), not by the
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 
-# (due_ms, priority, seq, task_id)
-Entry = tuple[int, int, int, str]
-Key = tuple[int, int, int]
+from scheduler.core import MAX_PRIORITY, Entry, Key, TaskRef
 
-MAX_PRIORITY = 10
 _AFTER_ALL = (MAX_PRIORITY + 1, 2**63 - 1)
-
-
-@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
-class TaskRef:
-    """A pending task as the heap sees it: enough to order and claim it, no payload."""
-
-    task_id: str
-    due_ms: int
-    priority: int
-    seq: int
-
-    @property
-    def entry(self) -> Entry:
-        return (self.due_ms, self.priority, self.seq, self.task_id)
-
-    @property
-    def key(self) -> Key:
-        return (self.due_ms, self.priority, self.seq)
 
 
 class HorizonHeap:

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from scheduler.bus.publisher import Publisher
 from scheduler.bus.puller import Puller
 from scheduler.clock import Clock
+from scheduler.core import NewTask, ceil_ms
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
 from scheduler.engine.heap import HorizonHeap
 from scheduler.envelope import Limits, check_size, parse_envelope
@@ -31,7 +32,7 @@ from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.headers import block_size, forwarded, printable
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.tasks import Insertion, NewTask, TaskStore, ceil_ms
+from scheduler.store.tasks import Insertion, TaskStore
 from scheduler.subjects import check_target, delay_lane_prefix
 
 log = logging.getLogger("scheduler.intake")

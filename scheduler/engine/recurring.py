@@ -23,13 +23,14 @@ from scheduler.aio import first_of
 from scheduler.backoff import backoff_seconds
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339
+from scheduler.core import Advance
 from scheduler.engine.misfire import ON_TIME, Plan, next_fire, plan
 from scheduler.engine.office import Office
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
 from scheduler.schedules import Concurrency, Job, load_dir, occurrence_key, schedule_files
 from scheduler.settings import Settings
-from scheduler.store.schedules import Advance, ScheduleStore
+from scheduler.store.schedules import ScheduleStore
 
 log = logging.getLogger("scheduler.cron")
 

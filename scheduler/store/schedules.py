@@ -4,27 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from scheduler.core import Advance
 from scheduler.errors import FencedError
 from scheduler.schedules import Job
 from scheduler.store.postgres import PostgresStore
-
-
-@dataclass(frozen=True, slots=True)
-class Advance:
-    """One job's cursor moving to `scheduled_for`; `fired_at` set when it was delivered."""
-
-    name: str
-    subject: str
-    scheduled_for: datetime
-    fired_at: datetime | None = None
-    stream: str | None = None
-    stream_seq: int | None = None
-    attempt: int = 1
-    skipped: int = 0
 
 
 class ScheduleStore:

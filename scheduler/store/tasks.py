@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -30,7 +29,16 @@ from typing import Any
 
 import asyncpg
 
-from scheduler.engine.heap import TaskRef
+from scheduler.core import (
+    ClaimedTask,
+    Fired,
+    NewTask,
+    TaskRef,
+    ceil_ms,
+    firing_order,
+    from_ms,
+    to_ms,
+)
 from scheduler.errors import FencedError
 from scheduler.headers import printable
 from scheduler.store.postgres import PostgresStore
@@ -57,26 +65,8 @@ _BUDGETED = (
 )
 
 
-def ceil_ms(dt: datetime) -> datetime:
-    """Round up to the millisecond, so a task is never due before the time the producer asked."""
-    micro = dt.microsecond
-    if micro % 1000 == 0:
-        return dt
-    return dt.replace(microsecond=0) + timedelta(milliseconds=math.ceil(micro / 1000))
-
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-_MS = timedelta(milliseconds=1)
-
-
-def to_ms(dt: datetime) -> int:
-    """Epoch milliseconds, floored, in exact integer arithmetic (never rounds a time up)."""
-    return (dt - _EPOCH) // _MS
-
-
-def from_ms(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 # Large batches pass text columns as one string split in SQL and instants as integer
@@ -100,45 +90,6 @@ def _joined(values: list[str]) -> str | None:
 def _us(dt: datetime) -> int:
     """Microseconds since the epoch, exactly."""
     return (dt - _EPOCH) // _MICROSECOND
-
-
-@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
-class NewTask:
-    """A validated task from the delay lane, ready to store."""
-
-    id: str
-    target: str
-    payload: bytes
-    headers: dict[str, str]
-    priority: int
-    due_at: datetime
-    scheduled_for: datetime
-    expires_at: datetime | None
-
-
-@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
-class ClaimedTask(NewTask):
-    """A task this leader has claimed and is about to publish."""
-
-    attempts: int
-    seq: int
-    doubted: bool = False  # an earlier publish went out unacknowledged: it may be stored
-
-    @property
-    def due_ms(self) -> int:
-        return to_ms(self.due_at)
-
-    @property
-    def ref(self) -> TaskRef:
-        return TaskRef(self.id, self.due_ms, self.priority, self.seq)
-
-
-@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
-class Fired:
-    task: ClaimedTask
-    fired_at: datetime
-    stream: str
-    stream_seq: int
 
 
 @dataclass(slots=True)
@@ -180,10 +131,6 @@ class Claimed:
             (ready if r["payload"] is not None else parked).append(_claimed(r))
         order = firing_order
         return cls(sorted(ready, key=order), sorted(parked, key=order))
-
-
-def firing_order(t: ClaimedTask) -> tuple[datetime, int, int]:
-    return (t.due_at, t.priority, t.seq)
 
 
 def _claimed(row: asyncpg.Record) -> ClaimedTask:
