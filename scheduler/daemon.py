@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import errno
+import functools
 import gc
 import ipaddress
 import logging
@@ -26,17 +27,18 @@ from scheduler.bus.nats import NatsBus, ProvisionNote, provision
 from scheduler.clock import Clock, SystemClock
 from scheduler.embedded import NatsServer, Postgres
 from scheduler.engine.delayed import DelayedEngine
-from scheduler.engine.leader import Leadership
 from scheduler.engine.office import Office
 from scheduler.engine.recurring import CronEngine
 from scheduler.engine.skew import ClockCheck
 from scheduler.errors import ConfigError, ServiceUnavailableError
+from scheduler.leadership import Leadership
 from scheduler.metrics import Metrics
 from scheduler.operations.build import Operations, build_operations
 from scheduler.operations.instances import read_instances
 from scheduler.operations.stats import Refresher
 from scheduler.service import SchedulerService
 from scheduler.settings import Settings
+from scheduler.store.leadership import database_time
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.schedules import ScheduleStore
 from scheduler.store.tasks import TaskStore
@@ -187,7 +189,10 @@ class Daemon:
         await service.start()
         stack.push_async_callback(service.stop)
         self.clock_check = ClockCheck(
-            self.store.pool, self.clock, s.max_clock_skew.total_seconds(), self.metrics
+            functools.partial(database_time, self.store.pool),
+            self.clock,
+            s.max_clock_skew.total_seconds(),
+            self.metrics,
         )
         await self.clock_check.measure()
         self.leadership = Leadership(

@@ -10,6 +10,7 @@ from typing import Any
 from scheduler.core import Advance
 from scheduler.errors import FencedError
 from scheduler.schedules import Job
+from scheduler.store.leadership import LEAD
 from scheduler.store.postgres import PostgresStore
 
 
@@ -88,8 +89,8 @@ class ScheduleStore:
         fired = [m for m in moves if m.fired_at is not None]
         async with self.db.timed("cron_advance") as conn:
             in_office = await conn.fetchval(
-                "WITH lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 "
-                "FOR SHARE), u AS (SELECT * FROM unnest($3::text[], $4::timestamptz[], "
+                f"WITH {LEAD}, "
+                "u AS (SELECT * FROM unnest($3::text[], $4::timestamptz[], "
                 "$5::timestamptz[], $6::bigint[], $7::bigint[]) AS u(name, sched, fired, seq, "
                 "skipped)), st AS (INSERT INTO schedule_state (name, last_scheduled_for, "
                 "last_fired_at, last_stream_seq, skipped, epoch) SELECT u.name, u.sched, u.fired, "

@@ -41,6 +41,7 @@ from scheduler.core import (
 )
 from scheduler.errors import FencedError
 from scheduler.headers import printable
+from scheduler.store.leadership import LEAD, check_epoch
 from scheduler.store.postgres import PostgresStore
 from scheduler.store.values import ROW_ERRORS, jsonb_text, raw_json
 
@@ -195,9 +196,7 @@ class TaskStore:
     async def fenced(self, epoch: int, op: str) -> AsyncIterator[asyncpg.Connection]:
         """A transaction that aborts with FencedError unless `epoch` is the current one."""
         async with self.db.timed(op) as conn, conn.transaction():
-            current = await conn.fetchval("SELECT epoch FROM leadership WHERE id = 1 FOR SHARE")
-            if current != epoch:
-                raise FencedError(epoch)
+            await check_epoch(conn, epoch)
             yield conn
 
     async def insert(self, tasks: Sequence[NewTask]) -> list[TaskRef]:
@@ -327,8 +326,8 @@ class TaskStore:
         budgeted = _BUDGETED.format(budget="$4")
         async with self.db.timed("claim") as conn:
             rows = await conn.fetch(
-                "WITH lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 "
-                "FOR SHARE), upd AS (UPDATE delayed_messages SET status = 'claimed', "
+                f"WITH {LEAD}, "
+                "upd AS (UPDATE delayed_messages SET status = 'claimed', "
                 "claimed_epoch = $1, claimed_at = now(), attempts = attempts + 1, "
                 "updated_at = now() FROM lead WHERE id = ANY($2::text[]) AND "
                 f"status IN {READY} AND due_at <= $3 RETURNING {_TASK_COLUMNS}, "
@@ -414,8 +413,8 @@ class TaskStore:
             a, b, c = (f"string_to_array(${n}, {_SEP_SQL})" for n in (3, 4, 8))
         async with self.db.timed("fired") as conn:
             in_office = await conn.fetchval(
-                "WITH lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 "
-                f"FOR SHARE), u AS (SELECT u.id, u.subject, {_EPOCH_US} + u.sched_us * "
+                f"WITH {LEAD}, "
+                f"u AS (SELECT u.id, u.subject, {_EPOCH_US} + u.sched_us * "
                 f"{_ONE_US} AS sched, {_EPOCH_US} + u.fired_us * {_ONE_US} AS fired_at, "
                 f"u.attempt, u.stream, u.seq FROM unnest({a}, {b}, $5::bigint[], "
                 f"$6::bigint[], $7::int[], {c}, $9::bigint[]) "

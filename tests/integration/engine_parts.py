@@ -22,9 +22,10 @@ from scheduler.bus.publisher import Publisher
 from scheduler.clock import Clock, SystemClock
 from scheduler.engine.firing import Firing
 from scheduler.engine.heap import HorizonHeap
-from scheduler.engine.office import FixedOffice, take_office
+from scheduler.engine.office import FixedOffice
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
+from scheduler.store.leadership import take_office
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.tasks import NewTask, TaskStore, ceil_ms
 

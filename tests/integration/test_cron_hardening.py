@@ -13,10 +13,11 @@ from nats.js.api import DiscardPolicy, StreamConfig
 
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import SystemClock
-from scheduler.engine.office import FixedOffice, take_office
+from scheduler.engine.office import FixedOffice
 from scheduler.engine.recurring import CronEngine
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
+from scheduler.store.leadership import take_office
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.schedules import ScheduleStore
 from tests.helpers import DaemonRunner, wait_until

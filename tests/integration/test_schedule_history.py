@@ -15,11 +15,11 @@ import pytest
 from scheduler import migrate
 from scheduler.bus.publisher import PubAck
 from scheduler.clock import FakeClock
-from scheduler.engine.office import take_office
 from scheduler.engine.recurring import CronEngine
 from scheduler.metrics import Metrics
 from scheduler.schedules import load_text
 from scheduler.settings import Settings
+from scheduler.store.leadership import take_office
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.schedules import ScheduleStore
 
