@@ -14,6 +14,7 @@ Times are aware UTC datetimes at the edges and integer epoch milliseconds in the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -118,3 +119,40 @@ class Advance:
     stream_seq: int | None = None
     attempt: int = 1
     skipped: int = 0
+
+
+@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
+class PubAck:
+    stream: str
+    seq: int
+    duplicate: bool
+
+
+class PublishError(Exception):
+    """A publish was not acknowledged: no stream, a JetStream error, a timeout or a lost link.
+
+    `permanent` ones are not worth retrying; `reason` is the dead-letter reason they lead to
+    (`too_large`: the message cannot fit the server's max_payload and was never sent);
+    `in_doubt` ones were sent but not acknowledged: the stream may have stored them."""
+
+    def __init__(
+        self,
+        subject: str,
+        message: str,
+        permanent: bool = False,
+        reason: str = "publish_failed",
+        in_doubt: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.subject = subject
+        self.permanent = permanent
+        self.reason = reason
+        self.in_doubt = in_doubt  # sent, but unacknowledged: the stream may have stored it
+
+
+Item = tuple[str, bytes, dict[str, str]]
+Outcome = PubAck | PublishError
+Done = Callable[[Outcome], None]
+# (subject, payload, headers or a whole header block built by the caller, called once with
+# the outcome); see Wire.frame_block for what a header block must be
+BatchItem = tuple[str, bytes, Mapping[str, str] | bytes, Done]

@@ -28,52 +28,17 @@ import json
 import logging
 import re
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from nats.aio.client import Client
 from nats.errors import MaxPayloadError
 
 from scheduler.bus.wire import Wire, raw_subscribe
+from scheduler.core import BatchItem, Done, Item, Outcome, PubAck, PublishError
 
 log = logging.getLogger("scheduler.publisher")
 
 
-@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
-class PubAck:
-    stream: str
-    seq: int
-    duplicate: bool
-
-
-class PublishError(Exception):
-    """A publish was not acknowledged: no stream, a JetStream error, a timeout or a lost link.
-
-    `permanent` ones are not worth retrying; `reason` is the dead-letter reason they lead to
-    (`too_large`: the message cannot fit the server's max_payload and was never sent);
-    `in_doubt` ones were sent but not acknowledged: the stream may have stored them."""
-
-    def __init__(
-        self,
-        subject: str,
-        message: str,
-        permanent: bool = False,
-        reason: str = "publish_failed",
-        in_doubt: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.subject = subject
-        self.permanent = permanent
-        self.reason = reason
-        self.in_doubt = in_doubt  # sent, but unacknowledged: the stream may have stored it
-
-
-Item = tuple[str, bytes, dict[str, str]]
-Outcome = PubAck | PublishError
-Done = Callable[[Outcome], None]
-# (subject, payload, headers or a whole header block built by the caller, called once with
-# the outcome); see Wire.frame_block for what a header block must be
-BatchItem = tuple[str, bytes, Mapping[str, str] | bytes, Done]
 MAX_INFLIGHT = 1000
 
 
@@ -262,6 +227,20 @@ class Publisher:
         """A reply subject for a message framed ahead of time (see `publish_frames`)."""
         self._next += 1
         return f"{self._prefix}.{self._next}"
+
+    def frame_parts(
+        self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str], cut: bytes
+    ) -> tuple[bytes, ...]:
+        """The frame of one message split at every occurrence of `cut` (a placeholder to fill
+        in later: `fill.join(parts)`, same length keeps the sizes right), or () when the message
+        cannot be framed here (it must go through `publish`)."""
+        frame = self.wire.frame(subject, payload, reply, headers)
+        return tuple(frame.split(cut)) if frame is not None else ()
+
+    async def ack(self, replies: Iterable[str]) -> None:
+        """Acknowledge JetStream deliveries: an empty message to each reply subject, all handed
+        to the connection at once."""
+        await self.wire.empty_to(replies)
 
     async def publish_frames(
         self, items: Sequence[tuple[str, str, bytes]]

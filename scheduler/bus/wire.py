@@ -49,6 +49,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError, OutboundBufferLimitError
 
+from scheduler.bus.frames import HEADER_LINE, hpub
 from scheduler.headers import block_size
 
 _KEY = re.compile(r"[!-9;-~]+")  # printable ASCII but ':', no spaces: nats-py's own rule
@@ -126,28 +127,13 @@ class Wire:
         block = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
         if block.count("\n") != len(headers) or block.count("\r") != len(headers):
             return None
-        hdr = b"NATS/1.0\r\n" + block.encode() + b"\r\n"
-        return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
-            subject.encode(),
-            reply.encode(),
-            len(hdr),
-            len(hdr) + len(payload),
-            hdr,
-            payload,
-        )
+        return hpub(subject, payload, reply, HEADER_LINE + block.encode() + b"\r\n")
 
     @staticmethod
     def frame_block(subject: str, payload: bytes, reply: str, hdr: bytes) -> bytes:
         """The `HPUB` frame of one message whose header block (`NATS/1.0\r\n...\r\n\r\n`)
         the caller built and vouches for (ASCII keys, no CR or LF inside values)."""
-        return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
-            subject.encode(),
-            reply.encode(),
-            len(hdr),
-            len(hdr) + len(payload),
-            hdr,
-            payload,
-        )
+        return hpub(subject, payload, reply, hdr)
 
     async def publish(
         self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str]
@@ -317,7 +303,7 @@ def parse_header_block(hdr: bytes) -> tuple[dict[str, str] | None, tuple[str, st
     the last of a repeated name kept), but strictly: a name or value that is not UTF-8, a line
     that is not `name: value` or a block without the `NATS/1.0` line is a defect, not skipped
     or replaced. Never raises."""
-    if not hdr.startswith(_HDR_LINE[:8]):
+    if not hdr.startswith(HEADER_LINE[:8]):
         shown = hdr[:40].decode(errors="backslashreplace")
         return None, ("headers", f"the header block does not start with NATS/1.0: {shown}")
     out: dict[str, str] = {}
@@ -354,6 +340,3 @@ def status_of(hdr: bytes | None) -> str | None:
     if not hdr or not hdr.startswith(b"NATS/1.0 "):
         return None
     return hdr[9:12].decode(errors="replace")
-
-
-_HDR_LINE = b"NATS/1.0\r\n"

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from scheduler.backoff import backoff_seconds
+from scheduler.bus.frames import delivery_block
 from scheduler.bus.publisher import BatchItem, PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339, wait_event
 from scheduler.core import ClaimedTask, Fired, TaskRef, ceil_ms, to_ms
@@ -40,10 +41,6 @@ BOOK_BATCH = 500
 # While a backlog of due tasks drains (a burst), outcomes are held back, up to this many, and
 # recorded after it: PostgreSQL's CPU goes to the claims that feed the deliveries first.
 BOOK_DEFER_MAX = 50_000
-_BLOCK = (
-    b"NATS/1.0\r\nNats-Msg-Id: %s\r\nMq-Scheduled-For: %s\r\nMq-Fired-At: %s\r\n"
-    b"Mq-Attempt: %d\r\n\r\n"
-)
 
 
 class Firing:
@@ -193,11 +190,8 @@ class Firing:
         one step; the rest go through the generic checks of `Wire.frame`."""
         tid = task.id
         if not task.headers and tid.isascii() and tid.isprintable():
-            return _BLOCK % (
-                tid.encode(),
-                to_rfc3339(task.scheduled_for).encode(),
-                fired_at_b,
-                task.attempts,
+            return delivery_block(
+                tid.encode(), to_rfc3339(task.scheduled_for).encode(), fired_at_b, task.attempts
             )
         return {
             **task.headers,

@@ -147,7 +147,7 @@ class Intake:
         if bad:
             await self._reject(bad)
         # One frame per ack, all handed to the connection at once (see scheduler.bus.wire).
-        await self.publisher.wire.empty_to(m.reply for m in acked if m.reply)
+        await self.publisher.ack(m.reply for m in acked if m.reply)
 
     async def _store(self, msgs: list[Msg], tasks: list[NewTask]) -> Insertion:
         async with self.heap_lock:

@@ -21,6 +21,7 @@ from typing import Any
 
 from scheduler.aio import first_of
 from scheduler.backoff import backoff_seconds
+from scheduler.bus.frames import kv_subject
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.core import Advance
@@ -330,7 +331,6 @@ class CronEngine:
         pipelined publisher: a thousand jobs cost a few milliseconds, not a thousand requests."""
         if self.js is None:
             return
-        prefix = f"$KV.{self.settings.state_bucket}.cron."
         wait = self._mirrored_at + MIRROR_EVERY - self.clock.monotonic()
         if wait > 0:
             await self.clock.sleep(wait)
@@ -346,7 +346,8 @@ class CronEngine:
                 "instance": self.settings.instance_id,
             }
             body = json.dumps(doc).encode()
-            sent.append(await publisher.publish(prefix + name, body, {}))
+            subject = kv_subject(self.settings.state_bucket, f"cron.{name}")
+            sent.append(await publisher.publish(subject, body, {}))
         for fut in sent:
             try:
                 await fut
@@ -436,10 +437,9 @@ class Prepared:
         if publisher is None:
             return cls(cursor, at, head, tail, headers)
         reply = publisher.reserve()
-        frame = publisher.wire.frame(
-            job.subject, body, reply, {**headers, "Mq-Fired-At": _STAMP_TEXT}
+        parts = publisher.frame_parts(
+            job.subject, body, reply, {**headers, "Mq-Fired-At": _STAMP_TEXT}, stamp
         )
-        parts = tuple(frame.split(stamp)) if frame is not None else ()
         if len(parts) != 3:  # no raw framing, or the placeholder also sits in a header
             return cls(cursor, at, head, tail, headers)
         return cls(cursor, at, head, tail, headers, publisher, reply, parts)
