@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 TaskId = str  # printable ASCII, validated at intake (scheduler.envelope)
@@ -94,6 +94,35 @@ class ClaimedTask(NewTask):
 
 def firing_order(t: ClaimedTask) -> tuple[datetime, int, int]:
     return (t.due_at, t.priority, t.seq)
+
+
+@dataclass(slots=True)
+class Claimed:
+    """Tasks a claim took, in firing order: `ready` with their payloads, `parked` (claimed
+    too) past the byte budget and without them, to be fetched with `load_claimed`."""
+
+    ready: list[ClaimedTask]
+    parked: list[ClaimedTask]
+
+
+@dataclass(slots=True)
+class Insertion:
+    """What became of a batch offered to `insert_batch`."""
+
+    stored: list[TaskRef] = field(default_factory=list)
+    # the id was stored before with the same target and bytes: an idempotent no-op
+    resent: list[NewTask] = field(default_factory=list)
+    # the id is taken by a task with another target or other bytes: `duplicate_id`
+    taken: list[NewTask] = field(default_factory=list)
+    # PostgreSQL refused the row itself (the error's text): `unstorable`
+    refused: list[tuple[NewTask, str]] = field(default_factory=list)
+
+    def extend(self, other: Insertion) -> Insertion:
+        self.stored += other.stored
+        self.resent += other.resent
+        self.taken += other.taken
+        self.refused += other.refused
+        return self
 
 
 @dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x

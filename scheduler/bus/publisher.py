@@ -223,6 +223,11 @@ class Publisher:
             self._fail(token, f"publish failed: {exc!r}")
         return fut
 
+    @property
+    def max_payload(self) -> int:
+        """The server's largest message, control line and headers included."""
+        return self.nc.max_payload
+
     def reserve(self) -> str:
         """A reply subject for a message framed ahead of time (see `publish_frames`)."""
         self._next += 1

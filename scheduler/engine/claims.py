@@ -19,13 +19,13 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from scheduler.clock import Clock
-from scheduler.core import ClaimedTask, Entry, TaskRef, firing_order, from_ms, to_ms
+from scheduler.core import Claimed, ClaimedTask, Entry, TaskRef, firing_order, from_ms, to_ms
 from scheduler.engine.armed import Armed
 from scheduler.engine.heap import HorizonHeap
+from scheduler.engine.ports import TaskRepository
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.tasks import Claimed, TaskStore
 
 log = logging.getLogger("scheduler.firing")
 
@@ -46,7 +46,7 @@ class Claimer:
         self,
         settings: Settings,
         heap: HorizonHeap,
-        tasks: TaskStore,
+        tasks: TaskRepository,
         armed: Armed,
         clock: Clock,
         metrics: Metrics,

@@ -12,11 +12,7 @@ import json
 import logging
 from datetime import timedelta
 
-from nats.aio.msg import Msg
-
 from scheduler.aio import first_of
-from scheduler.bus.nats import NatsBus
-from scheduler.bus.publisher import Publisher
 from scheduler.clock import Clock
 from scheduler.core import TaskRef, from_ms, to_ms
 from scheduler.engine.deadletter import DeadLetterCopies
@@ -24,11 +20,11 @@ from scheduler.engine.firing import Firing
 from scheduler.engine.heap import HorizonHeap
 from scheduler.engine.intake import Intake
 from scheduler.engine.office import Office
+from scheduler.engine.ports import Broker, Bus, TaskRepository
 from scheduler.engine.recurring import CronEngine
 from scheduler.envelope import Limits
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.tasks import TaskStore
 
 log = logging.getLogger("scheduler.engine")
 
@@ -53,8 +49,8 @@ class DelayedEngine:
     def __init__(
         self,
         settings: Settings,
-        bus: NatsBus,
-        tasks: TaskStore,
+        bus: Bus,
+        tasks: TaskRepository,
         office: Office,
         clock: Clock,
         metrics: Metrics,
@@ -83,10 +79,7 @@ class DelayedEngine:
         if not taking.done() or taking.cancelled():
             return  # stopped while standing by
         epoch = taking.result()
-        assert self.bus.nc is not None and self.bus.js is not None
-        publisher = await Publisher(
-            self.bus.nc, timeout=PUBLISH_TIMEOUT, fence=self.office.may_act
-        ).start()
+        publisher = await self.bus.open_publisher(PUBLISH_TIMEOUT, self.office.may_act)
         relinked = asyncio.Event()
 
         def on_link(up: bool) -> None:
@@ -96,7 +89,7 @@ class DelayedEngine:
                 publisher.on_link_lost()
 
         self.bus.link_listeners.append(on_link)
-        sub = await self.bus.nc.subscribe(RESCHEDULED_SUBJECT, cb=self._on_rescheduled)
+        sub = await self.bus.listen(RESCHEDULED_SUBJECT, self._on_rescheduled)
         dead = DeadLetterCopies(publisher, self.settings.dlq_subject_prefix, self.metrics)
         firing = Firing(
             self.settings,
@@ -130,7 +123,13 @@ class DelayedEngine:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(firing.run(epoch, stop), name="firing")
                 tg.create_task(
-                    intake.run(self.bus.nc, self.intake_stream, stop, self.office.may_act),
+                    intake.run(
+                        self.bus.intake_source(
+                            self.intake_stream, self.settings.intake_consumer, self.settings.batch
+                        ),
+                        stop,
+                        self.office.may_act,
+                    ),
                     name="intake",
                 )
                 tg.create_task(self._loader(stop, firing, epoch), name="loader")
@@ -170,9 +169,8 @@ class DelayedEngine:
             check.add_done_callback(self._checks.discard)
 
     async def _check_window(self, stream: str) -> None:
-        assert self.bus.js is not None
         try:
-            window = (await self.bus.js.stream_info(stream)).config.duplicate_window or 0
+            window = await self.bus.duplicate_window(stream)
         except Exception as exc:  # a later delivery to this stream checks again
             self._checked_streams.discard(stream)
             log.warning("stream.check_failed stream=%s error=%r", stream, exc)
@@ -188,7 +186,7 @@ class DelayedEngine:
             self.warnings[stream] = why
             log.warning("stream.duplicate_window_short %s", why)
 
-    async def _watch_office(self, stop: asyncio.Event, publisher: Publisher) -> None:
+    async def _watch_office(self, stop: asyncio.Event, publisher: Broker) -> None:
         await first_of(self.office.lost.wait(), stop.wait())
         if self.office.lost.is_set():
             publisher.on_office_lost()  # nothing queued may go out after the lease
@@ -198,7 +196,7 @@ class DelayedEngine:
     async def _revalidate(
         self,
         epoch: int,
-        publisher: Publisher,
+        publisher: Broker,
         firing: Firing,
         relinked: asyncio.Event,
         stop: asyncio.Event,
@@ -276,12 +274,12 @@ class DelayedEngine:
             self.heap.push(ref)
             self.wake.set()
 
-    async def _on_rescheduled(self, msg: Msg) -> None:
+    async def _on_rescheduled(self, data: bytes) -> None:
         try:
-            doc = json.loads(msg.data)
+            doc = json.loads(data)
             ref = TaskRef(str(doc["id"]), int(doc["due_ms"]), int(doc["priority"]), int(doc["seq"]))
         except (ValueError, KeyError, TypeError):
-            log.warning("engine.bad_reschedule_notice data=%r", msg.data[:200])
+            log.warning("engine.bad_reschedule_notice data=%r", data[:200])
             return
         async with self.heap_lock:  # see Firing._failed: never race the loader's cursor
             pushed = self.heap.offer(ref)

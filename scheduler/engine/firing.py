@@ -19,18 +19,26 @@ from datetime import datetime, timedelta
 
 from scheduler.backoff import backoff_seconds
 from scheduler.bus.frames import delivery_block
-from scheduler.bus.publisher import BatchItem, PubAck, Publisher, PublishError
 from scheduler.clock import Clock, to_rfc3339, wait_event
-from scheduler.core import ClaimedTask, Fired, TaskRef, ceil_ms, to_ms
+from scheduler.core import (
+    BatchItem,
+    ClaimedTask,
+    Fired,
+    PubAck,
+    PublishError,
+    TaskRef,
+    ceil_ms,
+    to_ms,
+)
 from scheduler.engine.armed import Armed
 from scheduler.engine.claims import Claimer
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
 from scheduler.engine.heap import HorizonHeap
 from scheduler.engine.office import Office
+from scheduler.engine.ports import Broker, TaskRepository
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics, observe_many
 from scheduler.settings import Settings
-from scheduler.store.tasks import TaskStore
 from scheduler.subjects import check_target
 
 log = logging.getLogger("scheduler.firing")
@@ -50,8 +58,8 @@ class Firing:
         self,
         settings: Settings,
         heap: HorizonHeap,
-        tasks: TaskStore,
-        publisher: Publisher,
+        tasks: TaskRepository,
+        publisher: Broker,
         office: Office,
         clock: Clock,
         metrics: Metrics,

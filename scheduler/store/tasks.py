@@ -23,15 +23,16 @@ import json
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
 from scheduler.core import (
+    Claimed,
     ClaimedTask,
     Fired,
+    Insertion,
     NewTask,
     TaskRef,
     ceil_ms,
@@ -93,45 +94,18 @@ def _us(dt: datetime) -> int:
     return (dt - _EPOCH) // _MICROSECOND
 
 
-@dataclass(slots=True)
-class Insertion:
-    """What became of a batch offered to `insert_batch`."""
-
-    stored: list[TaskRef] = field(default_factory=list)
-    # the id was stored before with the same target and bytes: an idempotent no-op
-    resent: list[NewTask] = field(default_factory=list)
-    # the id is taken by a task with another target or other bytes: `duplicate_id`
-    taken: list[NewTask] = field(default_factory=list)
-    # PostgreSQL refused the row itself (the error's text): `unstorable`
-    refused: list[tuple[NewTask, str]] = field(default_factory=list)
-
-    def extend(self, other: Insertion) -> Insertion:
-        self.stored += other.stored
-        self.resent += other.resent
-        self.taken += other.taken
-        self.refused += other.refused
-        return self
-
-
 _NO_HEADERS: dict[str, str] = {}  # shared by every task without headers; never mutated
 
 
-@dataclass(slots=True)
-class Claimed:
-    """Tasks a claim took, in firing order: `ready` with their payloads, `parked` (claimed
-    too) past the byte budget and without them, to be fetched with `load_claimed`."""
-
-    ready: list[ClaimedTask]
-    parked: list[ClaimedTask]
-
-    @classmethod
-    def of(cls, rows: Iterable[asyncpg.Record]) -> Claimed:
-        ready: list[ClaimedTask] = []
-        parked: list[ClaimedTask] = []
-        for r in rows:
-            (ready if r["payload"] is not None else parked).append(_claimed(r))
-        order = firing_order
-        return cls(sorted(ready, key=order), sorted(parked, key=order))
+def _claimed_of(rows: Iterable[asyncpg.Record]) -> Claimed:
+    """The tasks of claimed rows, those with their payload `ready`, the rest `parked`, each
+    list in firing order."""
+    ready: list[ClaimedTask] = []
+    parked: list[ClaimedTask] = []
+    for r in rows:
+        (ready if r["payload"] is not None else parked).append(_claimed(r))
+    order = firing_order
+    return Claimed(sorted(ready, key=order), sorted(parked, key=order))
 
 
 def _claimed(row: asyncpg.Record) -> ClaimedTask:
@@ -341,7 +315,7 @@ class TaskStore:
             )
         if not rows or rows[0]["in_office"] == 0:
             raise FencedError(epoch)
-        return Claimed.of(r for r in rows if r["id"] is not None)
+        return _claimed_of(r for r in rows if r["id"] is not None)
 
     async def reclaim_orphans(
         self,
@@ -371,7 +345,7 @@ class TaskStore:
                 limit,
                 budget,
             )
-        return Claimed.of(rows)
+        return _claimed_of(rows)
 
     async def load_claimed(self, epoch: int, ids: Sequence[str], budget: int) -> Claimed:
         """The payloads of tasks this leader claimed but took without them (over a budget),
@@ -387,7 +361,7 @@ class TaskStore:
                 list(ids),
                 budget,
             )
-        return Claimed.of(rows)
+        return _claimed_of(rows)
 
     async def current_epoch(self) -> int:
         """The fencing epoch PostgreSQL holds now (a leader compares it with its own)."""
