@@ -345,7 +345,7 @@ class Daemon:
             "instance": self.settings.instance_id,
             "role": self._role(),
             "epoch": self.office.epoch if self.office else None,
-            "heap": len(self.engine.heap) if self.engine else 0,
+            "heap": len(self.engine.horizon) if self.engine else 0,
             "version": __version__,
         }
 

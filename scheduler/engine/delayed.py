@@ -17,7 +17,7 @@ from scheduler.clock import Clock
 from scheduler.core import TaskRef, from_ms, to_ms
 from scheduler.engine.deadletter import DeadLetterCopies
 from scheduler.engine.firing import Firing
-from scheduler.engine.heap import HorizonHeap
+from scheduler.engine.heap import Horizon
 from scheduler.engine.intake import Intake
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, Bus, TaskRepository
@@ -65,12 +65,10 @@ class DelayedEngine:
         self.clock = clock
         self.metrics = metrics
         self.intake_stream = intake_stream or settings.intake_stream
-        self.heap = HorizonHeap()
+        self.horizon = Horizon()
         self.warnings: dict[str, str] = {}  # stream -> why its duplicate window is too short
         self._checked_streams: set[str] = set()
         self._checks: set[asyncio.Task[None]] = set()
-        self.wake = asyncio.Event()
-        self.heap_lock = asyncio.Lock()
 
     async def run_term(self, stop: asyncio.Event) -> None:
         """One term of office: until `stop` is set or office is lost (returns at once on stop)."""
@@ -93,27 +91,27 @@ class DelayedEngine:
         dead = DeadLetterCopies(publisher, self.settings.dlq_subject_prefix, self.metrics)
         firing = Firing(
             self.settings,
-            self.heap,
+            self.horizon,
             self.tasks,
             publisher,
             self.office,
             self.clock,
             self.metrics,
-            self.wake,
-            self.heap_lock,
+            self.horizon.wake,
+            self.horizon.lock,
             self.check_stream,
             dead,
         )
         limits = Limits(max_payload=self.bus.max_payload, max_delay=self.settings.max_delay)
         intake = Intake(
             self.settings,
-            self.heap,
+            self.horizon,
             self.tasks,
             publisher,
             self.clock,
             self.metrics,
-            self.wake,
-            self.heap_lock,
+            self.horizon.wake,
+            self.horizon.lock,
             limits,
             dead,
         )
@@ -148,7 +146,7 @@ class DelayedEngine:
             await sub.unsubscribe()
             await dead.drain(DLQ_DRAIN)  # copies in flight: their acks, not a failure log each
             await publisher.close()
-            self.heap.reset()
+            self.horizon.disarm()
             self.metrics.heap_size.set(0)
             log.info("engine.term_ended epoch=%d", epoch)
 
@@ -252,27 +250,24 @@ class DelayedEngine:
 
     async def load_once(self) -> bool:
         """Load one page past the cursor; return True when the page was full (more to load)."""
-        if len(self.heap) >= MAX_HEAP:
+        if len(self.horizon) >= MAX_HEAP:
             return False
         until_ms = to_ms(self.clock.now() + self.settings.horizon)
-        async with self.heap_lock:
-            page = await self.tasks.load_page(self.heap.cursor, from_ms(until_ms), PAGE)
-            complete = None if len(page) == PAGE else until_ms
-            self.heap.loaded(page, complete)
+        page = await self.horizon.load(
+            lambda cursor: self.tasks.load_page(cursor, from_ms(until_ms), PAGE), PAGE, until_ms
+        )
         if page:
-            self.metrics.heap_size.set(len(self.heap))
-            self.wake.set()
+            self.metrics.heap_size.set(len(self.horizon))
         return len(page) == PAGE
 
     async def sweep(self) -> None:
         """Re-offer pending tasks overdue by over a second: a lost reschedule notice, say."""
-        nxt = self.heap.next_due_ms()
+        nxt = self.horizon.next_due()
         now_ms = to_ms(self.clock.now())
         if nxt is not None and nxt < now_ms - 1000:
             return  # firing is behind; overdue tasks are on the heap already
-        for ref in await self.tasks.overdue(self.clock.now() - timedelta(seconds=2), 1000):
-            self.heap.push(ref)
-            self.wake.set()
+        overdue = await self.tasks.overdue(self.clock.now() - timedelta(seconds=2), 1000)
+        self.horizon.put_back(overdue, wake=True)
 
     async def _on_rescheduled(self, data: bytes) -> None:
         try:
@@ -281,10 +276,7 @@ class DelayedEngine:
         except (ValueError, KeyError, TypeError):
             log.warning("engine.bad_reschedule_notice data=%r", data[:200])
             return
-        async with self.heap_lock:  # see Firing._failed: never race the loader's cursor
-            pushed = self.heap.offer(ref)
-        if pushed:
-            self.wake.set()
+        await self.horizon.offer(ref)  # under its lock: never race the loader's cursor
 
 
 async def _wait_or_stop(stop: asyncio.Event, seconds: float) -> None:

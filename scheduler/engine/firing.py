@@ -33,7 +33,7 @@ from scheduler.core import (
 from scheduler.engine.armed import Armed
 from scheduler.engine.claims import Claimer
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
-from scheduler.engine.heap import HorizonHeap
+from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, TaskRepository
 from scheduler.errors import FencedError
@@ -57,7 +57,7 @@ class Firing:
     def __init__(
         self,
         settings: Settings,
-        heap: HorizonHeap,
+        heap: HorizonHeap | Horizon,
         tasks: TaskRepository,
         publisher: Broker,
         office: Office,
@@ -71,18 +71,17 @@ class Firing:
         self.on_stream = on_stream
         self.dead = dead or DeadLetterCopies(publisher, settings.dlq_subject_prefix, metrics)
         self.settings = settings
-        self.heap_lock = heap_lock
-        self.heap = heap
+        self.horizon = heap if isinstance(heap, Horizon) else Horizon(heap, wake, heap_lock)
         self.tasks = tasks
         self.publisher = publisher
         self.office = office
         self.clock = clock
         self.metrics = metrics
-        self.wake = wake
+        self.wake = self.horizon.wake
         self.armed = Armed(settings.armed_max, settings.armed_max_bytes)
         self.armed_event = asyncio.Event()
         self.room_event = asyncio.Event()  # set when the dispatcher takes tasks off `armed`
-        self.claims = Claimer(settings, heap, tasks, self.armed, clock, metrics, self.arm)
+        self.claims = Claimer(settings, self.horizon, tasks, self.armed, clock, metrics, self.arm)
         self.claims.on_fenced = self._deposed
         self.outcome_event = asyncio.Event()
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
@@ -110,7 +109,7 @@ class Firing:
                     continue
                 wait = claims.idle_seconds()
                 if wait > 0 or not await claims.step(epoch):
-                    await self._wait(self.wake, max(wait, 0.001))
+                    await self._wait(self.horizon.wake, max(wait, 0.001))
         finally:
             await self._finish(dispatcher, books)
 
@@ -260,7 +259,7 @@ class Firing:
         if self._books_closing or not self.office.may_act():
             return False
         now = self.now_ms()
-        nxt = self.heap.next_due_ms()
+        nxt = self.horizon.next_due()
         armed = self.armed.next_due_ms()
         return (nxt is not None and nxt <= now) or (armed is not None and armed <= now)
 
@@ -335,10 +334,11 @@ class Firing:
                 dead.append((t, error, reason))
             else:
                 retry.append((t, ceil_ms(now + self.backoff(t.attempts)), str(e), e.in_doubt))
-        async with self.heap_lock:  # the loader must not move its cursor past a retry unseen
-            await self.tasks.retry_later(epoch, retry)
-            for task, due, _, _ in retry:
-                self.heap.offer(TaskRef(task.id, to_ms(due), task.priority, task.seq))
+        await self.horizon.arm(  # under its lock: the loader must not pass a retry unseen
+            self.tasks.retry_later(epoch, retry),
+            lambda _: [TaskRef(t.id, to_ms(due), t.priority, t.seq) for t, due, _, _ in retry],
+            wake=False,  # woken below, once the dead ones are recorded too
+        )
         for task, _, error, doubt in retry:
             log.warning(
                 "publish.retry id=%s target=%s attempt=%d in_doubt=%s error=%s",
@@ -355,7 +355,7 @@ class Firing:
         if dead:
             await self.tasks.kill(epoch, dead)
             await self._publish_dead(dead)
-        self.wake.set()
+        self.horizon.wake_up()
 
     def backoff(self, attempt: int) -> timedelta:
         """First backoff doubling per attempt up to 60 s, with +-20 % jitter."""

@@ -22,7 +22,7 @@ from typing import Any
 from scheduler.clock import Clock
 from scheduler.core import Insertion, NewTask, ceil_ms
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
-from scheduler.engine.heap import HorizonHeap
+from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.ports import Broker, Delivery, Source, TaskRepository
 from scheduler.envelope import Limits, check_size, parse_envelope
 from scheduler.errors import EnvelopeError, TargetRefusedError
@@ -60,7 +60,7 @@ class Intake:
     def __init__(
         self,
         settings: Settings,
-        heap: HorizonHeap,
+        heap: HorizonHeap | Horizon,
         tasks: TaskRepository,
         publisher: Broker,
         clock: Clock,
@@ -72,13 +72,11 @@ class Intake:
     ) -> None:
         self.settings = settings
         self.dead = dead or DeadLetterCopies(publisher, settings.dlq_subject_prefix, metrics)
-        self.heap = heap
+        self.horizon = heap if isinstance(heap, Horizon) else Horizon(heap, wake, heap_lock)
         self.tasks = tasks
         self.publisher = publisher
         self.clock = clock
         self.metrics = metrics
-        self.wake = wake
-        self.heap_lock = heap_lock
         self.limits = limits
         self.lane = delay_lane_prefix(settings.intake_subject)
         self._may_act: Callable[[], bool] = lambda: True
@@ -146,14 +144,16 @@ class Intake:
         await self.publisher.ack(m.reply for m in acked if m.reply)
 
     async def _store(self, msgs: list[Delivery], tasks: list[NewTask]) -> Insertion:
-        async with self.heap_lock:
-            insertion = await self._with_progress(self.tasks.insert_batch(tasks), msgs)
-            pushed = sum(self.heap.offer(ref) for ref in insertion.stored)
+        insertion, pushed = await self.horizon.arm(
+            self._with_progress(self.tasks.insert_batch(tasks), msgs),
+            lambda done: done.stored,
+            wake=False,
+        )
         self.metrics.intake.labels("accepted").inc(len(insertion.stored))
         if insertion.resent:
             self.metrics.intake.labels("duplicate").inc(len(insertion.resent))
         if pushed:
-            self.wake.set()
+            self.horizon.wake_up()
         return insertion
 
     async def _with_progress(self, work: Any, msgs: list[Delivery]) -> Any:
