@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler import __version__, migrate
-from scheduler.aio import first_of
+from scheduler.aio import first_of, wait_or_stop
 from scheduler.api.app import Served, build_api, build_metrics_app, serve
 from scheduler.bus.nats import NatsBus, ProvisionNote, provision
 from scheduler.clock import Clock, SystemClock
@@ -312,7 +312,7 @@ class Daemon:
                 backoff = 0.5
             except Exception as exc:
                 log.warning("engine.term_failed error=%r; retrying in %gs", exc, backoff)
-                await self._wait_stop(backoff)
+                await wait_or_stop(self._stop, backoff)
                 backoff = min(backoff * 2, 10.0)
 
     def _check_api_exposure(self) -> None:
@@ -473,7 +473,7 @@ class Daemon:
                     log.info("delayed_messages.purged rows=%d", purged)
             except Exception as exc:  # upkeep must never take the daemon down; retried next hour
                 log.warning("fire_log.upkeep_failed error=%r", exc)
-            await self._wait_stop(UPKEEP_INTERVAL)
+            await wait_or_stop(self._stop, UPKEEP_INTERVAL)
 
     async def _lag_probe(self) -> None:
         """Measure how late the event loop runs a 100 ms timer (CPU starvation shows here
@@ -483,12 +483,6 @@ class Daemon:
             start = loop.time()
             await asyncio.sleep(LAG_PROBE_EVERY)
             self.metrics.loop_lag.observe(max(0.0, loop.time() - start - LAG_PROBE_EVERY))
-
-    async def _wait_stop(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
 
     # -- health -----------------------------------------------------------------------------------
     def is_alive(self) -> bool:

@@ -11,7 +11,7 @@ HEADER_LINE = b"NATS/1.0\r\n"
 
 # The delivery headers of a task without producer headers (design section 3), in one format
 # operation: Nats-Msg-Id (the task id), Mq-Scheduled-For, Mq-Fired-At, Mq-Attempt.
-_DELIVERY_BLOCK = (
+DELIVERY_BLOCK = (
     b"NATS/1.0\r\nNats-Msg-Id: %s\r\nMq-Scheduled-For: %s\r\nMq-Fired-At: %s\r\n"
     b"Mq-Attempt: %d\r\n\r\n"
 )
@@ -32,7 +32,7 @@ def hpub(subject: str, payload: bytes, reply: str, hdr: bytes) -> bytes:
 def delivery_block(task_id: bytes, scheduled_for: bytes, fired_at: bytes, attempt: int) -> bytes:
     """The header block of a delivered task that has no producer headers; `task_id` must be
     printable ASCII (it becomes the `Nats-Msg-Id`)."""
-    return _DELIVERY_BLOCK % (task_id, scheduled_for, fired_at, attempt)
+    return DELIVERY_BLOCK % (task_id, scheduled_for, fired_at, attempt)
 
 
 def kv_subject(bucket: str, key: str) -> str:

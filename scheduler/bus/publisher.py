@@ -34,7 +34,7 @@ from nats.aio.client import Client
 from nats.errors import MaxPayloadError
 
 from scheduler.bus.wire import Wire, raw_subscribe
-from scheduler.core import BatchItem, Done, Item, Outcome, PubAck, PublishError
+from scheduler.core import BatchItem, Done, Outcome, PubAck, PublishError
 
 log = logging.getLogger("scheduler.publisher")
 
@@ -349,17 +349,6 @@ class Publisher:
         except Exception as exc:  # closed, reconnecting (no buffer): all of them fail
             for token in tokens:
                 self._fail(token, f"publish failed: {exc!r}")
-
-    async def publish_many(self, items: Sequence[Item]) -> list[PubAck | PublishError]:
-        """Publish all `items` pipelined and return, in order, a PubAck or a PublishError each."""
-        futures = [await self.publish(*item) for item in items]
-        results: list[PubAck | PublishError] = []
-        for fut in futures:
-            try:
-                results.append(await fut)
-            except PublishError as exc:
-                results.append(exc)
-        return results
 
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """A PubAck, straight from the client's read loop (see `raw_subscribe`)."""

@@ -12,7 +12,7 @@ import json
 import logging
 from datetime import timedelta
 
-from scheduler.aio import first_of
+from scheduler.aio import first_of, wait_or_stop
 from scheduler.clock import Clock
 from scheduler.core import TaskRef, from_ms, to_ms
 from scheduler.engine.deadletter import DeadLetterCopies
@@ -210,7 +210,7 @@ class DelayedEngine:
                     break
                 except Exception as exc:  # PostgreSQL away: stay held, ask again shortly
                     log.warning("engine.revalidate_failed error=%r", exc)
-                    await _wait_or_stop(stop, 0.5)
+                    await wait_or_stop(stop, 0.5)
             else:
                 return
             if current != epoch:
@@ -246,7 +246,7 @@ class DelayedEngine:
                 log.warning("loader.failed error=%r", exc)
                 full = False
             if not full:
-                await _wait_or_stop(stop, 1.0)
+                await wait_or_stop(stop, 1.0)
 
     async def load_once(self) -> bool:
         """Load one page past the cursor; return True when the page was full (more to load)."""
@@ -277,10 +277,3 @@ class DelayedEngine:
             log.warning("engine.bad_reschedule_notice data=%r", data[:200])
             return
         await self.horizon.offer(ref)  # under its lock: never race the loader's cursor
-
-
-async def _wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass

@@ -34,10 +34,6 @@ class HorizonHeap:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def covers(self, key: Key) -> bool:
-        """True when a task with this key belongs on the heap now (the loader has passed it)."""
-        return key <= self.cursor
-
     def offer(self, ref: TaskRef) -> bool:
         """Push `ref` if the loader has passed its key; return whether it was pushed."""
         if ref.key <= self.cursor:
@@ -77,10 +73,6 @@ class HorizonHeap:
         """Forget everything (on losing office the next leader reloads from PostgreSQL)."""
         self._heap.clear()
         self.cursor = (-1, 0, 0)
-
-    @property
-    def cursor_ms(self) -> int:
-        return self.cursor[0]
 
 
 class Horizon:

@@ -29,7 +29,7 @@ from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.headers import block_size, forwarded, printable
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.subjects import check_target, delay_lane_prefix
+from scheduler.subjects import check_target, delay_lane_prefix, target_from_rest
 
 log = logging.getLogger("scheduler.intake")
 
@@ -85,7 +85,7 @@ class Intake:
         """Validate one message into a NewTask, or say precisely why it is rejected."""
         defect: tuple[str, str] | None = getattr(msg, "defect", None)
         rest = msg.subject[len(self.lane) :] if msg.subject.startswith(self.lane) else msg.subject
-        target = "mq." + rest
+        target = target_from_rest(rest)
         if defect is not None:
             where = None if defect[0] == "subject" else target
             return Rejected(msg, where, "undecodable", f"{defect[0]}: {defect[1]}")
@@ -109,10 +109,6 @@ class Intake:
             scheduled_for=due if env.delay_until is not None else ceil_ms(now),
             expires_at=env.expires_at,
         )
-
-    async def handle(self, msgs: list[Delivery]) -> None:
-        """Store, dead-letter and ack one fetched batch."""
-        await self.commit(msgs, await self.classify_all(msgs))
 
     async def classify_all(self, msgs: list[Delivery]) -> list[NewTask | Rejected]:
         now = self.clock.now()
