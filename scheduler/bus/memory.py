@@ -56,7 +56,8 @@ class Stream:
     subjects: list[str]
     duplicate_window: float = 120.0
     messages: list[Stored] = field(default_factory=list)
-    ids: dict[str, float] = field(default_factory=dict)  # Nats-Msg-Id -> stored at
+    ids: dict[str, tuple[float, int]] = field(default_factory=dict)  # id -> (at, seq)
+    last_seq: int = 0
 
     def captures(self, subject: str) -> bool:
         return any(subject_matches(p, subject) for p in self.subjects)
@@ -88,13 +89,13 @@ class MemoryStreams:
             return PublishError(subject, f"no stream captures {subject}")
         now = self.monotonic()
         msg_id = headers.get("Nats-Msg-Id")
+        seen = stream.ids.get(msg_id) if msg_id is not None else None
+        if seen is not None and now - seen[0] < stream.duplicate_window:
+            return PubAck(stream.name, seen[1], True)
+        stream.last_seq += 1
+        seq = stream.last_seq
         if msg_id is not None:
-            at = stream.ids.get(msg_id)
-            if at is not None and now - at < stream.duplicate_window:
-                seq = next(m.seq for m in stream.messages if m.headers.get("Nats-Msg-Id") == msg_id)
-                return PubAck(stream.name, seq, True)
-            stream.ids[msg_id] = now
-        seq = len(stream.messages) + 1
+            stream.ids[msg_id] = (now, seq)
         stream.messages.append(Stored(stream.name, seq, subject, payload, headers))
         return PubAck(stream.name, seq, False)
 
@@ -258,3 +259,40 @@ class MemoryBus:
         """The connection dropped (False) or came back (True)."""
         for listener in list(self.link_listeners):
             listener(up)
+
+
+@dataclass
+class _State:
+    subjects: dict[str, int]
+
+
+@dataclass
+class _Info:
+    state: _State
+
+
+class MemoryJetStream:
+    """The two JetStream lookups `concurrency: forbid` makes (the stream of a subject, and how
+    many messages it holds on that subject), over `MemoryStreams`. A test acknowledges (removes)
+    a message with `consume`, as a work-queue consumer's ack does."""
+
+    def __init__(self, streams: MemoryStreams) -> None:
+        self.streams = streams
+
+    async def find_stream_name_by_subject(self, subject: str) -> str:
+        for stream in self.streams.streams.values():
+            if stream.captures(subject):
+                return stream.name
+        raise LookupError(f"no stream captures {subject}")
+
+    async def stream_info(self, name: str, subjects_filter: str | None = None) -> _Info:
+        counts: dict[str, int] = {}
+        for m in self.streams.messages(name):
+            if subjects_filter is None or subject_matches(subjects_filter, m.subject):
+                counts[m.subject] = counts.get(m.subject, 0) + 1
+        return _Info(_State(counts))
+
+    def consume(self, stream: str, subject: str) -> None:
+        """Acknowledge every message on `subject` (work-queue retention removes them)."""
+        kept = [m for m in self.streams.messages(stream) if m.subject != subject]
+        self.streams.streams[stream].messages[:] = kept

@@ -330,3 +330,54 @@ class MemoryTaskStore:
             "last_error": row.last_error,
             "created_at": row.created_at,
         }
+
+
+@dataclass
+class MemoryScheduleStore:
+    """The twin of `scheduler.store.schedules.ScheduleStore` (the engine's
+    `ScheduleRepository`): jobs by name and fingerprint, cursors, the cron fire log. Its
+    `epoch` fences `advance` as PostgreSQL's does; share a `MemoryTaskStore`'s by `office`."""
+
+    office: MemoryTaskStore = field(default_factory=MemoryTaskStore)
+    fingerprints: dict[str, str] = field(default_factory=dict)  # active jobs
+    paused: set[str] = field(default_factory=set)  # by an operator
+    state: dict[str, datetime] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    fire_log: list[dict[str, Any]] = field(default_factory=list)
+
+    async def sync(self, jobs: Sequence[Any], at: datetime | None = None) -> tuple[int, int]:
+        wanted = {j.name: j.fingerprint() for j in jobs}
+        changed = [n for n, f in wanted.items() if self.fingerprints.get(n) != f]
+        removed = [n for n in self.fingerprints if n not in wanted]
+        self.fingerprints = wanted
+        return len(changed), len(removed)
+
+    async def operator_paused(self) -> frozenset[str]:
+        return frozenset(self.paused)
+
+    async def cursors(self) -> dict[str, datetime]:
+        return dict(self.state)
+
+    async def advance(self, epoch: int, moves: Sequence[Any], instance: str) -> None:
+        if not moves:
+            return
+        self.office._fence(epoch)
+        for m in moves:
+            self.state[m.name] = max(self.state.get(m.name, m.scheduled_for), m.scheduled_for)
+            self.skipped[m.name] = self.skipped.get(m.name, 0) + m.skipped
+            if m.fired_at is None:
+                continue
+            entry = {
+                "kind": "cron",
+                "key": m.name,
+                "subject": m.subject,
+                "scheduled_for": m.scheduled_for,
+                "fired_at": m.fired_at,
+                "attempt": m.attempt,
+                "epoch": epoch,
+                "instance": instance,
+                "stream": m.stream,
+                "stream_seq": m.stream_seq,
+            }
+            if entry not in self.fire_log:
+                self.fire_log.append(entry)

@@ -34,7 +34,7 @@ async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
         broker = MemoryBroker(streams, fence=lambda: office["in"], timeout=2)
 
         async def read_memory(seq: int) -> tuple[str, bytes, dict[str, str]]:
-            m = streams.messages(STREAM)[seq - 1]
+            m = next(m for m in streams.messages(STREAM) if m.seq == seq)
             return m.subject, m.payload, m.headers
 
         yield Side(broker, read_memory, office)
