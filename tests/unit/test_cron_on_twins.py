@@ -26,6 +26,7 @@ class Cron:
         self.clock = FakeClock(T0 + timedelta(milliseconds=300))
         self.streams = MemoryStreams(self.clock.monotonic)
         self.streams.add_stream("JOBS", ["mq.scheduled.>"])
+        self.streams.add_stream("KV_scheduler_state", ["$KV.scheduler_state.>"])  # the mirror
         self.js = MemoryJetStream(self.streams)
         self.store = store or MemoryScheduleStore()
         self.settings = Settings(schedules_dir=tmp_path, instance_id="twin")
