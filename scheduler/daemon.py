@@ -26,9 +26,9 @@ from scheduler.api.app import Served, build_api, build_metrics_app, serve
 from scheduler.bus.nats import NatsBus, ProvisionNote, provision
 from scheduler.clock import Clock, SystemClock
 from scheduler.embedded import NatsServer, Postgres
+from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.delayed import DelayedEngine
 from scheduler.engine.office import Office
-from scheduler.engine.recurring import CronEngine
 from scheduler.engine.skew import ClockCheck
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.leadership import Leadership
@@ -38,9 +38,9 @@ from scheduler.operations.instances import read_instances
 from scheduler.operations.stats import Refresher
 from scheduler.service import SchedulerService
 from scheduler.settings import Settings
+from scheduler.store.cron_jobs import ScheduleStore
 from scheduler.store.leadership import database_time
 from scheduler.store.postgres import PostgresStore, create_pool
-from scheduler.store.schedules import ScheduleStore
 from scheduler.store.tasks import TaskStore
 
 log = logging.getLogger("scheduler.daemon")

@@ -15,13 +15,13 @@ from datetime import timedelta
 from scheduler.aio import first_of, wait_or_stop
 from scheduler.clock import Clock
 from scheduler.core import TaskRef, from_ms, to_ms
+from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.deadletter import DeadLetterCopies
 from scheduler.engine.firing import Firing
 from scheduler.engine.heap import Horizon
 from scheduler.engine.intake import Intake
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, Bus, TaskRepository
-from scheduler.engine.recurring import CronEngine
 from scheduler.envelope import Limits
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings

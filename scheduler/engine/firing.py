@@ -148,7 +148,7 @@ class Firing:
             left = self.armed.next_due_ms() - self.now_ms()  # type: ignore[operator]
             if left > 0:  # re-checked after every wake: robust to wall-clock steps
                 # A long sleep is cut short by PRE_WAKE_MS and finished with a short one: the
-                # first wake after idling often comes late (see engine.recurring.PRE_WAKE).
+                # first wake after idling often comes late (see engine.cron_firing.PRE_WAKE).
                 early = PRE_WAKE_MS if left > 2 * PRE_WAKE_MS else 0
                 await self._wait(self.armed_event, (left - early) / 1000)
                 continue

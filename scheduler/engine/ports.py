@@ -5,7 +5,7 @@ checks it: pyproject.toml, tests/unit/test_layers.py). It speaks to
 
 - a `TaskRepository` (delayed tasks) and a `ScheduleRepository` (cron state): every SQL
   statement it needs, written once in `scheduler.store` (`store.tasks.TaskStore`,
-  `store.schedules.ScheduleStore`; the fencing SQL in `store.leadership`);
+  `store.cron_jobs.ScheduleStore`; the fencing SQL in `store.leadership`);
 - a `Broker`: every NATS byte (headers, frames, acks, KV subjects, the raw fast path) lives in
   `scheduler.bus` (`bus.publisher.Publisher`; the pure protocol bytes in `bus.frames`);
 - `Delivery`: a message taken from the delay lane (`nats.aio.msg.Msg` or `bus.wire.RawMsg`).

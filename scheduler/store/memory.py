@@ -334,7 +334,7 @@ class MemoryTaskStore:
 
 @dataclass
 class MemoryScheduleStore:
-    """The twin of `scheduler.store.schedules.ScheduleStore` (the engine's
+    """The twin of `scheduler.store.cron_jobs.ScheduleStore` (the engine's
     `ScheduleRepository`): jobs by name and fingerprint, cursors, the cron fire log. Its
     `epoch` fences `advance` as PostgreSQL's does; share a `MemoryTaskStore`'s by `office`."""
 

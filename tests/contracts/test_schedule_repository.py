@@ -39,9 +39,9 @@ async def repo(database: str | None) -> AsyncIterator[Repo]:
         store = MemoryScheduleStore()
         yield Repo(store, store.office.take_office)
         return
+    from scheduler.store.cron_jobs import ScheduleStore
     from scheduler.store.leadership import take_office
     from scheduler.store.postgres import PostgresStore, create_pool
-    from scheduler.store.schedules import ScheduleStore
 
     pool = await create_pool(database, min_size=1, max_size=2)
     try:

@@ -10,8 +10,8 @@ import pytest
 
 from scheduler.bus.memory import MemoryBroker, MemoryJetStream, MemoryStreams
 from scheduler.clock import FakeClock, rfc3339
+from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.office import FixedOffice
-from scheduler.engine.recurring import CronEngine
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
