@@ -1,11 +1,12 @@
 """The records every layer speaks in: a task, a cron fire, the outcome of a publish, the task id.
 
 This module imports nothing from the project (engine, store, bus and the API all import it, it
-imports none of them). Records are frozen, except the three built once per task on the hot path
-(`TaskRef`, `NewTask`, `ClaimedTask`, `Fired`): slots only, because a frozen dataclass's
-`__init__` costs 3-5x (0.47 us against 0.13 us measured here), paid per task at tens of
-thousands of tasks a second. Nothing mutates them after construction but the claimer, which
-drops a parked task's payload once sent (`task.payload = b""`).
+imports none of them; import-linter checks it). Records are frozen (`Advance`, a cron fire's
+outcome), except those built once per task on the hot path (`TaskRef`, `NewTask`,
+`ClaimedTask`, `Fired`, `PubAck`) and the two accumulators (`Claimed`, `Insertion`): slots only,
+because a frozen dataclass's `__init__` costs 3-5x (0.47 us against 0.13 us measured here), paid
+per task at tens of thousands of tasks a second. Nothing mutates the per-task records after
+construction but the claimer, which drops a parked task's payload once sent.
 
 Times are aware UTC datetimes at the edges and integer epoch milliseconds in the hot paths
 (`to_ms`, `from_ms`, `ceil_ms`).
