@@ -27,7 +27,7 @@ from scheduler.bus.nats import NatsBus, ProvisionNote, provision
 from scheduler.clock import Clock, SystemClock
 from scheduler.embedded import NatsServer, Postgres
 from scheduler.engine.cron_firing import CronEngine
-from scheduler.engine.delayed import DelayedEngine
+from scheduler.engine.leader_loop import LeaderEngine
 from scheduler.engine.office import Office
 from scheduler.engine.skew import ClockCheck
 from scheduler.errors import ConfigError, ServiceUnavailableError
@@ -91,7 +91,7 @@ class Daemon:
         self.leadership: Leadership | None = None
         self.clock_check: ClockCheck | None = None
         self.state_kv: Any = None
-        self.engine: DelayedEngine | None = None
+        self.engine: LeaderEngine | None = None
         self.cron: CronEngine | None = None
         self.operations: Operations | None = None  # what the management API calls
         self.refresher: Refresher | None = None
@@ -209,7 +209,7 @@ class Daemon:
         self.cron = CronEngine(
             s, ScheduleStore(self.store), self.office, self.clock, self.metrics, self.bus.js
         )
-        self.engine = DelayedEngine(
+        self.engine = LeaderEngine(
             s,
             self.bus,
             self.tasks,

@@ -1,5 +1,5 @@
 """The firing engine's real parts for engine-level tests: PostgreSQL store, NATS publisher, a
-fixed office and a target stream, wired as `DelayedEngine.run_term` wires them."""
+fixed office and a target stream, wired as `LeaderEngine.run_term` wires them."""
 
 from __future__ import annotations
 

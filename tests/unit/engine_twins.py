@@ -11,7 +11,7 @@ from typing import Any
 
 from scheduler.bus.memory import MemoryBus, MemoryStreams, Stored
 from scheduler.clock import FakeClock, to_rfc3339
-from scheduler.engine.delayed import DelayedEngine
+from scheduler.engine.leader_loop import LeaderEngine
 from scheduler.engine.office import FixedOffice
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -78,7 +78,7 @@ class Engine:
     streams: MemoryStreams
     bus: MemoryBus
     lane: Lane
-    engine: DelayedEngine
+    engine: LeaderEngine
     office: Office
     stop: asyncio.Event
     runner: asyncio.Task[None] | None = None
@@ -153,5 +153,5 @@ async def engine_on_twins(
     bus = MemoryBus(streams, lane)
     settings = Settings(**overrides)
     office = Office(await store.take_office("twin"))
-    engine = DelayedEngine(settings, bus, store, office, clock, Metrics())
+    engine = LeaderEngine(settings, bus, store, office, clock, Metrics())
     return Engine(clock, store, streams, bus, lane, engine, office, asyncio.Event())

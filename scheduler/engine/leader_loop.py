@@ -1,8 +1,10 @@
-"""The delayed-delivery engine: heap, loader, intake and firing, run while in office.
+"""What the leader runs while in office: delayed delivery (intake, loader, firing) and cron.
 
 Taking office: re-publish tasks an earlier leader claimed but never marked fired (the target
-stream's duplicate window drops the repeats), then run the loader, intake and firing loops
+stream's duplicate window drops the repeats), then run the loader, intake, firing and cron loops
 together until the daemon stops or office is lost. The heap is rebuilt from PostgreSQL each time.
+Everything goes through the ports (`scheduler.engine.ports`); the daemon hands in the real
+adapters, the engine's unit tests the in-memory twins.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ class OfficeLost(Exception):
     """Raised inside the engine's task group to stop every loop at once."""
 
 
-class DelayedEngine:
-    """Owns the heap and the loops of delayed delivery for one term of office."""
+class LeaderEngine:
+    """Owns the horizon and the loops of a term of office: delayed delivery, and cron when
+    given a `CronEngine`."""
 
     def __init__(
         self,
