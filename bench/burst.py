@@ -62,7 +62,7 @@ async def baseline(
     start = time.perf_counter()
     if publisher_cls is not None:
         publisher = await publisher_cls(nc).start()
-        results = await publisher.publish_many(items)
+        results = await publish_many(publisher, items)
         await publisher.close()
         acked = sum(1 for r in results if not isinstance(r, Exception))
     else:
@@ -77,12 +77,25 @@ async def baseline(
 
 def daemon_publisher() -> tuple[Any, str]:
     """The daemon's pipelined publisher class, wherever the engine keeps it, or (None, "")."""
-    for module in ("scheduler.bus.nats", "scheduler.bus.publisher"):
+    for module in ("scheduler.bus.publisher", "scheduler.bus.nats"):
         try:
             return importlib.import_module(module).Publisher, f"{module}.Publisher"
         except (ImportError, AttributeError):
             continue
     return None, ""
+
+
+async def publish_many(publisher: Any, items: list[Any]) -> list[Any]:
+    """Publish all `items` pipelined through the daemon's publisher and return, in order, a
+    PubAck or the exception each ended with."""
+    futures = [await publisher.publish(*item) for item in items]
+    results: list[Any] = []
+    for fut in futures:
+        try:
+            results.append(await fut)
+        except Exception as exc:  # a PublishError: counted as not acked by the caller
+            results.append(exc)
+    return results
 
 
 async def intake_drained(js: Any, deadline: float) -> float | None:

@@ -38,3 +38,11 @@ class Backoff:
     async def wait(self) -> None:
         await asyncio.sleep(self.next_wait)
         self._delay = min(self._delay * 2, 5.0)
+
+
+async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep `seconds` (event-loop time), or less when `stop` is set meanwhile."""
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass

@@ -111,14 +111,14 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _schedule_commands(sub: Any) -> None:
-    from scheduler.commands import schedules
+    from scheduler.commands import cron_yaml
 
     val = sub.add_parser("validate", help="lint scheduled_jobs YAML files")
-    schedules.configure_validate(val)
-    val.set_defaults(func=schedules.cmd_validate)
+    cron_yaml.configure_validate(val)
+    val.set_defaults(func=cron_yaml.cmd_validate)
     nxt = sub.add_parser("next", help="print the coming occurrences of cron jobs")
-    schedules.configure_next(nxt)
-    nxt.set_defaults(func=schedules.cmd_next)
+    cron_yaml.configure_next(nxt)
+    nxt.set_defaults(func=cron_yaml.cmd_next)
 
 
 def _audit_commands(sub: Any) -> None:

@@ -109,6 +109,19 @@ class FakeClock:
         self._now += timedelta(seconds=seconds)
 
 
+# The two RFC 3339 texts of an instant, both UTC with a Z. They differ on purpose and each is
+# part of the wire contract: `rfc3339` (no fixed precision: `2026-11-22T06:00:00Z`) names cron
+# occurrences (their `Nats-Msg-Id`, `job@<instant>`), `to_rfc3339` (milliseconds always) stamps
+# headers, envelopes and API answers. Changing either changes what consumers see.
+
+
+def rfc3339(instant: datetime) -> str:
+    """`2026-11-22T06:00:00Z`: an aware instant in UTC with a Z suffix."""
+    if instant.tzinfo is None:
+        raise ValueError(f"instant must be timezone-aware, got {instant.isoformat()}")
+    return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 _SECOND_TEXT: dict[datetime, str] = {}
 _TEXT: dict[datetime, str] = {}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import errno
+import functools
 import gc
 import ipaddress
 import logging
@@ -20,25 +21,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler import __version__, migrate
-from scheduler.aio import first_of
+from scheduler.aio import first_of, wait_or_stop
 from scheduler.api.app import Served, build_api, build_metrics_app, serve
 from scheduler.bus.nats import NatsBus, ProvisionNote, provision
 from scheduler.clock import Clock, SystemClock
 from scheduler.embedded import NatsServer, Postgres
-from scheduler.engine.delayed import DelayedEngine
-from scheduler.engine.leader import Leadership
+from scheduler.engine.cron_firing import CronEngine
+from scheduler.engine.leader_loop import LeaderEngine
 from scheduler.engine.office import Office
-from scheduler.engine.recurring import CronEngine
 from scheduler.engine.skew import ClockCheck
 from scheduler.errors import ConfigError, ServiceUnavailableError
+from scheduler.leadership import Leadership
 from scheduler.metrics import Metrics
 from scheduler.operations.build import Operations, build_operations
 from scheduler.operations.instances import read_instances
 from scheduler.operations.stats import Refresher
 from scheduler.service import SchedulerService
 from scheduler.settings import Settings
+from scheduler.store.cron_jobs import ScheduleStore
+from scheduler.store.leadership import database_time
 from scheduler.store.postgres import PostgresStore, create_pool
-from scheduler.store.schedules import ScheduleStore
 from scheduler.store.tasks import TaskStore
 
 log = logging.getLogger("scheduler.daemon")
@@ -89,7 +91,7 @@ class Daemon:
         self.leadership: Leadership | None = None
         self.clock_check: ClockCheck | None = None
         self.state_kv: Any = None
-        self.engine: DelayedEngine | None = None
+        self.engine: LeaderEngine | None = None
         self.cron: CronEngine | None = None
         self.operations: Operations | None = None  # what the management API calls
         self.refresher: Refresher | None = None
@@ -187,7 +189,10 @@ class Daemon:
         await service.start()
         stack.push_async_callback(service.stop)
         self.clock_check = ClockCheck(
-            self.store.pool, self.clock, s.max_clock_skew.total_seconds(), self.metrics
+            functools.partial(database_time, self.store.pool),
+            self.clock,
+            s.max_clock_skew.total_seconds(),
+            self.metrics,
         )
         await self.clock_check.measure()
         self.leadership = Leadership(
@@ -204,7 +209,7 @@ class Daemon:
         self.cron = CronEngine(
             s, ScheduleStore(self.store), self.office, self.clock, self.metrics, self.bus.js
         )
-        self.engine = DelayedEngine(
+        self.engine = LeaderEngine(
             s,
             self.bus,
             self.tasks,
@@ -307,7 +312,7 @@ class Daemon:
                 backoff = 0.5
             except Exception as exc:
                 log.warning("engine.term_failed error=%r; retrying in %gs", exc, backoff)
-                await self._wait_stop(backoff)
+                await wait_or_stop(self._stop, backoff)
                 backoff = min(backoff * 2, 10.0)
 
     def _check_api_exposure(self) -> None:
@@ -340,7 +345,7 @@ class Daemon:
             "instance": self.settings.instance_id,
             "role": self._role(),
             "epoch": self.office.epoch if self.office else None,
-            "heap": len(self.engine.heap) if self.engine else 0,
+            "heap": len(self.engine.horizon) if self.engine else 0,
             "version": __version__,
         }
 
@@ -468,7 +473,7 @@ class Daemon:
                     log.info("delayed_messages.purged rows=%d", purged)
             except Exception as exc:  # upkeep must never take the daemon down; retried next hour
                 log.warning("fire_log.upkeep_failed error=%r", exc)
-            await self._wait_stop(UPKEEP_INTERVAL)
+            await wait_or_stop(self._stop, UPKEEP_INTERVAL)
 
     async def _lag_probe(self) -> None:
         """Measure how late the event loop runs a 100 ms timer (CPU starvation shows here
@@ -478,12 +483,6 @@ class Daemon:
             start = loop.time()
             await asyncio.sleep(LAG_PROBE_EVERY)
             self.metrics.loop_lag.observe(max(0.0, loop.time() - start - LAG_PROBE_EVERY))
-
-    async def _wait_stop(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
 
     # -- health -----------------------------------------------------------------------------------
     def is_alive(self) -> bool:

@@ -53,14 +53,6 @@ class TargetRefusedError(SchedulerError, ValueError):
         self.subject = subject
 
 
-class TaskLookupError(SchedulerError, LookupError):
-    """No task with this id (for this target)."""
-
-    def __init__(self, task_id: str) -> None:
-        super().__init__(f"no task with id {task_id!r}")
-        self.task_id = task_id
-
-
 class FencedError(SchedulerError, RuntimeError):
     """A state change was refused because a newer leader epoch exists."""
 

@@ -13,7 +13,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from hashlib import blake2b
 from pathlib import Path
@@ -33,6 +33,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from scheduler.clock import rfc3339
 from scheduler.cron import CronExpr
 from scheduler.durations import parse_duration
 from scheduler.subjects import MAX_SUBJECT_BYTES, REFUSED_PREFIXES
@@ -492,13 +493,6 @@ def load_dir(path: str | Path) -> ScheduleSet:
 
 
 # --- Occurrence identity and jitter ---------------------------------------------------------------
-
-
-def rfc3339(instant: datetime) -> str:
-    """`2026-11-22T06:00:00Z`: an aware instant in UTC with a Z suffix."""
-    if instant.tzinfo is None:
-        raise ValueError(f"instant must be timezone-aware, got {instant.isoformat()}")
-    return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def occurrence_key(job_name: str, scheduled_for: datetime) -> str:

@@ -24,7 +24,7 @@ from scheduler.envelope import Limits, check_org, parse_envelope
 from scheduler.errors import EnvelopeError, RequestError, TargetRefusedError
 from scheduler.operations.tasks import TaskOperations, parse_due
 from scheduler.settings import Settings
-from scheduler.subjects import check_target
+from scheduler.subjects import check_target, delay_lane_prefix, delay_subject, target_from_rest
 
 log = logging.getLogger("scheduler.service")
 
@@ -86,7 +86,7 @@ class SchedulerService:
         async def run(req: Request) -> None:
             try:
                 target = check_target(
-                    "mq." + req.subject[len(prefix) :], self.settings.target_allow
+                    target_from_rest(req.subject[len(prefix) :]), self.settings.target_allow
                 )
                 body = json.loads(req.data) if verb != "schedule" else {}
                 if not isinstance(body, dict):
@@ -116,7 +116,7 @@ class SchedulerService:
         limits = Limits(max_payload=self.nc.max_payload, max_delay=self.settings.max_delay)
         env = parse_envelope(raw, self.clock.now(), limits)
         check_org(env, target)
-        subject = self.settings.intake_subject[:-1] + target[len("mq.") :]
+        subject = delay_subject(target, delay_lane_prefix(self.settings.intake_subject))
         await self.nc.jetstream().publish(subject, raw, headers={"Nats-Msg-Id": env.id})
         due = env.due_at(self.clock.now())
         return {"status": "scheduled", "id": env.id, "target": target, "due_at": to_rfc3339(due)}

@@ -40,8 +40,14 @@ def target_from_delay_subject(subject: str, lane_prefix: str = "mq.delay.") -> s
 
 
 def target_from_rest(rest: str) -> str:
-    """The `<rest>` of an API subject (`scheduler.v1.cancel.<rest>`) -> `mq.<rest>`."""
+    """The `<rest>` of a delay-lane or API subject (`mq.delay.<rest>`,
+    `scheduler.v1.cancel.<rest>`) -> the target `mq.<rest>`."""
     return "mq." + rest
+
+
+def delay_subject(target: str, lane_prefix: str = "mq.delay.") -> str:
+    """`mq.inference.chat` -> `mq.delay.inference.chat`: where a task for `target` is sent."""
+    return lane_prefix + target[len("mq.") :]
 
 
 def org_of(target: str) -> str | None:

@@ -18,12 +18,16 @@ from typing import Any, TypeVar
 
 from nats import errors as nats_errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js import errors as js_errors
 from nats.js.errors import BadRequestError, NotFoundError
 
 from scheduler.aio import Backoff, first_of
+from scheduler.bus import wire
+from scheduler.bus.publisher import Publisher
+from scheduler.bus.puller import Puller
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings, nkey_seed, redact_url
@@ -260,9 +264,7 @@ class NatsBus:
 
     @property
     def server_version(self) -> str:
-        if self.nc is None or not self.nc._server_info:
-            return "unknown"
-        return str(self.nc._server_info.get("version", "unknown"))
+        return wire.server_version(self.nc)
 
     @property
     def max_payload(self) -> int:
@@ -301,6 +303,34 @@ class NatsBus:
         if not self.nc.is_closed:
             await self.nc.close()
         self._set_connected(False)
+
+    # What a term of office needs (scheduler.engine.ports.Bus): built here, so the engine never
+    # touches the client.
+
+    async def open_publisher(self, timeout: float, fence: Callable[[], bool]) -> Publisher:
+        """A started publisher for one term, sending only while `fence()` holds."""
+        assert self.nc is not None
+        return await Publisher(self.nc, timeout=timeout, fence=fence).start()
+
+    def intake_source(self, stream: str, consumer: str, batch: int) -> Puller:
+        """The puller of the delay lane's durable consumer (started by its user)."""
+        assert self.nc is not None
+        return Puller(self.nc, stream, consumer, batch)
+
+    async def listen(self, subject: str, handler: Callable[[bytes], Awaitable[None]]) -> Any:
+        """Call `handler` with the payload of every core message on `subject`; the result's
+        `unsubscribe()` ends it."""
+        assert self.nc is not None
+
+        async def on_msg(msg: Msg) -> None:
+            await handler(msg.data)
+
+        return await self.nc.subscribe(subject, cb=on_msg)
+
+    async def duplicate_window(self, stream: str) -> float:
+        """The duplicate window of `stream`, in seconds (0 without one)."""
+        assert self.js is not None
+        return (await self.js.stream_info(stream)).config.duplicate_window or 0
 
 
 def tls_context(settings: Settings) -> ssl.SSLContext | None:

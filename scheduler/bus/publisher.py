@@ -28,52 +28,17 @@ import json
 import logging
 import re
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from nats.aio.client import Client
 from nats.errors import MaxPayloadError
 
 from scheduler.bus.wire import Wire, raw_subscribe
+from scheduler.core import BatchItem, Done, Outcome, PubAck, PublishError
 
 log = logging.getLogger("scheduler.publisher")
 
 
-@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
-class PubAck:
-    stream: str
-    seq: int
-    duplicate: bool
-
-
-class PublishError(Exception):
-    """A publish was not acknowledged: no stream, a JetStream error, a timeout or a lost link.
-
-    `permanent` ones are not worth retrying; `reason` is the dead-letter reason they lead to
-    (`too_large`: the message cannot fit the server's max_payload and was never sent);
-    `in_doubt` ones were sent but not acknowledged: the stream may have stored them."""
-
-    def __init__(
-        self,
-        subject: str,
-        message: str,
-        permanent: bool = False,
-        reason: str = "publish_failed",
-        in_doubt: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.subject = subject
-        self.permanent = permanent
-        self.reason = reason
-        self.in_doubt = in_doubt  # sent, but unacknowledged: the stream may have stored it
-
-
-Item = tuple[str, bytes, dict[str, str]]
-Outcome = PubAck | PublishError
-Done = Callable[[Outcome], None]
-# (subject, payload, headers or a whole header block built by the caller, called once with
-# the outcome); see Wire.frame_block for what a header block must be
-BatchItem = tuple[str, bytes, Mapping[str, str] | bytes, Done]
 MAX_INFLIGHT = 1000
 
 
@@ -258,10 +223,29 @@ class Publisher:
             self._fail(token, f"publish failed: {exc!r}")
         return fut
 
+    @property
+    def max_payload(self) -> int:
+        """The server's largest message, control line and headers included."""
+        return self.nc.max_payload
+
     def reserve(self) -> str:
         """A reply subject for a message framed ahead of time (see `publish_frames`)."""
         self._next += 1
         return f"{self._prefix}.{self._next}"
+
+    def frame_parts(
+        self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str], cut: bytes
+    ) -> tuple[bytes, ...]:
+        """The frame of one message split at every occurrence of `cut` (a placeholder to fill
+        in later: `fill.join(parts)`, same length keeps the sizes right), or () when the message
+        cannot be framed here (it must go through `publish`)."""
+        frame = self.wire.frame(subject, payload, reply, headers)
+        return tuple(frame.split(cut)) if frame is not None else ()
+
+    async def ack(self, replies: Iterable[str]) -> None:
+        """Acknowledge JetStream deliveries: an empty message to each reply subject, all handed
+        to the connection at once."""
+        await self.wire.empty_to(replies)
 
     async def publish_frames(
         self, items: Sequence[tuple[str, str, bytes]]
@@ -307,7 +291,7 @@ class Publisher:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        nc, wire, pending, slots = self.nc, self.wire, self._pending, self._slots
+        wire, pending, slots = self.wire, self._pending, self._slots
         frames: list[bytes] = []
         tokens: list[str] = []
         size = 0
@@ -331,7 +315,7 @@ class Publisher:
             else:
                 frame = wire.frame(subject, payload, reply, headers)
             if frame is not None:
-                if len(frame) - 4 <= nc._max_payload:  # as Wire.fits, inlined: hot path
+                if wire.fits(frame):
                     frames.append(frame)
                     tokens.append(token)
                     size += len(payload)
@@ -365,17 +349,6 @@ class Publisher:
         except Exception as exc:  # closed, reconnecting (no buffer): all of them fail
             for token in tokens:
                 self._fail(token, f"publish failed: {exc!r}")
-
-    async def publish_many(self, items: Sequence[Item]) -> list[PubAck | PublishError]:
-        """Publish all `items` pipelined and return, in order, a PubAck or a PublishError each."""
-        futures = [await self.publish(*item) for item in items]
-        results: list[PubAck | PublishError] = []
-        for fut in futures:
-            try:
-                results.append(await fut)
-            except PublishError as exc:
-                results.append(exc)
-        return results
 
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """A PubAck, straight from the client's read loop (see `raw_subscribe`)."""

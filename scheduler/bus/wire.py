@@ -1,5 +1,17 @@
 """The hot publish paths written straight to the NATS protocol, bypassing nats-py's per-call work.
 
+This is the only module of the project that touches nats-py's private internals. They are listed
+in `NATS_INTERNALS` below (tests/unit/test_nats_internals.py fails, naming the attribute, when an
+installed nats-py lacks one; pyproject.toml pins nats-py to the range tested):
+
+- `Client._pending`, `Client._pending_data_size`, `Client._flush_pending`, `Client._flush_queue`:
+  the client's write buffer and its flusher (`Wire._send`, `Wire.take_unsent`);
+- `Client._transport` (and its `_io_writer.transport`): the socket (`Wire._send`, `cut_backlog`);
+- `Client._max_payload`, `Client._server_info`: the server's limits and version;
+- `Client._process_msg` (patched) and `Subscription._id`: raw deliveries (`raw_subscribe`);
+- `Msg(_client=)`: messages built from raw deliveries (`message_of`).
+
+
 nats-py's `publish` validates the subject, checks every header key with a regex, strips and
 re-encodes every value into a bytearray, and awaits a flush check: about 8-10 us of CPU per
 message, paid twice per task here (the JetStream ack of its intake message and its delivery).
@@ -37,9 +49,43 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError, OutboundBufferLimitError
 
+from scheduler.bus.frames import HEADER_LINE, hpub
 from scheduler.headers import block_size
 
 _KEY = re.compile(r"[!-9;-~]+")  # printable ASCII but ':', no spaces: nats-py's own rule
+
+# (owner, attribute): every nats-py internal used by this module (see the docstring above).
+NATS_INTERNALS: tuple[tuple[str, str], ...] = (
+    ("Client", "_pending"),
+    ("Client", "_pending_data_size"),
+    ("Client", "_flush_pending"),
+    ("Client", "_flush_queue"),
+    ("Client", "_transport"),
+    ("Client", "_max_payload"),
+    ("Client", "_server_info"),
+    ("Client", "_process_msg"),
+    ("Subscription", "_id"),
+    ("Msg", "_client"),
+)
+
+
+def missing_internals(owners: Mapping[str, object]) -> list[str]:
+    """The `Owner.attribute` names of `NATS_INTERNALS` that the given objects (an instance or
+    class per owner name) lack: what an installed nats-py no longer provides."""
+    return [
+        f"{owner}.{attr}"
+        for owner, attr in NATS_INTERNALS
+        if not hasattr(owners[owner], attr)
+        and attr not in getattr(owners[owner], "__dataclass_fields__", {})
+    ]
+
+
+def server_version(nc: Client | None) -> str:
+    """The version the connected server announced, or "unknown"."""
+    info = getattr(nc, "_server_info", None)
+    if not info:
+        return "unknown"
+    return str(info.get("version", "unknown"))
 
 
 class Wire:
@@ -81,28 +127,13 @@ class Wire:
         block = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
         if block.count("\n") != len(headers) or block.count("\r") != len(headers):
             return None
-        hdr = b"NATS/1.0\r\n" + block.encode() + b"\r\n"
-        return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
-            subject.encode(),
-            reply.encode(),
-            len(hdr),
-            len(hdr) + len(payload),
-            hdr,
-            payload,
-        )
+        return hpub(subject, payload, reply, HEADER_LINE + block.encode() + b"\r\n")
 
     @staticmethod
     def frame_block(subject: str, payload: bytes, reply: str, hdr: bytes) -> bytes:
         """The `HPUB` frame of one message whose header block (`NATS/1.0\r\n...\r\n\r\n`)
         the caller built and vouches for (ASCII keys, no CR or LF inside values)."""
-        return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
-            subject.encode(),
-            reply.encode(),
-            len(hdr),
-            len(hdr) + len(payload),
-            hdr,
-            payload,
-        )
+        return hpub(subject, payload, reply, hdr)
 
     async def publish(
         self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str]
@@ -272,7 +303,7 @@ def parse_header_block(hdr: bytes) -> tuple[dict[str, str] | None, tuple[str, st
     the last of a repeated name kept), but strictly: a name or value that is not UTF-8, a line
     that is not `name: value` or a block without the `NATS/1.0` line is a defect, not skipped
     or replaced. Never raises."""
-    if not hdr.startswith(_HDR_LINE[:8]):
+    if not hdr.startswith(HEADER_LINE[:8]):
         shown = hdr[:40].decode(errors="backslashreplace")
         return None, ("headers", f"the header block does not start with NATS/1.0: {shown}")
     out: dict[str, str] = {}
@@ -309,6 +340,3 @@ def status_of(hdr: bytes | None) -> str | None:
     if not hdr or not hdr.startswith(b"NATS/1.0 "):
         return None
     return hdr[9:12].decode(errors="replace")
-
-
-_HDR_LINE = b"NATS/1.0\r\n"

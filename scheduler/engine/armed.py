@@ -14,7 +14,7 @@ import bisect
 import itertools
 from collections.abc import Iterable
 
-from scheduler.store.tasks import ClaimedTask, to_ms
+from scheduler.core import ClaimedTask, to_ms
 
 # (due_ms, priority, seq, arming number, task)
 Slot = tuple[int, int, int, int, ClaimedTask]

@@ -19,12 +19,13 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from scheduler.clock import Clock
+from scheduler.core import Claimed, ClaimedTask, Entry, TaskRef, firing_order, from_ms, to_ms
 from scheduler.engine.armed import Armed
-from scheduler.engine.heap import Entry, HorizonHeap, TaskRef
+from scheduler.engine.heap import Horizon
+from scheduler.engine.ports import TaskRepository
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.tasks import Claimed, ClaimedTask, TaskStore, firing_order, from_ms, to_ms
 
 log = logging.getLogger("scheduler.firing")
 
@@ -44,15 +45,15 @@ class Claimer:
     def __init__(
         self,
         settings: Settings,
-        heap: HorizonHeap,
-        tasks: TaskStore,
+        horizon: Horizon,
+        tasks: TaskRepository,
         armed: Armed,
         clock: Clock,
         metrics: Metrics,
         arm: Callable[[Sequence[ClaimedTask]], None],
     ) -> None:
         self.settings = settings
-        self.heap = heap
+        self.horizon = horizon
         self.tasks = tasks
         self.armed = armed
         self.clock = clock
@@ -105,8 +106,8 @@ class Claimer:
         the next window (a burst of tasks due at one instant drains at the database's pace)."""
         now = to_ms(self.clock.now())
         until = now + LOOKAHEAD_MS
-        entries = self.heap.pop_due(until, min(self.settings.batch, self.room()))
-        self.metrics.heap_size.set(len(self.heap))
+        entries = self.horizon.take_due(until, min(self.settings.batch, self.room()))
+        self.metrics.heap_size.set(len(self.horizon))
         if not entries:
             return False
         self._last_claim_ms = now
@@ -143,8 +144,7 @@ class Claimer:
             self.on_fenced(epoch)
         except Exception as exc:  # PostgreSQL away: put the batch back and let the loop retry
             log.warning("claim.failed count=%d error=%r", len(entries), exc)
-            for due_ms, priority, seq, task_id in entries:
-                self.heap.push(TaskRef(task_id, due_ms, priority, seq))
+            self.horizon.put_back(TaskRef(i, due, p, seq) for due, p, seq, i in entries)
             await self.clock.sleep(0.5)
         finally:
             taken.set()
@@ -198,7 +198,7 @@ class Claimer:
     def idle_seconds(self) -> float:
         """Until the next claim: when the next task enters the lookahead, but not sooner than
         a step after the last claim, unless it would then be claimed too close to its time."""
-        nxt = self.heap.next_due_ms()
+        nxt = self.horizon.next_due()
         if nxt is None:
             return 1.0
         at = min(max(nxt - LOOKAHEAD_MS, self._last_claim_ms + CLAIM_STEP_MS), nxt - CLAIM_LEAD_MS)

@@ -20,7 +20,8 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from scheduler.bus.publisher import PubAck, Publisher
+from scheduler.core import PubAck
+from scheduler.engine.ports import Broker
 from scheduler.headers import block_size, printable, split_producer_headers
 from scheduler.metrics import Metrics
 from scheduler.subjects import dlq_subject
@@ -89,7 +90,7 @@ class DeadLetterCopies:
     """Sends dead-letter copies through the term's publisher, concurrently and bounded."""
 
     def __init__(
-        self, publisher: Publisher, prefix: str, metrics: Metrics, inflight: int = DLQ_INFLIGHT
+        self, publisher: Broker, prefix: str, metrics: Metrics, inflight: int = DLQ_INFLIGHT
     ) -> None:
         self.publisher = publisher
         self.prefix = prefix
@@ -108,7 +109,7 @@ class DeadLetterCopies:
                 self.metrics.dead_letter_copies_failed.labels(letter.reason).inc()
                 continue
             subject = dlq_subject(letter.target, self.prefix)
-            payload, headers = copy_of(letter, subject, self.publisher.nc.max_payload)
+            payload, headers = copy_of(letter, subject, self.publisher.max_payload)
             fut = await self.publisher.publish(subject, payload, headers)
             self._pending.add(fut)
             fut.add_done_callback(functools.partial(self._done, letter, subject))

@@ -18,17 +18,27 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from scheduler.backoff import backoff_seconds
-from scheduler.bus.publisher import BatchItem, PubAck, Publisher, PublishError
+from scheduler.bus.frames import delivery_block
 from scheduler.clock import Clock, to_rfc3339, wait_event
+from scheduler.core import (
+    BatchItem,
+    ClaimedTask,
+    Fired,
+    PubAck,
+    PublishError,
+    TaskRef,
+    ceil_ms,
+    to_ms,
+)
 from scheduler.engine.armed import Armed
 from scheduler.engine.claims import Claimer
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
-from scheduler.engine.heap import HorizonHeap, TaskRef
+from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.office import Office
+from scheduler.engine.ports import Broker, TaskRepository
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics, observe_many
 from scheduler.settings import Settings
-from scheduler.store.tasks import ClaimedTask, Fired, TaskStore, ceil_ms, to_ms
 from scheduler.subjects import check_target
 
 log = logging.getLogger("scheduler.firing")
@@ -39,10 +49,6 @@ BOOK_BATCH = 500
 # While a backlog of due tasks drains (a burst), outcomes are held back, up to this many, and
 # recorded after it: PostgreSQL's CPU goes to the claims that feed the deliveries first.
 BOOK_DEFER_MAX = 50_000
-_BLOCK = (
-    b"NATS/1.0\r\nNats-Msg-Id: %s\r\nMq-Scheduled-For: %s\r\nMq-Fired-At: %s\r\n"
-    b"Mq-Attempt: %d\r\n\r\n"
-)
 
 
 class Firing:
@@ -51,9 +57,9 @@ class Firing:
     def __init__(
         self,
         settings: Settings,
-        heap: HorizonHeap,
-        tasks: TaskStore,
-        publisher: Publisher,
+        heap: HorizonHeap | Horizon,
+        tasks: TaskRepository,
+        publisher: Broker,
         office: Office,
         clock: Clock,
         metrics: Metrics,
@@ -65,18 +71,17 @@ class Firing:
         self.on_stream = on_stream
         self.dead = dead or DeadLetterCopies(publisher, settings.dlq_subject_prefix, metrics)
         self.settings = settings
-        self.heap_lock = heap_lock
-        self.heap = heap
+        self.horizon = heap if isinstance(heap, Horizon) else Horizon(heap, wake, heap_lock)
         self.tasks = tasks
         self.publisher = publisher
         self.office = office
         self.clock = clock
         self.metrics = metrics
-        self.wake = wake
+        self.wake = self.horizon.wake
         self.armed = Armed(settings.armed_max, settings.armed_max_bytes)
         self.armed_event = asyncio.Event()
         self.room_event = asyncio.Event()  # set when the dispatcher takes tasks off `armed`
-        self.claims = Claimer(settings, heap, tasks, self.armed, clock, metrics, self.arm)
+        self.claims = Claimer(settings, self.horizon, tasks, self.armed, clock, metrics, self.arm)
         self.claims.on_fenced = self._deposed
         self.outcome_event = asyncio.Event()
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
@@ -104,7 +109,7 @@ class Firing:
                     continue
                 wait = claims.idle_seconds()
                 if wait > 0 or not await claims.step(epoch):
-                    await self._wait(self.wake, max(wait, 0.001))
+                    await self._wait(self.horizon.wake, max(wait, 0.001))
         finally:
             await self._finish(dispatcher, books)
 
@@ -143,7 +148,7 @@ class Firing:
             left = self.armed.next_due_ms() - self.now_ms()  # type: ignore[operator]
             if left > 0:  # re-checked after every wake: robust to wall-clock steps
                 # A long sleep is cut short by PRE_WAKE_MS and finished with a short one: the
-                # first wake after idling often comes late (see engine.recurring.PRE_WAKE).
+                # first wake after idling often comes late (see engine.cron_firing.PRE_WAKE).
                 early = PRE_WAKE_MS if left > 2 * PRE_WAKE_MS else 0
                 await self._wait(self.armed_event, (left - early) / 1000)
                 continue
@@ -192,11 +197,8 @@ class Firing:
         one step; the rest go through the generic checks of `Wire.frame`."""
         tid = task.id
         if not task.headers and tid.isascii() and tid.isprintable():
-            return _BLOCK % (
-                tid.encode(),
-                to_rfc3339(task.scheduled_for).encode(),
-                fired_at_b,
-                task.attempts,
+            return delivery_block(
+                tid.encode(), to_rfc3339(task.scheduled_for).encode(), fired_at_b, task.attempts
             )
         return {
             **task.headers,
@@ -257,7 +259,7 @@ class Firing:
         if self._books_closing or not self.office.may_act():
             return False
         now = self.now_ms()
-        nxt = self.heap.next_due_ms()
+        nxt = self.horizon.next_due()
         armed = self.armed.next_due_ms()
         return (nxt is not None and nxt <= now) or (armed is not None and armed <= now)
 
@@ -332,10 +334,11 @@ class Firing:
                 dead.append((t, error, reason))
             else:
                 retry.append((t, ceil_ms(now + self.backoff(t.attempts)), str(e), e.in_doubt))
-        async with self.heap_lock:  # the loader must not move its cursor past a retry unseen
-            await self.tasks.retry_later(epoch, retry)
-            for task, due, _, _ in retry:
-                self.heap.offer(TaskRef(task.id, to_ms(due), task.priority, task.seq))
+        await self.horizon.arm(  # under its lock: the loader must not pass a retry unseen
+            self.tasks.retry_later(epoch, retry),
+            lambda _: [TaskRef(t.id, to_ms(due), t.priority, t.seq) for t, due, _, _ in retry],
+            wake=False,  # woken below, once the dead ones are recorded too
+        )
         for task, _, error, doubt in retry:
             log.warning(
                 "publish.retry id=%s target=%s attempt=%d in_doubt=%s error=%s",
@@ -352,7 +355,7 @@ class Firing:
         if dead:
             await self.tasks.kill(epoch, dead)
             await self._publish_dead(dead)
-        self.wake.set()
+        self.horizon.wake_up()
 
     def backoff(self, attempt: int) -> timedelta:
         """First backoff doubling per attempt up to 60 s, with +-20 % jitter."""

@@ -19,20 +19,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from nats.aio.msg import Msg
-
-from scheduler.bus.publisher import Publisher
-from scheduler.bus.puller import Puller
 from scheduler.clock import Clock
+from scheduler.core import Insertion, NewTask, ceil_ms
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
-from scheduler.engine.heap import HorizonHeap
+from scheduler.engine.heap import Horizon, HorizonHeap
+from scheduler.engine.ports import Broker, Delivery, Source, TaskRepository
 from scheduler.envelope import Limits, check_org, check_size, parse_envelope
 from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.headers import block_size, forwarded, printable
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.tasks import Insertion, NewTask, TaskStore, ceil_ms
-from scheduler.subjects import check_target, delay_lane_prefix
+from scheduler.subjects import check_target, delay_lane_prefix, target_from_rest
 
 log = logging.getLogger("scheduler.intake")
 
@@ -51,7 +48,7 @@ class Rejected:
     """An intake message that is not a valid task, with why; `target` is None when its
     subject could not even be decoded."""
 
-    msg: Msg
+    msg: Delivery
     target: str | None
     reason: str
     error: str
@@ -63,9 +60,9 @@ class Intake:
     def __init__(
         self,
         settings: Settings,
-        heap: HorizonHeap,
-        tasks: TaskStore,
-        publisher: Publisher,
+        heap: HorizonHeap | Horizon,
+        tasks: TaskRepository,
+        publisher: Broker,
         clock: Clock,
         metrics: Metrics,
         wake: asyncio.Event,
@@ -75,22 +72,20 @@ class Intake:
     ) -> None:
         self.settings = settings
         self.dead = dead or DeadLetterCopies(publisher, settings.dlq_subject_prefix, metrics)
-        self.heap = heap
+        self.horizon = heap if isinstance(heap, Horizon) else Horizon(heap, wake, heap_lock)
         self.tasks = tasks
         self.publisher = publisher
         self.clock = clock
         self.metrics = metrics
-        self.wake = wake
-        self.heap_lock = heap_lock
         self.limits = limits
         self.lane = delay_lane_prefix(settings.intake_subject)
         self._may_act: Callable[[], bool] = lambda: True
 
-    def classify(self, msg: Msg, now: datetime) -> NewTask | Rejected:
+    def classify(self, msg: Delivery, now: datetime) -> NewTask | Rejected:
         """Validate one message into a NewTask, or say precisely why it is rejected."""
         defect: tuple[str, str] | None = getattr(msg, "defect", None)
         rest = msg.subject[len(self.lane) :] if msg.subject.startswith(self.lane) else msg.subject
-        target = "mq." + rest
+        target = target_from_rest(rest)
         if defect is not None:
             where = None if defect[0] == "subject" else target
             return Rejected(msg, where, "undecodable", f"{defect[0]}: {defect[1]}")
@@ -116,11 +111,7 @@ class Intake:
             expires_at=env.expires_at,
         )
 
-    async def handle(self, msgs: list[Msg]) -> None:
-        """Store, dead-letter and ack one fetched batch."""
-        await self.commit(msgs, await self.classify_all(msgs))
-
-    async def classify_all(self, msgs: list[Msg]) -> list[NewTask | Rejected]:
+    async def classify_all(self, msgs: list[Delivery]) -> list[NewTask | Rejected]:
         now = self.clock.now()
         results: list[NewTask | Rejected] = []
         for i, msg in enumerate(msgs):
@@ -129,13 +120,13 @@ class Intake:
                 await asyncio.sleep(0)  # let the dispatcher publish on time during a big batch
         return results
 
-    async def commit(self, msgs: list[Msg], results: list[NewTask | Rejected]) -> None:
+    async def commit(self, msgs: list[Delivery], results: list[NewTask | Rejected]) -> None:
         """Insert the good tasks, dead-letter the bad ones, then ack: never ack before commit."""
         if not self._may_act():  # self-fenced: leave the batch unacked for the next leader
             raise RuntimeError("office lost before the commit")
         good = [(m, r) for m, r in zip(msgs, results, strict=True) if isinstance(r, NewTask)]
         bad = [r for r in results if isinstance(r, Rejected)]
-        acked: list[Msg] = []
+        acked: list[Delivery] = []
         if good:
             insertion = await self._store([m for m, _ in good], [t for _, t in good])
             msg_of = {id(t): m for m, t in good}
@@ -147,20 +138,22 @@ class Intake:
         if bad:
             await self._reject(bad)
         # One frame per ack, all handed to the connection at once (see scheduler.bus.wire).
-        await self.publisher.wire.empty_to(m.reply for m in acked if m.reply)
+        await self.publisher.ack(m.reply for m in acked if m.reply)
 
-    async def _store(self, msgs: list[Msg], tasks: list[NewTask]) -> Insertion:
-        async with self.heap_lock:
-            insertion = await self._with_progress(self.tasks.insert_batch(tasks), msgs)
-            pushed = sum(self.heap.offer(ref) for ref in insertion.stored)
+    async def _store(self, msgs: list[Delivery], tasks: list[NewTask]) -> Insertion:
+        insertion, pushed = await self.horizon.arm(
+            self._with_progress(self.tasks.insert_batch(tasks), msgs),
+            lambda done: done.stored,
+            wake=False,
+        )
         self.metrics.intake.labels("accepted").inc(len(insertion.stored))
         if insertion.resent:
             self.metrics.intake.labels("duplicate").inc(len(insertion.resent))
         if pushed:
-            self.wake.set()
+            self.horizon.wake_up()
         return insertion
 
-    async def _with_progress(self, work: Any, msgs: list[Msg]) -> Any:
+    async def _with_progress(self, work: Any, msgs: list[Delivery]) -> Any:
         """Await `work`, telling JetStream the batch is in progress while a slow commit runs."""
         task = asyncio.ensure_future(work)
         interval = max(self.settings.intake_ack_wait.total_seconds() / 3, 0.5)
@@ -196,16 +189,13 @@ class Intake:
         for r in bad:
             await r.msg.term()
 
-    async def run(
-        self, nc: Any, stream: str, stop: asyncio.Event, may_act: Callable[[], bool]
-    ) -> None:
+    async def run(self, puller: Source, stop: asyncio.Event, may_act: Callable[[], bool]) -> None:
         """Handle batches as they arrive until `stop` is set or `may_act()` turns false.
 
         Two stages: while one batch commits, the next is fetched and validated. Commits stay
         one at a time, in order, so intake order (the tie-break among tasks due together) holds.
         """
         self._may_act = may_act
-        puller = Puller(nc, stream, self.settings.intake_consumer, self.settings.batch)
         await puller.start()
         committing: tuple[asyncio.Task[None], int] | None = None
         stopping = asyncio.create_task(stop.wait(), name="intake-stop")
@@ -248,7 +238,7 @@ def _dead_row(r: Rejected) -> dict[str, Any]:
     }
 
 
-def _intake_key(msg: Msg) -> str | None:
+def _intake_key(msg: Delivery) -> str | None:
     """What identifies this message on the lane (stream, sequence and store time), so a
     redelivered bad message is dead-lettered once; None outside JetStream (tests)."""
     try:
@@ -259,7 +249,7 @@ def _intake_key(msg: Msg) -> str | None:
         return None
 
 
-def _original_id(msg: Msg) -> str:
+def _original_id(msg: Delivery) -> str:
     """The envelope's id if there is one to read, else the producer's Nats-Msg-Id, else the
     lane's stream sequence."""
     try:

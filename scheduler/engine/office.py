@@ -2,16 +2,15 @@
 
 The engine acts only while it holds office: `epoch` is its fencing token (checked by PostgreSQL
 on every state change) and `may_act()` is the local self-fence (false once the lease could have
-expired). `scheduler.engine.leader.Leadership` implements the same protocol with a JetStream KV
-lease; `FixedOffice` is the stand-in for a single instance and for engine tests.
+expired); `scheduler.store.leadership.take_office` starts a term. `scheduler.leadership.Leadership`
+implements the same protocol with a JetStream KV lease; `FixedOffice` is the stand-in for a
+single instance and for engine tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Protocol
-
-import asyncpg
 
 
 class Office(Protocol):
@@ -34,18 +33,6 @@ class Office(Protocol):
     def lost(self) -> asyncio.Event:
         """Set when office is lost (renew failed, deadline passed, fenced); cleared on taking it."""
         ...
-
-
-async def take_office(pool: asyncpg.Pool, instance: str) -> int:
-    """Increment the fencing epoch in PostgreSQL and return it: every older epoch is now fenced."""
-    async with pool.acquire() as conn:
-        return int(
-            await conn.fetchval(
-                "UPDATE leadership SET epoch = epoch + 1, instance = $1, since = now() "
-                "WHERE id = 1 RETURNING epoch",
-                instance,
-            )
-        )
 
 
 class FixedOffice:

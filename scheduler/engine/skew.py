@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-
-import asyncpg
+from collections.abc import Awaitable, Callable
+from datetime import datetime
 
 from scheduler.aio import first_of
 from scheduler.clock import Clock
@@ -27,14 +27,18 @@ from scheduler.metrics import Metrics
 
 log = logging.getLogger("scheduler.clock")
 
+# Given a wall clock, returns (local time sent, PostgreSQL's clock_timestamp(), local time back):
+# `scheduler.store.leadership.database_time`, or a stand-in. Raises OSError when it cannot ask.
+AskDatabase = Callable[[Callable[[], datetime]], Awaitable[tuple[datetime, datetime, datetime]]]
+
 CHECK_EVERY = 10.0
 
 
 class ClockCheck:
     """The latest verdict on this host's clock; `ok()` is what leadership consults."""
 
-    def __init__(self, pool: asyncpg.Pool, clock: Clock, bound: float, metrics: Metrics) -> None:
-        self.pool = pool
+    def __init__(self, ask: AskDatabase, clock: Clock, bound: float, metrics: Metrics) -> None:
+        self.ask = ask
         self.clock = clock
         self.bound = bound  # seconds; 0 turns the check off
         self.metrics = metrics
@@ -78,11 +82,8 @@ class ClockCheck:
         if self.bound <= 0:
             return True
         try:
-            async with self.pool.acquire() as conn:
-                sent = self.clock.now()
-                theirs = await conn.fetchval("SELECT clock_timestamp()", timeout=2)
-                back = self.clock.now()
-        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            sent, theirs, back = await self.ask(self.clock.now)
+        except (OSError, TimeoutError) as exc:
             log.debug("clock.check_failed error=%r", exc)
             return self.ok()
         half_trip = (back - sent).total_seconds() / 2

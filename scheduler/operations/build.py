@@ -9,15 +9,15 @@ from typing import Any
 from nats.aio.client import Client
 
 from scheduler.clock import Clock
+from scheduler.operations.cron_jobs import ScheduleOperations
 from scheduler.operations.dead_letters import DeadLetterOperations
-from scheduler.operations.schedules import ScheduleOperations
 from scheduler.operations.stats import StatsOperations
 from scheduler.operations.tasks import TaskOperations
 from scheduler.settings import Settings
+from scheduler.store.cron_jobs import ScheduleStore
 from scheduler.store.dead_letters import DeadLetterStore
 from scheduler.store.overview import OverviewStore
 from scheduler.store.postgres import PostgresStore
-from scheduler.store.schedules import ScheduleStore
 from scheduler.store.tasks import TaskStore
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from nats.js.kv import KeyValue
 
-from scheduler.engine.leader import HEARTBEAT_EVERY
+from scheduler.leadership import HEARTBEAT_EVERY
 
 PREFIX = "instances."
 STALE_AFTER = timedelta(seconds=3 * HEARTBEAT_EVERY)

@@ -27,13 +27,13 @@ from nats.aio.msg import Msg
 
 from scheduler.aio import first_of
 from scheduler.clock import Clock
-from scheduler.engine.recurring import CronEngine
+from scheduler.engine.cron_firing import CronEngine
 from scheduler.metrics import Metrics
-from scheduler.operations.schedules import CHANGED_SUBJECT
+from scheduler.operations.cron_jobs import CHANGED_SUBJECT
 from scheduler.settings import Settings
+from scheduler.store.cron_jobs import ScheduleStore
 from scheduler.store.dead_letters import DeadLetterStore
 from scheduler.store.overview import WINDOWS, OverviewStore
-from scheduler.store.schedules import ScheduleStore
 
 log = logging.getLogger("scheduler.stats")
 

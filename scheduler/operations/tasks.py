@@ -16,8 +16,8 @@ from typing import Any
 from nats.aio.client import Client
 
 from scheduler.clock import Clock, to_rfc3339
-from scheduler.engine.delayed import RESCHEDULED_SUBJECT
-from scheduler.engine.heap import TaskRef
+from scheduler.core import TaskRef
+from scheduler.engine.leader_loop import RESCHEDULED_SUBJECT
 from scheduler.envelope import bounded_instant
 from scheduler.errors import RequestError
 from scheduler.operations import Outcome

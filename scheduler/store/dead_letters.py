@@ -16,9 +16,8 @@ from typing import Any
 
 import asyncpg
 
-from scheduler.engine.heap import TaskRef
+from scheduler.core import TaskRef, to_ms
 from scheduler.store.postgres import PostgresStore
-from scheduler.store.tasks import to_ms
 
 _COLUMNS = (
     "id, original_id, subject, target, reason, stage, error, attempts, first_seen, last_failed, "

@@ -21,18 +21,28 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
-from scheduler.engine.heap import TaskRef
+from scheduler.core import (
+    Claimed,
+    ClaimedTask,
+    Fired,
+    Insertion,
+    NewTask,
+    TaskRef,
+    ceil_ms,
+    firing_order,
+    from_ms,
+    to_ms,
+)
 from scheduler.errors import FencedError
 from scheduler.headers import printable
+from scheduler.store.leadership import LEAD, check_epoch
 from scheduler.store.postgres import PostgresStore
 from scheduler.store.values import ROW_ERRORS, jsonb_text, raw_json
 
@@ -57,26 +67,8 @@ _BUDGETED = (
 )
 
 
-def ceil_ms(dt: datetime) -> datetime:
-    """Round up to the millisecond, so a task is never due before the time the producer asked."""
-    micro = dt.microsecond
-    if micro % 1000 == 0:
-        return dt
-    return dt.replace(microsecond=0) + timedelta(milliseconds=math.ceil(micro / 1000))
-
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-_MS = timedelta(milliseconds=1)
-
-
-def to_ms(dt: datetime) -> int:
-    """Epoch milliseconds, floored, in exact integer arithmetic (never rounds a time up)."""
-    return (dt - _EPOCH) // _MS
-
-
-def from_ms(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 # Large batches pass text columns as one string split in SQL and instants as integer
@@ -102,88 +94,18 @@ def _us(dt: datetime) -> int:
     return (dt - _EPOCH) // _MICROSECOND
 
 
-@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
-class NewTask:
-    """A validated task from the delay lane, ready to store."""
-
-    id: str
-    target: str
-    payload: bytes
-    headers: dict[str, str]
-    priority: int
-    due_at: datetime
-    scheduled_for: datetime
-    expires_at: datetime | None
-
-
-@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
-class ClaimedTask(NewTask):
-    """A task this leader has claimed and is about to publish."""
-
-    attempts: int
-    seq: int
-    doubted: bool = False  # an earlier publish went out unacknowledged: it may be stored
-
-    @property
-    def due_ms(self) -> int:
-        return to_ms(self.due_at)
-
-    @property
-    def ref(self) -> TaskRef:
-        return TaskRef(self.id, self.due_ms, self.priority, self.seq)
-
-
-@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
-class Fired:
-    task: ClaimedTask
-    fired_at: datetime
-    stream: str
-    stream_seq: int
-
-
-@dataclass(slots=True)
-class Insertion:
-    """What became of a batch offered to `insert_batch`."""
-
-    stored: list[TaskRef] = field(default_factory=list)
-    # the id was stored before with the same target and bytes: an idempotent no-op
-    resent: list[NewTask] = field(default_factory=list)
-    # the id is taken by a task with another target or other bytes: `duplicate_id`
-    taken: list[NewTask] = field(default_factory=list)
-    # PostgreSQL refused the row itself (the error's text): `unstorable`
-    refused: list[tuple[NewTask, str]] = field(default_factory=list)
-
-    def extend(self, other: Insertion) -> Insertion:
-        self.stored += other.stored
-        self.resent += other.resent
-        self.taken += other.taken
-        self.refused += other.refused
-        return self
-
-
 _NO_HEADERS: dict[str, str] = {}  # shared by every task without headers; never mutated
 
 
-@dataclass(slots=True)
-class Claimed:
-    """Tasks a claim took, in firing order: `ready` with their payloads, `parked` (claimed
-    too) past the byte budget and without them, to be fetched with `load_claimed`."""
-
-    ready: list[ClaimedTask]
-    parked: list[ClaimedTask]
-
-    @classmethod
-    def of(cls, rows: Iterable[asyncpg.Record]) -> Claimed:
-        ready: list[ClaimedTask] = []
-        parked: list[ClaimedTask] = []
-        for r in rows:
-            (ready if r["payload"] is not None else parked).append(_claimed(r))
-        order = firing_order
-        return cls(sorted(ready, key=order), sorted(parked, key=order))
-
-
-def firing_order(t: ClaimedTask) -> tuple[datetime, int, int]:
-    return (t.due_at, t.priority, t.seq)
+def _claimed_of(rows: Iterable[asyncpg.Record]) -> Claimed:
+    """The tasks of claimed rows, those with their payload `ready`, the rest `parked`, each
+    list in firing order."""
+    ready: list[ClaimedTask] = []
+    parked: list[ClaimedTask] = []
+    for r in rows:
+        (ready if r["payload"] is not None else parked).append(_claimed(r))
+    order = firing_order
+    return Claimed(sorted(ready, key=order), sorted(parked, key=order))
 
 
 def _claimed(row: asyncpg.Record) -> ClaimedTask:
@@ -248,9 +170,7 @@ class TaskStore:
     async def fenced(self, epoch: int, op: str) -> AsyncIterator[asyncpg.Connection]:
         """A transaction that aborts with FencedError unless `epoch` is the current one."""
         async with self.db.timed(op) as conn, conn.transaction():
-            current = await conn.fetchval("SELECT epoch FROM leadership WHERE id = 1 FOR SHARE")
-            if current != epoch:
-                raise FencedError(epoch)
+            await check_epoch(conn, epoch)
             yield conn
 
     async def insert(self, tasks: Sequence[NewTask]) -> list[TaskRef]:
@@ -380,8 +300,8 @@ class TaskStore:
         budgeted = _BUDGETED.format(budget="$4")
         async with self.db.timed("claim") as conn:
             rows = await conn.fetch(
-                "WITH lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 "
-                "FOR SHARE), upd AS (UPDATE delayed_messages SET status = 'claimed', "
+                f"WITH {LEAD}, "
+                "upd AS (UPDATE delayed_messages SET status = 'claimed', "
                 "claimed_epoch = $1, claimed_at = now(), attempts = attempts + 1, "
                 "updated_at = now() FROM lead WHERE id = ANY($2::text[]) AND "
                 f"status IN {READY} AND due_at <= $3 RETURNING {_TASK_COLUMNS}, "
@@ -395,7 +315,7 @@ class TaskStore:
             )
         if not rows or rows[0]["in_office"] == 0:
             raise FencedError(epoch)
-        return Claimed.of(r for r in rows if r["id"] is not None)
+        return _claimed_of(r for r in rows if r["id"] is not None)
 
     async def reclaim_orphans(
         self,
@@ -425,7 +345,7 @@ class TaskStore:
                 limit,
                 budget,
             )
-        return Claimed.of(rows)
+        return _claimed_of(rows)
 
     async def load_claimed(self, epoch: int, ids: Sequence[str], budget: int) -> Claimed:
         """The payloads of tasks this leader claimed but took without them (over a budget),
@@ -441,7 +361,7 @@ class TaskStore:
                 list(ids),
                 budget,
             )
-        return Claimed.of(rows)
+        return _claimed_of(rows)
 
     async def current_epoch(self) -> int:
         """The fencing epoch PostgreSQL holds now (a leader compares it with its own)."""
@@ -467,8 +387,8 @@ class TaskStore:
             a, b, c = (f"string_to_array(${n}, {_SEP_SQL})" for n in (3, 4, 8))
         async with self.db.timed("fired") as conn:
             in_office = await conn.fetchval(
-                "WITH lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 "
-                f"FOR SHARE), u AS (SELECT u.id, u.subject, {_EPOCH_US} + u.sched_us * "
+                f"WITH {LEAD}, "
+                f"u AS (SELECT u.id, u.subject, {_EPOCH_US} + u.sched_us * "
                 f"{_ONE_US} AS sched, {_EPOCH_US} + u.fired_us * {_ONE_US} AS fired_at, "
                 f"u.attempt, u.stream, u.seq FROM unnest({a}, {b}, $5::bigint[], "
                 f"$6::bigint[], $7::int[], {c}, $9::bigint[]) "

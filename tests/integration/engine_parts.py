@@ -1,5 +1,5 @@
 """The firing engine's real parts for engine-level tests: PostgreSQL store, NATS publisher, a
-fixed office and a target stream, wired as `DelayedEngine.run_term` wires them."""
+fixed office and a target stream, wired as `LeaderEngine.run_term` wires them."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from scheduler.bus.publisher import Publisher
 from scheduler.clock import Clock, SystemClock
 from scheduler.engine.firing import Firing
 from scheduler.engine.heap import HorizonHeap
-from scheduler.engine.office import FixedOffice, take_office
+from scheduler.engine.office import FixedOffice
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
+from scheduler.store.leadership import take_office
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.tasks import NewTask, TaskStore, ceil_ms
 

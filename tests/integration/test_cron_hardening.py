@@ -13,12 +13,13 @@ from nats.js.api import DiscardPolicy, StreamConfig
 
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import SystemClock
-from scheduler.engine.office import FixedOffice, take_office
-from scheduler.engine.recurring import CronEngine
+from scheduler.engine.cron_firing import CronEngine
+from scheduler.engine.office import FixedOffice
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
+from scheduler.store.cron_jobs import ScheduleStore
+from scheduler.store.leadership import take_office
 from scheduler.store.postgres import PostgresStore, create_pool
-from scheduler.store.schedules import ScheduleStore
 from tests.helpers import DaemonRunner, wait_until
 
 NOWHERE = """\
@@ -157,7 +158,7 @@ async def test_fire_all_with_its_oldest_occurrence_failing_keeps_the_cursor_befo
 
 
 def _advance(at: datetime) -> Any:
-    from scheduler.store.schedules import Advance
+    from scheduler.store.cron_jobs import Advance
 
     return Advance("catchup", "mq.scheduled.catchup", at)
 

@@ -11,8 +11,9 @@ from typing import Any
 import nats
 import pytest
 
-from scheduler.engine.office import FixedOffice, take_office
+from scheduler.engine.office import FixedOffice
 from scheduler.settings import Settings
+from scheduler.store.leadership import take_office
 from scheduler.store.tasks import to_ms
 from tests.faults.proxy import FaultProxy
 from tests.integration.engine_parts import (

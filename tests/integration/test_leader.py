@@ -13,11 +13,11 @@ from nats.aio.client import Client
 
 from scheduler.bus.nats import ensure_bucket
 from scheduler.clock import SystemClock
-from scheduler.engine.leader import Leadership, check_epoch
-from scheduler.engine.office import take_office
 from scheduler.errors import FencedError
+from scheduler.leadership import Leadership
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
+from scheduler.store.leadership import check_epoch, take_office
 from scheduler.store.postgres import create_pool
 
 

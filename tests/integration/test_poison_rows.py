@@ -13,9 +13,9 @@ import asyncpg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.engine.office import take_office
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
+from scheduler.store.leadership import take_office
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.tasks import Fired, NewTask, TaskStore
 from scheduler.store.values import jsonb_text

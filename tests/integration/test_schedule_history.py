@@ -15,13 +15,13 @@ import pytest
 from scheduler import migrate
 from scheduler.bus.publisher import PubAck
 from scheduler.clock import FakeClock
-from scheduler.engine.office import take_office
-from scheduler.engine.recurring import CronEngine
+from scheduler.engine.cron_firing import CronEngine
 from scheduler.metrics import Metrics
 from scheduler.schedules import load_text
 from scheduler.settings import Settings
+from scheduler.store.cron_jobs import ScheduleStore
+from scheduler.store.leadership import take_office
 from scheduler.store.postgres import PostgresStore, create_pool
-from scheduler.store.schedules import ScheduleStore
 
 T0 = datetime(2026, 11, 21, 10, 0, 0, 900_000, tzinfo=UTC)
 JOBS = """\

@@ -54,7 +54,7 @@ async def test_mark_fired_records_exact_instants_whatever_the_ids(database_url: 
     """Booking passes ids, subjects and streams joined into one string and instants as integer
     microseconds; an id the separator cannot carry (or an empty one) takes plain arrays. Both
     record status, stream sequence and the fire log to the microsecond."""
-    from scheduler.engine.office import take_office
+    from scheduler.store.leadership import take_office
     from scheduler.store.tasks import Fired
 
     pool = await create_pool(database_url, min_size=1, max_size=2)

@@ -165,8 +165,8 @@ async def test_publish_batch_delivers_every_item_once_with_its_outcome(nats_url:
     """More items than the in-flight limit, header blocks and header dicts mixed, a subject no
     stream captures and a repeated message id: every callback is called once with the right
     outcome, and the stream holds exactly the messages, in order, with their headers."""
+    from scheduler.bus.frames import DELIVERY_BLOCK as _BLOCK
     from scheduler.bus.publisher import PubAck, Publisher, PublishError
-    from scheduler.engine.firing import _BLOCK
 
     nc = await nats.connect(nats_url)
     try:

@@ -15,7 +15,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from scheduler.clock import FakeClock, to_rfc3339
-from scheduler.engine.leader import LEASE_KEY, Leadership
+from scheduler.leadership import LEASE_KEY, Leadership
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 

@@ -9,8 +9,9 @@ import sys
 from datetime import UTC, datetime
 from itertools import islice
 
+from scheduler.clock import rfc3339
 from scheduler.cron import occurrences
-from scheduler.schedules import Job, ScheduleSet, load_dir, rfc3339
+from scheduler.schedules import Job, ScheduleSet, load_dir
 
 DIR_ENV = "SCHEDULER_SCHEDULES_DIR"
 

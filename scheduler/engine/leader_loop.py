@@ -1,8 +1,10 @@
-"""The delayed-delivery engine: heap, loader, intake and firing, run while in office.
+"""What the leader runs while in office: delayed delivery (intake, loader, firing) and cron.
 
 Taking office: re-publish tasks an earlier leader claimed but never marked fired (the target
-stream's duplicate window drops the repeats), then run the loader, intake and firing loops
+stream's duplicate window drops the repeats), then run the loader, intake, firing and cron loops
 together until the daemon stops or office is lost. The heap is rebuilt from PostgreSQL each time.
+Everything goes through the ports (`scheduler.engine.ports`); the daemon hands in the real
+adapters, the engine's unit tests the in-memory twins.
 """
 
 from __future__ import annotations
@@ -12,22 +14,19 @@ import json
 import logging
 from datetime import timedelta
 
-from nats.aio.msg import Msg
-
-from scheduler.aio import first_of
-from scheduler.bus.nats import NatsBus
-from scheduler.bus.publisher import Publisher
+from scheduler.aio import first_of, wait_or_stop
 from scheduler.clock import Clock
+from scheduler.core import TaskRef, from_ms, to_ms
+from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.deadletter import DeadLetterCopies
 from scheduler.engine.firing import Firing
-from scheduler.engine.heap import HorizonHeap, TaskRef
+from scheduler.engine.heap import Horizon
 from scheduler.engine.intake import Intake
 from scheduler.engine.office import Office
-from scheduler.engine.recurring import CronEngine
+from scheduler.engine.ports import Broker, Bus, TaskRepository
 from scheduler.envelope import Limits
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.tasks import TaskStore, from_ms, to_ms
 
 log = logging.getLogger("scheduler.engine")
 
@@ -46,14 +45,15 @@ class OfficeLost(Exception):
     """Raised inside the engine's task group to stop every loop at once."""
 
 
-class DelayedEngine:
-    """Owns the heap and the loops of delayed delivery for one term of office."""
+class LeaderEngine:
+    """Owns the horizon and the loops of a term of office: delayed delivery, and cron when
+    given a `CronEngine`."""
 
     def __init__(
         self,
         settings: Settings,
-        bus: NatsBus,
-        tasks: TaskStore,
+        bus: Bus,
+        tasks: TaskRepository,
         office: Office,
         clock: Clock,
         metrics: Metrics,
@@ -68,12 +68,10 @@ class DelayedEngine:
         self.clock = clock
         self.metrics = metrics
         self.intake_stream = intake_stream or settings.intake_stream
-        self.heap = HorizonHeap()
+        self.horizon = Horizon()
         self.warnings: dict[str, str] = {}  # stream -> why its duplicate window is too short
         self._checked_streams: set[str] = set()
         self._checks: set[asyncio.Task[None]] = set()
-        self.wake = asyncio.Event()
-        self.heap_lock = asyncio.Lock()
 
     async def run_term(self, stop: asyncio.Event) -> None:
         """One term of office: until `stop` is set or office is lost (returns at once on stop)."""
@@ -82,10 +80,7 @@ class DelayedEngine:
         if not taking.done() or taking.cancelled():
             return  # stopped while standing by
         epoch = taking.result()
-        assert self.bus.nc is not None and self.bus.js is not None
-        publisher = await Publisher(
-            self.bus.nc, timeout=PUBLISH_TIMEOUT, fence=self.office.may_act
-        ).start()
+        publisher = await self.bus.open_publisher(PUBLISH_TIMEOUT, self.office.may_act)
         relinked = asyncio.Event()
 
         def on_link(up: bool) -> None:
@@ -95,31 +90,31 @@ class DelayedEngine:
                 publisher.on_link_lost()
 
         self.bus.link_listeners.append(on_link)
-        sub = await self.bus.nc.subscribe(RESCHEDULED_SUBJECT, cb=self._on_rescheduled)
+        sub = await self.bus.listen(RESCHEDULED_SUBJECT, self._on_rescheduled)
         dead = DeadLetterCopies(publisher, self.settings.dlq_subject_prefix, self.metrics)
         firing = Firing(
             self.settings,
-            self.heap,
+            self.horizon,
             self.tasks,
             publisher,
             self.office,
             self.clock,
             self.metrics,
-            self.wake,
-            self.heap_lock,
+            self.horizon.wake,
+            self.horizon.lock,
             self.check_stream,
             dead,
         )
         limits = Limits(max_payload=self.bus.max_payload, max_delay=self.settings.max_delay)
         intake = Intake(
             self.settings,
-            self.heap,
+            self.horizon,
             self.tasks,
             publisher,
             self.clock,
             self.metrics,
-            self.wake,
-            self.heap_lock,
+            self.horizon.wake,
+            self.horizon.lock,
             limits,
             dead,
         )
@@ -129,7 +124,13 @@ class DelayedEngine:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(firing.run(epoch, stop), name="firing")
                 tg.create_task(
-                    intake.run(self.bus.nc, self.intake_stream, stop, self.office.may_act),
+                    intake.run(
+                        self.bus.intake_source(
+                            self.intake_stream, self.settings.intake_consumer, self.settings.batch
+                        ),
+                        stop,
+                        self.office.may_act,
+                    ),
                     name="intake",
                 )
                 tg.create_task(self._loader(stop, firing, epoch), name="loader")
@@ -148,7 +149,7 @@ class DelayedEngine:
             await sub.unsubscribe()
             await dead.drain(DLQ_DRAIN)  # copies in flight: their acks, not a failure log each
             await publisher.close()
-            self.heap.reset()
+            self.horizon.disarm()
             self.metrics.heap_size.set(0)
             log.info("engine.term_ended epoch=%d", epoch)
 
@@ -169,9 +170,8 @@ class DelayedEngine:
             check.add_done_callback(self._checks.discard)
 
     async def _check_window(self, stream: str) -> None:
-        assert self.bus.js is not None
         try:
-            window = (await self.bus.js.stream_info(stream)).config.duplicate_window or 0
+            window = await self.bus.duplicate_window(stream)
         except Exception as exc:  # a later delivery to this stream checks again
             self._checked_streams.discard(stream)
             log.warning("stream.check_failed stream=%s error=%r", stream, exc)
@@ -187,7 +187,7 @@ class DelayedEngine:
             self.warnings[stream] = why
             log.warning("stream.duplicate_window_short %s", why)
 
-    async def _watch_office(self, stop: asyncio.Event, publisher: Publisher) -> None:
+    async def _watch_office(self, stop: asyncio.Event, publisher: Broker) -> None:
         await first_of(self.office.lost.wait(), stop.wait())
         if self.office.lost.is_set():
             publisher.on_office_lost()  # nothing queued may go out after the lease
@@ -197,7 +197,7 @@ class DelayedEngine:
     async def _revalidate(
         self,
         epoch: int,
-        publisher: Publisher,
+        publisher: Broker,
         firing: Firing,
         relinked: asyncio.Event,
         stop: asyncio.Event,
@@ -213,7 +213,7 @@ class DelayedEngine:
                     break
                 except Exception as exc:  # PostgreSQL away: stay held, ask again shortly
                     log.warning("engine.revalidate_failed error=%r", exc)
-                    await _wait_or_stop(stop, 0.5)
+                    await wait_or_stop(stop, 0.5)
             else:
                 return
             if current != epoch:
@@ -249,47 +249,34 @@ class DelayedEngine:
                 log.warning("loader.failed error=%r", exc)
                 full = False
             if not full:
-                await _wait_or_stop(stop, 1.0)
+                await wait_or_stop(stop, 1.0)
 
     async def load_once(self) -> bool:
         """Load one page past the cursor; return True when the page was full (more to load)."""
-        if len(self.heap) >= MAX_HEAP:
+        if len(self.horizon) >= MAX_HEAP:
             return False
         until_ms = to_ms(self.clock.now() + self.settings.horizon)
-        async with self.heap_lock:
-            page = await self.tasks.load_page(self.heap.cursor, from_ms(until_ms), PAGE)
-            complete = None if len(page) == PAGE else until_ms
-            self.heap.loaded(page, complete)
+        page = await self.horizon.load(
+            lambda cursor: self.tasks.load_page(cursor, from_ms(until_ms), PAGE), PAGE, until_ms
+        )
         if page:
-            self.metrics.heap_size.set(len(self.heap))
-            self.wake.set()
+            self.metrics.heap_size.set(len(self.horizon))
         return len(page) == PAGE
 
     async def sweep(self) -> None:
         """Re-offer pending tasks overdue by over a second: a lost reschedule notice, say."""
-        nxt = self.heap.next_due_ms()
+        nxt = self.horizon.next_due()
         now_ms = to_ms(self.clock.now())
         if nxt is not None and nxt < now_ms - 1000:
             return  # firing is behind; overdue tasks are on the heap already
-        for ref in await self.tasks.overdue(self.clock.now() - timedelta(seconds=2), 1000):
-            self.heap.push(ref)
-            self.wake.set()
+        overdue = await self.tasks.overdue(self.clock.now() - timedelta(seconds=2), 1000)
+        self.horizon.put_back(overdue, wake=True)
 
-    async def _on_rescheduled(self, msg: Msg) -> None:
+    async def _on_rescheduled(self, data: bytes) -> None:
         try:
-            doc = json.loads(msg.data)
+            doc = json.loads(data)
             ref = TaskRef(str(doc["id"]), int(doc["due_ms"]), int(doc["priority"]), int(doc["seq"]))
         except (ValueError, KeyError, TypeError):
-            log.warning("engine.bad_reschedule_notice data=%r", msg.data[:200])
+            log.warning("engine.bad_reschedule_notice data=%r", data[:200])
             return
-        async with self.heap_lock:  # see Firing._failed: never race the loader's cursor
-            pushed = self.heap.offer(ref)
-        if pushed:
-            self.wake.set()
-
-
-async def _wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass
+        await self.horizon.offer(ref)  # under its lock: never race the loader's cursor

@@ -21,15 +21,16 @@ from typing import Any
 
 from scheduler.aio import first_of
 from scheduler.backoff import backoff_seconds
-from scheduler.bus.publisher import PubAck, Publisher, PublishError
+from scheduler.bus.frames import kv_subject
 from scheduler.clock import Clock, to_rfc3339
+from scheduler.core import Advance, PubAck, PublishError
 from scheduler.engine.misfire import ON_TIME, Plan, next_fire, plan
 from scheduler.engine.office import Office
+from scheduler.engine.ports import Broker, ScheduleRepository
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
 from scheduler.schedules import Concurrency, Job, load_dir, occurrence_key, schedule_files
 from scheduler.settings import Settings
-from scheduler.store.schedules import Advance, ScheduleStore
 
 log = logging.getLogger("scheduler.cron")
 
@@ -50,7 +51,7 @@ class CronEngine:
     def __init__(
         self,
         settings: Settings,
-        store: ScheduleStore,
+        store: ScheduleRepository,
         office: Office,
         clock: Clock,
         metrics: Metrics,
@@ -75,7 +76,7 @@ class CronEngine:
         self._dirty: set[str] = set()
         self._mirroring: asyncio.Task[None] | None = None
         self._mirrored_at = float("-inf")
-        self._publisher: Publisher | None = None  # this term's, for messages framed ahead
+        self._publisher: Broker | None = None  # this term's, for messages framed ahead
         self._synced_at: datetime | None = None  # a new job's cursor starts here
         # job -> (publishes failed in a row, monotonic time before which it is not retried)
         self._failing: dict[str, tuple[int, float]] = {}
@@ -119,7 +120,7 @@ class CronEngine:
         loaded = load_dir(directory)
         return loaded.jobs, [str(e) for e in loaded.errors]
 
-    async def run(self, epoch: int, publisher: Publisher, stop: asyncio.Event) -> None:
+    async def run(self, epoch: int, publisher: Broker, stop: asyncio.Event) -> None:
         """Fire due occurrences until `stop` is set or office is lost."""
         self._publisher, self._prepared = publisher, {}
         try:
@@ -129,7 +130,7 @@ class CronEngine:
                 self._mirroring.cancel()
                 await asyncio.gather(self._mirroring, return_exceptions=True)
 
-    async def _loop(self, epoch: int, publisher: Publisher, stop: asyncio.Event) -> None:
+    async def _loop(self, epoch: int, publisher: Broker, stop: asyncio.Event) -> None:
         await self.sync()
         cursors = await self.store.cursors()
         while not stop.is_set() and self.office.may_act():
@@ -153,7 +154,7 @@ class CronEngine:
                 continue
             await self._sleep_until_next(cursors, stop)
 
-    async def tick(self, epoch: int, publisher: Publisher, cursors: dict[str, datetime]) -> None:
+    async def tick(self, epoch: int, publisher: Broker, cursors: dict[str, datetime]) -> None:
         """Plan every job, publish what is due, then advance cursors in one statement.
 
         Jobs whose message was prepared while idle and whose occurrence is due on time are
@@ -277,7 +278,7 @@ class CronEngine:
         return failing is not None and self.clock.monotonic() < failing[1]
 
     async def _fire(
-        self, publisher: Publisher, firing: list[tuple[Job, datetime]], now: datetime
+        self, publisher: Broker, firing: list[tuple[Job, datetime]], now: datetime
     ) -> list[tuple[Job, datetime, PubAck | PublishError | None]]:
         sent: list[tuple[Job, datetime, asyncio.Future[PubAck] | None]] = []
         for job, occurrence in firing:
@@ -321,7 +322,7 @@ class CronEngine:
             return Plan((upcoming[1],), 0, upcoming[1])
         return plan(job, cursor, now)
 
-    async def _mirror(self, epoch: int, cursors: dict[str, datetime], publisher: Publisher) -> None:
+    async def _mirror(self, epoch: int, cursors: dict[str, datetime], publisher: Broker) -> None:
         """Copy changed cursors to KV `scheduler_state` (`cron.<job>`) for standbys and
         dashboards, at most every MIRROR_EVERY seconds, started right after a tick's cursor
         write (so for jobs firing every second it runs mid-second, clear of the next tick). Each
@@ -329,7 +330,6 @@ class CronEngine:
         pipelined publisher: a thousand jobs cost a few milliseconds, not a thousand requests."""
         if self.js is None:
             return
-        prefix = f"$KV.{self.settings.state_bucket}.cron."
         wait = self._mirrored_at + MIRROR_EVERY - self.clock.monotonic()
         if wait > 0:
             await self.clock.sleep(wait)
@@ -345,7 +345,8 @@ class CronEngine:
                 "instance": self.settings.instance_id,
             }
             body = json.dumps(doc).encode()
-            sent.append(await publisher.publish(prefix + name, body, {}))
+            subject = kv_subject(self.settings.state_bucket, f"cron.{name}")
+            sent.append(await publisher.publish(subject, body, {}))
         for fut in sent:
             try:
                 await fut
@@ -418,13 +419,13 @@ class Prepared:
     # With a publisher: the whole wire frame, cut at the two places the firing time goes (the
     # body's `timestamp` and the `Mq-Fired-At` header; same length as the placeholder, so the
     # frame's sizes hold), for the reply subject reserved on that publisher.
-    publisher: Publisher | None = None
+    publisher: Broker | None = None
     reply: str = ""
     frame_parts: tuple[bytes, ...] = ()
 
     @classmethod
     def build(
-        cls, job: Job, cursor: datetime, at: datetime, publisher: Publisher | None = None
+        cls, job: Job, cursor: datetime, at: datetime, publisher: Broker | None = None
     ) -> Prepared | None:
         """None when the job's own data contains the placeholder (then it takes the slow path)."""
         body, headers = envelope(job, at, _STAMP)
@@ -435,10 +436,9 @@ class Prepared:
         if publisher is None:
             return cls(cursor, at, head, tail, headers)
         reply = publisher.reserve()
-        frame = publisher.wire.frame(
-            job.subject, body, reply, {**headers, "Mq-Fired-At": _STAMP_TEXT}
+        parts = publisher.frame_parts(
+            job.subject, body, reply, {**headers, "Mq-Fired-At": _STAMP_TEXT}, stamp
         )
-        parts = tuple(frame.split(stamp)) if frame is not None else ()
         if len(parts) != 3:  # no raw framing, or the placeholder also sits in a header
             return cls(cursor, at, head, tail, headers)
         return cls(cursor, at, head, tail, headers, publisher, reply, parts)

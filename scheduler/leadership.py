@@ -24,32 +24,15 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from scheduler.aio import first_of
 from scheduler.clock import Clock, to_rfc3339
-from scheduler.engine.office import take_office
-from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
+from scheduler.store.leadership import take_office
 
 LEASE_KEY = "leader"
 HEARTBEAT_EVERY = 5.0
 
 T = TypeVar("T")
 TakeOffice = Callable[[asyncpg.Pool, str], Awaitable[int]]
-
-
-async def check_epoch(conn: asyncpg.Connection, epoch: int) -> None:
-    """Raise FencedError unless `epoch` is the current one; call inside the writing transaction.
-
-    The row is read `FOR SHARE`, so the lock lives until that transaction ends. A new leader's
-    `take_office` (`UPDATE leadership SET epoch = epoch + 1`) needs the row exclusively and waits
-    for every such transaction in flight; once it returns, no transaction that checked an older
-    epoch can still commit, and every later check sees the new epoch and fails. Outside a
-    transaction the lock would end with the statement, so that is refused.
-    """
-    if not conn.is_in_transaction():
-        raise RuntimeError("check_epoch must run inside the transaction it fences")
-    current = await conn.fetchval("SELECT epoch FROM leadership WHERE id = 1 FOR SHARE")
-    if current != epoch:
-        raise FencedError(epoch)
 
 
 class Leadership:

@@ -4,27 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from scheduler.core import Advance
 from scheduler.errors import FencedError
 from scheduler.schedules import Job
+from scheduler.store.leadership import LEAD
 from scheduler.store.postgres import PostgresStore
-
-
-@dataclass(frozen=True, slots=True)
-class Advance:
-    """One job's cursor moving to `scheduled_for`; `fired_at` set when it was delivered."""
-
-    name: str
-    subject: str
-    scheduled_for: datetime
-    fired_at: datetime | None = None
-    stream: str | None = None
-    stream_seq: int | None = None
-    attempt: int = 1
-    skipped: int = 0
 
 
 class ScheduleStore:
@@ -102,8 +89,8 @@ class ScheduleStore:
         fired = [m for m in moves if m.fired_at is not None]
         async with self.db.timed("cron_advance") as conn:
             in_office = await conn.fetchval(
-                "WITH lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 "
-                "FOR SHARE), u AS (SELECT * FROM unnest($3::text[], $4::timestamptz[], "
+                f"WITH {LEAD}, "
+                "u AS (SELECT * FROM unnest($3::text[], $4::timestamptz[], "
                 "$5::timestamptz[], $6::bigint[], $7::bigint[]) AS u(name, sched, fired, seq, "
                 "skipped)), st AS (INSERT INTO schedule_state (name, last_scheduled_for, "
                 "last_fired_at, last_stream_seq, skipped, epoch) SELECT u.name, u.sched, u.fired, "

@@ -25,15 +25,16 @@ from nats.errors import Error as NatsError
 from nats.js.errors import NoStreamResponseError
 
 from scheduler.clock import Clock, to_rfc3339
+from scheduler.core import Advance
 from scheduler.cron import occurrences
+from scheduler.engine.cron_firing import envelope
 from scheduler.engine.misfire import fire_time
-from scheduler.engine.recurring import envelope
 from scheduler.operations import Outcome
 from scheduler.operations.paging import Page, decode, page
 from scheduler.schedules import Job, job_from_definition, load_dir, schedule_files
 from scheduler.settings import Settings
+from scheduler.store.cron_jobs import ScheduleStore
 from scheduler.store.overview import OverviewStore
-from scheduler.store.schedules import Advance, ScheduleStore
 
 log = logging.getLogger("scheduler.operations")
 

@@ -1,0 +1,40 @@
+"""NATS protocol bytes, as pure functions: the `HPUB` frame, the delivery header block, KV subjects.
+
+Written once here and used by the wire (`scheduler.bus.wire`), the publisher and, through these
+functions only, the engine: no engine module spells a protocol byte. Nothing here imports
+nats-py or does I/O.
+"""
+
+from __future__ import annotations
+
+HEADER_LINE = b"NATS/1.0\r\n"
+
+# The delivery headers of a task without producer headers (design section 3), in one format
+# operation: Nats-Msg-Id (the task id), Mq-Scheduled-For, Mq-Fired-At, Mq-Attempt.
+DELIVERY_BLOCK = (
+    b"NATS/1.0\r\nNats-Msg-Id: %s\r\nMq-Scheduled-For: %s\r\nMq-Fired-At: %s\r\n"
+    b"Mq-Attempt: %d\r\n\r\n"
+)
+
+
+def hpub(subject: str, payload: bytes, reply: str, hdr: bytes) -> bytes:
+    """The `HPUB` frame of one message with the header block `hdr` (`NATS/1.0` lines)."""
+    return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+        subject.encode(),
+        reply.encode(),
+        len(hdr),
+        len(hdr) + len(payload),
+        hdr,
+        payload,
+    )
+
+
+def delivery_block(task_id: bytes, scheduled_for: bytes, fired_at: bytes, attempt: int) -> bytes:
+    """The header block of a delivered task that has no producer headers; `task_id` must be
+    printable ASCII (it becomes the `Nats-Msg-Id`)."""
+    return DELIVERY_BLOCK % (task_id, scheduled_for, fired_at, attempt)
+
+
+def kv_subject(bucket: str, key: str) -> str:
+    """The subject a publish to key `key` of KV bucket `bucket` goes to (a KV put)."""
+    return f"$KV.{bucket}.{key}"

@@ -1,0 +1,298 @@
+"""The in-memory twin of the broker: `scheduler.engine.ports.Broker` and `Bus` without a server.
+
+For the engine's unit tests and as the reference the real publisher is checked against
+(tests/contracts/test_broker.py runs the same tests over this twin and over
+`scheduler.bus.publisher.Publisher` on nats-server). It keeps what the scheduler relies on:
+streams that capture subjects (NATS wildcards `*` and `>`), a sequence per stream, and
+JetStream's duplicate window (a message whose `Nats-Msg-Id` the stream stored less than
+`duplicate_window` seconds ago is acknowledged as `duplicate` and not stored again); a subject
+no stream captures fails (`no stream captures ...`); nothing is sent while the fence is down
+or the link is held; outcomes arrive later, from the event loop, as acks do from the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.bus.frames import HEADER_LINE
+from scheduler.core import BatchItem, Done, Outcome, PubAck, PublishError
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, a final `>` one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def headers_of(headers: Mapping[str, str] | bytes) -> dict[str, str]:
+    """A header dict, from a dict or a `NATS/1.0` header block."""
+    if not isinstance(headers, bytes):
+        return dict(headers)
+    lines = headers[len(HEADER_LINE) :].decode().split("\r\n")
+    return dict(line.split(": ", 1) for line in lines if line)
+
+
+@dataclass(slots=True)
+class Stored:
+    stream: str
+    seq: int
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+
+
+@dataclass
+class Stream:
+    name: str
+    subjects: list[str]
+    duplicate_window: float = 120.0
+    messages: list[Stored] = field(default_factory=list)
+    ids: dict[str, tuple[float, int]] = field(default_factory=dict)  # id -> (at, seq)
+    last_seq: int = 0
+
+    def captures(self, subject: str) -> bool:
+        return any(subject_matches(p, subject) for p in self.subjects)
+
+
+class MemoryStreams:
+    """JetStream as far as the scheduler relies on it (see the module docstring)."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.monotonic = monotonic
+        self.streams: dict[str, Stream] = {}
+
+    def add_stream(self, name: str, subjects: list[str], duplicate_window: float = 120.0) -> None:
+        self.streams[name] = Stream(name, subjects, duplicate_window)
+
+    def messages(self, stream: str) -> list[Stored]:
+        return self.streams[stream].messages
+
+    def store(self, subject: str, payload: bytes, headers: dict[str, str]) -> Outcome:
+        stream = next(
+            (
+                s
+                for s in self.streams.values()
+                if any(subject_matches(p, subject) for p in s.subjects)
+            ),
+            None,
+        )
+        if stream is None:
+            return PublishError(subject, f"no stream captures {subject}")
+        now = self.monotonic()
+        msg_id = headers.get("Nats-Msg-Id")
+        seen = stream.ids.get(msg_id) if msg_id is not None else None
+        if seen is not None and now - seen[0] < stream.duplicate_window:
+            return PubAck(stream.name, seen[1], True)
+        stream.last_seq += 1
+        seq = stream.last_seq
+        if msg_id is not None:
+            stream.ids[msg_id] = (now, seq)
+        stream.messages.append(Stored(stream.name, seq, subject, payload, headers))
+        return PubAck(stream.name, seq, False)
+
+
+class MemoryBroker:
+    """One term's publisher over `MemoryStreams` (see `scheduler.engine.ports.Broker`).
+
+    `fail` (subject -> PublishError or None) injects failures: an error with `in_doubt` is
+    stored all the same, as when the message reached the stream and its ack was lost."""
+
+    def __init__(
+        self,
+        streams: MemoryStreams,
+        fence: Callable[[], bool] | None = None,
+        timeout: float = 5.0,
+        max_payload: int = 1 << 20,
+    ) -> None:
+        self.streams = streams
+        self.fence = fence
+        self.timeout = timeout
+        self._max_payload = max_payload
+        self._held = False
+        self._closed = False
+        self._next = 0
+        self.fail: Callable[[str], PublishError | None] | None = None
+        self.acked: list[str] = []  # reply subjects acknowledged through `ack`
+
+    @property
+    def max_payload(self) -> int:
+        return self._max_payload
+
+    def refusal(self) -> str | None:
+        if self.fence is not None and not self.fence():
+            return "this instance is not in office"
+        if self._held:
+            return "the connection was lost; the epoch is not revalidated yet"
+        return None
+
+    def may_send(self) -> bool:
+        return self.refusal() is None
+
+    def hold(self) -> None:
+        self._held = True
+
+    def release(self) -> None:
+        self._held = False
+
+    def on_link_lost(self) -> None:
+        self.hold()  # nothing is ever buffered unsent here: nothing to take back
+
+    def on_office_lost(self) -> None:
+        pass
+
+    def _outcome(self, subject: str, payload: bytes, headers: dict[str, str]) -> Outcome:
+        why = self.refusal()
+        if why is not None or self._closed:
+            return PublishError(subject, f"not sent: {why or 'publisher closed'}")
+        size = len(subject) + len(payload) + sum(len(k) + len(v) + 4 for k, v in headers.items())
+        if size > self._max_payload:
+            message = f"{size} bytes to {subject} cannot fit the server's max_payload"
+            return PublishError(subject, message, permanent=True, reason="too_large")
+        injected = self.fail(subject) if self.fail is not None else None
+        if injected is not None:
+            if injected.in_doubt:
+                self.streams.store(subject, payload, headers)
+            return injected
+        return self.streams.store(subject, payload, headers)
+
+    def _deliver(self, done: Done, outcome: Outcome) -> None:
+        asyncio.get_running_loop().call_soon(done, outcome)
+
+    async def publish(
+        self, subject: str, payload: bytes, headers: Mapping[str, str]
+    ) -> asyncio.Future[PubAck]:
+        fut: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+
+        def settle(outcome: Outcome) -> None:
+            if fut.done():
+                return
+            if isinstance(outcome, PubAck):
+                fut.set_result(outcome)
+            else:
+                fut.set_exception(outcome)
+
+        self._deliver(settle, self._outcome(subject, payload, dict(headers)))
+        return fut
+
+    async def publish_batch(self, items: Sequence[BatchItem]) -> None:
+        for subject, payload, headers, done in items:
+            self._deliver(done, self._outcome(subject, payload, headers_of(headers)))
+
+    def reserve(self) -> str:
+        self._next += 1
+        return f"_INBOX.memory.{self._next}"
+
+    def frame_parts(
+        self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str], cut: bytes
+    ) -> tuple[bytes, ...]:
+        return ()  # no frames here: callers take the `publish` path
+
+    async def publish_frames(
+        self, items: Sequence[tuple[str, str, bytes]]
+    ) -> list[asyncio.Future[PubAck]]:
+        raise NotImplementedError("frame_parts gives no frames: there is nothing to send")
+
+    async def ack(self, replies: Iterable[str]) -> None:
+        self.acked.extend(replies)
+
+    async def close(self) -> None:
+        self._closed = True
+
+
+class _Listening:
+    def __init__(self, handlers: list[Any], entry: Any) -> None:
+        self._handlers, self._entry = handlers, entry
+
+    async def unsubscribe(self) -> None:
+        if self._entry in self._handlers:
+            self._handlers.remove(self._entry)
+
+
+class MemoryBus:
+    """`scheduler.engine.ports.Bus` over `MemoryStreams`: publishers, core listeners, and an
+    intake source the test feeds (`source`)."""
+
+    def __init__(self, streams: MemoryStreams, source: Any = None) -> None:
+        self.streams = streams
+        self.source = source
+        self.link_listeners: list[Callable[[bool], None]] = []
+        self.listeners: list[tuple[str, Callable[[bytes], Awaitable[None]]]] = []
+        self.publishers: list[MemoryBroker] = []
+
+    @property
+    def max_payload(self) -> int:
+        return 1 << 20
+
+    async def open_publisher(self, timeout: float, fence: Callable[[], bool]) -> MemoryBroker:
+        broker = MemoryBroker(self.streams, fence, timeout)
+        self.publishers.append(broker)
+        return broker
+
+    def intake_source(self, stream: str, consumer: str, batch: int) -> Any:
+        return self.source
+
+    async def listen(self, subject: str, handler: Callable[[bytes], Awaitable[None]]) -> Any:
+        entry = (subject, handler)
+        self.listeners.append(entry)
+        return _Listening(self.listeners, entry)
+
+    async def notify(self, subject: str, data: bytes) -> None:
+        """A core message on `subject`, to every listener."""
+        for pattern, handler in list(self.listeners):
+            if subject_matches(pattern, subject):
+                await handler(data)
+
+    async def duplicate_window(self, stream: str) -> float:
+        found = self.streams.streams.get(stream)
+        return found.duplicate_window if found is not None else 0.0
+
+    def link(self, up: bool) -> None:
+        """The connection dropped (False) or came back (True)."""
+        for listener in list(self.link_listeners):
+            listener(up)
+
+
+@dataclass
+class _State:
+    subjects: dict[str, int]
+
+
+@dataclass
+class _Info:
+    state: _State
+
+
+class MemoryJetStream:
+    """The two JetStream lookups `concurrency: forbid` makes (the stream of a subject, and how
+    many messages it holds on that subject), over `MemoryStreams`. A test acknowledges (removes)
+    a message with `consume`, as a work-queue consumer's ack does."""
+
+    def __init__(self, streams: MemoryStreams) -> None:
+        self.streams = streams
+
+    async def find_stream_name_by_subject(self, subject: str) -> str:
+        for stream in self.streams.streams.values():
+            if stream.captures(subject):
+                return stream.name
+        raise LookupError(f"no stream captures {subject}")
+
+    async def stream_info(self, name: str, subjects_filter: str | None = None) -> _Info:
+        counts: dict[str, int] = {}
+        for m in self.streams.messages(name):
+            if subjects_filter is None or subject_matches(subjects_filter, m.subject):
+                counts[m.subject] = counts.get(m.subject, 0) + 1
+        return _Info(_State(counts))
+
+    def consume(self, stream: str, subject: str) -> None:
+        """Acknowledge every message on `subject` (work-queue retention removes them)."""
+        kept = [m for m in self.streams.messages(stream) if m.subject != subject]
+        self.streams.streams[stream].messages[:] = kept

@@ -1,0 +1,284 @@
+"""The engine's two ports: what it needs from PostgreSQL and from NATS, documented once here.
+
+The engine (`scheduler.engine`) never imports nats-py, asyncpg or SQLAlchemy (import-linter
+checks it: pyproject.toml, tests/unit/test_layers.py). It speaks to
+
+- a `TaskRepository` (delayed tasks) and a `ScheduleRepository` (cron state): every SQL
+  statement it needs, written once in `scheduler.store` (`store.tasks.TaskStore`,
+  `store.cron_jobs.ScheduleStore`; the fencing SQL in `store.leadership`);
+- a `Broker`: every NATS byte (headers, frames, acks, KV subjects, the raw fast path) lives in
+  `scheduler.bus` (`bus.publisher.Publisher`; the pure protocol bytes in `bus.frames`);
+- `Delivery`: a message taken from the delay lane (`nats.aio.msg.Msg` or `bus.wire.RawMsg`).
+
+Contract common to every state-changing repository method taking an `epoch`: it runs fenced.
+It commits only while `epoch` is the current fencing epoch, and raises `FencedError` otherwise
+(a newer leader has taken office: the caller stops acting). Once a newer epoch has been taken,
+no write fenced by an older one can commit any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from scheduler.core import (
+    Advance,
+    BatchItem,
+    Claimed,
+    ClaimedTask,
+    Fired,
+    Insertion,
+    Key,
+    NewTask,
+    PubAck,
+    TaskRef,
+)
+
+
+class TaskRepository(Protocol):
+    """Delayed tasks at rest: stored at intake, read in firing order, claimed, booked.
+
+    Statuses: `pending` (waiting), `in_doubt` (published, ack never came: due again after a
+    backoff and republished with the same `Nats-Msg-Id`), `claimed` (by a leader's epoch, being
+    published), then one of `fired`, `expired`, `dead`, `cancelled`. Firing order is
+    (due time, priority, intake sequence)."""
+
+    async def insert_batch(self, tasks: Sequence[NewTask]) -> Insertion:
+        """Store new tasks (idempotent by id: the same id with the same target and bytes is
+        `resent`, with others `taken`; a row the database refuses is `refused`, the rest
+        stored) and return what became of each."""
+        ...
+
+    async def record_bad_intake(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Keep a row per refused intake message (dead letters), once per lane message."""
+        ...
+
+    async def load_page(self, after: Key, until: datetime, limit: int) -> list[TaskRef]:
+        """Up to `limit` ready tasks due by `until` after key `after`, in firing order."""
+        ...
+
+    async def overdue(self, before: datetime, limit: int) -> list[TaskRef]:
+        """Ready tasks due before `before` (the sweep for tasks the horizon missed)."""
+        ...
+
+    async def claim_within(
+        self, epoch: int, ids: Sequence[str], until: datetime, budget: int
+    ) -> Claimed:
+        """Fenced: claim those of `ids` still ready and due by `until`; payloads up to
+        `budget` bytes in all (the rest `parked`, claimed without their payload)."""
+        ...
+
+    async def load_claimed(self, epoch: int, ids: Sequence[str], budget: int) -> Claimed:
+        """The payloads of parked tasks still claimed by `epoch`, up to `budget` bytes."""
+        ...
+
+    async def reclaim_orphans(
+        self,
+        epoch: int,
+        stale: timedelta | None = None,
+        limit: int = 1000,
+        budget: int = 2**62,
+    ) -> Claimed:
+        """Fenced: take over tasks claimed by earlier epochs (or claimed longer than `stale`)
+        and never booked, a page at a time, to publish them again."""
+        ...
+
+    async def current_epoch(self) -> int:
+        """The fencing epoch now in force."""
+        ...
+
+    async def mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
+        """Fenced, idempotent: claimed tasks become `fired`, one fire-log row each."""
+        ...
+
+    async def retry_later(
+        self, epoch: int, items: Sequence[tuple[ClaimedTask, datetime, str, bool]]
+    ) -> None:
+        """Fenced: (task, due again at, error, in doubt) back to `pending` or `in_doubt`."""
+        ...
+
+    async def expire(self, epoch: int, ids: Sequence[str]) -> None:
+        """Fenced: claimed tasks past their `expires_at` become `expired`."""
+        ...
+
+    async def kill(self, epoch: int, items: Sequence[tuple[ClaimedTask, str, str]]) -> None:
+        """Fenced: (task, reason, error) become `dead`, with a dead-letter row each."""
+        ...
+
+    async def analyze_if_stale(self) -> bool:
+        """Refresh the planner's statistics after a burst; whether it did."""
+        ...
+
+    async def pending_count(self) -> int:
+        """How many tasks are ready (pending or in doubt)."""
+        ...
+
+
+class ScheduleRepository(Protocol):
+    """Cron jobs' state at rest: the YAML's jobs, their cursors and the fire log."""
+
+    async def sync(self, jobs: Sequence[Any], at: datetime | None = None) -> tuple[int, int]:
+        """Upsert the YAML's jobs, deactivate the rest; (changed, removed)."""
+        ...
+
+    async def operator_paused(self) -> frozenset[str]:
+        """Names of the jobs an operator paused."""
+        ...
+
+    async def cursors(self) -> dict[str, datetime]:
+        """Each job's last scheduled occurrence."""
+        ...
+
+    async def advance(self, epoch: int, moves: Sequence[Advance], instance: str) -> None:
+        """Fenced, idempotent: move cursors and log the deliveries in one statement."""
+        ...
+
+
+class Broker(Protocol):
+    """One term's JetStream publisher (the leader's, discarded when office ends).
+
+    Every message carries `Nats-Msg-Id`: a republish within the target stream's duplicate
+    window is stored once (the PubAck says `duplicate`). Nothing is sent once `may_send()` is
+    false (office ended, or the link dropped and the epoch is not revalidated yet); what was
+    handed over but not yet written is taken back then. An outcome is a `PubAck`, or a
+    `PublishError` that says whether the message may be stored all the same (`in_doubt`)."""
+
+    timeout: float  # seconds an ack is waited for
+
+    @property
+    def max_payload(self) -> int:
+        """The server's largest message, control line and headers included."""
+        ...
+
+    def may_send(self) -> bool:
+        """True while a publish may leave now."""
+        ...
+
+    def refusal(self) -> str | None:
+        """Why nothing may be sent now, or None."""
+        ...
+
+    def release(self) -> None:
+        """Allow sending again after a reconnect, once the owner revalidated its epoch."""
+        ...
+
+    def on_link_lost(self) -> None:
+        """The connection dropped: hold every send, take back what is unsent."""
+        ...
+
+    def on_office_lost(self) -> None:
+        """Office ended: nothing handed over but unsent may go out any more."""
+        ...
+
+    async def publish(
+        self, subject: str, payload: bytes, headers: Mapping[str, str]
+    ) -> asyncio.Future[PubAck]:
+        """Send one message; the future gives its PubAck or raises PublishError."""
+        ...
+
+    async def publish_batch(self, items: Sequence[BatchItem]) -> None:
+        """Send every item at once; each item's callback gets its outcome exactly once. A
+        header block given as bytes is sent as it is (see `scheduler.bus.frames`)."""
+        ...
+
+    def reserve(self) -> str:
+        """A reply subject for a message framed ahead of time."""
+        ...
+
+    def frame_parts(
+        self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str], cut: bytes
+    ) -> tuple[bytes, ...]:
+        """The message framed ahead, split at `cut` (filled in later), or () if it cannot be."""
+        ...
+
+    async def publish_frames(
+        self, items: Sequence[tuple[str, str, bytes]]
+    ) -> list[asyncio.Future[PubAck]]:
+        """Send (subject, reserved reply, frame) items at once; a future per item."""
+        ...
+
+    async def ack(self, replies: Iterable[str]) -> None:
+        """Acknowledge JetStream deliveries by their reply subjects."""
+        ...
+
+    async def close(self) -> None:
+        """Fail what is unacknowledged and stop listening for acks."""
+        ...
+
+
+class Delivery(Protocol):
+    """A message taken from the delay lane (a JetStream delivery)."""
+
+    subject: str
+    reply: str
+    data: bytes
+    headers: dict[str, str] | None
+
+    @property
+    def metadata(self) -> Any:
+        """JetStream's delivery metadata (stream sequence, deliveries)."""
+        ...
+
+    async def in_progress(self) -> None:
+        """Ask for more time before redelivery."""
+        ...
+
+    async def term(self) -> None:
+        """Refuse the message for good (never redelivered)."""
+        ...
+
+
+class Source(Protocol):
+    """The delay lane's durable consumer, pulled in batches."""
+
+    async def start(self) -> Any:
+        """Subscribe and ask for the first batch."""
+        ...
+
+    async def take(self, timeout: float, linger: float = 0.002) -> Sequence[Delivery]:
+        """The next deliveries (waiting up to `timeout` s, then `linger` s for more)."""
+        ...
+
+    def interrupt(self) -> None:
+        """Wake a `take` in progress (stopping)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop pulling; unacknowledged deliveries come back after the ack wait."""
+        ...
+
+
+class Subscription(Protocol):
+    async def unsubscribe(self) -> None: ...
+
+
+class Bus(Protocol):
+    """The NATS connection as a term of office uses it (`scheduler.bus.nats.NatsBus`)."""
+
+    # called with False when the link drops, True when it is back
+    link_listeners: list[Callable[[bool], None]]
+
+    @property
+    def max_payload(self) -> int:
+        """The server's largest message."""
+        ...
+
+    async def open_publisher(self, timeout: float, fence: Callable[[], bool]) -> Broker:
+        """A started `Broker` for one term, sending only while `fence()` holds."""
+        ...
+
+    def intake_source(self, stream: str, consumer: str, batch: int) -> Source:
+        """The delay lane's consumer."""
+        ...
+
+    async def listen(
+        self, subject: str, handler: Callable[[bytes], Awaitable[None]]
+    ) -> Subscription:
+        """Call `handler` with the payload of every core message on `subject`."""
+        ...
+
+    async def duplicate_window(self, stream: str) -> float:
+        """A stream's duplicate window in seconds (0 without one)."""
+        ...

@@ -1,0 +1,383 @@
+"""The in-memory twin of the task store: `scheduler.engine.ports.TaskRepository` without SQL.
+
+For the engine's unit tests (no server, a fake clock) and as the reference the real store is
+checked against: tests/contracts/test_task_repository.py runs the same tests over this twin and
+over `scheduler.store.tasks.TaskStore` on PostgreSQL, so the two cannot drift apart unseen.
+
+It keeps the rules of the SQL: firing order (due, priority, intake sequence); a claim takes
+`pending` and `in_doubt` tasks only, fenced by the epoch; payloads within a byte budget (a row
+whose predecessors already fill it is claimed without its payload, `parked`); bookkeeping
+applies only to tasks still `claimed` by the writer's epoch; a cancel succeeds only on a
+`pending` task and answers `in_flight` for one in doubt. The fencing epoch is this object's
+`epoch`, raised by `take_office` as `scheduler.store.leadership.take_office` raises PostgreSQL's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from scheduler.core import (
+    Claimed,
+    ClaimedTask,
+    Fired,
+    Insertion,
+    Key,
+    NewTask,
+    TaskRef,
+    ceil_ms,
+    firing_order,
+    to_ms,
+)
+from scheduler.errors import FencedError
+
+READY = ("pending", "in_doubt")
+
+
+@dataclass(slots=True)
+class Row:
+    """One task at rest, with the columns the engine's statements read and write."""
+
+    task: NewTask
+    seq: int
+    created_at: datetime
+    status: str = "pending"
+    attempts: int = 0
+    doubted: bool = False
+    claimed_epoch: int | None = None
+    claimed_at: datetime | None = None
+    fired_at: datetime | None = None
+    stream_seq: int | None = None
+    last_error: str | None = None
+
+    @property
+    def key(self) -> Key:
+        return (to_ms(self.task.due_at), self.task.priority, self.seq)
+
+    def ref(self) -> TaskRef:
+        return TaskRef(self.task.id, to_ms(self.task.due_at), self.task.priority, self.seq)
+
+    def claimed(self, with_payload: bool = True) -> ClaimedTask:
+        t = self.task
+        return ClaimedTask(
+            t.id,
+            t.target,
+            t.payload if with_payload else b"",
+            t.headers,
+            t.priority,
+            t.due_at,
+            t.scheduled_for,
+            t.expires_at,
+            self.attempts,
+            self.seq,
+            self.doubted,
+        )
+
+
+@dataclass
+class MemoryTaskStore:
+    """Delayed tasks, the fire log and the dead letters in dictionaries."""
+
+    now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    epoch: int = 0
+    rows: dict[str, Row] = field(default_factory=dict)
+    fire_log: list[dict[str, Any]] = field(default_factory=list)
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    # -- leadership (scheduler.store.leadership) ------------------------------------------------
+
+    async def take_office(self, instance: str = "") -> int:
+        """A new fencing epoch: every write fenced by an older one fails from now on."""
+        self.epoch += 1
+        return self.epoch
+
+    def _fence(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            raise FencedError(epoch)
+
+    async def current_epoch(self) -> int:
+        return self.epoch
+
+    # -- intake ---------------------------------------------------------------------------------
+
+    async def insert(self, tasks: Sequence[NewTask]) -> list[TaskRef]:
+        refs = []
+        for t in tasks:
+            if t.id in self.rows:
+                continue
+            row = self.rows[t.id] = Row(replace(t), next(self._seq), self.now())
+            refs.append(row.ref())
+        return refs
+
+    async def insert_batch(self, tasks: Sequence[NewTask]) -> Insertion:
+        refs = await self.insert(tasks)
+        result = Insertion(stored=refs)
+        fresh = {r.task_id for r in refs}
+        for t in tasks:
+            if t.id in fresh:
+                fresh.discard(t.id)
+                continue
+            kept = self.rows[t.id].task
+            same = kept.target == t.target and kept.payload == t.payload
+            (result.resent if same else result.taken).append(t)
+        return result
+
+    async def record_bad_intake(self, rows: Sequence[dict[str, Any]]) -> None:
+        seen = {d.get("key") for d in self.dead_letters if d.get("key") is not None}
+        for r in rows:
+            if r.get("key") is None or r["key"] not in seen:
+                self.dead_letters.append({**r, "stage": "intake"})
+                seen.add(r.get("key"))
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def _ready(self) -> list[Row]:
+        return sorted((r for r in self.rows.values() if r.status in READY), key=lambda r: r.key)
+
+    async def load_page(self, after: Key, until: datetime, limit: int) -> list[TaskRef]:
+        return [r.ref() for r in self._ready() if r.key > after and r.task.due_at <= until][:limit]
+
+    async def overdue(self, before: datetime, limit: int) -> list[TaskRef]:
+        return [r.ref() for r in self._ready() if r.task.due_at < before][:limit]
+
+    async def pending_count(self) -> int:
+        return len(self._ready())
+
+    async def analyze_if_stale(self, min_rows: int = 0) -> bool:
+        return False  # no planner statistics to refresh
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _budgeted(rows: list[Row], budget: int) -> Claimed:
+        """Rows in firing order with payloads while the bytes before each stay under budget."""
+        ready: list[ClaimedTask] = []
+        parked: list[ClaimedTask] = []
+        run = 0
+        for row in sorted(rows, key=lambda r: r.key):
+            size = len(row.task.payload)
+            run += size
+            if run - size < budget:
+                ready.append(row.claimed())
+            else:
+                parked.append(row.claimed(with_payload=False))
+        return Claimed(sorted(ready, key=firing_order), sorted(parked, key=firing_order))
+
+    async def claim(self, epoch: int, ids: Sequence[str], until: datetime) -> list[ClaimedTask]:
+        return (await self.claim_within(epoch, ids, until, 2**62)).ready
+
+    async def claim_within(
+        self, epoch: int, ids: Sequence[str], until: datetime, budget: int
+    ) -> Claimed:
+        self._fence(epoch)
+        taken = []
+        for task_id in dict.fromkeys(ids):
+            row = self.rows.get(task_id)
+            if row is None or row.status not in READY or row.task.due_at > until:
+                continue
+            row.status, row.claimed_epoch, row.claimed_at = "claimed", epoch, self.now()
+            row.attempts += 1
+            taken.append(row)
+        return self._budgeted(taken, budget)
+
+    async def reclaim_orphans(
+        self,
+        epoch: int,
+        stale: timedelta | None = None,
+        limit: int = 1000,
+        budget: int = 2**62,
+    ) -> Claimed:
+        self._fence(epoch)
+        now = self.now()
+        picked = [
+            r
+            for r in sorted(self.rows.values(), key=lambda r: r.key)
+            if r.status == "claimed"
+            and (
+                r.claimed_epoch != epoch
+                or (stale is not None and r.claimed_at is not None and r.claimed_at < now - stale)
+            )
+        ][:limit]
+        for row in picked:
+            row.claimed_epoch, row.claimed_at = epoch, now
+        return self._budgeted(picked, budget)
+
+    async def load_claimed(self, epoch: int, ids: Sequence[str], budget: int) -> Claimed:
+        rows = [
+            r
+            for r in (self.rows.get(i) for i in dict.fromkeys(ids))
+            if r is not None and r.status == "claimed" and r.claimed_epoch == epoch
+        ]
+        return self._budgeted(rows, budget)
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+
+    def _mine(self, epoch: int, task_id: str) -> Row | None:
+        row = self.rows.get(task_id)
+        if row is None or row.status != "claimed" or row.claimed_epoch != epoch:
+            return None
+        return row
+
+    async def mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
+        if not fired:
+            return
+        self._fence(epoch)
+        for f in fired:
+            row = self._mine(epoch, f.task.id)
+            if row is None:
+                continue
+            row.status, row.fired_at, row.stream_seq = "fired", f.fired_at, f.stream_seq
+            entry = {
+                "kind": "delayed",
+                "key": f.task.id,
+                "subject": f.task.target,
+                "scheduled_for": f.task.scheduled_for,
+                "fired_at": f.fired_at,
+                "attempt": f.task.attempts,
+                "epoch": epoch,
+                "instance": instance,
+                "stream": f.stream,
+                "stream_seq": f.stream_seq,
+            }
+            if entry not in self.fire_log:  # the unique index fire_log_once
+                self.fire_log.append(entry)
+
+    async def retry_later(
+        self, epoch: int, items: Sequence[tuple[ClaimedTask, datetime, str, bool]]
+    ) -> None:
+        if not items:
+            return
+        self._fence(epoch)
+        for task, due, error, doubt in items:
+            row = self._mine(epoch, task.id)
+            if row is None:
+                continue
+            row.doubted = row.doubted or doubt
+            row.status = "in_doubt" if row.doubted else "pending"
+            row.task.due_at, row.last_error = due, error
+
+    async def expire(self, epoch: int, ids: Sequence[str]) -> None:
+        if not ids:
+            return
+        self._fence(epoch)
+        for task_id in ids:
+            row = self._mine(epoch, task_id)
+            if row is not None:
+                row.status = "expired"
+
+    async def kill(self, epoch: int, items: Sequence[tuple[ClaimedTask, str, str]]) -> None:
+        if not items:
+            return
+        self._fence(epoch)
+        for task, error, reason in items:
+            row = self._mine(epoch, task.id)
+            if row is None:
+                continue
+            row.status, row.last_error = "dead", error
+            self.dead_letters.append(
+                {"original_id": task.id, "reason": reason, "error": error, "stage": "firing"}
+            )
+
+    # -- the API's calls ------------------------------------------------------------------------
+
+    def _answer_status(self, task_id: str, target: str) -> str | None:
+        row = self.rows.get(task_id)
+        if row is None or row.task.target != target:
+            return None
+        return "in_doubt" if row.status == "claimed" and row.doubted else row.status
+
+    async def cancel(self, task_id: str, target: str) -> str:
+        row = self.rows.get(task_id)
+        if row is not None and row.task.target == target and row.status == "pending":
+            row.status = "cancelled"
+            return "cancelled"
+        status = self._answer_status(task_id, target)
+        if status == "cancelled":
+            return "cancelled"
+        return {None: "not_found", "in_doubt": "in_flight"}.get(status, "too_late")
+
+    async def reschedule(
+        self, task_id: str, target: str, due: datetime
+    ) -> tuple[str, TaskRef | None]:
+        due = ceil_ms(due)
+        row = self.rows.get(task_id)
+        if row is not None and row.task.target == target and row.status == "pending":
+            row.task.due_at = row.task.scheduled_for = due
+            return "rescheduled", row.ref()
+        status = self._answer_status(task_id, target)
+        return {None: "not_found", "in_doubt": "in_flight"}.get(status, "too_late"), None
+
+    async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
+        row = self.rows.get(task_id)
+        if row is None or (target is not None and row.task.target != target):
+            return None
+        t = row.task
+        return {
+            "id": t.id,
+            "target": t.target,
+            "status": row.status,
+            "priority": t.priority,
+            "due_at": t.due_at,
+            "scheduled_for": t.scheduled_for,
+            "expires_at": t.expires_at,
+            "attempts": row.attempts,
+            "fired_at": row.fired_at,
+            "stream_seq": row.stream_seq,
+            "last_error": row.last_error,
+            "created_at": row.created_at,
+        }
+
+
+@dataclass
+class MemoryScheduleStore:
+    """The twin of `scheduler.store.cron_jobs.ScheduleStore` (the engine's
+    `ScheduleRepository`): jobs by name and fingerprint, cursors, the cron fire log. Its
+    `epoch` fences `advance` as PostgreSQL's does; share a `MemoryTaskStore`'s by `office`."""
+
+    office: MemoryTaskStore = field(default_factory=MemoryTaskStore)
+    fingerprints: dict[str, str] = field(default_factory=dict)  # active jobs
+    paused: set[str] = field(default_factory=set)  # by an operator
+    state: dict[str, datetime] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    fire_log: list[dict[str, Any]] = field(default_factory=list)
+
+    async def sync(self, jobs: Sequence[Any], at: datetime | None = None) -> tuple[int, int]:
+        wanted = {j.name: j.fingerprint() for j in jobs}
+        changed = [n for n, f in wanted.items() if self.fingerprints.get(n) != f]
+        removed = [n for n in self.fingerprints if n not in wanted]
+        self.fingerprints = wanted
+        return len(changed), len(removed)
+
+    async def operator_paused(self) -> frozenset[str]:
+        return frozenset(self.paused)
+
+    async def cursors(self) -> dict[str, datetime]:
+        return dict(self.state)
+
+    async def advance(self, epoch: int, moves: Sequence[Any], instance: str) -> None:
+        if not moves:
+            return
+        self.office._fence(epoch)
+        for m in moves:
+            self.state[m.name] = max(self.state.get(m.name, m.scheduled_for), m.scheduled_for)
+            self.skipped[m.name] = self.skipped.get(m.name, 0) + m.skipped
+            if m.fired_at is None:
+                continue
+            entry = {
+                "kind": "cron",
+                "key": m.name,
+                "subject": m.subject,
+                "scheduled_for": m.scheduled_for,
+                "fired_at": m.fired_at,
+                "attempt": m.attempt,
+                "epoch": epoch,
+                "instance": instance,
+                "stream": m.stream,
+                "stream_seq": m.stream_seq,
+            }
+            if entry not in self.fire_log:
+                self.fire_log.append(entry)

@@ -1,0 +1,151 @@
+"""The broker's contract, over the in-memory twin and nats-server alike."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from scheduler.bus.frames import delivery_block
+from scheduler.bus.memory import MemoryBroker, MemoryStreams
+from scheduler.core import Outcome, PubAck, PublishError
+
+STREAM = "CONTRACT"
+
+
+@dataclass
+class Side:
+    broker: Any  # Publisher or MemoryBroker
+    # (stream, seq) -> (subject, payload, headers) of a stored message
+    read: Callable[[int], Any]
+    office: dict[str, bool] = field(default_factory=lambda: {"in": True})
+
+
+@pytest.fixture
+async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
+    office = {"in": True}
+    if nats_server_url is None:
+        streams = MemoryStreams()
+        streams.add_stream(STREAM, ["contract.>"], duplicate_window=60)
+        broker = MemoryBroker(streams, fence=lambda: office["in"], timeout=2)
+
+        async def read_memory(seq: int) -> tuple[str, bytes, dict[str, str]]:
+            m = next(m for m in streams.messages(STREAM) if m.seq == seq)
+            return m.subject, m.payload, m.headers
+
+        yield Side(broker, read_memory, office)
+        await broker.close()
+        return
+    import nats
+    from nats.js.api import StreamConfig
+
+    from scheduler.bus.publisher import Publisher
+
+    nc = await nats.connect(nats_server_url)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name=STREAM, subjects=["contract.>"], duplicate_window=60))
+    publisher = await Publisher(nc, timeout=2, fence=lambda: office["in"]).start()
+
+    async def read_real(seq: int) -> tuple[str, bytes, dict[str, str]]:
+        m = await js.get_msg(STREAM, seq)
+        return m.subject, m.data or b"", dict(m.headers or {})
+
+    try:
+        yield Side(publisher, read_real, office)
+    finally:
+        await publisher.close()
+        await js.delete_stream(STREAM)
+        await nc.close()
+
+
+async def outcome_of(side: Side, subject: str, payload: bytes, msg_id: str) -> Outcome:
+    fut = await side.broker.publish(subject, payload, {"Nats-Msg-Id": msg_id})
+    try:
+        async with asyncio.timeout(5):
+            return await fut  # type: ignore[no-any-return]
+    except PublishError as exc:
+        return exc
+
+
+async def test_a_message_id_is_stored_once_within_the_window(side: Side) -> None:
+    """The first publish is stored; the same Nats-Msg-Id again is acked as a duplicate of
+    the same sequence and not stored twice; another id gets the next sequence."""
+    msg_id = uuid.uuid4().hex
+    first = await outcome_of(side, "contract.a", b"one", msg_id)
+    again = await outcome_of(side, "contract.a", b"one", msg_id)
+    other = await outcome_of(side, "contract.b", b"two", uuid.uuid4().hex)
+    assert first == PubAck(STREAM, 1, False)
+    assert again == PubAck(STREAM, 1, True)
+    assert other == PubAck(STREAM, 2, False)
+    assert await side.read(1) == ("contract.a", b"one", {"Nats-Msg-Id": msg_id})
+
+
+async def test_a_subject_no_stream_captures_fails_definitely(side: Side) -> None:
+    """No stream: a PublishError that says so, not in doubt (nothing was stored)."""
+    got = await outcome_of(side, "nowhere.x", b"{}", uuid.uuid4().hex)
+    assert isinstance(got, PublishError)
+    assert "no stream captures nowhere.x" in str(got)
+    assert not got.in_doubt and not got.permanent
+
+
+async def test_a_batch_gives_each_item_one_outcome_and_keeps_headers(side: Side) -> None:
+    """Header blocks and header dicts alike arrive as sent, in order; each callback is called
+    exactly once."""
+    outcomes: dict[int, list[Outcome]] = {}
+    items = []
+    for i in range(6):
+        headers: dict[str, str] | bytes
+        if i % 2:
+            headers = delivery_block(f"b-{i}".encode(), b"2026-11-24T00:00:00.000Z", b"x", 1)
+        else:
+            headers = {"Nats-Msg-Id": f"b-{i}", "X-Kind": "plain"}
+        items.append(
+            (f"contract.{i}", f"p{i}".encode(), headers, outcomes.setdefault(i, []).append)
+        )
+    await side.broker.publish_batch(items)
+    async with asyncio.timeout(5):
+        while sum(map(len, outcomes.values())) < len(items):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # no second call
+    assert [got for got in outcomes.values()] == [[PubAck(STREAM, i + 1, False)] for i in range(6)]
+    assert await side.read(2) == (
+        "contract.1",
+        b"p1",
+        {
+            "Nats-Msg-Id": "b-1",
+            "Mq-Scheduled-For": "2026-11-24T00:00:00.000Z",
+            "Mq-Fired-At": "x",
+            "Mq-Attempt": "1",
+        },
+    )
+    assert await side.read(1) == ("contract.0", b"p0", {"Nats-Msg-Id": "b-0", "X-Kind": "plain"})
+
+
+async def test_nothing_is_sent_out_of_office_or_before_revalidation(side: Side) -> None:
+    """With the fence down, or after a lost link until `release()`, a publish fails as not
+    sent and the stream stores nothing; afterwards the next message gets the next sequence."""
+    side.office["in"] = False
+    assert not side.broker.may_send()
+    fenced = await outcome_of(side, "contract.a", b"x", uuid.uuid4().hex)
+    assert isinstance(fenced, PublishError) and "not sent" in str(fenced)
+    side.office["in"] = True
+    side.broker.on_link_lost()
+    assert side.broker.refusal() is not None
+    held = await outcome_of(side, "contract.a", b"x", uuid.uuid4().hex)
+    assert isinstance(held, PublishError) and not held.in_doubt
+    side.broker.release()
+    assert side.broker.may_send()
+    assert await outcome_of(side, "contract.a", b"y", uuid.uuid4().hex) == PubAck(STREAM, 1, False)
+
+
+async def test_a_message_over_max_payload_is_refused_for_good(side: Side) -> None:
+    """Too large for the server: a permanent PublishError with reason too_large, nothing sent,
+    and the broker keeps working."""
+    big = b"x" * (side.broker.max_payload + 1)
+    got = await outcome_of(side, "contract.big", big, uuid.uuid4().hex)
+    assert isinstance(got, PublishError) and got.permanent and got.reason == "too_large"
+    assert await outcome_of(side, "contract.a", b"ok", uuid.uuid4().hex) == PubAck(STREAM, 1, False)

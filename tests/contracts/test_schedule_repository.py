@@ -1,0 +1,77 @@
+"""The schedule repository's contract, over the in-memory twin and PostgreSQL alike."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from scheduler.core import Advance
+from scheduler.errors import FencedError
+from scheduler.metrics import Metrics
+from scheduler.schedules import load_text
+from scheduler.store.memory import MemoryScheduleStore
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+JOBS = """
+scheduled_jobs:
+  - name: a
+    subject: mq.scheduled.a
+    cron: "0 * * * *"
+  - name: b
+    subject: mq.scheduled.b
+    cron: "*/5 * * * *"
+"""
+
+
+@dataclass
+class Repo:
+    schedules: Any  # ScheduleStore or MemoryScheduleStore
+    take_office: Callable[[], Awaitable[int]]
+
+
+@pytest.fixture
+async def repo(database: str | None) -> AsyncIterator[Repo]:
+    if database is None:
+        store = MemoryScheduleStore()
+        yield Repo(store, store.office.take_office)
+        return
+    from scheduler.store.cron_jobs import ScheduleStore
+    from scheduler.store.leadership import take_office
+    from scheduler.store.postgres import PostgresStore, create_pool
+
+    pool = await create_pool(database, min_size=1, max_size=2)
+    try:
+        yield Repo(ScheduleStore(PostgresStore(pool, Metrics())), lambda: take_office(pool, "t"))
+    finally:
+        await pool.close()
+
+
+async def test_sync_counts_changed_and_removed_jobs(repo: Repo) -> None:
+    """New jobs count as changed; the same set again changes nothing; a changed definition and
+    a job gone from the YAML are counted."""
+    jobs = load_text(JOBS).jobs
+    assert await repo.schedules.sync(jobs, T0) == (2, 0)
+    assert await repo.schedules.sync(jobs, T0) == (0, 0)
+    changed = load_text(JOBS.replace('"0 * * * *"', '"30 * * * *"')).jobs[:1]
+    assert await repo.schedules.sync(changed, T0) == (1, 1)
+
+
+async def test_cursors_move_forward_only_and_writes_are_fenced(repo: Repo) -> None:
+    """`advance` moves a cursor forward (never back); an older epoch's advance fails with
+    FencedError and moves nothing."""
+    await repo.schedules.sync(load_text(JOBS).jobs, T0)
+    old = await repo.take_office()
+    later, earlier = T0 + timedelta(hours=1), T0
+    await repo.schedules.advance(old, [Advance("a", "mq.scheduled.a", later)], "x")
+    await repo.schedules.advance(old, [Advance("a", "mq.scheduled.a", earlier)], "x")
+    assert await repo.schedules.cursors() == {"a": later}
+    await repo.take_office()
+    with pytest.raises(FencedError):
+        moved = Advance("a", "mq.scheduled.a", later + timedelta(hours=1), fired_at=later)
+        await repo.schedules.advance(old, [moved], "x")
+    assert await repo.schedules.cursors() == {"a": later}
+    assert await repo.schedules.operator_paused() == frozenset()

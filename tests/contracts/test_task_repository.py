@@ -1,0 +1,185 @@
+"""The task repository's contract, over the in-memory twin and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from scheduler.core import ClaimedTask, Fired, NewTask, to_ms
+from scheduler.errors import FencedError
+from scheduler.metrics import Metrics
+from scheduler.store.memory import MemoryTaskStore
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+@dataclass
+class Repo:
+    tasks: Any  # TaskStore or MemoryTaskStore
+    take_office: Callable[[], Awaitable[int]]
+
+
+@pytest.fixture
+async def repo(database: str | None) -> AsyncIterator[Repo]:
+    if database is None:
+        store = MemoryTaskStore()
+        yield Repo(store, store.take_office)
+        return
+    from scheduler.store.leadership import take_office
+    from scheduler.store.postgres import PostgresStore, create_pool
+    from scheduler.store.tasks import TaskStore
+
+    pool = await create_pool(database, min_size=1, max_size=2)
+    try:
+        yield Repo(TaskStore(PostgresStore(pool, Metrics())), lambda: take_office(pool, "t"))
+    finally:
+        await pool.close()
+
+
+def task(
+    due_s: float = 1, priority: int = 5, payload: bytes = b"{}", target: str = "mq.t.x"
+) -> NewTask:
+    due = NOW + timedelta(seconds=due_s)
+    return NewTask(f"c_{uuid.uuid4().hex[:12]}", target, payload, {}, priority, due, due, None)
+
+
+async def status(repo: Repo, t: NewTask) -> str:
+    row = await repo.tasks.get(t.id)
+    assert row is not None
+    return str(row["status"])
+
+
+async def test_an_id_is_stored_once_and_a_resend_told_from_a_clash(repo: Repo) -> None:
+    """A resent task (same target, same bytes) is `resent`; another task under a taken id is
+    `taken`; only the first is stored."""
+    first = task()
+    same = NewTask(first.id, first.target, first.payload, {}, 5, first.due_at, first.due_at, None)
+    other = NewTask(first.id, first.target, b'{"x":1}', {}, 5, first.due_at, first.due_at, None)
+    got = await repo.tasks.insert_batch([first])
+    assert [r.task_id for r in got.stored] == [first.id]
+    again = await repo.tasks.insert_batch([same, other])
+    assert (again.stored, again.resent, again.taken) == ([], [same], [other])
+
+
+async def test_pages_come_in_firing_order_past_the_cursor(repo: Repo) -> None:
+    """Due time first, then priority (lower first), then intake order; a page starts after the
+    given key and stops at `until`."""
+    late, low, high, early, beyond = task(2), task(1, 7), task(1, 2), task(0.5), task(60)
+    await repo.tasks.insert_batch([late, low, high, early, beyond])
+    page = await repo.tasks.load_page((-1, 0, 0), NOW + timedelta(seconds=5), 10)
+    assert [r.task_id for r in page] == [early.id, high.id, low.id, late.id]
+    rest = await repo.tasks.load_page(page[1].key, NOW + timedelta(seconds=5), 10)
+    assert [r.task_id for r in rest] == [low.id, late.id]
+    assert await repo.tasks.pending_count() == 5
+
+
+async def test_a_claim_is_fenced_by_the_epoch(repo: Repo) -> None:
+    """Once a newer epoch is taken, a claim or a booking by the older one fails with
+    FencedError and changes nothing; the new leader claims the task."""
+    t = task(0)
+    await repo.tasks.insert_batch([t])
+    old = await repo.take_office()
+    claimed = await repo.tasks.claim(old, [t.id], NOW + timedelta(seconds=1))
+    assert [c.id for c in claimed] == [t.id]
+    new = await repo.take_office()
+    assert new > old
+    with pytest.raises(FencedError):
+        await repo.tasks.claim(old, [t.id], NOW + timedelta(seconds=1))
+    with pytest.raises(FencedError):
+        await repo.tasks.mark_fired(old, [Fired(claimed[0], NOW, "S", 1)], "a")
+    assert await status(repo, t) == "claimed"
+    orphans = await repo.tasks.reclaim_orphans(new)
+    assert [c.id for c in orphans.ready] == [t.id]
+    await repo.tasks.mark_fired(new, [Fired(orphans.ready[0], NOW, "S", 1)], "b")
+    assert await status(repo, t) == "fired"
+
+
+async def test_claims_skip_tasks_not_ready_or_not_due(repo: Repo) -> None:
+    """A claim takes only ready tasks due by `until`: not a later one, not a cancelled one,
+    not one already claimed; a claimed task counts once toward attempts."""
+    due, later, gone = task(0), task(30), task(0)
+    await repo.tasks.insert_batch([due, later, gone])
+    assert await repo.tasks.cancel(gone.id, gone.target) == "cancelled"
+    epoch = await repo.take_office()
+    ids = [due.id, later.id, gone.id]
+    claimed = await repo.tasks.claim(epoch, ids, NOW + timedelta(seconds=1))
+    assert [(c.id, c.attempts) for c in claimed] == [(due.id, 1)]
+    assert await repo.tasks.claim(epoch, ids, NOW + timedelta(seconds=1)) == []
+
+
+async def test_payloads_come_back_within_the_byte_budget(repo: Repo) -> None:
+    """Rows past the budget are claimed without payload (`parked`) and fetched later."""
+    tasks = [task(0.001 * i, payload=b'{"p":"' + b"x" * 90 + b'"}') for i in range(4)]
+    await repo.tasks.insert_batch(tasks)
+    epoch = await repo.take_office()
+    got = await repo.tasks.claim_within(epoch, [t.id for t in tasks], NOW + timedelta(1), 150)
+    assert [c.id for c in got.ready] == [tasks[0].id, tasks[1].id]
+    assert [c.id for c in got.parked] == [tasks[2].id, tasks[3].id]
+    assert all(c.payload == b"" for c in got.parked)
+    later = await repo.tasks.load_claimed(epoch, [c.id for c in got.parked], 10_000)
+    assert [c.payload for c in later.ready] == [tasks[2].payload, tasks[3].payload]
+
+
+async def test_cancel_and_reschedule_answer_by_status(repo: Repo) -> None:
+    """Pending: cancelled or rescheduled. Claimed: too_late. Published without an ack (in
+    doubt): in_flight, never cancelled. Unknown or another target: not_found."""
+    pending, claimed, doubted = task(0), task(0), task(0)
+    await repo.tasks.insert_batch([pending, claimed, doubted])
+    epoch = await repo.take_office()
+    taken = await repo.tasks.claim(epoch, [claimed.id, doubted.id], NOW + timedelta(seconds=1))
+    retry: list[tuple[ClaimedTask, datetime, str, bool]] = [
+        (c, NOW + timedelta(seconds=5), "ack lost", True) for c in taken if c.id == doubted.id
+    ]
+    await repo.tasks.retry_later(epoch, retry)
+    assert await status(repo, doubted) == "in_doubt"
+    assert await repo.tasks.cancel(claimed.id, claimed.target) == "too_late"
+    assert await repo.tasks.cancel(doubted.id, doubted.target) == "in_flight"
+    assert (await repo.tasks.reschedule(doubted.id, doubted.target, NOW))[0] == "in_flight"
+    assert await repo.tasks.cancel(pending.id, "mq.t.other") == "not_found"
+    moved, ref = await repo.tasks.reschedule(pending.id, pending.target, NOW + timedelta(9))
+    assert moved == "rescheduled" and ref is not None
+    assert ref.due_ms == to_ms(NOW + timedelta(9))
+    assert await repo.tasks.cancel(pending.id, pending.target) == "cancelled"
+    assert await repo.tasks.cancel(pending.id, pending.target) == "cancelled"
+    assert (await repo.tasks.reschedule(pending.id, pending.target, NOW))[0] == "too_late"
+
+
+async def test_a_task_once_in_doubt_stays_in_doubt(repo: Repo) -> None:
+    """A retry after a definite failure is pending again, unless the task was ever in doubt."""
+    sure, doubt = task(0), task(0)
+    await repo.tasks.insert_batch([sure, doubt])
+    epoch = await repo.take_office()
+    until = NOW + timedelta(seconds=60)
+    taken = {c.id: c for c in await repo.tasks.claim(epoch, [sure.id, doubt.id], until)}
+    soon = NOW + timedelta(seconds=1)
+    await repo.tasks.retry_later(
+        epoch, [(taken[sure.id], soon, "no stream", False), (taken[doubt.id], soon, "lost", True)]
+    )
+    assert (await status(repo, sure), await status(repo, doubt)) == ("pending", "in_doubt")
+    again = {c.id: c for c in await repo.tasks.claim(epoch, [sure.id, doubt.id], until)}
+    assert again[doubt.id].doubted and not again[sure.id].doubted
+    later = NOW + timedelta(seconds=2)
+    await repo.tasks.retry_later(epoch, [(again[doubt.id], later, "no stream", False)])
+    assert await status(repo, doubt) == "in_doubt"
+    overdue = await repo.tasks.overdue(NOW + timedelta(seconds=3), 10)
+    assert {r.task_id for r in overdue} == {doubt.id}
+
+
+async def test_bookkeeping_applies_to_the_writers_claims_only(repo: Repo) -> None:
+    """Expire and kill change tasks claimed by the writer's epoch, and nothing else."""
+    old_t, mine, dead = task(0), task(0), task(0)
+    await repo.tasks.insert_batch([old_t, mine, dead])
+    until = NOW + timedelta(seconds=1)
+    old = await repo.take_office()
+    await repo.tasks.claim(old, [old_t.id], until)
+    new = await repo.take_office()
+    claimed = {c.id: c for c in await repo.tasks.claim(new, [mine.id, dead.id], until)}
+    await repo.tasks.expire(new, [old_t.id, mine.id])
+    await repo.tasks.kill(new, [(claimed[dead.id], "too many attempts", "publish_failed")])
+    states = [await status(repo, t) for t in (old_t, mine, dead)]
+    assert states == ["claimed", "expired", "dead"]

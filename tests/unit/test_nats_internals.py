@@ -1,0 +1,53 @@
+"""The nats-py internals scheduler/bus/wire.py relies on exist in the installed nats-py."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from scheduler.bus import wire
+
+
+def _installed() -> dict[str, object]:
+    nc = Client()
+    return {"Client": nc, "Subscription": Subscription(nc, 1), "Msg": Msg}
+
+
+def test_the_installed_nats_py_has_every_internal_the_wire_uses() -> None:
+    """Each private attribute listed in wire.NATS_INTERNALS exists in the installed nats-py."""
+    missing = wire.missing_internals(_installed())
+    assert not missing, (
+        f"the installed nats-py lacks {', '.join(missing)}, which scheduler/bus/wire.py "
+        "relies on: adapt wire.py or pin nats-py below this release in pyproject.toml"
+    )
+
+
+def test_a_missing_internal_is_named() -> None:
+    """A client without one of the internals is reported by its owner and attribute name."""
+
+    class OldClient(Client):
+        def __getattribute__(self, name: str) -> object:
+            if name == "_flush_queue":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    owners = _installed() | {"Client": OldClient()}
+    assert wire.missing_internals(owners) == ["Client._flush_queue"]
+
+
+def test_no_other_module_touches_nats_py_internals() -> None:
+    """Only wire.py reaches for the private attributes it lists (another object's, not self's)."""
+    root = pathlib.Path(wire.__file__).parents[1]
+    names = {attr for _, attr in wire.NATS_INTERNALS} - {"_id", "_client"}
+    offenders = [
+        f"{path.relative_to(root.parent)}: {name}"
+        for path in root.rglob("*.py")
+        if path.name != "wire.py"
+        for name in names
+        if re.search(rf"(?<!self)\.{name}\b", path.read_text())
+    ]
+    assert not offenders, offenders
