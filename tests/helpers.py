@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -43,3 +45,23 @@ class DaemonRunner:
             self.daemon.stop()
             await asyncio.wait_for(self.task, 20)
             self.daemon = self.task = None
+
+
+def http_text(url: str) -> str:
+    """The body of GET `url` (any status)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return str(resp.read().decode())
+    except urllib.error.HTTPError as exc:
+        return str(exc.read().decode())
+
+
+async def served_text(daemon: Daemon) -> str:
+    """What /readyz, /v1/leader and /metrics serve, in one string."""
+    assert daemon.endpoints.api is not None and daemon.endpoints.metrics is not None
+    urls = [
+        daemon.endpoints.api.url + "/readyz",
+        daemon.endpoints.api.url + "/v1/leader",
+        daemon.endpoints.metrics.url + "/metrics",
+    ]
+    return "\n".join([await asyncio.to_thread(http_text, u) for u in urls])

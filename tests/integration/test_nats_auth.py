@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,12 +16,11 @@ import nkeys
 import pytest
 
 from scheduler.bus.nats import NatsBus
-from scheduler.daemon import Daemon
 from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from tests.compat import NatsServerOf, Servers
-from tests.helpers import DaemonRunner, wait_until
+from tests.helpers import DaemonRunner, served_text, wait_until
 from tests.natsjwt import Operator, new_key
 from tests.processes import CliProcess, cli_env, scheduler
 from tests.tls import CertificateAuthority
@@ -43,26 +40,6 @@ SEED, PUBLIC = new_user_nkey()
 OTHER_SEED, _ = new_user_nkey()
 
 StartNats = Callable[[str], str]
-
-
-def http_text(url: str) -> str:
-    """The body of GET `url` (any status)."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return str(resp.read().decode())
-    except urllib.error.HTTPError as exc:
-        return str(exc.read().decode())
-
-
-async def served_text(daemon: Daemon) -> str:
-    """What /readyz, /v1/leader and /metrics serve, in one string."""
-    assert daemon.endpoints.api is not None and daemon.endpoints.metrics is not None
-    urls = [
-        daemon.endpoints.api.url + "/readyz",
-        daemon.endpoints.api.url + "/v1/leader",
-        daemon.endpoints.metrics.url + "/metrics",
-    ]
-    return "\n".join([await asyncio.to_thread(http_text, u) for u in urls])
 
 
 @pytest.fixture

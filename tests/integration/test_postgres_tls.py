@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -18,10 +16,9 @@ import asyncpg
 import pytest
 
 from scheduler import migrate
-from scheduler.daemon import Daemon
 from scheduler.settings import Settings
 from tests.compat import ClusterPostgres, Servers, compat_servers
-from tests.helpers import DaemonRunner, wait_until
+from tests.helpers import DaemonRunner, served_text, wait_until
 from tests.processes import cli_env, scheduler
 from tests.tls import CertificateAuthority
 
@@ -89,26 +86,6 @@ class TlsPostgres(ClusterPostgres):
             f"postgresql://app{secret}@127.0.0.1:{self.port}/app"
             f"?sslmode=verify-full&sslrootcert={ca}"
         )
-
-
-def http_text(url: str) -> str:
-    """The body of GET `url` (any status)."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return str(resp.read().decode())
-    except urllib.error.HTTPError as exc:
-        return str(exc.read().decode())
-
-
-async def served_text(daemon: Daemon) -> str:
-    """What /readyz, /v1/leader and /metrics serve, in one string."""
-    assert daemon.endpoints.api is not None and daemon.endpoints.metrics is not None
-    urls = [
-        daemon.endpoints.api.url + "/readyz",
-        daemon.endpoints.api.url + "/v1/leader",
-        daemon.endpoints.metrics.url + "/metrics",
-    ]
-    return "\n".join([await asyncio.to_thread(http_text, u) for u in urls])
 
 
 @pytest.fixture(scope="module")
