@@ -163,6 +163,7 @@ class Daemon:
             SCHEDULER_LOG_LEVEL="WARNING",
             SCHEDULER_SCHEDULES_DIR=os.path.join(env.workdir, "no-schedules"),
         )
+        os.makedirs(self.env["SCHEDULER_SCHEDULES_DIR"], exist_ok=True)  # empty: no cron jobs
         self.env.update({f"SCHEDULER_{k.upper()}": v for k, v in settings.items()})
         self.log_path = os.path.join(env.workdir, f"daemon-{self.http}.log")
         self.proc: subprocess.Popen[bytes] | None = None

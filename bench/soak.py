@@ -19,8 +19,7 @@ dead-lettered exactly once and never delivered. Hostile messages are told apart 
 of both daemons, nats-server, PostgreSQL and the bench itself are reported with the machine's
 busy fraction.
 
-The hostile checks depend on the intake hardening of issue 13 items 1-6 (dead-letter copies,
-size checks, decoding): until it is merged, `--hostile 0` runs the clean soak.
+`--hostile 0` runs the clean soak. Figures: bench/README.md, "Soak".
 
     .venv/bin/python bench/soak.py [--rate 2000] [--duration 180] [--delay 2] [--hostile 0.01]
         [--ttl 3] [--outage 2] [--kinds not_json,too_large,...] [--logs DIR] [--out FILE]

@@ -17,7 +17,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 STOPPING = asyncio.Event()  # set on Ctrl-C / SIGTERM by common.run()
 Item = tuple[float, str, bytes, dict[str, str]]  # (publish at, subject, payload, headers)
@@ -208,23 +208,53 @@ class Collector(Tally):
             self._sub = None
 
 
-async def read_back(url: str, stream: str, subject: str = ">") -> list[Any]:
-    """The messages of `stream` stored up to now (no acks), for measuring after a run."""
+async def read_back(url: str, stream: str) -> list[Any]:
+    """The messages of `stream` stored up to now (no acks), for measuring after a run, in
+    stream order. Fails loudly rather than return part of the stream.
+
+    Batches are sized to about 4 MB by the stream's mean message size: a batch of 1,000 dead
+    letters of up to 1 MB each outran the server's per-client buffer on a busy host, the server
+    cut the connection (slow consumer) and the messages in flight were gone (ack none). A gap
+    left by such a cut is read again by a fresh consumer starting at its first missing sequence.
+    """
     nc = await nats.connect(url)
-    out: list[Any] = []
+    got: dict[int, Any] = {}
     try:
         js = nc.jetstream()
-        last = (await js.stream_info(stream)).state.last_seq
-        cfg = ConsumerConfig(ack_policy=AckPolicy.NONE, max_ack_pending=-1)
-        psub = await js.pull_subscribe(subject, stream=stream, config=cfg)
-        while last and (not out or out[-1].metadata.sequence.stream < last):
-            try:
-                out += await psub.fetch(5000, timeout=1.5)
-            except (TimeoutError, nats.errors.TimeoutError):
-                break
+        state = (await js.stream_info(stream)).state
+        if not state.messages:
+            return []
+        batch = max(1, min(1000, (4 << 20) // max(1, state.bytes // state.messages)))
+        want = state.messages  # messages deleted inside the range are not waited for
+        start, rounds = state.first_seq, 0
+        while len(got) < want:
+            rounds += 1
+            if rounds > 5:
+                raise RuntimeError(f"read back {len(got)} messages of {stream}, which holds {want}")
+            cfg = ConsumerConfig(
+                ack_policy=AckPolicy.NONE,
+                max_ack_pending=-1,
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=start,
+            )
+            psub = await js.pull_subscribe(">", stream=stream, config=cfg)
+            idle = 0  # empty fetches in a row: big messages may take longer than one timeout
+            while idle < 5 and max(got, default=0) < state.last_seq:
+                try:
+                    msgs = await psub.fetch(batch, timeout=3)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    msgs = []
+                idle = 0 if msgs else idle + 1
+                for m in msgs:
+                    got[m.metadata.sequence.stream] = m
+            await psub.unsubscribe()
+            start = next(
+                (q for q in range(state.first_seq, state.last_seq + 1) if q not in got),
+                state.last_seq,
+            )
     finally:
         await nc.close()
-    return out
+    return [got[q] for q in sorted(got)]
 
 
 def stats(values: list[float], early: bool = True) -> dict[str, float]:

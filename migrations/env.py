@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -42,9 +43,19 @@ async def _main() -> None:
     # A label on the session lets `scheduler` end a migration it was asked to stop.
     name = config.attributes.get("application_name")
     connect_args = {"server_settings": {"application_name": name}} if name else {}
-    engine = create_async_engine(
-        config.get_main_option("sqlalchemy.url"), pool_size=1, connect_args=connect_args
-    )
+    dsn = config.attributes.get("dsn")
+    if dsn:
+        # asyncpg reads the URL itself, libpq's TLS parameters (sslmode, sslrootcert, sslcert)
+        # included, which SQLAlchemy's dialect would hand on as unknown arguments
+        engine = create_async_engine(
+            "postgresql+asyncpg://",
+            pool_size=1,
+            async_creator=lambda: asyncpg.connect(dsn, **connect_args),
+        )
+    else:
+        engine = create_async_engine(
+            config.get_main_option("sqlalchemy.url"), pool_size=1, connect_args=connect_args
+        )
     try:
         async with engine.connect() as conn:
             await conn.run_sync(_run)

@@ -69,9 +69,9 @@ class _Field:
     def value(self, token: str, field_text: str) -> int:
         if token.lower() in self.names:
             return self.names.index(token.lower()) + self.name_base
-        if not token.isdigit():
+        if not (token.isascii() and token.isdigit()):  # "²".isdigit() is True
             raise self.error(field_text, f"{token!r} is not a number{self._name_hint()}")
-        number = int(token)
+        number = int(token) if len(token) <= 9 else self.high + 1  # int() of 5,000 digits raises
         if not self.low <= number <= self.high:
             raise self.error(field_text, f"value out of range {self.low}-{self.high}")
         return number
@@ -97,7 +97,8 @@ def _parse_term(field: _Field, term: str, field_text: str) -> set[int]:
     base, slash, step_text = term.partition("/")
     step = 1
     if slash:
-        if not step_text.isdigit() or int(step_text) == 0:
+        digits = step_text.isascii() and step_text.isdigit() and len(step_text) <= 9
+        if not digits or int(step_text) == 0:
             raise field.error(field_text, f"step {step_text!r} must be a whole number >= 1")
         step = int(step_text)
     if base == "*":

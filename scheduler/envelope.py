@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from scheduler.errors import EnvelopeError
+from scheduler.subjects import org_of
 
 SCHEMA = "hanzo.mq.v1"
 HEADER_RESERVE = 4096
@@ -165,6 +166,20 @@ def check_size(subject: int, headers: int, payload: int, limits: Limits) -> None
             f"(max_payload {limits.max_payload} minus {HEADER_RESERVE} for the daemon's headers)"
         )
         raise EnvelopeError([("message", problem)], "too_large")
+
+
+def check_org(env: Envelope, target: str) -> None:
+    """Refuse (`org_mismatch`) a task whose target names an organisation (`mq.org.<org>.>`)
+    unless its `org_id` is exactly that organisation: NATS permissions give each organisation's
+    producers their slice of the delay lane, and the envelope may not claim another's."""
+    org = org_of(target)
+    if org is None or env.org_id == org:
+        return
+    if env.org_id is None:
+        problem = f"is required: the subject names organisation {org!r} ({target})"
+    else:
+        problem = f"{_show(env.org_id)} disagrees with organisation {org!r} named by {target}"
+    raise EnvelopeError([("org_id", problem)], "org_mismatch")
 
 
 def parse_envelope(raw: bytes, now: datetime, limits: Limits | None = None) -> Envelope:

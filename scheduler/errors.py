@@ -16,11 +16,23 @@ class ConfigError(SchedulerError, ValueError):
         self.problem = problem
 
 
+class DurationError(SchedulerError, ValueError):
+    """A duration (a setting, a YAML key, a CLI option) that cannot be read or is out of range;
+    a ValueError, so pydantic reports it as the field's validation error."""
+
+    def __init__(self, value: object, problem: str) -> None:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        super().__init__(f"{shown} {problem}")
+        self.value = value
+        self.problem = problem
+
+
 class EnvelopeError(SchedulerError, ValueError):
     """A task envelope broke one or more rules; each problem names its field.
 
     `reason` is a short machine code (`unparseable`, `invalid_envelope`, `too_large`, `expired`,
-    `too_far`) used as a metric label and in the dead-letter record.
+    `too_far`, `org_mismatch`) used as a metric label and in the dead-letter record.
     """
 
     def __init__(self, problems: list[tuple[str, str]], reason: str = "invalid_envelope") -> None:

@@ -45,6 +45,7 @@ def alembic_config(dsn: str, application_name: str | None = None) -> Config:
     cfg.set_main_option("script_location", str(migrations_dir()))
     url = "postgresql+asyncpg://" + dsn.split("://", 1)[1]
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg.attributes["dsn"] = dsn  # what migrations/env.py connects with
     if application_name:
         cfg.attributes["application_name"] = application_name
     return cfg

@@ -36,9 +36,15 @@ from pydantic_core import ErrorDetails
 from scheduler.clock import rfc3339
 from scheduler.cron import CronExpr
 from scheduler.durations import parse_duration
-from scheduler.subjects import REFUSED_PREFIXES
+from scheduler.subjects import MAX_SUBJECT_BYTES, REFUSED_PREFIXES
 
 TOP_KEY = "scheduled_jobs"
+# Bounds on what a schedules file may make the loader do (docs/security.md, "What the daemon
+# refuses"): a file is read whole, and aliases let a few lines stand for billions of values.
+MAX_FILE_BYTES = 1024 * 1024
+MAX_YAML_VALUES = 100_000  # values after expanding aliases
+MAX_YAML_DEPTH = 64
+MAX_CRON_CHARS = 1024
 _NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _SUBJECT = re.compile(r"^[a-z0-9_-]+(?:\.[a-z0-9_-]+)*$")
 
@@ -97,11 +103,15 @@ class JobSpec(BaseModel):
                 raise ValueError(f"{value!r} is under {prefix}, which jobs may never target")
         if not _SUBJECT.match(value):
             raise ValueError(f"{value!r} is not a lowercase dotted subject (e.g. mq.scheduled.x)")
+        if len(value) > MAX_SUBJECT_BYTES:
+            raise ValueError(f"is {len(value)} characters long; at most {MAX_SUBJECT_BYTES}")
         return value
 
     @field_validator("cron")
     @classmethod
     def _valid_cron(cls, value: str) -> str:
+        if len(value) > MAX_CRON_CHARS:
+            raise ValueError(f"is {len(value)} characters long; at most {MAX_CRON_CHARS}")
         CronExpr.parse(value)
         return value
 
@@ -249,6 +259,11 @@ class _LineLoader(yaml.SafeLoader):
         self.key_lines: dict[int, tuple[Any, dict[Any, int]]] = {}
         self.item_lines: dict[int, tuple[Any, list[int]]] = {}
         self.duplicates: list[tuple[int, object]] = []
+        self.building: yaml.Node | None = None  # the node being constructed, for error lines
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        self.building = node
+        return super().construct_object(node, deep)
 
     def construct_line_map(self, node: yaml.MappingNode) -> Iterable[dict[Any, Any]]:
         data: dict[Any, Any] = {}
@@ -256,9 +271,12 @@ class _LineLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                 key = self.construct_object(key_node)
-                if key in lines:
-                    self.duplicates.append((key_node.start_mark.line + 1, key))
-                lines.setdefault(key, key_node.start_mark.line + 1)
+                try:
+                    if key in lines:
+                        self.duplicates.append((key_node.start_mark.line + 1, key))
+                    lines.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: construct_mapping reports it below
+                    continue
         self.key_lines[id(data)] = (data, lines)  # keeps `data` alive so the id stays unique
         yield data
         data.update(self.construct_mapping(node))
@@ -284,17 +302,79 @@ class _FileResult:
 
 
 def _read_yaml(text: str, filename: str, out: _FileResult) -> tuple[Any, _LineLoader] | None:
-    loader = _LineLoader(text)
+    if len(text) > MAX_FILE_BYTES:
+        problem = f"the file is {len(text)} characters long; at most {MAX_FILE_BYTES}"
+        out.errors.append(ScheduleError(filename, None, None, problem))
+        return None
     try:
-        return loader.get_single_data(), loader
+        loader = _LineLoader(text)  # raises on control characters in the text
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        problem = f"YAML syntax error: character #x{exc.character:04x} is not allowed"
+        out.errors.append(ScheduleError(filename, line, None, problem))
+        return None
+    try:
+        node = loader.get_single_node()
+        if node is not None and (problem := _too_big(node)) is not None:
+            out.errors.append(ScheduleError(filename, node.start_mark.line + 1, None, problem))
+            return None
+        return (loader.construct_document(node) if node is not None else None), loader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         problem = getattr(exc, "problem", None) or str(exc)
         out.errors.append(ScheduleError(filename, line, None, f"YAML syntax error: {problem}"))
         return None
+    except RecursionError:
+        problem = f"YAML nesting is deeper than the loader can read (at most {MAX_YAML_DEPTH})"
+        out.errors.append(ScheduleError(filename, None, None, problem))
+        return None
+    # A scalar the safe constructors cannot build (`!!timestamp x` fails with AttributeError)
+    except (ValueError, OverflowError, TypeError, AttributeError) as exc:
+        node = loader.building
+        where = node.start_mark.line + 1 if node is not None else None
+        problem = str(exc)
+        if isinstance(exc, TypeError | AttributeError) and node is not None:
+            shown = str(node.value)[:40] if isinstance(node, yaml.ScalarNode) else "this node"
+            problem = f"a {node.tag.rsplit(':', 1)[-1]} cannot be built from {shown!r}"
+        out.errors.append(ScheduleError(filename, where, None, f"YAML value error: {problem}"))
+        return None
     finally:
         loader.dispose()
+
+
+def _too_big(root: yaml.Node) -> str | None:
+    """Why a composed document is refused before it is built, or None: more than
+    MAX_YAML_VALUES values once aliases are expanded, or nested deeper than MAX_YAML_DEPTH.
+    Each distinct node is visited once, so an alias bomb costs its size in lines, not values."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, children_done = stack.pop()
+        if depth > MAX_YAML_DEPTH:
+            return f"YAML nesting is deeper than {MAX_YAML_DEPTH} levels"
+        children = _children(node)
+        if children_done or not children:
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[id(node)] > MAX_YAML_VALUES:
+                return (
+                    f"the document expands to more than {MAX_YAML_VALUES} values "
+                    "(aliases repeated into a bomb?)"
+                )
+            continue
+        if id(node) in sizes:
+            continue
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
+    return None
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
 
 
 def _job_list(doc: Any, loader: _LineLoader, filename: str, out: _FileResult) -> list[Any]:
@@ -400,6 +480,10 @@ def load_dir(path: str | Path) -> ScheduleSet:
     for file in schedule_files(path):
         names.append(str(file))
         try:
+            if (size := file.stat().st_size) > MAX_FILE_BYTES:  # never read a huge file whole
+                problem = f"the file is {size} bytes long; at most {MAX_FILE_BYTES}"
+                results.append(_FileResult(errors=[ScheduleError(str(file), None, None, problem)]))
+                continue
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             results.append(_FileResult(errors=[ScheduleError(str(file), None, None, str(exc))]))

@@ -20,7 +20,7 @@ from nats.micro.service import Service
 
 from scheduler import __version__
 from scheduler.clock import Clock, to_rfc3339
-from scheduler.envelope import Limits, parse_envelope
+from scheduler.envelope import Limits, check_org, parse_envelope
 from scheduler.errors import EnvelopeError, RequestError, TargetRefusedError
 from scheduler.operations.tasks import TaskOperations, parse_due
 from scheduler.settings import Settings
@@ -115,6 +115,7 @@ class SchedulerService:
         """Validate and put the envelope on the delay lane; it is durable once this returns."""
         limits = Limits(max_payload=self.nc.max_payload, max_delay=self.settings.max_delay)
         env = parse_envelope(raw, self.clock.now(), limits)
+        check_org(env, target)
         subject = delay_subject(target, delay_lane_prefix(self.settings.intake_subject))
         await self.nc.jetstream().publish(subject, raw, headers={"Nats-Msg-Id": env.id})
         due = env.due_at(self.clock.now())

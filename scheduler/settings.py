@@ -8,15 +8,17 @@ naming the variable. Secrets never appear in `repr` or logs.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 from pydantic import (
     ByteSize,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -71,8 +73,13 @@ class Settings(BaseSettings):
     nats_creds: Path | None = None
     nats_user: str | None = None
     nats_password: SecretStr | None = None
+    nats_token: SecretStr | None = None
+    nats_nkey_seed: SecretStr | None = None
     nats_tls_ca: Path | None = None
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
     database_url: SecretStr | None = None
+    database_password_file: Path | None = None
     schedules_dir: Path = Path("schedules")
     instance_id: str = Field(default_factory=_default_instance_id, min_length=1)
     lease_ttl: float = Field(default=5.0, gt=0)
@@ -116,6 +123,8 @@ class Settings(BaseSettings):
     ui_secure_cookie: bool = False
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")
+    # read from SCHEDULER_DATABASE_PASSWORD_FILE once, at load
+    _database_password: SecretStr | None = PrivateAttr(default=None)
 
     @classmethod
     def settings_customise_sources(
@@ -161,10 +170,88 @@ class Settings(BaseSettings):
             raise ValueError(f"must be one of {', '.join(sorted(levels))}")
         return str(value).upper()
 
+    @field_validator(
+        "nats_creds", "nats_tls_ca", "nats_tls_cert", "nats_tls_key", "database_password_file"
+    )
+    @classmethod
+    def _readable_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not os.access(value, os.R_OK):
+            problem = "no such file" if not value.exists() else "not readable by this process"
+            raise ValueError(f"{problem}: {str(value)!r}")
+        if value is not None and not value.is_file():
+            raise ValueError(f"not a file: {str(value)!r}")
+        return value
+
+    @field_validator("nats_creds")
+    @classmethod
+    def _creds_file(cls, value: Path | None) -> Path | None:
+        # nats-py fails inside its connect with a TypeError on a file that lacks either part
+        if value is not None:
+            text = value.read_text(errors="replace")
+            if not (_CREDS_JWT.search(text) and _SEED.search(text)):
+                raise ValueError(
+                    "not a NATS credentials file: it needs the user's JWT and NKey seed blocks, "
+                    "as `nsc generate creds` writes them"
+                )
+        return value
+
+    @field_validator("nats_nkey_seed")
+    @classmethod
+    def _nkey_seed(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            nkey_seed(value)  # raises ValueError naming the problem, never the seed
+        return value
+
+    @model_validator(mode="after")
+    def _nats_credentials(self) -> Settings:
+        given = [
+            name
+            for name, value in (
+                ("SCHEDULER_NATS_USER/_PASSWORD", self.nats_user or self.nats_password),
+                ("SCHEDULER_NATS_TOKEN", self.nats_token),
+                ("SCHEDULER_NATS_NKEY_SEED", self.nats_nkey_seed),
+                ("SCHEDULER_NATS_CREDS", self.nats_creds),
+            )
+            if value
+        ]
+        if len(given) > 1:
+            raise ValueError(
+                f"{given[-1].split('/')[0]}: set one way to authenticate to NATS, not "
+                f"{' and '.join(given)}"
+            )
+        if bool(self.nats_tls_cert) != bool(self.nats_tls_key):
+            missing = "SCHEDULER_NATS_TLS_KEY" if self.nats_tls_cert else "SCHEDULER_NATS_TLS_CERT"
+            raise ValueError(
+                f"{missing}: not set; SCHEDULER_NATS_TLS_CERT and SCHEDULER_NATS_TLS_KEY go "
+                "together (a client certificate and its private key)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _read_database_password(self) -> Settings:
+        file = self.database_password_file
+        if file is None:
+            return self
+        if self.database_url is not None and not urlsplit(self.database_dsn or "").username:
+            raise ValueError(
+                "SCHEDULER_DATABASE_PASSWORD_FILE: SCHEDULER_DATABASE_URL names no user for the "
+                "password (postgresql://user@host/db)"
+            )
+        if self.database_url is not None and urlsplit(self.database_dsn or "").password:
+            raise ValueError(
+                "SCHEDULER_DATABASE_PASSWORD_FILE: is set and SCHEDULER_DATABASE_URL has a "
+                "password too; give the password in one place"
+            )
+        password = file.read_text().rstrip("\r\n")
+        if not password:
+            raise ValueError(f"SCHEDULER_DATABASE_PASSWORD_FILE: {str(file)!r} is empty")
+        self._database_password = SecretStr(password)
+        return self
+
     @model_validator(mode="after")
     def _margin(self) -> Settings:
         if self.fence_margin is not None and self.fence_margin.total_seconds() >= self.lease_ttl:
-            raise ValueError("SCHEDULER_FENCE_MARGIN must be shorter than SCHEDULER_LEASE_TTL")
+            raise ValueError("SCHEDULER_FENCE_MARGIN: must be shorter than SCHEDULER_LEASE_TTL")
         return self
 
     # -- derived values -------------------------------------------------------------------------
@@ -185,8 +272,9 @@ class Settings(BaseSettings):
         if self.database_url is None:
             return None
         url = self.database_url.get_secret_value()
-        rest = url.split("://", 1)[1]
-        return "postgresql://" + rest
+        dsn = "postgresql://" + url.split("://", 1)[1]
+        password = self._database_password
+        return dsn if password is None else with_password(dsn, password.get_secret_value())
 
     @property
     def redacted_database_url(self) -> str | None:
@@ -202,6 +290,37 @@ class Settings(BaseSettings):
         data = {k: getattr(self, k) for k in type(self).model_fields}
         data.update(changes)
         return type(self)(**data)
+
+
+def with_password(dsn: str, password: str) -> str:
+    """`dsn` with `password` set for its user (quoted for a URL)."""
+    parts = urlsplit(dsn)
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    netloc = f"{user}:{quote(password, safe='')}@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def nkey_seed(value: SecretStr) -> bytes:
+    """The NKey seed of SCHEDULER_NATS_NKEY_SEED: the seed itself (`SU...`) or the path of a file
+    holding it (as `nsc` writes them). ValueError names the problem, never the seed."""
+    text = value.get_secret_value().strip()
+    if not _SEED.fullmatch(text):
+        path = Path(text)
+        if not path.is_file():
+            raise ValueError("is neither a user seed (SU...) nor a readable file")
+        try:
+            found = _SEED.search(path.read_text(errors="replace"))
+        except OSError as exc:
+            raise ValueError(f"{text!r} cannot be read ({exc.strerror})") from None
+        if found is None:
+            raise ValueError(f"{text!r} holds no user seed (a line starting SU)")
+        text = found.group(0)
+    return text.encode()
+
+
+_SEED = re.compile(r"SU[A-Z2-7]{56}")
+_CREDS_JWT = re.compile(r"-+BEGIN NATS USER JWT-+\s*\n\s*[\w-]+\.[\w-]+\.[\w-]+")
 
 
 def _check_postgres_url(url: str) -> None:
@@ -248,9 +367,22 @@ def _config_error(exc: ValidationError) -> ConfigError:
     return ConfigError(variable, first + others)
 
 
+_SECRET_FIELDS = {"database_url", "nats_password", "nats_token", "nats_nkey_seed"}
+
+
 def _describe(err: Any) -> tuple[str, str]:
-    name = str(err["loc"][0]) if err["loc"] else ""
-    variable = ENV_PREFIX + name.upper() if name else "settings"
-    shown = "<redacted>" if name in {"database_url", "nats_password"} else err.get("input")
     message = str(err["msg"]).removeprefix("Value error, ")
+    name = str(err["loc"][0]) if err["loc"] else ""
+    if not name:
+        # a check across fields: its message starts with the variable to fix; the input is the
+        # whole configuration (secrets included), so it is not shown
+        variable, sep, rest = message.partition(": ")
+        if sep and _VARIABLE.fullmatch(variable):
+            return variable, rest
+        return "settings", message
+    variable = ENV_PREFIX + name.upper()
+    shown = "<redacted>" if name in _SECRET_FIELDS else err.get("input")
     return variable, f"{message} (got {shown!r})"
+
+
+_VARIABLE = re.compile(r"SCHEDULER_[A-Z_]+")

@@ -15,6 +15,10 @@ from scheduler.errors import TargetRefusedError
 
 REFUSED_PREFIXES = ("mq.delay.", "mq.dlq.", "$JS.", "$KV.", "$SYS.", "_INBOX.")
 _TOKEN = re.compile(r"[^\s.*>\x00-\x1f\x7f]+")
+# Tenancy (docs/security.md, "Subject scheme"): `mq.org.<org>.<rest>` is organisation <org>'s
+# slice; its delay lane is `mq.delay.org.<org>.<rest>`. Other targets name no organisation.
+ORG_TOKEN = "org"
+_ORG_PREFIX = f"mq.{ORG_TOKEN}."
 INVALID = "_invalid"  # the DLQ subject's tail for a task without a usable target
 # A subject goes into a frame's control line with a reply inbox and two sizes, and the server
 # closes a connection whose control line passes its max_control_line (4 KiB by default).
@@ -44,6 +48,14 @@ def target_from_rest(rest: str) -> str:
 def delay_subject(target: str, lane_prefix: str = "mq.delay.") -> str:
     """`mq.inference.chat` -> `mq.delay.inference.chat`: where a task for `target` is sent."""
     return lane_prefix + target[len("mq.") :]
+
+
+def org_of(target: str) -> str | None:
+    """The organisation a target names (`mq.org.acme.billing.run` -> `acme`), or None."""
+    if not target.startswith(_ORG_PREFIX):  # the intake's hot path: most targets stop here
+        return None
+    org = target[len(_ORG_PREFIX) :].split(".", 1)[0]
+    return org or None
 
 
 def dlq_subject(target: str | None, prefix: str = "mq.dlq") -> str:
@@ -87,6 +99,8 @@ def _refusal(subject: str, allow: tuple[str, ...]) -> str | None:
         return f"is longer than {MAX_SUBJECT_BYTES} bytes"
     if not is_literal(subject):
         return "is not a literal subject (wildcards, empty tokens or control characters)"
+    if not subject.isascii():  # a Cyrillic letter can pass for a Latin one
+        return "holds non-ASCII characters (subjects are dotted ASCII names)"
     for prefix in REFUSED_PREFIXES:
         if subject.startswith(prefix):
             return f"targets under {prefix} are always refused"

@@ -30,7 +30,7 @@ from scheduler.bus.publisher import Publisher
 from scheduler.bus.puller import Puller
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.metrics import Metrics
-from scheduler.settings import Settings, redact_url
+from scheduler.settings import Settings, nkey_seed, redact_url
 
 log = logging.getLogger("scheduler.nats")
 
@@ -72,6 +72,7 @@ class NatsBus:
         self._closing = False
         self._denied = ""  # the last permissions violation the server reported
         self._denied_event = asyncio.Event()
+        self._refused = asyncio.Event()  # the first connect met a refusal retrying cannot cure
 
     async def connect(self, budget: float = 60.0) -> None:
         """Connect, retrying an unreachable server with backoff for `budget` seconds.
@@ -84,19 +85,24 @@ class NatsBus:
         while True:
             backoff.attempt += 1
             self._connect_error = None
+            # nats-py retries a first connect forever when reconnects are unlimited, so the
+            # first connect tries each server twice at once and our loop bounds it; once it
+            # succeeds, the client reconnects forever, a second apart.
+            options = self._options()  # a ConfigError (a TLS file) is no URL problem
+            options.update(max_reconnect_attempts=1, reconnect_time_wait=0)
             nc = Client()
             try:
-                # nats-py retries a first connect forever when reconnects are unlimited, so the
-                # first connect tries each server twice at once and our loop bounds it; once it
-                # succeeds, the client reconnects forever, a second apart.
-                options = self._options()
-                options.update(max_reconnect_attempts=1, reconnect_time_wait=0)
                 async with asyncio.timeout(max(backoff.left, options["connect_timeout"])):
-                    await nc.connect(**options)
+                    await self._attempt(nc, options)
             except asyncio.CancelledError:
                 await _close_quietly(nc)
                 raise
-            except ValueError as exc:  # a URL nats-py cannot parse
+            except ValueError as exc:  # a URL nats-py cannot parse (a TLS refusal is one too)
+                if isinstance(exc, ssl.SSLError):
+                    await _close_quietly(nc)
+                    raise nats_refused(
+                        self.settings, tls_variable(exc, self.settings), exc
+                    ) from None
                 await _close_quietly(nc)
                 raise ConfigError(
                     "SCHEDULER_NATS_URL", f"{self.settings.redacted_nats_url}: {exc}"
@@ -123,6 +129,24 @@ class NatsBus:
             redact_url(nc.connected_url.geturl(), token=True) if nc.connected_url else "?",
             self.server_version,
         )
+
+    async def _attempt(self, nc: Client, options: dict[str, Any]) -> None:
+        """One first connect. A refusal retrying cannot cure (credentials, a certificate), as
+        reported to the error callback, ends it at once: after a failed TLS handshake nats-py
+        would otherwise sit in its retry until the whole budget is spent."""
+        self._refused.clear()
+        connecting = asyncio.ensure_future(nc.connect(**options))
+        try:
+            await first_of(asyncio.shield(connecting), self._refused.wait())
+        finally:
+            if not connecting.done():
+                connecting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await connecting
+        if not connecting.cancelled():
+            connecting.result()
+        elif self._connect_error is not None:
+            raise self._connect_error
 
     def _warn_unreachable(self, cause: BaseException, backoff: Backoff, retry: bool = True) -> None:
         log.warning(
@@ -155,15 +179,22 @@ class NatsBus:
             opts["user"] = s.nats_user
         if s.nats_password:
             opts["password"] = s.nats_password.get_secret_value()
+        if s.nats_token:
+            opts["token"] = s.nats_token.get_secret_value()
+        if s.nats_nkey_seed:
+            opts["nkeys_seed_str"] = nkey_seed(s.nats_nkey_seed).decode()
         if s.nats_creds:
             opts["user_credentials"] = str(s.nats_creds)
-        if s.nats_tls_ca:
-            opts["tls"] = ssl.create_default_context(cafile=str(s.nats_tls_ca))
+        if (context := tls_context(s)) is not None:
+            opts["tls"] = context
         return opts
 
     async def _on_error(self, exc: Exception) -> None:
         if self.nc is None:  # still connecting: connect() reports the cause with the URL
             self._connect_error = exc
+            if permanent_connect_error(exc, self.settings) is not None:
+                self._refused.set()  # connect() says it in one line, naming the setting
+                return
             if self._backoff is not None and not self._warned:
                 self._warned = True  # said at once, not after nats-py's second try of a server
                 self._warn_unreachable(exc, self._backoff, retry=False)
@@ -302,12 +333,41 @@ class NatsBus:
         return (await self.js.stream_info(stream)).config.duplicate_window or 0
 
 
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The client's TLS context from SCHEDULER_NATS_TLS_CA (the CA that signed the server's
+    certificate; default: the system's) and SCHEDULER_NATS_TLS_CERT/_KEY (a client certificate
+    for mutual TLS), or None when none is set (a `tls://` URL then uses the system's CAs).
+    A file that is no certificate or key raises ConfigError naming its setting."""
+    s = settings
+    if not (s.nats_tls_ca or s.nats_tls_cert):
+        return None
+    try:
+        context = ssl.create_default_context(cafile=str(s.nats_tls_ca) if s.nats_tls_ca else None)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError("SCHEDULER_NATS_TLS_CA", f"not a PEM CA certificate: {exc}") from None
+    if s.nats_tls_cert and s.nats_tls_key:
+        try:
+            context.load_cert_chain(str(s.nats_tls_cert), str(s.nats_tls_key))
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                "SCHEDULER_NATS_TLS_CERT/SCHEDULER_NATS_TLS_KEY",
+                f"not a PEM certificate and its private key: {exc}",
+            ) from None
+    return context
+
+
 def describe_connect_error(exc: BaseException) -> str:
     """A connect failure in a few words: `connection refused`, `unknown host 'x'`, ..."""
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, socket.gaierror):
         return f"unknown host ({exc.strerror})"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS failed: the server's certificate: {exc.verify_message or exc.reason}"
+    if isinstance(exc, ssl.SSLError) and _server_alert(exc):
+        if "CERTIFICATE_REQUIRED" in str(exc.reason):
+            return "TLS failed: the server requires a client certificate (mutual TLS)"
+        return f"TLS failed: the server refused the client certificate ({exc.reason})"
     if isinstance(exc, ssl.SSLError):
         return f"TLS failed: {getattr(exc, 'reason', None) or exc}"
     if isinstance(exc, TimeoutError):
@@ -338,15 +398,34 @@ def permanent_connect_error(exc: BaseException, settings: Settings) -> str | Non
     """The setting to fix when retrying `exc` cannot help (credentials, TLS), else None."""
     if isinstance(exc, nats_errors.AuthorizationError) or _is_auth(exc):
         return credentials_variable(settings)
-    if isinstance(exc, ssl.SSLError | nats_errors.SecureConnRequiredError):
+    if isinstance(exc, ssl.SSLError):
+        return tls_variable(exc, settings)
+    if isinstance(exc, nats_errors.SecureConnRequiredError):
         return "SCHEDULER_NATS_TLS_CA" if settings.nats_tls_ca else "SCHEDULER_NATS_URL"
     return None
+
+
+def tls_variable(exc: ssl.SSLError, settings: Settings) -> str:
+    """The setting to fix for a failed TLS handshake: the client certificate when the server
+    refused it or asked for one (an alert from the server), else the CA that should have
+    verified the server's certificate."""
+    return "SCHEDULER_NATS_TLS_CERT" if _server_alert(exc) else "SCHEDULER_NATS_TLS_CA"
+
+
+def _server_alert(exc: ssl.SSLError) -> bool:
+    """The server ended the handshake with an alert (it refused what the client showed)."""
+    reason = str(getattr(exc, "reason", "") or "").upper()
+    return reason.startswith(("SSLV3_ALERT", "TLSV1_ALERT", "TLSV13_ALERT"))
 
 
 def credentials_variable(settings: Settings) -> str:
     """The setting that says who the daemon is to NATS."""
     if settings.nats_creds:
         return "SCHEDULER_NATS_CREDS"
+    if settings.nats_nkey_seed:
+        return "SCHEDULER_NATS_NKEY_SEED"
+    if settings.nats_token:
+        return "SCHEDULER_NATS_TOKEN"
     if settings.nats_user or settings.nats_password:
         return "SCHEDULER_NATS_USER/SCHEDULER_NATS_PASSWORD"
     return "SCHEDULER_NATS_URL"

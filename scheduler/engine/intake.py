@@ -24,7 +24,7 @@ from scheduler.core import Insertion, NewTask, ceil_ms
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.ports import Broker, Delivery, Source, TaskRepository
-from scheduler.envelope import Limits, check_size, parse_envelope
+from scheduler.envelope import Limits, check_org, check_size, parse_envelope
 from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.headers import block_size, forwarded, printable
 from scheduler.metrics import Metrics
@@ -94,6 +94,7 @@ class Intake:
             headers = forwarded(msg.headers)
             check_size(len(target.encode()), block_size(headers), len(msg.data), self.limits)
             env = parse_envelope(msg.data, now, self.limits)
+            check_org(env, target)
         except TargetRefusedError as exc:
             return Rejected(msg, target, "target_refused", str(exc))
         except EnvelopeError as exc:

@@ -26,7 +26,7 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
 from scheduler.clock import Clock
-from scheduler.envelope import Limits, parse_envelope
+from scheduler.envelope import Limits, check_org, parse_envelope
 from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.operations import Outcome
 from scheduler.operations.paging import Page, bad_cursor, decode, from_us, page, us
@@ -116,6 +116,7 @@ class DeadLetterOperations:
         limits = Limits(max_payload=self.nc.max_payload, max_delay=self.settings.max_delay)
         try:
             env = parse_envelope(raw, self.clock.now(), limits)
+            check_org(env, target)
         except EnvelopeError as exc:
             return Outcome("still_invalid", ident, f"{exc} (fix the producer and publish again)")
         existing = await self.tasks.get(env.id)

@@ -105,7 +105,9 @@ def unavailable(dsn: str, cause: str, budget: float) -> ServiceUnavailableError:
 
 # SQLSTATEs that retrying cannot cure, with what to do about them.
 _PERMANENT_HINTS: dict[type[Exception], str] = {
-    asyncpg.InvalidPasswordError: "; check the user and password in the URL",
+    asyncpg.InvalidPasswordError: (
+        "; check the user and password in the URL (or SCHEDULER_DATABASE_PASSWORD_FILE)"
+    ),
     asyncpg.InvalidAuthorizationSpecificationError: "; check the user in the URL (and pg_hba.conf)",
     asyncpg.InvalidCatalogNameError: "; create it (CREATE DATABASE) or fix the name in the URL",
 }

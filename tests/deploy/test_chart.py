@@ -32,6 +32,7 @@ SECRET_ENV = {
     "SCHEDULER_DATABASE_URL",
     "SCHEDULER_NATS_USER",
     "SCHEDULER_NATS_PASSWORD",
+    "SCHEDULER_NATS_TOKEN",
     "SCHEDULER_ADMIN_TOKEN",
     "SCHEDULER_READ_TOKEN",
     "AUDIT_JDBC_URL",
@@ -43,7 +44,12 @@ CHART_MANAGED_SETTINGS = {
     "nats_user",
     "nats_password",
     "nats_tls_ca",
+    "nats_token",
+    "nats_nkey_seed",
+    "nats_tls_cert",
+    "nats_tls_key",
     "database_url",
+    "database_password_file",
     "admin_token",
     "read_token",
     "schedules_dir",
@@ -310,6 +316,61 @@ def test_ha_values_wire_each_secret_to_its_consumer(ha_manifests: Manifests) -> 
     assert ref(job_env["SCHEDULER_DATABASE_URL"]) == ("mq-scheduler-db-owner", "database-url")
     audit_env = env_of(audit_pod(ha_manifests)["containers"][0])
     assert ref(audit_env["AUDIT_JDBC_URL"]) == ("mq-scheduler-audit-db", "jdbc-url")
+
+
+AUTH_VALUES: dict[str, Any] = {
+    "nats": {
+        "nkey": {"existingSecret": "sched-nkey"},
+        "tls": {"client": {"existingSecret": "sched-nats-client"}},
+    },
+    "database": {
+        "password": {"existingSecret": "sched-db-password"},
+        "tls": {"ca": {"existingSecret": "pg-ca"}},
+    },
+}
+
+
+@pytest.mark.parametrize("migration_role", ["daemon", "owner"])
+def test_nkey_client_certificate_database_password_and_ca_are_mounted_files(
+    render: Render, migration_role: str
+) -> None:
+    """An NKey seed, a NATS client certificate, the database password and the PostgreSQL CA come
+    from the Secrets named, mounted read-only, and their settings name the mounted files; the
+    migration Job gets the CA, and the password only when it runs as the daemon's role."""
+    values = json.loads(json.dumps(AUTH_VALUES))
+    if migration_role == "owner":
+        values["database"]["migration"] = {"existingSecret": "sched-db-owner"}
+    manifests = render(values=values)
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    env = env_of(daemon_container(manifests))
+    assert env["SCHEDULER_NATS_NKEY_SEED"]["value"] == "/etc/mq-scheduler/nats-nkey/nkey.seed"
+    assert env["SCHEDULER_NATS_TLS_CERT"]["value"] == "/etc/mq-scheduler/nats-client/tls.crt"
+    assert env["SCHEDULER_NATS_TLS_KEY"]["value"] == "/etc/mq-scheduler/nats-client/tls.key"
+    assert env["SCHEDULER_DATABASE_PASSWORD_FILE"]["value"] == (
+        "/etc/mq-scheduler/database-password/password"
+    )
+    volumes = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    assert volumes["nats-nkey"]["secretName"] == "sched-nkey"
+    assert [i["key"] for i in volumes["nats-client-tls"]["items"]] == ["tls.crt", "tls.key"]
+    assert volumes["database-password"]["secretName"] == "sched-db-password"
+    assert volumes["postgres-ca"]["secretName"] == "pg-ca"
+    mounts = {m["name"]: m for m in daemon_container(manifests)["volumeMounts"]}
+    for name in ("nats-nkey", "nats-client-tls", "database-password", "postgres-ca"):
+        assert mounts[name]["readOnly"], name
+    job = one(manifests, "Job")["spec"]["template"]["spec"]
+    job_mounts = {m["name"] for m in job["containers"][0]["volumeMounts"]}
+    job_env = env_of(job["containers"][0])
+    assert "postgres-ca" in job_mounts
+    as_daemon = migration_role == "daemon"
+    assert ("database-password" in job_mounts) is as_daemon
+    assert ("SCHEDULER_DATABASE_PASSWORD_FILE" in job_env) is as_daemon
+
+
+def test_a_nats_token_comes_from_its_secret(render: Render) -> None:
+    """nats.token names the Secret whose key becomes SCHEDULER_NATS_TOKEN (never a value)."""
+    manifests = render(values={"nats": {"token": {"existingSecret": "sched-token"}}})
+    ref = env_of(daemon_container(manifests))["SCHEDULER_NATS_TOKEN"]["valueFrom"]
+    assert ref["secretKeyRef"] == {"name": "sched-token", "key": "token"}
 
 
 # -- the values schema ----------------------------------------------------------------------
@@ -695,6 +756,37 @@ def test_audit_to_an_object_store_path(render: Render, tmp_path: Path) -> None:
     argv = _audit_argv(pod, tmp_path)
     assert argv[argv.index("--out") + 1].startswith("s3a://reports/drift/20")
     assert all(v["name"] != "output" for v in pod["volumes"])
+
+
+def test_daemons_can_read_the_audit_reports(render: Render) -> None:
+    """With audit.output.pvc.mountInDaemons the daemon pods mount the audit's claim read-only
+    at /audit and SCHEDULER_AUDIT_DIR points there (the console's drift page); by default they
+    don't, and an explicit config.audit_dir is left alone."""
+    assert "SCHEDULER_AUDIT_DIR" not in env_of(daemon_container(render()))
+    pvc = {"enabled": True, "mountInDaemons": True, "accessModes": ["ReadWriteMany"]}
+    manifests = render(values={"audit": {"output": {"pvc": pvc}}})
+    container = daemon_container(manifests)
+    assert env_of(container)["SCHEDULER_AUDIT_DIR"] == {
+        "name": "SCHEDULER_AUDIT_DIR",
+        "value": "/audit",
+    }
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/audit")
+    assert mount["readOnly"] is True
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    claim = one(manifests, "PersistentVolumeClaim")
+    assert volume["persistentVolumeClaim"] == {
+        "claimName": claim["metadata"]["name"],
+        "readOnly": True,
+    }
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    own = render(values={"audit": {"output": {"pvc": pvc}}, "config": {"audit_dir": "/elsewhere"}})
+    env = [e for e in daemon_container(own)["env"] if e["name"] == "SCHEDULER_AUDIT_DIR"]
+    assert env == [{"name": "SCHEDULER_AUDIT_DIR", "value": "/elsewhere"}]
+    to_store = render(
+        values={"audit": {"output": {"pvc": pvc, "objectStorePath": "s3a://reports/drift"}}}
+    )
+    assert "SCHEDULER_AUDIT_DIR" not in env_of(daemon_container(to_store))
 
 
 def test_audit_can_be_turned_off(render: Render) -> None:

@@ -1,4 +1,6 @@
-"""The PostgreSQL roles of docs/deploy.md: the owner migrates, the daemon runs with row rights."""
+"""The PostgreSQL roles of docs/security.md: the owner migrates, the daemon runs with row rights
+(a delayed task's whole round trip under them), cannot change the schema, and its credential
+rotates between two login roles without downtime."""
 
 from __future__ import annotations
 
@@ -7,25 +9,36 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import nats
 import pytest
 
-from scheduler import migrate
+from scheduler import client, migrate
+from scheduler.daemon import Daemon
 from scheduler.settings import Settings
 from tests.helpers import DaemonRunner, wait_until
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 
 
 def docs_sql() -> tuple[str, str]:
     """The superuser block and the owner block of the docs' roles section, as written there."""
-    section = DOCS.read_text().split("## PostgreSQL roles and privileges", 1)[1].split("\n## ")[0]
+    section = DOCS.read_text().split("## PostgreSQL privileges", 1)[1].split("\n## ")[0]
     blocks = re.findall(r"```sql\n(.*?)```", section, re.S)
-    assert len(blocks) == 2, "docs/deploy.md: the roles section has two sql blocks"
+    assert len(blocks) == 2, "docs/security.md: the privileges section has two sql blocks"
     return blocks[0], blocks[1]
+
+
+def docs_rotation_sql() -> str:
+    """The statement of docs/security.md's PostgreSQL rotation that adds the second role."""
+    section = DOCS.read_text().split("## Credential rotation without downtime", 1)[1]
+    blocks = re.findall(r"```sql\n(.*?)```", section.split("\n## ")[0], re.S)
+    assert len(blocks) == 1, "docs/security.md: the rotation section has one sql block"
+    return blocks[0]
 
 
 def dsn_as(admin_dsn: str, user: str, database: str) -> str:
@@ -41,6 +54,9 @@ class Roles:
     owner: str
     daemon: str
     owner_sql: str  # the docs' owner block under this test's names
+    second: str  # the rotation's second login role
+    second_dsn: str
+    rotation_sql: str  # the docs' rotation statement under this test's names
 
 
 @pytest.fixture
@@ -49,8 +65,11 @@ async def roles(pg_admin_dsn: str) -> AsyncIterator[Roles]:
     tag = uuid.uuid4().hex[:8]
     owner, daemon = f"mqs_owner_{tag}", f"mqs_app_{tag}"
 
+    second = f"{daemon}_b"
+
     def named(sql: str) -> str:
-        return re.sub(r"\bmq_scheduler\b", daemon, sql.replace("mq_scheduler_owner", owner))
+        sql = sql.replace("mq_scheduler_owner", owner).replace("mq_scheduler_b", second)
+        return re.sub(r"\bmq_scheduler\b", daemon, sql)
 
     superuser_sql, owner_sql = docs_sql()
     admin = await asyncpg.connect(pg_admin_dsn)
@@ -66,9 +85,13 @@ async def roles(pg_admin_dsn: str) -> AsyncIterator[Roles]:
             owner=owner,
             daemon=daemon,
             owner_sql=named(owner_sql),
+            second=second,
+            second_dsn=dsn_as(pg_admin_dsn, second, daemon),
+            rotation_sql=named(docs_rotation_sql()),
         )
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{daemon}" WITH (FORCE)')
+        await admin.execute(f'DROP ROLE IF EXISTS "{second}"')
         await admin.execute(f'DROP ROLE IF EXISTS "{daemon}"')
         await admin.execute(f'DROP ROLE IF EXISTS "{owner}"')
         await admin.close()
@@ -82,27 +105,90 @@ async def as_owner(roles: Roles, sql: str) -> None:
         await conn.close()
 
 
-async def test_daemon_role_of_the_docs_runs_the_daemon_and_its_partition_upkeep(
-    roles: Roles, nats_url: str, tmp_path: Path
-) -> None:
-    """With the docs' grants, a daemon under the row-only role starts, leads, and creates and
-    drops fire_log partitions through the upkeep function; it cannot change the schema."""
-    await as_owner(roles, roles.owner_sql)
-    await asyncio.to_thread(migrate.upgrade, roles.owner_dsn)
-    (tmp_path / "schedules").mkdir()
-    settings = Settings(
+def daemon_settings(nats_url: str, dsn: str, tmp_path: Path, instance: str) -> Settings:
+    (tmp_path / "schedules").mkdir(exist_ok=True)
+    return Settings(
         nats_url=nats_url,
-        database_url=roles.daemon_dsn,
+        database_url=dsn,
         schedules_dir=tmp_path / "schedules",
+        data_dir=tmp_path / f"data-{instance}",
         http_port=0,
         metrics_port=0,
-        instance_id="roles-1",
+        instance_id=instance,
         lease_ttl=3,
     )
-    runner = DaemonRunner(settings)
+
+
+def leads(daemon: Daemon) -> bool:
+    return bool(daemon.leadership and daemon.leadership.role == "leader")
+
+
+async def round_trip(nats_url: str, dsn: str) -> str:
+    """Send a task due in 300 ms through the delay lane; once delivered to its target stream,
+    wait until PostgreSQL has it fired with a fire-log row; the instance that fired it."""
+    task_id = f"t_{uuid.uuid4().hex}"
+    doc = {
+        "schema": "hanzo.mq.v1",
+        "id": task_id,
+        "type": "roles.test",
+        "source": "tests",
+        "timestamp": datetime.now(UTC).isoformat(),
+        "delay_until": (datetime.now(UTC) + timedelta(milliseconds=300)).isoformat(),
+        "data": {},
+    }
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="TASKS", subjects=["mq.tasks.>"])
+        target = f"mq.tasks.roles.{task_id}"
+        await client.publish_delayed(js, target, doc)
+        psub = await js.pull_subscribe(target, durable=None, stream="TASKS")
+        try:
+            (msg,) = await psub.fetch(1, timeout=10)
+        finally:
+            await psub.unsubscribe()
+        assert msg.headers is not None and msg.headers["Nats-Msg-Id"] == task_id
+    finally:
+        await nc.close()
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with asyncio.timeout(10):
+            while (instance := await conn.fetchval(FIRED_BY, task_id)) is None:  # noqa: ASYNC110 (a server's state, no event)
+                await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+    return str(instance)
+
+
+FIRED_BY = (
+    "SELECT f.instance FROM fire_log f JOIN delayed_messages d ON d.id = f.key "
+    "WHERE f.kind = 'delayed' AND f.key = $1 AND d.status = 'fired'"
+)
+
+REFUSED = [
+    "ALTER TABLE delayed_messages ADD COLUMN x INTEGER",
+    "CREATE TABLE mischief (x INTEGER)",
+    "DROP TABLE delayed_messages",
+    "TRUNCATE delayed_messages",
+    "DROP FUNCTION scheduler_fire_log_upkeep(INTEGER, INTEGER)",
+    "CREATE INDEX mischief ON delayed_messages (target)",
+    "ALTER FUNCTION scheduler_fire_log_upkeep(INTEGER, INTEGER) SECURITY INVOKER",
+]
+
+
+async def test_daemon_role_of_the_docs_runs_a_round_trip_and_its_partition_upkeep(
+    roles: Roles, nats_url: str, tmp_path: Path
+) -> None:
+    """With the docs' grants, a daemon under the row-only role starts, leads, fires a delayed
+    task end to end (intake, store, claim, publish, fire log), and creates and drops fire_log
+    partitions through the upkeep function; the role cannot alter, drop, truncate or create."""
+    await as_owner(roles, roles.owner_sql)
+    await asyncio.to_thread(migrate.upgrade, roles.owner_dsn)
+    runner = DaemonRunner(daemon_settings(nats_url, roles.daemon_dsn, tmp_path, "roles-1"))
     daemon = await runner.start()
     try:
-        await wait_until(lambda: bool(daemon.leadership and daemon.leadership.role == "leader"), 10)
+        await wait_until(lambda: leads(daemon), 10)
+        assert await round_trip(nats_url, roles.daemon_dsn) == "roles-1"
         assert daemon.store is not None
         changes = await daemon.store.fire_log_upkeep(retention_days=14, ahead_days=5)
         assert any(c.startswith("created fire_log_p") for c in changes), changes
@@ -115,12 +201,39 @@ async def test_daemon_role_of_the_docs_runs_the_daemon_and_its_partition_upkeep(
             "WHERE relname LIKE 'fire_log_p%' AND relkind = 'r'"
         )
         assert [r["owner"] for r in owners] == [roles.owner]
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await conn.execute("ALTER TABLE delayed_messages ADD COLUMN x INTEGER")
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await conn.execute("CREATE TABLE mischief (x INTEGER)")
+        for statement in REFUSED:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute(statement)
     finally:
         await conn.close()
+
+
+async def test_the_daemon_role_rotates_to_a_second_login_without_downtime(
+    roles: Roles, pg_admin_dsn: str, nats_url: str, tmp_path: Path
+) -> None:
+    """docs/security.md's rotation: a second login role made a member of the daemon's role
+    inherits its grants; a daemon under it joins while the old one leads, takes over when the
+    old one stops (rolling restart), and fires tasks."""
+    await as_owner(roles, roles.owner_sql)
+    await asyncio.to_thread(migrate.upgrade, roles.owner_dsn)
+    old = DaemonRunner(daemon_settings(nats_url, roles.daemon_dsn, tmp_path, "roles-old"))
+    new = DaemonRunner(daemon_settings(nats_url, roles.second_dsn, tmp_path, "roles-new"))
+    try:
+        first = await old.start()
+        await wait_until(lambda: leads(first), 10)
+        admin = await asyncpg.connect(pg_admin_dsn)
+        try:
+            await admin.execute(roles.rotation_sql)
+        finally:
+            await admin.close()
+        second = await new.start()
+        assert await round_trip(nats_url, roles.daemon_dsn) == "roles-old"
+        await old.stop()
+        await wait_until(lambda: leads(second), 10)
+        assert await round_trip(nats_url, roles.second_dsn) == "roles-new"
+    finally:
+        await new.stop()
+        await old.stop()
 
 
 async def test_a_role_without_the_grant_cannot_run_the_upkeep(roles: Roles) -> None:

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from scheduler.envelope import HEADER_RESERVE, Limits, check_size, parse_envelope
+from scheduler.envelope import HEADER_RESERVE, Limits, check_org, check_size, parse_envelope
 from scheduler.errors import EnvelopeError
 from scheduler.headers import block_size
+from scheduler.subjects import org_of
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -253,3 +254,46 @@ def test_the_header_reserve_holds_the_daemons_largest_delivery_headers() -> None
         "Mq-Attempt": "9" * 10,
     }
     assert block_size(headers) + 200 < HEADER_RESERVE
+
+
+@pytest.mark.parametrize(
+    ("target", "org"),
+    [
+        ("mq.org.acme.billing.run", "acme"),
+        ("mq.org.acme", "acme"),
+        ("mq.inference.chat", None),
+        ("mq.org", None),
+        ("mq.orgs.acme.x", None),
+        ("other.org.acme.x", None),
+    ],
+)
+def test_org_of_reads_the_token_after_mq_org(target: str, org: str | None) -> None:
+    """Only targets under `mq.org.<org>` name an organisation, and it is the third token."""
+    assert org_of(target) == org
+
+
+def test_an_org_id_that_disagrees_with_the_subject_is_refused_as_org_mismatch() -> None:
+    """`org_id` must be the organisation the target names; the error quotes both."""
+    env = parse_envelope(raw(envelope(org_id="globex")), NOW)
+    with pytest.raises(EnvelopeError) as info:
+        check_org(env, "mq.org.acme.work")
+    assert info.value.reason == "org_mismatch" and info.value.field == "org_id"
+    assert str(info.value) == (
+        "org_id: \"globex\" disagrees with organisation 'acme' named by mq.org.acme.work"
+    )
+
+
+def test_a_missing_org_id_on_an_org_subject_is_refused_and_elsewhere_is_free() -> None:
+    """An org subject needs `org_id`; a subject that names no org accepts any or none."""
+    env = parse_envelope(raw(envelope(org_id=_DROP)), NOW)
+    with pytest.raises(EnvelopeError, match=r"org_id: is required: the subject names"):
+        check_org(env, "mq.org.acme.work")
+    check_org(env, "mq.inference.chat")
+    check_org(parse_envelope(raw(envelope(org_id="globex")), NOW), "mq.inference.chat")
+    check_org(parse_envelope(raw(envelope(org_id="acme")), NOW), "mq.org.acme.work")
+
+
+def test_a_delay_until_decades_past_is_due_now() -> None:
+    """A `delay_until` at the start of the accepted range (1970) is simply due at once."""
+    env = parse_envelope(raw(envelope(delay_until="1970-01-01T00:00:00Z")), NOW)
+    assert env.due_at(NOW) == NOW

@@ -101,7 +101,7 @@ def test_fence_margin_must_be_shorter_than_ttl(monkeypatch: pytest.MonkeyPatch) 
     """A fence margin at or above the lease TTL is refused."""
     monkeypatch.setenv("SCHEDULER_LEASE_TTL", "2")
     monkeypatch.setenv("SCHEDULER_FENCE_MARGIN", "2s")
-    with pytest.raises(ConfigError, match="SCHEDULER_FENCE_MARGIN must be shorter"):
+    with pytest.raises(ConfigError, match=r"^SCHEDULER_FENCE_MARGIN: must be shorter"):
         load_settings()
 
 
@@ -163,3 +163,118 @@ def test_unknown_config_file_key_is_an_error(
     monkeypatch.setenv("SCHEDULER_CONFIG", str(config))
     with pytest.raises(ConfigError, match="SCHEDULER_LEASE_TLL"):
         load_settings()
+
+
+SEED = "SUAM" + "A" * 54  # the shape of a user seed; never used to connect here
+
+
+def test_nats_credentials_and_tls_files_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SCHEDULER_NATS_TOKEN, _NKEY_SEED, _TLS_CA, _TLS_CERT and _TLS_KEY set their fields."""
+    for name in ("ca.pem", "client.crt", "client.key"):
+        (tmp_path / name).write_text("x")
+    monkeypatch.setenv("SCHEDULER_NATS_NKEY_SEED", SEED)
+    monkeypatch.setenv("SCHEDULER_NATS_TLS_CA", str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SCHEDULER_NATS_TLS_CERT", str(tmp_path / "client.crt"))
+    monkeypatch.setenv("SCHEDULER_NATS_TLS_KEY", str(tmp_path / "client.key"))
+    s = load_settings()
+    assert s.nats_nkey_seed is not None and s.nats_nkey_seed.get_secret_value() == SEED
+    assert (s.nats_tls_ca, s.nats_tls_cert, s.nats_tls_key) == (
+        tmp_path / "ca.pem",
+        tmp_path / "client.crt",
+        tmp_path / "client.key",
+    )
+    monkeypatch.delenv("SCHEDULER_NATS_NKEY_SEED")
+    monkeypatch.setenv("SCHEDULER_NATS_TOKEN", "tok-nats")
+    assert load_settings().nats_token.get_secret_value() == "tok-nats"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("fields", "variable", "message"),
+    [
+        ({"nats_tls_ca": "/no/such/ca.pem"}, "SCHEDULER_NATS_TLS_CA", "no such file"),
+        ({"nats_creds": "/no/such.creds"}, "SCHEDULER_NATS_CREDS", "no such file"),
+        ({"nats_creds": "FILE"}, "SCHEDULER_NATS_CREDS", "not a NATS credentials file"),
+        ({"nats_tls_cert": "FILE"}, "SCHEDULER_NATS_TLS_KEY", "go together"),
+        ({"nats_tls_key": "FILE"}, "SCHEDULER_NATS_TLS_CERT", "go together"),
+        ({"nats_nkey_seed": "SUshort"}, "SCHEDULER_NATS_NKEY_SEED", "neither a user seed"),
+        ({"nats_nkey_seed": "FILE"}, "SCHEDULER_NATS_NKEY_SEED", "holds no user seed"),
+        ({"nats_token": "t", "nats_user": "u"}, "SCHEDULER_NATS_TOKEN", "one way to authenticate"),
+        ({"nats_creds": "CREDS", "nats_nkey_seed": SEED}, "SCHEDULER_NATS_CREDS", "one way"),
+        ({"database_password_file": "/no/pw"}, "SCHEDULER_DATABASE_PASSWORD_FILE", "no such file"),
+    ],
+)
+def test_wrong_credential_settings_name_the_variable(
+    tmp_path: Path, fields: dict[str, str], variable: str, message: str
+) -> None:
+    """Missing files, half a client certificate, a malformed seed or two ways to authenticate
+    are refused at load, naming the variable to fix."""
+    some_file = tmp_path / "file"
+    some_file.write_text("not a seed\n")
+    creds = tmp_path / "user.creds"
+    creds.write_text(f"-----BEGIN NATS USER JWT-----\naaa.bbb.ccc\n------END\n{SEED}\n")
+    files = {"FILE": str(some_file), "CREDS": str(creds)}
+    values = {k: files.get(v, v) for k, v in fields.items()}
+    with pytest.raises(ConfigError) as info:
+        load_settings(**values)
+    assert info.value.variable == variable, str(info.value)
+    assert message in str(info.value)
+
+
+def test_cross_field_errors_never_show_the_other_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check across fields names its variable and shows no input: the database password and
+    the NATS token given beside it stay hidden."""
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", "postgresql://app:hunter2@db/app")
+    with pytest.raises(ConfigError) as info:
+        load_settings(nats_token="tok-nats", nats_user="app", fence_margin="10s")
+    text = str(info.value)
+    assert "hunter2" not in text and "tok-nats" not in text, text
+
+
+def test_nats_secrets_never_show_in_repr(tmp_path: Path) -> None:
+    """A NATS token and an NKey seed are redacted in repr and str; so is a bad seed's error."""
+    s = load_settings(nats_token="tok-nats")
+    assert "tok-nats" not in repr(s) + str(s)
+    s = load_settings(nats_nkey_seed=SEED)
+    assert SEED not in repr(s) + str(s)
+    with pytest.raises(ConfigError) as info:
+        load_settings(nats_nkey_seed=SEED[:-1])
+    assert SEED[:-1] not in str(info.value)
+
+
+def test_database_password_file_is_read_once_and_never_shown(tmp_path: Path) -> None:
+    """SCHEDULER_DATABASE_PASSWORD_FILE's content (trailing newline dropped) is the password of
+    the URL's user, quoted for the URL, absent from repr and the redacted URL; read at load,
+    so a later change of the file needs a restart."""
+    secret = tmp_path / "password"
+    secret.write_text("p@ss:w/rd%\n")
+    s = load_settings(
+        database_url="postgresql://app@db/app?sslmode=verify-full", database_password_file=secret
+    )
+    assert s.database_dsn == "postgresql://app:p%40ss%3Aw%2Frd%25@db/app?sslmode=verify-full"
+    assert s.redacted_database_url == "postgresql://app:***@db/app?sslmode=verify-full"
+    assert "p@ss" not in repr(s) + str(s)
+    secret.write_text("rotated\n")
+    assert "rotated" not in (s.database_dsn or "")
+    assert "rotated" in (s.with_overrides(lease_ttl=3).database_dsn or "")
+
+
+@pytest.mark.parametrize(
+    ("url", "content", "message"),
+    [
+        ("postgresql://app:inline@db/app", "pw", "has a password too"),
+        ("postgresql://app@db/app", "\n", "is empty"),
+        ("postgresql:///app?host=/run/pg", "pw", "names no user"),
+    ],
+)
+def test_database_password_file_conflicts_are_refused(
+    tmp_path: Path, url: str, content: str, message: str
+) -> None:
+    """A password in the URL and in the file, or an empty file, is refused naming the file."""
+    secret = tmp_path / "password"
+    secret.write_text(content)
+    with pytest.raises(ConfigError) as info:
+        load_settings(database_url=url, database_password_file=secret)
+    assert info.value.variable == "SCHEDULER_DATABASE_PASSWORD_FILE"
+    assert message in str(info.value) and "inline" not in str(info.value)

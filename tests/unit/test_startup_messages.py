@@ -99,6 +99,26 @@ def test_refused_nats_credentials_name_the_setting_that_carries_them() -> None:
     user = Settings(nats_url="nats://nats:4222", nats_user="app", nats_password="pw")
     assert permanent_connect_error(denied, user) == "SCHEDULER_NATS_USER/SCHEDULER_NATS_PASSWORD"
     assert permanent_connect_error(ConnectionRefusedError(), plain) is None
+    token = Settings(nats_url="nats://nats:4222", nats_token="t")
+    assert permanent_connect_error(denied, token) == "SCHEDULER_NATS_TOKEN"
+    nkey = Settings(nats_url="nats://nats:4222", nats_nkey_seed="SUAM" + "A" * 54)
+    assert permanent_connect_error(denied, nkey) == "SCHEDULER_NATS_NKEY_SEED"
+
+
+def test_tls_failures_name_the_ca_or_the_client_certificate() -> None:
+    """A server certificate we cannot verify names SCHEDULER_NATS_TLS_CA; an alert from the
+    server (it refused or wanted a client certificate) names SCHEDULER_NATS_TLS_CERT."""
+    s = Settings(nats_url="nats://nats:4222")
+    unverified = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    unverified.verify_message = "certificate has expired"
+    assert permanent_connect_error(unverified, s) == "SCHEDULER_NATS_TLS_CA"
+    assert describe_connect_error(unverified) == (
+        "TLS failed: the server's certificate: certificate has expired"
+    )
+    alert = ssl.SSLError(1, "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED]")
+    alert.reason = "TLSV13_ALERT_CERTIFICATE_REQUIRED"
+    assert permanent_connect_error(alert, s) == "SCHEDULER_NATS_TLS_CERT"
+    assert "requires a client certificate" in describe_connect_error(alert)
 
 
 def test_the_documented_lines_are_the_printed_ones() -> None:

@@ -74,9 +74,14 @@ def test_subject_matching(pattern: str, subject: str, expected: bool) -> None:
         ("mq.*", "wildcards"),
         ("mq.a.>", "wildcards"),
         ("mq..a", "wildcards, empty tokens"),
+        ("", "not a literal subject"),
+        ("mq.", "not a literal subject"),
         ("mq.a\x00b", "control characters"),
         ("mq.a\x7f", "control characters"),
         ("mq." + "a" * 1022, "longer than 1024 bytes"),
+        ("mq.org.\u0430cme.work", "non-ASCII"),
+        ("mq.tasks.caf\u00e9", "non-ASCII"),
+        ("mq.tasks\u2024work", "non-ASCII"),  # a one-dot leader that looks like a dot
         ("other.subject", "outside the allow-list"),
     ],
 )

@@ -136,13 +136,73 @@ valueFrom:
 - name: SCHEDULER_NATS_PASSWORD
   {{- include "mq-scheduler.secretEnv" (dict "secret" .Values.nats.auth.existingSecret "key" .Values.nats.auth.passwordKey) | nindent 2 }}
 {{- end }}
+{{- if .Values.nats.token.existingSecret }}
+- name: SCHEDULER_NATS_TOKEN
+  {{- include "mq-scheduler.secretEnv" (dict "secret" .Values.nats.token.existingSecret "key" .Values.nats.token.key) | nindent 2 }}
+{{- end }}
+{{- if .Values.nats.nkey.existingSecret }}
+- name: SCHEDULER_NATS_NKEY_SEED
+  value: /etc/mq-scheduler/nats-nkey/{{ .Values.nats.nkey.key }}
+{{- end }}
 {{- if or .Values.nats.tls.ca.existingSecret .Values.nats.tls.ca.existingConfigMap }}
 - name: SCHEDULER_NATS_TLS_CA
   value: /etc/mq-scheduler/tls/{{ .Values.nats.tls.ca.key }}
 {{- end }}
+{{- if .Values.nats.tls.client.existingSecret }}
+- name: SCHEDULER_NATS_TLS_CERT
+  value: /etc/mq-scheduler/nats-client/{{ .Values.nats.tls.client.certKey }}
+- name: SCHEDULER_NATS_TLS_KEY
+  value: /etc/mq-scheduler/nats-client/{{ .Values.nats.tls.client.keyKey }}
+{{- end }}
 {{- end -}}
 
-{{/* Volumes and mounts of the NATS credentials file and CA. */}}
+{{/* A volume of files from a Secret: (dict "name" volume "secret" name "keys" (list key...)). */}}
+{{- define "mq-scheduler.secretVolume" -}}
+- name: {{ .name }}
+  secret:
+    secretName: {{ .secret }}
+    defaultMode: 0440
+    items:
+      {{- range .keys }}
+      - key: {{ . }}
+        path: {{ . }}
+      {{- end }}
+{{- end -}}
+
+{{/* The daemon's database password file and the PostgreSQL CA: env, volumes and mounts.
+(dict "root" $ "password" bool): the password only where the daemon's role connects. */}}
+{{- define "mq-scheduler.databaseFileEnv" -}}
+{{- if and .password .root.Values.database.password.existingSecret }}
+- name: SCHEDULER_DATABASE_PASSWORD_FILE
+  value: /etc/mq-scheduler/database-password/{{ .root.Values.database.password.key }}
+{{- end }}
+{{- end -}}
+
+{{- define "mq-scheduler.databaseVolumes" -}}
+{{- $db := .root.Values.database }}
+{{- if and .password $db.password.existingSecret }}
+{{ include "mq-scheduler.secretVolume" (dict "name" "database-password" "secret" $db.password.existingSecret "keys" (list $db.password.key)) }}
+{{- end }}
+{{- if $db.tls.ca.existingSecret }}
+{{ include "mq-scheduler.secretVolume" (dict "name" "postgres-ca" "secret" $db.tls.ca.existingSecret "keys" (list $db.tls.ca.key)) }}
+{{- end }}
+{{- end -}}
+
+{{- define "mq-scheduler.databaseMounts" -}}
+{{- $db := .root.Values.database }}
+{{- if and .password $db.password.existingSecret }}
+- name: database-password
+  mountPath: /etc/mq-scheduler/database-password
+  readOnly: true
+{{- end }}
+{{- if $db.tls.ca.existingSecret }}
+- name: postgres-ca
+  mountPath: /etc/mq-scheduler/postgres-tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* Volumes and mounts of the NATS credentials file, NKey seed, CA and client certificate. */}}
 {{- define "mq-scheduler.natsVolumes" -}}
 {{- if .Values.nats.credentials.existingSecret }}
 - name: nats-credentials
@@ -168,6 +228,16 @@ valueFrom:
       - key: {{ .Values.nats.tls.ca.key }}
         path: {{ .Values.nats.tls.ca.key }}
 {{- end }}
+{{- with .Values.nats.nkey }}
+{{- if .existingSecret }}
+{{ include "mq-scheduler.secretVolume" (dict "name" "nats-nkey" "secret" .existingSecret "keys" (list .key)) }}
+{{- end }}
+{{- end }}
+{{- with .Values.nats.tls.client }}
+{{- if .existingSecret }}
+{{ include "mq-scheduler.secretVolume" (dict "name" "nats-client-tls" "secret" .existingSecret "keys" (list .certKey .keyKey)) }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "mq-scheduler.natsMounts" -}}
@@ -179,6 +249,16 @@ valueFrom:
 {{- if or .Values.nats.tls.ca.existingSecret .Values.nats.tls.ca.existingConfigMap }}
 - name: nats-ca
   mountPath: /etc/mq-scheduler/tls
+  readOnly: true
+{{- end }}
+{{- if .Values.nats.nkey.existingSecret }}
+- name: nats-nkey
+  mountPath: /etc/mq-scheduler/nats-nkey
+  readOnly: true
+{{- end }}
+{{- if .Values.nats.tls.client.existingSecret }}
+- name: nats-client-tls
+  mountPath: /etc/mq-scheduler/nats-client
   readOnly: true
 {{- end }}
 {{- end -}}
@@ -214,3 +294,9 @@ valueFrom:
           k8s-app: kube-dns
   {{- end }}
 {{- end -}}
+
+{{/* "true" when the daemon pods mount the audit's claim read-only at /audit (empty otherwise). */}}
+{{- define "mq-scheduler.auditInDaemons" -}}
+{{- $out := .Values.audit.output -}}
+{{- if and .Values.audit.enabled $out.pvc.enabled $out.pvc.mountInDaemons (not $out.objectStorePath) -}}true{{- end -}}
+{{- end }}

@@ -114,3 +114,17 @@ async def test_batch_replay_is_bounded_and_resolve_toggles(api: ApiHarness) -> N
     assert r.status == 200 and not r.body["resolved"] and r.body["resolved_by"] is None
     r = await api.call("PATCH", f"/v1/dead-letters/{dead['id']}", json_body={"resolved": "yes"})
     assert r.status == 422 and r.body["errors"][0]["field"] == "body.resolved"
+
+
+async def test_an_org_mismatch_stays_refused_on_replay(api: ApiHarness) -> None:
+    """An envelope claiming another organisation than its subject names is dead-lettered
+    `org_mismatch`, and an admin's replay answers `still_invalid` naming `org_id`: an admin
+    token cannot move a task into another organisation."""
+    await api.start()
+    doc = envelope(None, org_id="globex")
+    await api.publish("mq.org.acme.work", doc)
+    [dead] = await _dead(api, 1, stage="intake")
+    assert dead["reason"] == "org_mismatch" and dead["original_id"] == doc["id"]
+    r = await api.call("POST", f"/v1/dead-letters/{dead['id']}/replay")
+    assert r.status == 409 and r.body["code"] == "still_invalid", r
+    assert r.body["detail"].startswith('org_id: "globex" disagrees with organisation')

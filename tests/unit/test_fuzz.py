@@ -1,0 +1,258 @@
+"""Fuzzing the parsers that read untrusted input: envelopes, subjects, durations, cron, YAML.
+
+Each property feeds generated input and allows only the project's typed errors: no other
+exception, and (hypothesis' `deadline`) no example slower than a second. The example counts
+keep the whole file under 30 s on the 2-core test host, so it runs in the normal test command.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.cron import CronExpr, CronSyntaxError
+from scheduler.durations import MAX_DURATION, parse_duration
+from scheduler.envelope import EARLIEST, LATEST, Limits, check_org, parse_envelope
+from scheduler.errors import DurationError, EnvelopeError, TargetRefusedError
+from scheduler.schedules import ScheduleError, load_text
+from scheduler.subjects import (
+    MAX_SUBJECT_BYTES,
+    REFUSED_PREFIXES,
+    check_target,
+    dlq_subject,
+    is_literal,
+    matches,
+    org_of,
+    target_from_delay_subject,
+)
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+LIMITS = Limits(max_payload=64 * 1024)
+FUZZ = settings(
+    max_examples=300,
+    deadline=timedelta(seconds=1),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example],
+)
+
+# -- strategies ------------------------------------------------------------------------------------
+
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=30),
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+instants = st.one_of(
+    st.datetimes(timezones=st.just(UTC)).map(lambda d: d.isoformat()),
+    st.datetimes().map(lambda d: d.isoformat()),  # naive
+    st.sampled_from(["9999-12-31T23:59:59Z", "0001-01-01T00:00:00+14:00", "soon", "", "Z"]),
+    st.text(max_size=30),
+    st.integers(),
+)
+FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "schema": st.one_of(st.just("hanzo.mq.v1"), json_values),
+    "id": st.one_of(st.text(max_size=210), st.uuids().map(str), json_values),
+    "type": st.one_of(st.just("a.b"), st.text(max_size=20), json_values),
+    "source": st.one_of(st.just("tests"), json_values),
+    "timestamp": instants,
+    "priority": st.one_of(st.integers(min_value=-5, max_value=15), json_values),
+    "org_id": st.one_of(st.none(), st.sampled_from(["acme", "globex"]), json_values),
+    "team_id": json_values,
+    "delay_until": instants,
+    "ttl_seconds": st.one_of(st.integers(), json_values),
+    "data": json_values,
+}
+
+
+@st.composite
+def envelopes(draw: st.DrawFn) -> bytes:
+    """A valid envelope with a few fields replaced, dropped or added."""
+    doc: dict[str, Any] = {
+        "schema": "hanzo.mq.v1",
+        "id": "t_1",
+        "type": "test.work",
+        "source": "tests",
+        "timestamp": "2026-11-22T11:59:00Z",
+        "data": {},
+    }
+    for name in draw(st.lists(st.sampled_from(sorted(FIELD_VALUES)), max_size=4, unique=True)):
+        if draw(st.booleans()):
+            doc[name] = draw(FIELD_VALUES[name])
+        else:
+            doc.pop(name, None)
+    doc.update(draw(st.dictionaries(st.text(max_size=6), json_values, max_size=2)))
+    text = json.dumps(doc)
+    if draw(st.integers(0, 5)) == 0:  # a cut or a stray byte: JSON that does not parse
+        cut = draw(st.integers(0, len(text)))
+        text = text[:cut] + draw(st.text(max_size=3))
+    return text.encode("utf-8", "surrogatepass")
+
+
+subjects = st.one_of(
+    st.text(max_size=60),
+    st.lists(
+        st.one_of(
+            st.sampled_from(["mq", "delay", "org", "acme", "dlq", "*", ">", "", "$JS", "_INBOX"]),
+            st.text(min_size=0, max_size=6),
+        ),
+        max_size=8,
+    ).map(".".join),
+    st.just("mq." + "a" * MAX_SUBJECT_BYTES),
+)
+
+
+@st.composite
+def yaml_documents(draw: st.DrawFn) -> str:
+    """A schedules file: generated jobs dumped as YAML, then maybe cut or spliced with YAML
+    syntax (tags, anchors, aliases, merges, flow brackets)."""
+    jobs = draw(
+        st.lists(
+            st.dictionaries(
+                st.sampled_from(
+                    ["name", "subject", "cron", "data", "jitter", "priority", "timezone", "x"]
+                ),
+                st.one_of(
+                    json_values,
+                    st.sampled_from(["a", "mq.scheduled.a", "@daily", "*/5 * * * *", "1e20"]),
+                ),
+                max_size=6,
+            ),
+            max_size=3,
+        )
+    )
+    text = yaml.safe_dump({"scheduled_jobs": jobs}, allow_unicode=True)
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(0, len(text)))
+        splice = draw(
+            st.one_of(
+                st.sampled_from(
+                    [
+                        "&a ",
+                        "*a",
+                        "<<: *a\n",
+                        "!!python/object:os.system ",
+                        "!!binary ",
+                        "[",
+                        "{",
+                        "]",
+                        "}",
+                        ": ",
+                        "\n- ",
+                        "!!set ",
+                        "!!timestamp ",
+                        "? ",
+                        "%YAML 1.1\n",
+                        "---\n",
+                    ]
+                ),
+                st.text(max_size=8),
+            )
+        )
+        text = text[:at] + splice + text[at:]
+    return text
+
+
+# -- properties ------------------------------------------------------------------------------------
+
+
+@FUZZ
+@given(raw=st.one_of(st.binary(max_size=400), envelopes()), target=subjects)
+def test_the_envelope_parser_raises_only_envelope_error(raw: bytes, target: str) -> None:
+    """Any bytes: a valid envelope whose instants lie in range, or EnvelopeError naming a
+    field; the org check on any target likewise."""
+    try:
+        env = parse_envelope(raw, NOW, LIMITS)
+    except EnvelopeError as exc:
+        assert exc.problems and exc.reason and str(exc)
+        return
+    assert EARLIEST <= env.timestamp < LATEST and env.raw == raw
+    assert env.delay_until is None or env.delay_until.tzinfo is not None
+    try:
+        check_org(env, target)
+    except EnvelopeError as exc:
+        assert exc.reason == "org_mismatch" and exc.field == "org_id"
+
+
+@FUZZ
+@given(subject=subjects, allow=st.lists(subjects, min_size=1, max_size=3))
+def test_subject_checks_raise_only_target_refused_error(subject: str, allow: list[str]) -> None:
+    """check_target passes only ASCII literal subjects within the allow-list, the length
+    limit and outside the refused prefixes; everything else is TargetRefusedError."""
+    try:
+        assert check_target(subject, allow) == subject
+    except TargetRefusedError as exc:
+        assert exc.subject == subject
+    else:
+        assert subject.isascii() and is_literal(subject)
+        assert len(subject.encode()) <= MAX_SUBJECT_BYTES
+        assert not subject.startswith(REFUSED_PREFIXES)
+        assert any(matches(pattern, subject) for pattern in allow)
+    assert is_literal(dlq_subject(subject)) or not subject
+    org = org_of(subject)
+    assert org is None or subject.startswith(f"mq.org.{org}")
+
+
+@FUZZ
+@given(subject=subjects)
+def test_the_delay_lane_mapping_raises_only_target_refused_error(subject: str) -> None:
+    """Any subject maps to `mq.<rest>` when under the lane, else TargetRefusedError."""
+    try:
+        target = target_from_delay_subject(subject)
+    except TargetRefusedError:
+        assert not subject.startswith("mq.delay.") or subject == "mq.delay."
+    else:
+        assert target == "mq." + subject[len("mq.delay.") :]
+
+
+@FUZZ
+@given(
+    value=st.one_of(
+        st.text(max_size=40),
+        st.from_regex(r"\A(\d{1,30}(\.\d{1,5})?(ms|s|m|h|d|w)){1,4}\Z"),
+        st.integers(min_value=-(10**400), max_value=10**400),
+        st.floats(),
+        st.booleans(),
+    )
+)
+def test_the_duration_parser_raises_only_duration_error(value: Any) -> None:
+    """Any text or number: a duration from 0 to 100 years, or DurationError."""
+    try:
+        got = parse_duration(value)
+    except DurationError as exc:
+        assert isinstance(exc, ValueError) and len(str(exc)) < 200
+    else:
+        assert timedelta(0) <= got <= MAX_DURATION
+
+
+@FUZZ
+@given(
+    text=st.one_of(st.text(max_size=60), st.lists(st.text(max_size=8), max_size=7).map(" ".join))
+)
+def test_the_cron_parser_raises_only_cron_syntax_error(text: str) -> None:
+    """Any text: a cron expression or CronSyntaxError."""
+    try:
+        CronExpr.parse(text)
+    except CronSyntaxError as exc:
+        assert str(exc)
+
+
+@settings(FUZZ, max_examples=200)
+@given(text=st.one_of(yaml_documents(), st.text(max_size=200)))
+def test_the_yaml_loader_never_raises(text: str) -> None:
+    """Any text: valid jobs and file:line errors, never an exception."""
+    found = load_text(text, "s.yaml")
+    assert all(isinstance(e, ScheduleError) and e.message for e in found.errors)
+    assert all(job.name and job.subject for job in found.jobs)
