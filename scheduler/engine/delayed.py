@@ -17,6 +17,7 @@ from scheduler.clock import Clock
 from scheduler.core import TaskRef, from_ms, to_ms
 from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.deadletter import DeadLetterCopies
+from scheduler.engine.fair import horizon_heap
 from scheduler.engine.firing import Firing
 from scheduler.engine.heap import Horizon
 from scheduler.engine.intake import Intake
@@ -65,7 +66,7 @@ class DelayedEngine:
         self.clock = clock
         self.metrics = metrics
         self.intake_stream = intake_stream or settings.intake_stream
-        self.horizon = Horizon()
+        self.horizon = Horizon(horizon_heap(settings))
         self.warnings: dict[str, str] = {}  # stream -> why its duplicate window is too short
         self._checked_streams: set[str] = set()
         self._checks: set[asyncio.Task[None]] = set()

@@ -33,6 +33,7 @@ from scheduler.core import (
 from scheduler.engine.armed import Armed
 from scheduler.engine.claims import Claimer
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
+from scheduler.engine.fair import armed_set
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, TaskRepository
@@ -78,7 +79,7 @@ class Firing:
         self.clock = clock
         self.metrics = metrics
         self.wake = self.horizon.wake
-        self.armed = Armed(settings.armed_max, settings.armed_max_bytes)
+        self.armed: Armed = armed_set(settings)  # fair by org unless fair_firing is off
         self.armed_event = asyncio.Event()
         self.room_event = asyncio.Event()  # set when the dispatcher takes tasks off `armed`
         self.claims = Claimer(settings, self.horizon, tasks, self.armed, clock, metrics, self.arm)
@@ -336,7 +337,9 @@ class Firing:
                 retry.append((t, ceil_ms(now + self.backoff(t.attempts)), str(e), e.in_doubt))
         await self.horizon.arm(  # under its lock: the loader must not pass a retry unseen
             self.tasks.retry_later(epoch, retry),
-            lambda _: [TaskRef(t.id, to_ms(due), t.priority, t.seq) for t, due, _, _ in retry],
+            lambda _: [
+                TaskRef(t.id, to_ms(due), t.priority, t.seq, t.org_id) for t, due, _, _ in retry
+            ],
             wake=False,  # woken below, once the dead ones are recorded too
         )
         for task, _, error, doubt in retry:

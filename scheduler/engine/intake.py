@@ -109,6 +109,7 @@ class Intake:
             due_at=due,
             scheduled_for=due if env.delay_until is not None else ceil_ms(now),
             expires_at=env.expires_at,
+            org_id=env.org_id,
         )
 
     async def classify_all(self, msgs: list[Delivery]) -> list[NewTask | Rejected]:
