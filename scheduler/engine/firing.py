@@ -37,6 +37,7 @@ from scheduler.engine.fair import armed_set
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, TaskRepository
+from scheduler.engine.quota import OrgLedger
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics, observe_many
 from scheduler.settings import Settings
@@ -91,6 +92,7 @@ class Firing:
         self._closing = False
         self._books_closing = False
         self._target_checks: dict[str, str | None] = {}
+        self.ledger: OrgLedger | None = None  # per-org quotas (engine/quota.py), when on
 
     def now_ms(self) -> int:
         return to_ms(self.clock.now())
@@ -299,6 +301,8 @@ class Firing:
         except FencedError:
             self._deposed(epoch)
             return
+        if self.ledger is not None:  # fired, expired: no longer pending (dead: in _failed)
+            self.ledger.finished([*(f.task for f in fired), *expired])
         groups: dict[tuple[datetime, datetime], int] = {}
         for f in fired:
             key = (f.fired_at, f.task.scheduled_for)
@@ -357,6 +361,8 @@ class Firing:
             self.metrics.publish_in_doubt.inc(in_doubt)
         if dead:
             await self.tasks.kill(epoch, dead)
+            if self.ledger is not None:
+                self.ledger.finished(t for t, _, _ in dead)
             await self._publish_dead(dead)
         self.horizon.wake_up()
 
