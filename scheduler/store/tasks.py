@@ -344,7 +344,8 @@ class TaskStore:
                 "delayed_messages d SET claimed_epoch = $1, claimed_at = now(), updated_at = "
                 "now() FROM pick WHERE d.id = pick.id AND d.status = 'claimed' RETURNING "
                 f"d.id, d.target, d.payload, d.headers, d.priority, d.due_at, d.scheduled_for, "
-                "d.expires_at, d.attempts, d.seq, d.doubted, octet_length(d.payload) AS size) "
+                "d.expires_at, d.attempts, d.seq, d.doubted, d.org_id, "
+                "octet_length(d.payload) AS size) "
                 f"{budgeted}",
                 epoch,
                 stale,
