@@ -8,9 +8,10 @@ Two stages decide the order in which due tasks go out, and both take turns here 
   due, up to its share per round (`org_shares`, 1 unless named), round after round, until the
   claim's limit. So org B's task due now is claimed in the next claim step even behind
   200,000 tasks org A scheduled for one instant, instead of after all of them.
-- `FairArmed` (the claimed tasks waiting for their millisecond): the dispatcher takes at most
-  `FAIR_CHUNK` due tasks per hand-over to the publisher, chosen the same way, so a task armed
-  while a backlog drains waits behind at most one chunk, not behind the whole armed set.
+- `FairArmed` (the claimed tasks waiting for their millisecond), also one sorted list per
+  organisation: the dispatcher takes at most `FAIR_CHUNK` due tasks per hand-over to the
+  publisher, chosen the same way, so a task armed while a backlog drains waits behind at most
+  one chunk, not behind the whole armed set.
 
 Within one organisation the order stays the firing order (due time, priority, intake
 sequence); across organisations a turn ignores priority. Tasks without an `org_id` form one
@@ -19,20 +20,18 @@ plain FIFO ones (`HorizonHeap`, `Armed`).
 
 Costs: a heap push or pop is one heap operation in the organisation's heap, plus one in the
 index when the organisation's first task changes (O(log orgs)). `pop_due` touches each
-organisation with something due once per call. `FairArmed.pop_due` is the plain slice unless
-more than `FAIR_CHUNK` tasks are due at once; then it groups the due prefix by organisation
-(O(due) per chunk: 20,000 due tasks cost about 20 tuple moves per task over a drain).
+organisation with something due once per call. `FairArmed.pop_due` costs a bisection per
+organisation holding armed tasks plus the slices it hands out.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from scheduler.core import Entry, TaskRef
-from scheduler.engine.armed import _AFTER_PRIORITIES, Armed, Slot
+from scheduler.core import ClaimedTask, Entry, TaskRef, to_ms
+from scheduler.engine.armed import _AFTER_PRIORITIES, _LAST, Armed, Slot
 from scheduler.engine.heap import _AFTER_ALL, HorizonHeap
 from scheduler.settings import Settings
 
@@ -44,24 +43,6 @@ UNNAMED = ""  # the group of tasks without an org_id
 
 def _org(ref: TaskRef) -> str:
     return ref.org or UNNAMED
-
-
-def turns(queues: Mapping[str, deque[Slot]], shares: Mapping[str, int], limit: int) -> list[Slot]:
-    """Weighted round-robin over `queues` (in their order), up to `limit` items."""
-    out: list[Slot] = []
-    active = [org for org, q in queues.items() if q]
-    while active and len(out) < limit:
-        still = []
-        for org in active:
-            q = queues[org]
-            for _ in range(min(shares.get(org, 1), limit - len(out), len(q))):
-                out.append(q.popleft())
-            if q:
-                still.append(org)
-            if len(out) >= limit:
-                break
-        active = still
-    return out
 
 
 class FairHeap(HorizonHeap):
@@ -158,8 +139,8 @@ class FairHeap(HorizonHeap):
 
 
 class FairArmed(Armed):
-    """The armed set handing due tasks out at most `chunk` at a time, taking turns by
-    organisation when more than that are due (see the module)."""
+    """The armed set kept per organisation, each in firing order, handing due tasks out at
+    most `chunk` at a time and taking turns by organisation (see the module)."""
 
     def __init__(
         self,
@@ -171,27 +152,100 @@ class FairArmed(Armed):
         super().__init__(max_count, max_bytes)
         self.shares = dict(shares or {})
         self.chunk = chunk
+        self._orgs: dict[str, list[Slot]] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def add(self, tasks: Iterable[ClaimedTask]) -> int:
+        ids, numbers = self._ids, self._numbers
+        new: dict[str, list[Slot]] = {}
+        size = added = 0
+        for t in tasks:
+            if t.id in ids:
+                continue
+            ids.add(t.id)
+            size += len(t.payload)
+            slot = (to_ms(t.due_at), t.priority, t.seq, next(numbers), t)
+            new.setdefault(t.org_id or UNNAMED, []).append(slot)
+            added += 1
+        for org, slots in new.items():
+            slots.sort()
+            have = self._orgs.setdefault(org, [])
+            in_order = not have or slots[0] >= have[-1]
+            have.extend(slots)
+            if not in_order:
+                have.sort()
+        self.bytes += size
+        self._count += added
+        return added
+
+    def next_due_ms(self) -> int | None:
+        return min((s[0][0] for s in self._orgs.values() if s), default=None)
 
     def pop_due(self, now_ms: int) -> list[Slot]:
-        slots = self._slots
-        cut = bisect.bisect_right(slots, (now_ms, _AFTER_PRIORITIES))
-        if cut <= self.chunk:
-            return super().pop_due(now_ms)
-        queues: dict[str, deque[Slot]] = {}
-        for s in slots[:cut]:
-            org = s[4].org_id or UNNAMED
-            q = queues.get(org)
-            if q is None:
-                q = queues[org] = deque()
-            q.append(s)
-        if len(queues) == 1:
-            due, self._slots = slots[: self.chunk], slots[self.chunk :]
-        else:
-            due = turns(queues, self.shares, self.chunk)
-            taken = {s[3] for s in due}  # arming numbers are unique
-            self._slots = [s for s in slots[:cut] if s[3] not in taken] + slots[cut:]
-        self._forget(due)
-        return due
+        """Up to `chunk` due entries: each organisation gives up to its share per round, the
+        one whose first task is earliest first; each organisation's own in firing order."""
+        due: dict[str, int] = {}
+        for org, slots in self._orgs.items():
+            cut = bisect.bisect_right(slots, (now_ms, _AFTER_PRIORITIES))
+            if cut:
+                due[org] = cut
+        if not due:
+            return []
+        order = sorted(due, key=lambda o: self._orgs[o][0])
+        taken = dict.fromkeys(order, 0)
+        out: list[Slot] = []
+        while len(out) < self.chunk:
+            before = len(out)
+            for org in order:
+                start = taken[org]
+                n = min(self.shares.get(org, 1), due[org] - start, self.chunk - len(out))
+                if n > 0:
+                    out += self._orgs[org][start : start + n]
+                    taken[org] = start + n
+            if len(out) == before:
+                break
+        for org, n in taken.items():
+            self._orgs[org] = self._orgs[org][n:]
+        self._drop(out)
+        return out
+
+    def take_after(self, due_ms: int, priority: int, seq: int) -> list[ClaimedTask]:
+        later: list[Slot] = []
+        for org, slots in self._orgs.items():
+            cut = bisect.bisect_right(slots, (due_ms, priority, seq, _LAST))
+            later += slots[cut:]
+            self._orgs[org] = slots[:cut]
+        later.sort()
+        self._drop(later)
+        return [s[4] for s in later]
+
+    def clear(self) -> list[ClaimedTask]:
+        slots = sorted(s for org in self._orgs.values() for s in org)
+        self._orgs.clear()
+        self._drop(slots)
+        return [s[4] for s in slots]
+
+    def room(self) -> int:
+        if self._count and self.bytes >= self.max_bytes:
+            return 0
+        return max(0, self.max_count - self._count)
+
+    def byte_room(self) -> int:
+        if not self._count:
+            return max(self.max_bytes, 1)
+        return max(self.max_bytes - self.bytes, 0)
+
+    def _drop(self, slots: list[Slot]) -> None:
+        self._forget(slots)
+        self._count -= len(slots)
+        for org in [o for o, s in self._orgs.items() if not s]:
+            del self._orgs[org]
 
 
 def horizon_heap(settings: Settings) -> HorizonHeap:
