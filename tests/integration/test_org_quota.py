@@ -65,9 +65,10 @@ async def test_a_task_over_its_orgs_quota_is_dead_lettered_and_the_rest_delivere
         )
         assert daemon.metrics.quota_refused.labels("acme")._value.get() == 1
         async with asyncio.timeout(10):  # fired and booked: acme's count is back to zero
-            while (await org_rows(database_url))[acme[0]["id"]][1] != "fired" or (
-                await org_rows(database_url)
-            )[acme[1]["id"]][1] != "fired":
+            while True:
+                now = await org_rows(database_url)
+                if all(now[d["id"]][1] == "fired" for d in acme[:2]):
+                    break
                 await asyncio.sleep(0.05)
         again = envelope(datetime.now(UTC) + timedelta(milliseconds=300), org_id="acme")
         await h.publish_raw(LANE, *frame(again))
