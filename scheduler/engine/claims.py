@@ -71,6 +71,7 @@ class Claimer:
         self._orphans_left = False  # a reclaim of orphans is under way, page by page
         self._orphan_stale: timedelta | None = None
         self._last_claim_ms = 0
+        self.limit = settings.batch  # tasks per claim (engine.fair: smaller when fair)
 
     @property
     def backlog(self) -> bool:
@@ -106,7 +107,7 @@ class Claimer:
         the next window (a burst of tasks due at one instant drains at the database's pace)."""
         now = to_ms(self.clock.now())
         until = now + LOOKAHEAD_MS
-        entries = self.horizon.take_due(until, min(self.settings.batch, self.room()))
+        entries = self.horizon.take_due(until, min(self.limit, self.room()))
         self.metrics.heap_size.set(len(self.horizon))
         if not entries:
             return False

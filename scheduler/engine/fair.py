@@ -38,6 +38,14 @@ from scheduler.settings import Settings
 # Tasks handed to the publisher per turn while a backlog drains: behind a chunk a newly armed
 # task waits about FAIR_CHUNK / drain rate (500 at 20,000/s: 25 ms).
 FAIR_CHUNK = 500
+# Tasks per claim when fair: a claim's result is taken after those started before it, so a
+# task due soon waits for up to CLAIMS_IN_FLIGHT - 1 claims of another org's backlog; small
+# claims keep that wait inside the claimer's lookahead.
+FAIR_CLAIM = 250
+# Outcomes held back while a backlog drains, when fair: recording them blocks the event loop
+# for a time proportional to their number (about 2 us each), and a task of another org due
+# meanwhile waits; 5,000 keep each such pause near 10 ms.
+FAIR_BOOK_DEFER = 5_000
 UNNAMED = ""  # the group of tasks without an org_id
 
 
@@ -258,3 +266,13 @@ def armed_set(settings: Settings) -> Armed:
     if settings.fair_firing:
         return FairArmed(settings.armed_max, settings.armed_max_bytes, settings.org_shares)
     return Armed(settings.armed_max, settings.armed_max_bytes)
+
+
+def claim_limit(settings: Settings) -> int:
+    """Tasks per claim: `batch`, or at most FAIR_CLAIM when fair."""
+    return min(settings.batch, FAIR_CLAIM) if settings.fair_firing else settings.batch
+
+
+def book_defer_max(settings: Settings, default: int) -> int:
+    """Outcomes the bookkeeper may hold back during a drain: fewer when fair."""
+    return min(default, FAIR_BOOK_DEFER) if settings.fair_firing else default

@@ -33,7 +33,7 @@ from scheduler.core import (
 from scheduler.engine.armed import Armed
 from scheduler.engine.claims import Claimer
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
-from scheduler.engine.fair import armed_set
+from scheduler.engine.fair import armed_set, book_defer_max, claim_limit
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, TaskRepository
@@ -85,6 +85,8 @@ class Firing:
         self.room_event = asyncio.Event()  # set when the dispatcher takes tasks off `armed`
         self.claims = Claimer(settings, self.horizon, tasks, self.armed, clock, metrics, self.arm)
         self.claims.on_fenced = self._deposed
+        self.claims.limit = claim_limit(settings)
+        self.book_defer_max = book_defer_max(settings, BOOK_DEFER_MAX)
         self.outcome_event = asyncio.Event()
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
         self._expired: list[ClaimedTask] = []
@@ -238,7 +240,7 @@ class Firing:
                 continue
             if len(self._outcomes) < BOOK_BATCH and not self._books_closing:
                 await self._wait(self.outcome_event, BOOK_EVERY)  # gather for a few ms
-            while self._draining() and len(self._outcomes) < BOOK_DEFER_MAX:
+            while self._draining() and len(self._outcomes) < self.book_defer_max:
                 await self._wait(self.outcome_event, BOOK_EVERY)
             outcomes, self._outcomes = self._outcomes, []
             expired, self._expired = self._expired, []
