@@ -95,8 +95,14 @@ async def one_mode(env: Env, mode: str, a: int, b: int, lead: float, shares: str
         await nc.close()
     sa, sb = col_a.summary(a), col_b.summary(b)
     last_a = (col_a.last_arrival - due) if col_a.last_arrival else float("nan")
+    # B's arrivals come in due order: its lateness per tenth of its second shows when it waited
+    tenth = max(len(col_b.late_ms) // 10, 1)
+    b_by_tenth = [
+        round(max(col_b.late_ms[i : i + tenth]), 1) for i in range(0, len(col_b.late_ms), tenth)
+    ]
     return {
         "complete": done_a and done_b,
+        "b_max_lateness_ms_per_tenth": b_by_tenth,
         "a": sa,
         "b": sb,
         "a_drain_seconds": round(last_a, 3),

@@ -36,8 +36,8 @@ from scheduler.engine.heap import _AFTER_ALL, HorizonHeap
 from scheduler.settings import Settings
 
 # Tasks handed to the publisher per turn while a backlog drains: behind a chunk a newly armed
-# task waits about FAIR_CHUNK / drain rate (500 at 20,000/s: 25 ms).
-FAIR_CHUNK = 500
+# task waits about FAIR_CHUNK / drain rate (250 at 25,000/s: 10 ms).
+FAIR_CHUNK = 250
 # Tasks per claim when fair: a claim's result is taken after those started before it, so a
 # task due soon waits for up to CLAIMS_IN_FLIGHT - 1 claims of another org's backlog; small
 # claims keep that wait inside the claimer's lookahead.
@@ -46,6 +46,14 @@ FAIR_CLAIM = 250
 # for a time proportional to their number (about 2 us each), and a task of another org due
 # meanwhile waits; 5,000 keep each such pause near 10 ms.
 FAIR_BOOK_DEFER = 5_000
+# Publishes in flight (unacknowledged) before the dispatcher hands over the next chunk, when
+# fair: a task handed over waits behind them at the server (1,000 at 25,000/s: 40 ms).
+FAIR_INFLIGHT = 300
+# How far ahead the claimer claims while a backlog is overdue, when fair: claims are taken in
+# the order they started, so another org's task claimed 80 ms ahead may still be waiting
+# behind three claims of the backlog when it falls due. A cancel that comes later than this
+# before the due time of such a task answers `too_late` (without a backlog: 80 ms).
+FAIR_BUSY_LOOKAHEAD_MS = 250
 UNNAMED = ""  # the group of tasks without an org_id
 
 
@@ -276,3 +284,14 @@ def claim_limit(settings: Settings) -> int:
 def book_defer_max(settings: Settings, default: int) -> int:
     """Outcomes the bookkeeper may hold back during a drain: fewer when fair."""
     return min(default, FAIR_BOOK_DEFER) if settings.fair_firing else default
+
+
+def inflight_cap(settings: Settings) -> int:
+    """Unacknowledged publishes after which the dispatcher waits: FAIR_INFLIGHT when fair,
+    else no cap of its own (the publisher's window applies)."""
+    return FAIR_INFLIGHT if settings.fair_firing else 2**62
+
+
+def busy_lookahead(settings: Settings, default: int) -> int:
+    """The claimer's lookahead while tasks are overdue: longer when fair."""
+    return max(default, FAIR_BUSY_LOOKAHEAD_MS) if settings.fair_firing else default

@@ -33,7 +33,13 @@ from scheduler.core import (
 from scheduler.engine.armed import Armed
 from scheduler.engine.claims import Claimer
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
-from scheduler.engine.fair import armed_set, book_defer_max, claim_limit
+from scheduler.engine.fair import (
+    armed_set,
+    book_defer_max,
+    busy_lookahead,
+    claim_limit,
+    inflight_cap,
+)
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, TaskRepository
@@ -86,7 +92,10 @@ class Firing:
         self.claims = Claimer(settings, self.horizon, tasks, self.armed, clock, metrics, self.arm)
         self.claims.on_fenced = self._deposed
         self.claims.limit = claim_limit(settings)
+        self.claims.busy_lookahead_ms = busy_lookahead(settings, self.claims.busy_lookahead_ms)
         self.book_defer_max = book_defer_max(settings, BOOK_DEFER_MAX)
+        self.inflight_cap = inflight_cap(settings)  # unacknowledged publishes the dispatcher
+        self.acked_event = asyncio.Event()  # allows; set when an ack brings them under it
         self.outcome_event = asyncio.Event()
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
         self._expired: list[ClaimedTask] = []
@@ -149,6 +158,9 @@ class Firing:
                 if self._closing:  # link not revalidated: publish nothing; when stopping,
                     return  # the tasks stay claimed and the next leader publishes them
                 await self._wait(self.armed_event, 0.05)
+                continue
+            if self._inflight >= self.inflight_cap:  # fair: keep the publisher's queue short
+                await self._wait(self.acked_event, 0.05)
                 continue
             left = self.armed.next_due_ms() - self.now_ms()  # type: ignore[operator]
             if left > 0:  # re-checked after every wake: robust to wall-clock steps
@@ -228,6 +240,8 @@ class Firing:
 
     def _done(self, task: ClaimedTask, outcome: PubAck | PublishError) -> None:
         self._inflight -= 1
+        if self._inflight < self.inflight_cap:
+            self.acked_event.set()
         self._outcomes.append((task, outcome, self.clock.now()))
         if len(self._outcomes) in (1, BOOK_BATCH):  # the first wakes an idle bookkeeper
             self.outcome_event.set()
