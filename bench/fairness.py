@@ -89,6 +89,7 @@ async def one_mode(env: Env, mode: str, a: int, b: int, lead: float, shares: str
         await col_b.stop()
         cpu = cores["cpu_seconds"]["daemon"]
         lateness = daemon.histogram("mq_scheduler_dispatch_lateness_seconds")
+        loop_lag = daemon.histogram("mq_scheduler_event_loop_lag_seconds")
         log_tail = "" if done_a and done_b else daemon.log_tail()
     finally:
         daemon.stop()
@@ -110,6 +111,7 @@ async def one_mode(env: Env, mode: str, a: int, b: int, lead: float, shares: str
         "daemon_cpu_us_per_task": round(cpu / max(a + b, 1) * 1e6, 1),
         "cores": cores,
         "daemon_dispatch_lateness": lateness,
+        "daemon_event_loop_lag": loop_lag,
         "publish_seconds": round(publish_s, 2),
         "intake_seconds_after_publish": None if intake_s is None else round(intake_s, 2),
         "intake_done_before_due": intake_s is not None,

@@ -233,3 +233,17 @@ async def test_fair_firing_delivers_a_small_org_among_the_first_while_a_flood_dr
     assert b_fifo == [2_000, 2_001, 2_002, 2_003, 2_004]
     a_fair = [t for t in fair if t.startswith("a_")]
     assert a_fair == sorted(a_fair)  # each org's own tasks keep their firing order
+
+
+def test_fair_firing_off_restores_every_fifo_part() -> None:
+    """`fair_firing=false` gives the plain heap and armed set, whole claims of `batch`, the
+    usual lookahead and bookkeeping, and no in-flight cap of the dispatcher's own."""
+    from scheduler.engine import fair
+
+    off, on = Settings(fair_firing=False, batch=800), Settings(batch=800)
+    assert type(fair.horizon_heap(off)) is HorizonHeap and type(fair.armed_set(off)) is Armed
+    assert (fair.claim_limit(off), fair.busy_lookahead(off, 80)) == (800, 80)
+    assert fair.book_defer_max(off, 50_000) == 50_000 and fair.inflight_cap(off) >= 2**62
+    assert isinstance(fair.horizon_heap(on), FairHeap) and isinstance(fair.armed_set(on), FairArmed)
+    assert (fair.claim_limit(on), fair.busy_lookahead(on, 80)) == (250, 250)
+    assert fair.book_defer_max(on, 50_000) == 5_000 and fair.inflight_cap(on) == 300
