@@ -21,11 +21,12 @@ import time
 import uuid
 from typing import Any
 
+import asyncpg
 import nats
 from burst import intake_drained
 from common import CpuWindow, Daemon, Env, add_target_stream, report, run, servers
 from rawnats import RawCollector
-from traffic import Pipeline, iso_ms
+from traffic import Pipeline, iso_ms, stats
 
 B_SPREAD = 1.0  # B's tasks are due evenly over this many seconds from T
 
@@ -89,6 +90,7 @@ async def one_mode(env: Env, mode: str, a: int, b: int, lead: float, shares: str
         await col_b.stop()
         cpu = cores["cpu_seconds"]["daemon"]
         lateness = daemon.histogram("mq_scheduler_dispatch_lateness_seconds")
+        trace = await trace_b(env, f"mq.bench.{mode}.b")
         loop_lag = daemon.histogram("mq_scheduler_event_loop_lag_seconds")
         log_tail = "" if done_a and done_b else daemon.log_tail()
     finally:
@@ -111,12 +113,37 @@ async def one_mode(env: Env, mode: str, a: int, b: int, lead: float, shares: str
         "daemon_cpu_us_per_task": round(cpu / max(a + b, 1) * 1e6, 1),
         "cores": cores,
         "daemon_dispatch_lateness": lateness,
+        "b_trace": trace,
         "daemon_event_loop_lag": loop_lag,
         "publish_seconds": round(publish_s, 2),
         "intake_seconds_after_publish": None if intake_s is None else round(intake_s, 2),
         "intake_done_before_due": intake_s is not None,
         "producer": producer,
         **({"daemon_log_tail": log_tail} if log_tail else {}),
+    }
+
+
+async def trace_b(env: Env, target: str) -> dict[str, Any]:
+    """Where B's late tasks waited, from their rows: claimed how long before their due time
+    (PostgreSQL's clock) and acknowledged how long after it (the daemon's), for the tasks acked
+    more than 50 ms late and for the rest."""
+    conn = await asyncpg.connect(env.database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT extract(epoch FROM due_at - claimed_at) * 1000 AS lead, "
+            "extract(epoch FROM fired_at - due_at) * 1000 AS late FROM delayed_messages "
+            "WHERE target = $1 AND status = 'fired'",
+            target,
+        )
+    finally:
+        await conn.close()
+    late = [r for r in rows if r["late"] > 50]
+    rest = [r for r in rows if r["late"] <= 50]
+    return {
+        "acked_over_50ms": len(late),
+        "claim_lead_ms_of_those": stats([float(r["lead"]) for r in late], early=False),
+        "claim_lead_ms_of_the_rest": stats([float(r["lead"]) for r in rest], early=False),
+        "ack_lateness_ms": stats([float(r["late"]) for r in rows], early=False),
     }
 
 
