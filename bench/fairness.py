@@ -7,7 +7,9 @@ other with a fresh daemon each (`SCHEDULER_FAIR_FIRING=false` first: today's FIF
 to commit them all), each org to its own target subject (`mq.bench.<mode>.a` / `.b`), and two
 raw-socket push consumers time every arrival. Reported per mode and org: p50/p99/max lateness,
 A's drain rate (N / (A's last arrival - T)), and who used the two cores from intake done to the
-last arrival (daemon, nats-server, postgres, the bench). Target (issue 18): with fair firing,
+last arrival (daemon, nats-server, postgres, the bench), and a trace of B's tasks from their rows
+(`b_trace`: claimed how long before due, acknowledged how long after). Target (issue 18): with
+fair firing,
 B's p99 lateness <= 50 ms while A drains.
 
     .venv/bin/python bench/fairness.py [--a 200000] [--b 1000] [--shares a=1,b=1]
