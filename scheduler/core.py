@@ -56,6 +56,7 @@ class TaskRef:
     due_ms: int
     priority: int
     seq: int
+    org: str | None = None  # the envelope's org_id: fair firing takes due tasks by org
 
     @property
     def entry(self) -> Entry:
@@ -78,6 +79,8 @@ class NewTask:
     due_at: datetime
     scheduled_for: datetime
     expires_at: datetime | None
+    # keyword-only, so it sorts after every positional field, subclasses' included
+    org_id: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x

@@ -54,6 +54,19 @@ class Metrics:
         self.pending = Gauge(
             _P + "pending_tasks", "Delayed tasks waiting to fire (from PostgreSQL).", registry=r
         )
+        self.org_pending = Gauge(
+            _P + "org_pending_tasks",
+            "Unfinished tasks per organisation, as the leader counts them for quotas "
+            "(bounded labels: SCHEDULER_ORG_METRIC_LABELS orgs, the rest 'other').",
+            ["org"],
+            registry=r,
+        )
+        self.quota_refused = Counter(
+            _P + "quota_refused_total",
+            "New tasks refused because their organisation was at SCHEDULER_ORG_MAX_PENDING.",
+            ["org"],
+            registry=r,
+        )
         self.heap_size = Gauge(
             _P + "heap_size", "Tasks held in the in-memory horizon heap.", registry=r
         )

@@ -40,6 +40,7 @@ CONFIG_ENV = "SCHEDULER_CONFIG"
 
 Duration = Annotated[timedelta, Field()]
 CommaList = Annotated[list[str], NoDecode]
+OrgShares = Annotated[dict[str, int], NoDecode]
 
 _DURATION_FIELDS = (
     "horizon",
@@ -117,6 +118,11 @@ class Settings(BaseSettings):
     startup_timeout: Duration = timedelta(seconds=60)
     allow_unsafe_nats: bool = False
     forecast_top: int = Field(default=20, ge=1, le=1000)
+    # per-org quotas and fair firing (engine/quota.py, engine/fair.py)
+    org_max_pending: int = Field(default=0, ge=0)
+    org_shares: OrgShares = {}
+    org_metric_labels: int = Field(default=20, ge=0, le=1000)
+    fair_firing: bool = True
     forecast_interval: Duration = timedelta(seconds=5)
     audit_dir: Path | None = None
     ui_session_ttl: Duration = Field(default=timedelta(hours=12), gt=timedelta(0))
@@ -154,6 +160,24 @@ class Settings(BaseSettings):
         if isinstance(value, list) and not [p for p in value if p]:
             raise ValueError("needs at least one subject pattern")
         return [p for p in value if p] if isinstance(value, list) else value
+
+    @field_validator("org_shares", mode="before")
+    @classmethod
+    def _org_shares(cls, value: Any) -> Any:
+        """`acme=3,beta=1`: each named org's weight in fair firing (others weigh 1)."""
+        if not isinstance(value, str):
+            return value
+        shares: dict[str, int] = {}
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            org, eq, weight = part.partition("=")
+            if not eq or not org.strip() or not weight.strip().isdigit():
+                raise ValueError(f"{part!r} is not org=weight (a whole number, like acme=3)")
+            if not 1 <= int(weight) <= 1000:
+                raise ValueError(f"{part!r}: the weight must be between 1 and 1000")
+            shares[org.strip()] = int(weight)
+        return shares
 
     @field_validator("database_url", mode="after")
     @classmethod

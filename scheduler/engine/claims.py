@@ -71,6 +71,8 @@ class Claimer:
         self._orphans_left = False  # a reclaim of orphans is under way, page by page
         self._orphan_stale: timedelta | None = None
         self._last_claim_ms = 0
+        self.limit = settings.batch  # tasks per claim (engine.fair: smaller when fair)
+        self.busy_lookahead_ms = LOOKAHEAD_MS  # while tasks are overdue (engine.fair: longer)
 
     @property
     def backlog(self) -> bool:
@@ -105,8 +107,10 @@ class Claimer:
         Up to `CLAIMS_IN_FLIGHT` claims run at once, so one slow round trip does not hold up
         the next window (a burst of tasks due at one instant drains at the database's pace)."""
         now = to_ms(self.clock.now())
-        until = now + LOOKAHEAD_MS
-        entries = self.horizon.take_due(until, min(self.settings.batch, self.room()))
+        nxt = self.horizon.next_due()
+        behind = nxt is not None and nxt <= now  # a backlog drains: claims queue up
+        until = now + (self.busy_lookahead_ms if behind else LOOKAHEAD_MS)
+        entries = self.horizon.take_due(until, min(self.limit, self.room()))
         self.metrics.heap_size.set(len(self.horizon))
         if not entries:
             return False

@@ -33,9 +33,17 @@ from scheduler.core import (
 from scheduler.engine.armed import Armed
 from scheduler.engine.claims import Claimer
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
+from scheduler.engine.fair import (
+    armed_set,
+    book_defer_max,
+    busy_lookahead,
+    claim_limit,
+    inflight_cap,
+)
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, TaskRepository
+from scheduler.engine.quota import OrgLedger
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics, observe_many
 from scheduler.settings import Settings
@@ -78,11 +86,16 @@ class Firing:
         self.clock = clock
         self.metrics = metrics
         self.wake = self.horizon.wake
-        self.armed = Armed(settings.armed_max, settings.armed_max_bytes)
+        self.armed: Armed = armed_set(settings)  # fair by org unless fair_firing is off
         self.armed_event = asyncio.Event()
         self.room_event = asyncio.Event()  # set when the dispatcher takes tasks off `armed`
         self.claims = Claimer(settings, self.horizon, tasks, self.armed, clock, metrics, self.arm)
         self.claims.on_fenced = self._deposed
+        self.claims.limit = claim_limit(settings)
+        self.claims.busy_lookahead_ms = busy_lookahead(settings, self.claims.busy_lookahead_ms)
+        self.book_defer_max = book_defer_max(settings, BOOK_DEFER_MAX)
+        self.inflight_cap = inflight_cap(settings)  # unacknowledged publishes the dispatcher
+        self.acked_event = asyncio.Event()  # allows; set when an ack brings them under it
         self.outcome_event = asyncio.Event()
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
         self._expired: list[ClaimedTask] = []
@@ -90,6 +103,7 @@ class Firing:
         self._closing = False
         self._books_closing = False
         self._target_checks: dict[str, str | None] = {}
+        self.ledger: OrgLedger | None = None  # per-org quotas (engine/quota.py), when on
 
     def now_ms(self) -> int:
         return to_ms(self.clock.now())
@@ -144,6 +158,9 @@ class Firing:
                 if self._closing:  # link not revalidated: publish nothing; when stopping,
                     return  # the tasks stay claimed and the next leader publishes them
                 await self._wait(self.armed_event, 0.05)
+                continue
+            if self._inflight >= self.inflight_cap:  # fair: keep the publisher's queue short
+                await self._wait(self.acked_event, 0.05)
                 continue
             left = self.armed.next_due_ms() - self.now_ms()  # type: ignore[operator]
             if left > 0:  # re-checked after every wake: robust to wall-clock steps
@@ -223,6 +240,8 @@ class Firing:
 
     def _done(self, task: ClaimedTask, outcome: PubAck | PublishError) -> None:
         self._inflight -= 1
+        if self._inflight < self.inflight_cap:
+            self.acked_event.set()
         self._outcomes.append((task, outcome, self.clock.now()))
         if len(self._outcomes) in (1, BOOK_BATCH):  # the first wakes an idle bookkeeper
             self.outcome_event.set()
@@ -235,7 +254,7 @@ class Firing:
                 continue
             if len(self._outcomes) < BOOK_BATCH and not self._books_closing:
                 await self._wait(self.outcome_event, BOOK_EVERY)  # gather for a few ms
-            while self._draining() and len(self._outcomes) < BOOK_DEFER_MAX:
+            while self._draining() and len(self._outcomes) < self.book_defer_max:
                 await self._wait(self.outcome_event, BOOK_EVERY)
             outcomes, self._outcomes = self._outcomes, []
             expired, self._expired = self._expired, []
@@ -298,6 +317,8 @@ class Firing:
         except FencedError:
             self._deposed(epoch)
             return
+        if self.ledger is not None:  # fired, expired: no longer pending (dead: in _failed)
+            self.ledger.finished([*(f.task for f in fired), *expired])
         groups: dict[tuple[datetime, datetime], int] = {}
         for f in fired:
             key = (f.fired_at, f.task.scheduled_for)
@@ -336,7 +357,9 @@ class Firing:
                 retry.append((t, ceil_ms(now + self.backoff(t.attempts)), str(e), e.in_doubt))
         await self.horizon.arm(  # under its lock: the loader must not pass a retry unseen
             self.tasks.retry_later(epoch, retry),
-            lambda _: [TaskRef(t.id, to_ms(due), t.priority, t.seq) for t, due, _, _ in retry],
+            lambda _: [
+                TaskRef(t.id, to_ms(due), t.priority, t.seq, t.org_id) for t, due, _, _ in retry
+            ],
             wake=False,  # woken below, once the dead ones are recorded too
         )
         for task, _, error, doubt in retry:
@@ -354,6 +377,8 @@ class Firing:
             self.metrics.publish_in_doubt.inc(in_doubt)
         if dead:
             await self.tasks.kill(epoch, dead)
+            if self.ledger is not None:
+                self.ledger.finished(t for t, _, _ in dead)
             await self._publish_dead(dead)
         self.horizon.wake_up()
 

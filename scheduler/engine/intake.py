@@ -24,6 +24,7 @@ from scheduler.core import Insertion, NewTask, ceil_ms
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.ports import Broker, Delivery, Source, TaskRepository
+from scheduler.engine.quota import OrgLedger, quota_error
 from scheduler.envelope import Limits, check_org, check_size, parse_envelope
 from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.headers import block_size, forwarded, printable
@@ -80,6 +81,7 @@ class Intake:
         self.limits = limits
         self.lane = delay_lane_prefix(settings.intake_subject)
         self._may_act: Callable[[], bool] = lambda: True
+        self.ledger: OrgLedger | None = None  # per-org quotas (engine/quota.py), when on
 
     def classify(self, msg: Delivery, now: datetime) -> NewTask | Rejected:
         """Validate one message into a NewTask, or say precisely why it is rejected."""
@@ -109,6 +111,7 @@ class Intake:
             due_at=due,
             scheduled_for=due if env.delay_until is not None else ceil_ms(now),
             expires_at=env.expires_at,
+            org_id=env.org_id,
         )
 
     async def classify_all(self, msgs: list[Delivery]) -> list[NewTask | Rejected]:
@@ -126,6 +129,9 @@ class Intake:
             raise RuntimeError("office lost before the commit")
         good = [(m, r) for m, r in zip(msgs, results, strict=True) if isinstance(r, NewTask)]
         bad = [r for r in results if isinstance(r, Rejected)]
+        if self.ledger is not None and good:
+            good, over = self._over_quota(good)
+            bad += over
         acked: list[Delivery] = []
         if good:
             insertion = await self._store([m for m, _ in good], [t for _, t in good])
@@ -140,12 +146,36 @@ class Intake:
         # One frame per ack, all handed to the connection at once (see scheduler.bus.wire).
         await self.publisher.ack(m.reply for m in acked if m.reply)
 
+    def _over_quota(
+        self, good: list[tuple[Delivery, NewTask]]
+    ) -> tuple[list[tuple[Delivery, NewTask]], list[Rejected]]:
+        """Split off the tasks of organisations at their quota, as `quota_exceeded`."""
+        assert self.ledger is not None
+        _, over = self.ledger.admit([t for _, t in good])
+        if not over:
+            return good, []
+        refused = {id(t) for t in over}
+        limit = self.ledger.max_pending
+        return [(m, t) for m, t in good if id(t) not in refused], [
+            Rejected(m, t.target, "quota_exceeded", quota_error(t.org_id or "", limit))
+            for m, t in good
+            if id(t) in refused
+        ]
+
     async def _store(self, msgs: list[Delivery], tasks: list[NewTask]) -> Insertion:
-        insertion, pushed = await self.horizon.arm(
-            self._with_progress(self.tasks.insert_batch(tasks), msgs),
-            lambda done: done.stored,
-            wake=False,
-        )
+        try:
+            insertion, pushed = await self.horizon.arm(
+                self._with_progress(self.tasks.insert_batch(tasks), msgs),
+                lambda done: done.stored,
+                wake=False,
+            )
+        except BaseException:
+            if self.ledger is not None:  # nothing stored: the redelivery counts them again
+                self.ledger.finished(tasks)
+            raise
+        if self.ledger is not None:  # counted at admission, but not new rows
+            unstored = [*insertion.resent, *insertion.taken, *(t for t, _ in insertion.refused)]
+            self.ledger.finished(unstored)
         self.metrics.intake.labels("accepted").inc(len(insertion.stored))
         if insertion.resent:
             self.metrics.intake.labels("duplicate").inc(len(insertion.resent))

@@ -19,11 +19,13 @@ from scheduler.clock import Clock
 from scheduler.core import TaskRef, from_ms, to_ms
 from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.deadletter import DeadLetterCopies
+from scheduler.engine.fair import horizon_heap
 from scheduler.engine.firing import Firing
 from scheduler.engine.heap import Horizon
 from scheduler.engine.intake import Intake
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, Bus, TaskRepository
+from scheduler.engine.quota import OrgLedger
 from scheduler.envelope import Limits
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -68,7 +70,8 @@ class LeaderEngine:
         self.clock = clock
         self.metrics = metrics
         self.intake_stream = intake_stream or settings.intake_stream
-        self.horizon = Horizon()
+        self.horizon = Horizon(horizon_heap(settings))
+        self.ledger: OrgLedger | None = None  # per-org quotas of this term, when on
         self.warnings: dict[str, str] = {}  # stream -> why its duplicate window is too short
         self._checked_streams: set[str] = set()
         self._checks: set[asyncio.Task[None]] = set()
@@ -118,6 +121,7 @@ class LeaderEngine:
             limits,
             dead,
         )
+        intake.ledger = firing.ledger = self.ledger = await self._count_orgs()
         log.info("engine.term_started epoch=%d", epoch)
         try:
             firing.reclaim_orphans()
@@ -152,6 +156,17 @@ class LeaderEngine:
             self.horizon.disarm()
             self.metrics.heap_size.set(0)
             log.info("engine.term_ended epoch=%d", epoch)
+
+    async def _count_orgs(self) -> OrgLedger | None:
+        """The per-org quota ledger of a new term, counted from the store (None: quotas off).
+        PostgreSQL away: counted at the loader's next count, unlimited until then."""
+        ledger = OrgLedger.of(self.settings, self.metrics)
+        if ledger is not None:
+            try:
+                ledger.reset(await self.tasks.pending_by_org())
+            except Exception as exc:
+                log.warning("quota.count_failed error=%r", exc)
+        return ledger
 
     def failover_span(self) -> float:
         """Seconds within which a task can be published twice: a failover plus every retry."""
@@ -244,6 +259,8 @@ class LeaderEngine:
                     last_analyze = now
                 if now - last_count >= COUNT_EVERY:
                     self.metrics.pending.set(await self.tasks.pending_count())
+                    if self.ledger is not None:
+                        self.ledger.reset(await self.tasks.pending_by_org())
                     last_count = now
             except Exception as exc:  # PostgreSQL away: the heap keeps what it has; retry
                 log.warning("loader.failed error=%r", exc)

@@ -115,6 +115,10 @@ class TaskRepository(Protocol):
         """How many tasks are ready (pending or in doubt)."""
         ...
 
+    async def pending_by_org(self) -> dict[str | None, int]:
+        """Unfinished tasks (pending, in doubt or claimed) per `org_id` (None: no org)."""
+        ...
+
 
 class ScheduleRepository(Protocol):
     """Cron jobs' state at rest: the YAML's jobs, their cursors and the fire log."""

@@ -58,7 +58,8 @@ class Row:
         return (to_ms(self.task.due_at), self.task.priority, self.seq)
 
     def ref(self) -> TaskRef:
-        return TaskRef(self.task.id, to_ms(self.task.due_at), self.task.priority, self.seq)
+        t = self.task
+        return TaskRef(t.id, to_ms(t.due_at), t.priority, self.seq, t.org_id)
 
     def claimed(self, with_payload: bool = True) -> ClaimedTask:
         t = self.task
@@ -74,6 +75,7 @@ class Row:
             self.attempts,
             self.seq,
             self.doubted,
+            org_id=t.org_id,
         )
 
 
@@ -146,6 +148,13 @@ class MemoryTaskStore:
 
     async def pending_count(self) -> int:
         return len(self._ready())
+
+    async def pending_by_org(self) -> dict[str | None, int]:
+        counts: dict[str | None, int] = {}
+        for r in self.rows.values():
+            if r.status in (*READY, "claimed"):
+                counts[r.task.org_id] = counts.get(r.task.org_id, 0) + 1
+        return counts
 
     async def analyze_if_stale(self, min_rows: int = 0) -> bool:
         return False  # no planner statistics to refresh
