@@ -240,7 +240,7 @@ def test_fair_firing_off_restores_every_fifo_part() -> None:
     usual lookahead and bookkeeping, and no in-flight cap of the dispatcher's own."""
     from scheduler.engine import fair
 
-    off, on = Settings(fair_firing=False, batch=800), Settings(batch=800)
+    off, on = Settings(batch=800), Settings(fair_firing=True, batch=800)
     assert type(fair.horizon_heap(off)) is HorizonHeap and type(fair.armed_set(off)) is Armed
     assert (fair.claim_limit(off), fair.busy_lookahead(off, 80)) == (800, 80)
     assert fair.book_defer_max(off, 50_000) == 50_000 and fair.inflight_cap(off) >= 2**62
