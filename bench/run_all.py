@@ -1,6 +1,6 @@
 """Run every benchmark in turn; JSON in bench/results/<name>.json, one summary line each on stderr.
 
-.venv/bin/python bench/run_all.py            # the sizes issues 3 and 19 name (~25 min)
+.venv/bin/python bench/run_all.py            # the sizes issues 3 and 19 name (25-40 min)
 .venv/bin/python bench/run_all.py --quick    # small sizes, a smoke test (~5 min)
 .venv/bin/python bench/run_all.py --with-3m  # scale also at 3,000,000 pending
 
