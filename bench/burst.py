@@ -6,7 +6,7 @@ N / (last arrival - T). Baseline, same run, after the daemon has stopped: the da
 path (`Publisher` from `scheduler.bus`, pipelined, with `Nats-Msg-Id`, no PostgreSQL) pushing the
 same pre-built messages with the same headers; if it cannot be imported, the bench's own pipeline
 (core publish + one wildcard reply inbox, 1,000 in flight), and the JSON says which one ran.
-Targets (issue 3): >= 25,000/s and >= 1/3 of the baseline.
+Targets: >= 25,000/s (issue 3) and >= 1/2 of the baseline (issue 19; issue 3 asked 1/3).
 
     .venv/bin/python bench/burst.py [--count 100000] [--lead S] [--baseline-only]
     [--own-publisher] [--out FILE]
@@ -195,7 +195,7 @@ def main() -> None:
     base = r["baseline"]
     params = {"count": a.count, "lead": lead, "baseline_only": a.baseline_only}
     params["own_publisher"] = a.own_publisher
-    targets = {"drain_rate_min": 25_000, "ratio_to_baseline_min": round(1 / 3, 3)}
+    targets = {"drain_rate_min": 25_000, "ratio_to_baseline_min": 0.5}
     if a.baseline_only:
         line = f"baseline {base['publisher']}: {base['acked']} at {base['rate']}/s"
         report("burst", params, r, targets, base["acked"] == a.count, line, a.out)
@@ -207,7 +207,7 @@ def main() -> None:
         and o["duplicates"] == 0
         and o["lateness_ms"].get("early", 1) == 0
         and o["drain_rate"] >= 25_000
-        and ratio >= 1 / 3
+        and ratio >= 0.5
     )
     report(
         "burst",

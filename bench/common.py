@@ -35,6 +35,8 @@ class Env:
     nats_url: str
     database_url: str
     workdir: str
+    nats_pid: int = 0  # this run's nats-server
+    pg_pid: int = 0  # this run's postmaster (its backends are its children)
 
 
 @contextmanager
@@ -46,12 +48,23 @@ def servers(postgres: bool = True) -> Iterator[Env]:
     try:
         ns = NatsServer(os.path.join(workdir, "nats")).start()
         pg = Postgres(os.path.join(workdir, "pg")).start() if postgres else None
-        yield Env(ns.url, pg.url if pg else "", workdir)
+        pg_pid = postmaster_pid(os.path.join(workdir, "pg")) if pg else 0
+        nats_pid = ns.proc.pid if ns.proc is not None else 0
+        yield Env(ns.url, pg.url if pg else "", workdir, nats_pid, pg_pid)
     finally:
         for server in (pg, ns):
             if server is not None:
                 server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def postmaster_pid(data_dir: str) -> int:
+    """The postmaster's pid from `postmaster.pid` in `data_dir` (0 if unreadable)."""
+    try:
+        with open(os.path.join(data_dir, "postmaster.pid")) as f:
+            return int(f.readline().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def rss_mb(pid: int) -> float:
@@ -93,6 +106,36 @@ def cpu_by_command(names: tuple[str, ...] = ("nats-server", "postgres")) -> dict
     return out
 
 
+def _proc_stats() -> Iterator[tuple[int, int, list[str]]]:
+    """(pid, ppid, the stat fields after the command name) of every live process."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        yield int(entry), int(fields[1]), fields
+
+
+def cpu_of_servers(env: Env) -> dict[str, float]:
+    """CPU seconds so far of this run's nats-server and of its PostgreSQL: the postmaster, its
+    live children (backends, walwriter, ...) and the children it already reaped (cutime), so other
+    sessions' servers on the host are not counted."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"nats-server": 0.0, "postgres": 0.0}
+    for pid, ppid, fields in _proc_stats():
+        own = int(fields[11]) + int(fields[12])
+        if pid == env.nats_pid:
+            out["nats-server"] += own / tick
+        elif pid == env.pg_pid:
+            out["postgres"] += (own + int(fields[13]) + int(fields[14])) / tick
+        elif env.pg_pid and ppid == env.pg_pid:
+            out["postgres"] += own / tick
+    return out
+
+
 def main_thread_sched(pid: int) -> tuple[float, float]:
     """Seconds the main thread of `pid` (the daemon's event loop) has run on a CPU, and waited
     runnable for one (`/proc/<pid>/schedstat`): a loop that waits much is CPU-starved, not idle."""
@@ -102,6 +145,14 @@ def main_thread_sched(pid: int) -> tuple[float, float]:
     except (OSError, ValueError):
         return 0.0, 0.0
     return run_ns / 1e9, wait_ns / 1e9
+
+
+def cpu_seconds_or_zero(pid: int) -> float:
+    """`cpu_seconds(pid)`, or 0 once the process is gone."""
+    try:
+        return cpu_seconds(pid)
+    except OSError:
+        return 0.0
 
 
 def own_cpu_seconds() -> float:
@@ -118,18 +169,31 @@ def machine_busy_seconds() -> float:
 
 
 class CpuWindow:
-    """Who used the cores from construction to `finish()`: the daemon, every nats-server and
-    postgres process, the bench itself, the whole machine, and the daemon's event loop."""
+    """Who used the cores from construction to `finish()`: the daemon, this run's nats-server
+    and PostgreSQL (every nats-server and postgres process on the host if the run's pids are
+    unknown), the bench itself, any `extra` processes by name, the whole machine, and the
+    daemon's event loop."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(
+        self,
+        daemon: Daemon | None,
+        extra: dict[str, int] | None = None,
+        env: Env | None = None,
+    ) -> None:
         self.daemon = daemon
+        self.env = daemon.servers if daemon is not None else env
+        self.extra = dict(extra or {})
         self.t0 = time.time()
         self.cpu0 = self._cpu()
         self.busy0 = machine_busy_seconds()
-        self.sched0 = main_thread_sched(daemon.pid)
+        self.sched0 = main_thread_sched(daemon.pid) if daemon is not None else (0.0, 0.0)
 
     def _cpu(self) -> dict[str, float]:
-        return {"daemon": self.daemon.cpu_seconds(), **cpu_by_command(), "bench": own_cpu_seconds()}
+        env = self.env
+        servers_cpu = cpu_of_servers(env) if env is not None and env.nats_pid else cpu_by_command()
+        out = {"daemon": self.daemon.cpu_seconds()} if self.daemon is not None else {}
+        out |= servers_cpu | {"bench": own_cpu_seconds()}
+        return out | {name: cpu_seconds_or_zero(pid) for name, pid in self.extra.items()}
 
     def finish(self) -> dict[str, Any]:
         """CPU seconds per process, the machine's busy fraction, and the shares of the window
@@ -137,22 +201,27 @@ class CpuWindow:
         wall = max(time.time() - self.t0, 1e-9)
         cpu = {k: v - self.cpu0[k] for k, v in self._cpu().items()}
         busy = machine_busy_seconds() - self.busy0
-        now = main_thread_sched(self.daemon.pid)
+        now = main_thread_sched(self.daemon.pid) if self.daemon is not None else (0.0, 0.0)
         ran, waited = (b - a for a, b in zip(self.sched0, now, strict=True))
-        return {
-            "wall_seconds": round(wall, 2),
-            "cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},
-            "machine_busy_seconds": round(busy, 2),
-            "machine_busy_fraction": round(busy / wall / (os.cpu_count() or 1), 3),
+        loop = {
             "loop_running_fraction": round(ran / wall, 3),
             "loop_runqueue_wait_fraction": round(waited / wall, 3),
         }
+        return {
+            "wall_seconds": round(wall, 2),
+            "cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},
+            # the share of one core each used over the window (2.0 would be both cores)
+            "cpu_share_of_a_core": {k: round(v / wall, 3) for k, v in cpu.items()},
+            "machine_busy_seconds": round(busy, 2),
+            "machine_busy_fraction": round(busy / wall / (os.cpu_count() or 1), 3),
+        } | (loop if self.daemon is not None else {})
 
 
 class Daemon:
     """`python -m scheduler run` as a subprocess on free ports; stderr kept in the workdir."""
 
     def __init__(self, env: Env, **settings: str) -> None:
+        self.servers = env
         self.http, self.metrics_port = free_port(), free_port()
         self.env = dict(
             os.environ,

@@ -1,8 +1,11 @@
 """Run every benchmark in turn; JSON in bench/results/<name>.json, one summary line each on stderr.
 
-.venv/bin/python bench/run_all.py            # the sizes issue 3 names (~10 min)
-.venv/bin/python bench/run_all.py --quick    # small sizes, a smoke test (~2 min)
+.venv/bin/python bench/run_all.py            # the sizes issues 3 and 19 name (25-40 min)
+.venv/bin/python bench/run_all.py --quick    # small sizes, a smoke test (~5 min)
 .venv/bin/python bench/run_all.py --with-3m  # scale also at 3,000,000 pending
+
+At the end, one line per target of issue 19 (met / not met, with the figures), also written with
+every benchmark's pass to bench/results/run_all[-quick].json.
 """
 
 from __future__ import annotations
@@ -11,25 +14,138 @@ import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 FULL = {
     "broker_at": ["--rate", "5000", "--duration", "10", "--delay", "2"],
     "accuracy": ["--rate", "5000", "--duration", "60", "--delay", "2"],
+    "contended": ["--rate", "2000", "--duration", "60", "--delay", "2"],
     "burst": ["--count", "100000"],
-    "intake": ["--backlog", "600000", "--live-seconds", "30"],
+    "intake": ["--backlog", "600000", "--live-seconds", "60"],
     "scale": ["--counts", "1000000"],
     "cron": ["--jobs", "200,1000", "--duration", "20"],
 }
 QUICK = {
     "broker_at": ["--rate", "1000", "--duration", "3"],
     "accuracy": ["--rate", "1000", "--duration", "5"],
+    "contended": ["--rate", "500", "--duration", "5"],
     "burst": ["--count", "20000"],
     "intake": ["--backlog", "50000", "--live-seconds", "6"],
     "scale": ["--counts", "100000", "--seconds", "5"],
     "cron": ["--jobs", "20", "--duration", "4"],
 }
+
+Doc = dict[str, Any]
+Verdict = tuple[bool, str]
+
+
+def _clean(r: Doc) -> bool:
+    """Nothing lost, doubled or early in a collector summary."""
+    early = r["lateness_ms"].get("early", 1)
+    return bool(r["missing"] == 0 and r["duplicates"] == 0 and early == 0)
+
+
+def _lat(r: Doc) -> str:
+    m = r["lateness_ms"]
+    return (
+        f"p50 {m.get('p50')} p99 {m.get('p99')} max {m.get('max')} ms, lost {r['missing']} "
+        f"doubled {r['duplicates']} early {m.get('early')}"
+    )
+
+
+def accuracy(d: Doc) -> Verdict:
+    ours, ratio = d["ours"], d["broker_p99_over_ours"]
+    m = ours["lateness_ms"]
+    ok = _clean(ours) and m.get("p50", 1e9) <= 5 and m.get("p99", 1e9) <= 25 and ratio >= 10
+    p99 = d["broker_at"]["lateness_ms"].get("p99")
+    return ok, f"{_lat(ours)}; broker @at p99 {p99} ms = {ratio}x ours (p50<=5, p99<=25, >=10x)"
+
+
+def cpu(d: Doc) -> Verdict:
+    per = d["ours"]["cpu_us_per_task"]
+    total = d["ours"]["cpu_us_per_task_daemon_nats_pg"]
+    pg = per.get("postgres", 1e9)
+    each = ", ".join(f"{k} {v}" for k, v in per.items())
+    return total <= 200 and pg <= 40, (
+        f"daemon+nats+pg {total} us/task (<=200), postgres {pg} (<=40); {each}"
+    )
+
+
+def live(d: Doc) -> Verdict:
+    lv = d["live"]
+    last, limit = (lv["lag_samples"] or [0])[-1], 2 * lv["in_rate"]
+    fired = lv["fired"]
+    m = fired["lateness_ms"]
+    ok = last < limit and _clean(fired) and m.get("p50", 1e9) <= 5 and m.get("p99", 1e9) <= 25
+    return ok, (
+        f"lag at the end {last} msgs (< {limit} = 2 s of input; max {lv['lag_max']}); "
+        f"fired {_lat(fired)} (p50<=5, p99<=25)"
+    )
+
+
+def contended(d: Doc) -> Verdict:
+    ours, ratio, hog = d["ours"], d["broker_p99_over_ours"], d["hog"]
+    ok = _clean(ours) and hog["ran_throughout"] and ours["lateness_ms"].get("p99", 1e9) <= 50
+    p99 = d["broker_at"]["lateness_ms"].get("p99")
+    return ok and ratio >= 5, (
+        f"hog {hog['share_of_a_core']} of a core; {_lat(ours)}; broker @at p99 {p99} ms = "
+        f"{ratio}x ours (p99<=50, >=5x)"
+    )
+
+
+def burst(d: Doc) -> Verdict:
+    o, ratio = d["ours"], d["ratio_to_baseline"]
+    ok = _clean(o) and o["drain_rate"] >= 25_000 and ratio >= 0.5
+    return ok, (
+        f"{o['drain_rate']}/s, baseline {d['baseline']['rate']}/s, ratio {ratio} "
+        f"(>=25,000/s, >=0.5)"
+    )
+
+
+def pending(d: Doc) -> Verdict:
+    r = d["runs"][0]
+    fire = r.get("fire_all")
+    if not fire:
+        return False, f"RSS max {r['rss_max_mb']} MB; no fire phase ran"
+    dm = fire["delayed_messages"]
+    sizes = " -> ".join(
+        f"{k} {v['total_mb']} MB ({v['rows']} rows, dead {v['n_dead_tup']})" for k, v in dm.items()
+    )
+    ok = r["rss_max_mb"] <= 300 and not fire["rows_kept_after_fire"] and fire["complete"]
+    return ok, (
+        f"{r['pending']:,} pending: RSS max {r['rss_max_mb']} MB (<=300); delayed_messages "
+        f"{sizes}; fired in {fire['firing_seconds']} s; rows kept after fire "
+        f"{fire['rows_kept_after_fire']} (must be false)"
+    )
+
+
+TARGETS: list[tuple[str, str, Callable[[Doc], Verdict]]] = [
+    ("accuracy", "accuracy", accuracy),
+    ("cpu_per_task", "accuracy", cpu),
+    ("live", "intake", live),
+    ("contended", "contended", contended),
+    ("burst", "burst", burst),
+    ("pending_1m", "scale", pending),
+]
+
+
+def issue19(docs: dict[str, Doc]) -> dict[str, Doc]:
+    """Each target of issue 19, judged from the benchmarks' JSON: met or not, with figures."""
+    out: dict[str, Doc] = {}
+    for target, bench, judge in TARGETS:
+        doc = docs.get(bench)
+        if doc is None:
+            out[target] = {"met": False, "figures": f"{bench} did not run or wrote no JSON"}
+            continue
+        try:
+            met, figures = judge(doc["results"])
+        except (KeyError, IndexError, TypeError) as exc:
+            met, figures = False, f"{bench} JSON lacks {exc!r}"
+        out[target] = {"met": met, "figures": figures}
+    return out
 
 
 def main() -> int:
@@ -40,18 +156,34 @@ def main() -> int:
     a = ap.parse_args()
     plan = QUICK if a.quick else FULL
     names = [n for n in plan if not a.only or n in a.only.split(",")]
-    failed = []
+    suffix = "-quick" if a.quick else ""
+    failed, docs = [], {}
     for name in names:
         args = plan[name] + (["--with-3m"] if name == "scale" and a.with_3m else [])
-        out = HERE / "results" / f"{name}{'-quick' if a.quick else ''}.json"
+        out = HERE / "results" / f"{name}{suffix}.json"
         cmd = [sys.executable, str(HERE / f"{name}.py"), *args, "--out", str(out)]
         out.unlink(missing_ok=True)
         subprocess.run(cmd, stdout=subprocess.DEVNULL, check=False)
-        if not out.is_file() or not json.loads(out.read_text())["pass"]:
+        if out.is_file():
+            docs[name] = json.loads(out.read_text())
+        if name not in docs or not docs[name]["pass"]:
             failed.append(name)
     print(
         f"run_all: {len(names) - len(failed)}/{len(names)} passed; not: {failed}", file=sys.stderr
     )
+    targets = issue19(docs)
+    sizes = " (quick sizes: smoke test only)" if a.quick else ""
+    for target, v in targets.items():
+        print(f"issue 19 {target}: {'met' if v['met'] else 'NOT met'}{sizes}: {v['figures']}",
+              file=sys.stderr)  # fmt: skip
+    summary = {
+        "quick": a.quick,
+        "benchmarks": {n: n in docs and bool(docs[n]["pass"]) for n in names},
+        "issue19_targets": targets,
+    }
+    path = HERE / "results" / f"run_all{suffix}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
     return 1 if failed else 0
 
 
