@@ -207,7 +207,7 @@ class Daemon:
         self.office = self.leadership
         self.metrics.is_leader.set(0)
         self.cron = CronEngine(
-            s, ScheduleStore(self.store), self.office, self.clock, self.metrics, self.bus.js
+            s, ScheduleStore(self.store), self.office, self.clock, self.metrics, self.bus
         )
         self.engine = LeaderEngine(
             s,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.bus.memory import MemoryBroker, MemoryJetStream, MemoryStreams
+from scheduler.bus.memory import MemoryBroker, MemoryBus, MemoryStreams
 from scheduler.clock import FakeClock, rfc3339
 from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.office import FixedOffice
@@ -27,7 +27,7 @@ class Cron:
         self.streams = MemoryStreams(self.clock.monotonic)
         self.streams.add_stream("JOBS", ["mq.scheduled.>"])
         self.streams.add_stream("KV_scheduler_state", ["$KV.scheduler_state.>"])  # the mirror
-        self.js = MemoryJetStream(self.streams)
+        self.bus = MemoryBus(self.streams)
         self.store = store or MemoryScheduleStore()
         self.settings = Settings(schedules_dir=tmp_path, instance_id="twin")
         self.broker = MemoryBroker(self.streams)
@@ -35,7 +35,7 @@ class Cron:
     async def engine(self) -> tuple[CronEngine, int]:
         epoch = await self.store.office.take_office("twin")
         engine = CronEngine(
-            self.settings, self.store, FixedOffice(epoch), self.clock, Metrics(), self.js
+            self.settings, self.store, FixedOffice(epoch), self.clock, Metrics(), self.bus
         )
         await engine.sync()
         return engine, epoch
@@ -101,7 +101,7 @@ async def test_forbid_skips_while_the_last_run_is_queued(tmp_path: Path) -> None
     await engine.tick(epoch, cron.broker, cursors)
     assert cron.fired() == [key("f", 0)]  # busy: skipped
     assert cron.store.state["f"] == T0 + timedelta(minutes=1)
-    cron.js.consume("JOBS", "mq.scheduled.f")
+    cron.streams.consume("JOBS", "mq.scheduled.f")
     cron.clock.advance(60)
     await engine.tick(epoch, cron.broker, cursors)
     assert cron.fired() == [key("f", -2)]
