@@ -3,13 +3,15 @@ failover that cannot double an occurrence (no server)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from scheduler.bus.memory import MemoryBroker, MemoryBus, MemoryStreams
-from scheduler.clock import FakeClock, rfc3339
+from scheduler.clock import FakeClock, rfc3339, to_rfc3339
 from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.office import FixedOffice
 from scheduler.errors import FencedError
@@ -122,3 +124,21 @@ async def test_a_deposed_leader_cannot_move_cursors_and_its_heir_does_not_double
     await heir.tick(new_epoch, cron.broker, await cron.store.cursors())
     assert cron.fired() == [key("h", 0)]  # the old leader's publish, deduplicated
     assert [e["epoch"] for e in cron.store.fire_log] == [new_epoch]
+
+
+async def test_moved_cursors_are_mirrored_to_the_state_bucket(tmp_path: Path) -> None:
+    """After a tick the moved cursor is copied to KV `scheduler_state` as `cron.<job>` with
+    the occurrence, the epoch and the instance, through the term's broker."""
+    cron = Cron(tmp_path, job("m"))
+    cron.store.state["m"] = T0 - timedelta(minutes=1)
+    engine, epoch = await cron.engine()
+    await engine.tick(epoch, cron.broker, await cron.store.cursors())
+    for _ in range(20):  # the mirror runs as its own task; its acks come from the loop
+        await asyncio.sleep(0)
+    held = cron.streams.messages("KV_scheduler_state")
+    assert [m.subject for m in held] == ["$KV.scheduler_state.cron.m"]
+    assert json.loads(held[0].payload) == {
+        "last_scheduled_for": to_rfc3339(T0),
+        "epoch": epoch,
+        "instance": "twin",
+    }
