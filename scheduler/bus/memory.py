@@ -230,8 +230,9 @@ class _Listening:
 
 
 class MemoryBus:
-    """`scheduler.engine.ports.Bus` over `MemoryStreams`: publishers, core listeners, and an
-    intake source the test feeds (`source`)."""
+    """`scheduler.engine.ports.Bus` over `MemoryStreams`: publishers, core listeners, an
+    intake source the test feeds (`source`), and what the streams hold; a test acknowledges
+    messages with `MemoryStreams.consume`."""
 
     def __init__(self, streams: MemoryStreams, source: Any = None) -> None:
         self.streams = streams
