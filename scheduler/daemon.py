@@ -1,52 +1,54 @@
 """The daemon: wires settings, NATS, PostgreSQL, HTTP and the background loops into one lifecycle.
 
-Start order: HTTP first (so `/healthz` answers while we connect), then the embedded servers if
-asked, NATS, migrations, the PostgreSQL pool, provisioning, and the loops. Every component
-registers its own cleanup on one AsyncExitStack; `stop()` only signals, and shutdown is bounded
-by `SCHEDULER_SHUTDOWN_GRACE`. A stop during the start abandons it at once (whatever phase it is
-in) and unwinds what was started; `stopped_during_start` then names the phase.
+Start order: HTTP first (so `/healthz` answers while we connect; `listeners`), then the embedded
+servers if asked (`embedded.start_missing`), NATS, migrations, the PostgreSQL pool,
+provisioning (with the checks of `preflight`), and the loops: leadership, the role loop
+(`terms.TermLoop`), housekeeping (`upkeep`). Every component registers its own cleanup on one
+AsyncExitStack; `stop()` only signals, and shutdown is bounded by `SCHEDULER_SHUTDOWN_GRACE`. A
+stop during the start abandons it at once (whatever phase it is in) and unwinds what was
+started; `stopped_during_start` then names the phase. What the daemon answers about itself
+(readiness, stats, the leader) is at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import errno
 import functools
 import gc
-import ipaddress
 import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler import __version__, migrate
-from scheduler.aio import first_of, wait_or_stop
-from scheduler.api.app import Served, build_api, build_metrics_app, serve
+from scheduler.aio import first_of
+from scheduler.api.app import Served, build_api, build_metrics_app
 from scheduler.bus.nats import NatsBus, ProvisionNote, provision
 from scheduler.clock import Clock, SystemClock
-from scheduler.embedded import NatsServer, Postgres
+from scheduler.embedded import start_missing
 from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.leader_loop import LeaderEngine
 from scheduler.engine.office import Office
 from scheduler.engine.skew import ClockCheck
-from scheduler.errors import ConfigError, ServiceUnavailableError
+from scheduler.errors import ServiceUnavailableError
 from scheduler.leadership import Leadership
+from scheduler.listeners import listen
 from scheduler.metrics import Metrics
 from scheduler.operations.build import Operations, build_operations
 from scheduler.operations.instances import read_instances
 from scheduler.operations.stats import Refresher
+from scheduler.preflight import check_api_exposure, check_lease_bucket, check_server_version
 from scheduler.service import SchedulerService
 from scheduler.settings import Settings
 from scheduler.store.cron_jobs import ScheduleStore
 from scheduler.store.leadership import database_time
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.tasks import TaskStore
+from scheduler.terms import TermLoop
+from scheduler.upkeep import fire_log_upkeep, loop_lag_probe
 
 log = logging.getLogger("scheduler.daemon")
-
-UPKEEP_INTERVAL = 3600.0
-LAG_PROBE_EVERY = 0.1
 
 
 class RunState(enum.Enum):
@@ -124,16 +126,17 @@ class Daemon:
                 self.state = RunState.RUNNING
                 self.started.set()
                 log.info("daemon.running instance=%s", self.settings.instance_id)
-                assert self.leadership is not None
+                assert self.leadership is not None and self.store is not None
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self.leadership.run(self._done_leading), name="leadership")
                     tg.create_task(
                         self.leadership.heartbeat(self.state_kv, self._done_leading),
                         name="heartbeat",
                     )
-                    tg.create_task(self._upkeep_loop(), name="fire-log-upkeep")
-                    tg.create_task(self._engine_loop(), name="engine")
-                    tg.create_task(self._lag_probe(), name="loop-lag")
+                    upkeep = fire_log_upkeep(self.store, self.tasks, self.settings, self._stop)
+                    tg.create_task(upkeep, name="fire-log-upkeep")
+                    tg.create_task(self._term_loop().run(), name="engine")
+                    tg.create_task(loop_lag_probe(self.metrics, self._stop), name="loop-lag")
                     assert self.refresher is not None and self.bus.nc is not None
                     tg.create_task(self.refresher.run(self.bus.nc, self._stop), name="refresher")
                     assert self.clock_check is not None
@@ -207,7 +210,7 @@ class Daemon:
         self.office = self.leadership
         self.metrics.is_leader.set(0)
         self.cron = CronEngine(
-            s, ScheduleStore(self.store), self.office, self.clock, self.metrics, self.bus.js
+            s, ScheduleStore(self.store), self.office, self.clock, self.metrics, self.bus
         )
         self.engine = LeaderEngine(
             s,
@@ -234,13 +237,32 @@ class Daemon:
     async def _open_http(self, stack: AsyncExitStack) -> None:
         s = self.settings
         self._enter("opening the HTTP ports")
-        api = await self._listen(build_api(self), s.http_port, "SCHEDULER_HTTP_PORT")
+        api_app, metrics_app = build_api(self), build_metrics_app(self.metrics)
+        api = await listen(api_app, s, s.http_port, "SCHEDULER_HTTP_PORT", self.embedded)
         stack.push_async_callback(api.close)
-        metrics_app = build_metrics_app(self.metrics)
-        metrics = await self._listen(metrics_app, s.metrics_port, "SCHEDULER_METRICS_PORT")
+        metrics = await listen(
+            metrics_app, s, s.metrics_port, "SCHEDULER_METRICS_PORT", self.embedded
+        )
         stack.push_async_callback(metrics.close)
         self.endpoints.api, self.endpoints.metrics = api, metrics
-        self._check_api_exposure()
+        self._warn(check_api_exposure(s))
+
+    async def _start_embedded(self, stack: AsyncExitStack) -> Settings:
+        """Start whichever server has no URL (embedded mode), or fail naming the variable."""
+        s, started = await start_missing(self.settings, self.embedded, stack, self._enter)
+        self.endpoints.embedded += started
+        self.endpoints.nats_url = s.redacted_nats_url
+        self.endpoints.database_url = s.redacted_database_url or ""
+        return s
+
+    def _check_server_version(self) -> None:
+        assert self.bus is not None
+        self._warn(check_server_version(self.bus, self.settings))
+
+    def _warn(self, warning: str | None) -> None:
+        """Keep a start-up check's warning for `/readyz`."""
+        if warning is not None:
+            self.warnings.append(warning)
 
     async def _open_postgres(self, stack: AsyncExitStack, budget: float) -> PostgresStore:
         """First contact (retried for `budget` s), migrations, then the pool."""
@@ -262,7 +284,7 @@ class Daemon:
         assert self.bus is not None and self.bus.js is not None
         if self.settings.provision:
             self.provisioned = await provision(self.bus, embedded=self.embedded)
-        await self._check_lease_bucket()
+        self._warn(await check_lease_bucket(self.bus, self.settings))
         leader_kv = await self.bus.js.key_value(self.settings.leader_bucket)
         self.state_kv = await self.bus.js.key_value(self.settings.state_bucket)
         return leader_kv
@@ -274,58 +296,10 @@ class Daemon:
                 return note.detail if note.status == "covered" else note.name
         return self.settings.intake_stream
 
-    async def _engine_loop(self) -> None:
-        """Run terms of office until stopped; then give the lease up so a standby takes over.
-
-        On stop the term ends gracefully (no new claims, the batch in flight published and
-        recorded), bounded by `SCHEDULER_SHUTDOWN_GRACE`; an abandoned batch stays claimed and
-        the next leader re-publishes it (the duplicate window drops repeats).
-        """
+    def _term_loop(self) -> TermLoop:
         assert self.engine is not None and self.leadership is not None
-        engine = asyncio.create_task(self._terms(), name="terms")
-        try:
-            await first_of(asyncio.shield(engine), self._stop.wait())
-            if not engine.done():
-                grace = self.settings.shutdown_grace.total_seconds()
-                done, _ = await asyncio.wait({engine}, timeout=grace)
-                if not done:
-                    log.warning("daemon.grace_expired seconds=%g: abandoning the term", grace)
-                    engine.cancel()
-                    await asyncio.gather(engine, return_exceptions=True)
-            if not engine.cancelled():
-                engine.result()  # an engine crash ends the daemon, after the lease is given up
-        finally:
-            if not engine.done():
-                engine.cancel()
-                await asyncio.gather(engine, return_exceptions=True)
-            await self.leadership.resign()
-            self._done_leading.set()
-
-    async def _terms(self) -> None:
-        """Terms of office, one after another; a term that fails (the database away at the
-        start of a term, say) is retried with backoff while this instance still leads."""
-        assert self.engine is not None
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                await self.engine.run_term(self._stop)
-                backoff = 0.5
-            except Exception as exc:
-                log.warning("engine.term_failed error=%r; retrying in %gs", exc, backoff)
-                await wait_or_stop(self._stop, backoff)
-                backoff = min(backoff * 2, 10.0)
-
-    def _check_api_exposure(self) -> None:
-        """Open reads are fine on loopback; on any other address say so, loudly, once."""
-        s = self.settings
-        if _is_loopback(s.http_host) or s.read_token is not None or s.admin_token is not None:
-            return
-        why = (
-            f"the management API listens on {s.http_host} and no SCHEDULER_READ_TOKEN or "
-            "SCHEDULER_ADMIN_TOKEN is set: anyone who reaches it can read tasks and schedules"
-        )
-        log.warning("api.open_reads %s", why)
-        self.warnings.append(why)
+        grace = self.settings.shutdown_grace.total_seconds()
+        return TermLoop(self.engine, self.leadership, grace, self._stop, self._done_leading)
 
     async def _intake_backlog(self) -> int | None:
         """Messages on the delay lane the intake consumer has not taken yet (None: unknown)."""
@@ -374,116 +348,6 @@ class Daemon:
             raise ServiceUnavailableError("NATS", "the state bucket is not open yet")
         return await read_instances(self.state_kv, self.clock.now())
 
-    async def _check_lease_bucket(self) -> None:
-        """The lease bucket's TTL must equal the lease TTL, else two leaders or slow takeovers."""
-        assert self.bus is not None and self.bus.js is not None
-        s = self.settings
-        try:
-            info = await self.bus.js.stream_info(f"KV_{s.leader_bucket}")
-        except Exception as exc:
-            raise ConfigError(
-                "SCHEDULER_LEADER_BUCKET",
-                f"KV bucket {s.leader_bucket!r} is missing ({exc!r}); "
-                "create it (SCHEDULER_PROVISION=true does) with TTL = SCHEDULER_LEASE_TTL",
-            ) from exc
-        ttl = info.config.max_age or 0.0
-        if ttl <= 0 or ttl < s.lease_ttl - 0.001:
-            raise ConfigError(
-                "SCHEDULER_LEASE_TTL",
-                f"{s.lease_ttl:g}s, but KV bucket {s.leader_bucket!r} has TTL {ttl:g}s; a lease "
-                "would outlive no deadline or expire while its holder still acts. Recreate the "
-                "bucket with TTL = the lease TTL, or set the lease TTL to the bucket's",
-            )
-        if ttl > s.lease_ttl + 0.001:
-            why = (
-                f"KV bucket {s.leader_bucket!r} has TTL {ttl:g}s, longer than the lease TTL "
-                f"{s.lease_ttl:g}s: safe, but a crashed leader is replaced only after {ttl:g}s"
-            )
-            log.warning("leader.bucket_ttl_long %s", why)
-            self.warnings.append(why)
-
-    async def _listen(self, app: Any, port: int, variable: str) -> Served:
-        """Serve `app` on the HTTP host and `port`. A port that cannot be had ends the start
-        with a ConfigError naming `variable`, except in embedded mode when the port is only
-        the default: then a free one is picked (the start banner shows it)."""
-        host = self.settings.http_host
-        field_name = variable.removeprefix("SCHEDULER_").lower()
-        try:
-            return await serve(app, host, port)
-        except OSError as exc:
-            chosen = field_name in self.settings.model_fields_set
-            if exc.errno == errno.EADDRINUSE and self.embedded and not chosen:
-                log.info("embedded.port_taken %s=%d: listening on a free port", variable, port)
-                return await self._listen(app, 0, variable)
-            raise listen_error(exc, variable, host, port) from None
-
-    async def _start_embedded(self, stack: AsyncExitStack) -> Settings:
-        """Start whichever server has no URL (embedded mode), or fail naming the variable."""
-        s = self.settings
-        data_dir = s.data_dir
-        changes: dict[str, Any] = {}
-        if s.nats_url is None:
-            if not self.embedded:
-                raise ConfigError("SCHEDULER_NATS_URL", "not set (or run with --embedded)")
-            self._enter("starting the embedded nats-server")
-            server = NatsServer(data_dir / "nats")
-            stack.callback(server.stop)
-            await server.start_async()
-            changes["nats_url"] = server.url
-            self.endpoints.embedded.append("nats")
-        if s.database_url is None:
-            if not self.embedded:
-                raise ConfigError("SCHEDULER_DATABASE_URL", "not set (or run with --embedded)")
-            self._enter("starting the embedded PostgreSQL")
-            pg = Postgres(data_dir / "postgres")
-            stack.callback(pg.stop)
-            await pg.start_async()
-            changes["database_url"] = pg.url
-            self.endpoints.embedded.append("postgres")
-        if changes:
-            s = s.with_overrides(**changes)
-        self.endpoints.nats_url = s.redacted_nats_url
-        self.endpoints.database_url = s.redacted_database_url or ""
-        return s
-
-    def _check_server_version(self) -> None:
-        assert self.bus is not None
-        problem = self.bus.version_problem()
-        log.info("nats.server_version version=%s", self.bus.server_version)
-        if problem is None:
-            return
-        if self.bus.version_known() and not self.settings.allow_unsafe_nats:
-            raise ConfigError(
-                "SCHEDULER_NATS_URL",
-                f"{problem}; upgrade the server, or set SCHEDULER_ALLOW_UNSAFE_NATS=true to run "
-                "anyway",
-            )
-        log.warning("nats.server_too_old %s", problem)
-        self.warnings.append(problem)
-
-    async def _upkeep_loop(self) -> None:
-        """Hourly: fire-log partitions two days ahead, expired ones dropped, old tasks purged."""
-        assert self.store is not None
-        while not self._stop.is_set():
-            try:
-                for change in await self.store.fire_log_upkeep(self.settings.fire_log_retention):
-                    log.info("fire_log.partition %s", change)
-                if self.tasks is not None:
-                    purged = await self.tasks.purge_finished(self.settings.fire_log_retention)
-                    log.info("delayed_messages.purged rows=%d", purged)
-            except Exception as exc:  # upkeep must never take the daemon down; retried next hour
-                log.warning("fire_log.upkeep_failed error=%r", exc)
-            await wait_or_stop(self._stop, UPKEEP_INTERVAL)
-
-    async def _lag_probe(self) -> None:
-        """Measure how late the event loop runs a 100 ms timer (CPU starvation shows here
-        first); ten wakes a second cost nothing measurable, unlike a 10 ms timer (~1.5 % CPU)."""
-        loop = asyncio.get_running_loop()
-        while not self._stop.is_set():
-            start = loop.time()
-            await asyncio.sleep(LAG_PROBE_EVERY)
-            self.metrics.loop_lag.observe(max(0.0, loop.time() - start - LAG_PROBE_EVERY))
-
     # -- health -----------------------------------------------------------------------------------
     def is_alive(self) -> bool:
         """Starting or running, with a NATS connection that can still come back: nats-py
@@ -513,31 +377,6 @@ class Daemon:
             + (list(self.engine.warnings.values()) if self.engine else []),
         }
         return ready, body
-
-
-def listen_error(exc: OSError, variable: str, host: str, port: int) -> ConfigError:
-    """What to tell a user whose HTTP or metrics port cannot be listened on."""
-    fix = "choose another port (0 picks a free port)"
-    if exc.errno == errno.EADDRINUSE:
-        return ConfigError(variable, f"port {port} on {host} is already in use; {fix}")
-    if exc.errno == errno.EACCES:
-        return ConfigError(variable, f"port {port} on {host} needs privileges; {fix}")
-    if exc.errno == errno.EADDRNOTAVAIL:
-        return ConfigError(
-            "SCHEDULER_HTTP_HOST",
-            f"{host} is not an address of this machine; use 127.0.0.1, 0.0.0.0 or one of its "
-            "addresses",
-        )
-    return ConfigError(
-        "SCHEDULER_HTTP_HOST", f"cannot listen on {host}:{port}: {exc.strerror or exc}"
-    )
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve anywhere
-        return False
 
 
 def tune_gc() -> None:

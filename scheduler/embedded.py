@@ -20,9 +20,13 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
-from scheduler.errors import SchedulerError
+from scheduler.errors import ConfigError, SchedulerError
+from scheduler.settings import Settings
 
 log = logging.getLogger("scheduler.embedded")
 
@@ -254,3 +258,33 @@ def _signal_children(names: set[str], sig: int) -> None:
 
 def default_data_dir() -> Path:
     return Path(os.environ.get("SCHEDULER_DATA_DIR", ".scheduler-data"))
+
+
+async def start_missing(
+    settings: Settings, embedded: bool, stack: AsyncExitStack, enter: Callable[[str], None]
+) -> tuple[Settings, list[str]]:
+    """Start whichever server has no URL (embedded mode), stopped by `stack`, and return the
+    settings with its URL and the names of those started; without `embedded`, a missing URL
+    is a ConfigError naming the variable. `enter(phase)` is told of each start."""
+    s = settings
+    changes: dict[str, Any] = {}
+    started: list[str] = []
+    if s.nats_url is None:
+        if not embedded:
+            raise ConfigError("SCHEDULER_NATS_URL", "not set (or run with --embedded)")
+        enter("starting the embedded nats-server")
+        server = NatsServer(s.data_dir / "nats")
+        stack.callback(server.stop)
+        await server.start_async()
+        changes["nats_url"] = server.url
+        started.append("nats")
+    if s.database_url is None:
+        if not embedded:
+            raise ConfigError("SCHEDULER_DATABASE_URL", "not set (or run with --embedded)")
+        enter("starting the embedded PostgreSQL")
+        pg = Postgres(s.data_dir / "postgres")
+        stack.callback(pg.stop)
+        await pg.start_async()
+        changes["database_url"] = pg.url
+        started.append("postgres")
+    return (s.with_overrides(**changes) if changes else s), started

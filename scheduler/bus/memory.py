@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.bus.frames import HEADER_LINE
+from scheduler.bus.frames import HEADER_LINE, kv_subject
 from scheduler.core import BatchItem, Done, Outcome, PubAck, PublishError
 
 
@@ -76,15 +76,24 @@ class MemoryStreams:
     def messages(self, stream: str) -> list[Stored]:
         return self.streams[stream].messages
 
+    def capturing(self, subject: str) -> Stream | None:
+        """The stream that captures `subject`, if any."""
+        return next((s for s in self.streams.values() if s.captures(subject)), None)
+
+    def held_on(self, subject: str) -> int:
+        """How many messages the stream capturing `subject` holds on it (LookupError: none)."""
+        stream = self.capturing(subject)
+        if stream is None:
+            raise LookupError(f"no stream captures {subject}")
+        return sum(1 for m in stream.messages if m.subject == subject)
+
+    def consume(self, stream: str, subject: str) -> None:
+        """Acknowledge every message on `subject` (work-queue retention removes them)."""
+        kept = [m for m in self.streams[stream].messages if m.subject != subject]
+        self.streams[stream].messages[:] = kept
+
     def store(self, subject: str, payload: bytes, headers: dict[str, str]) -> Outcome:
-        stream = next(
-            (
-                s
-                for s in self.streams.values()
-                if any(subject_matches(p, subject) for p in s.subjects)
-            ),
-            None,
-        )
+        stream = self.capturing(subject)
         if stream is None:
             return PublishError(subject, f"no stream captures {subject}")
         now = self.monotonic()
@@ -187,6 +196,9 @@ class MemoryBroker:
         for subject, payload, headers, done in items:
             self._deliver(done, self._outcome(subject, payload, headers_of(headers)))
 
+    async def kv_put(self, bucket: str, key: str, value: bytes) -> asyncio.Future[PubAck]:
+        return await self.publish(kv_subject(bucket, key), value, {})
+
     def reserve(self) -> str:
         self._next += 1
         return f"_INBOX.memory.{self._next}"
@@ -218,8 +230,9 @@ class _Listening:
 
 
 class MemoryBus:
-    """`scheduler.engine.ports.Bus` over `MemoryStreams`: publishers, core listeners, and an
-    intake source the test feeds (`source`)."""
+    """`scheduler.engine.ports.Bus` over `MemoryStreams`: publishers, core listeners, an
+    intake source the test feeds (`source`), and what the streams hold; a test acknowledges
+    messages with `MemoryStreams.consume`."""
 
     def __init__(self, streams: MemoryStreams, source: Any = None) -> None:
         self.streams = streams
@@ -255,44 +268,10 @@ class MemoryBus:
         found = self.streams.streams.get(stream)
         return found.duplicate_window if found is not None else 0.0
 
+    async def messages_held(self, subject: str) -> int:
+        return self.streams.held_on(subject)
+
     def link(self, up: bool) -> None:
         """The connection dropped (False) or came back (True)."""
         for listener in list(self.link_listeners):
             listener(up)
-
-
-@dataclass
-class _State:
-    subjects: dict[str, int]
-
-
-@dataclass
-class _Info:
-    state: _State
-
-
-class MemoryJetStream:
-    """The two JetStream lookups `concurrency: forbid` makes (the stream of a subject, and how
-    many messages it holds on that subject), over `MemoryStreams`. A test acknowledges (removes)
-    a message with `consume`, as a work-queue consumer's ack does."""
-
-    def __init__(self, streams: MemoryStreams) -> None:
-        self.streams = streams
-
-    async def find_stream_name_by_subject(self, subject: str) -> str:
-        for stream in self.streams.streams.values():
-            if stream.captures(subject):
-                return stream.name
-        raise LookupError(f"no stream captures {subject}")
-
-    async def stream_info(self, name: str, subjects_filter: str | None = None) -> _Info:
-        counts: dict[str, int] = {}
-        for m in self.streams.messages(name):
-            if subjects_filter is None or subject_matches(subjects_filter, m.subject):
-                counts[m.subject] = counts.get(m.subject, 0) + 1
-        return _Info(_State(counts))
-
-    def consume(self, stream: str, subject: str) -> None:
-        """Acknowledge every message on `subject` (work-queue retention removes them)."""
-        kept = [m for m in self.streams.messages(stream) if m.subject != subject]
-        self.streams.streams[stream].messages[:] = kept

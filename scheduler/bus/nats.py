@@ -73,6 +73,7 @@ class NatsBus:
         self._denied = ""  # the last permissions violation the server reported
         self._denied_event = asyncio.Event()
         self._refused = asyncio.Event()  # the first connect met a refusal retrying cannot cure
+        self._stream_of: dict[str, str] = {}  # subject -> the stream capturing it
 
     async def connect(self, budget: float = 60.0) -> None:
         """Connect, retrying an unreachable server with backoff for `budget` seconds.
@@ -331,6 +332,16 @@ class NatsBus:
         """The duplicate window of `stream`, in seconds (0 without one)."""
         assert self.js is not None
         return (await self.js.stream_info(stream)).config.duplicate_window or 0
+
+    async def messages_held(self, subject: str) -> int:
+        """How many messages the stream capturing `subject` holds on it (the stream's name is
+        looked up once per subject); raises NotFoundError when no stream captures it."""
+        assert self.js is not None
+        stream = self._stream_of.get(subject)
+        if stream is None:
+            stream = self._stream_of[subject] = await self.js.find_stream_name_by_subject(subject)
+        info = await self.js.stream_info(stream, subjects_filter=subject)
+        return int((info.state.subjects or {}).get(subject, 0))
 
 
 def tls_context(settings: Settings) -> ssl.SSLContext | None:

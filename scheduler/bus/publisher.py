@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from nats.aio.client import Client
 from nats.errors import MaxPayloadError
 
+from scheduler.bus.frames import kv_subject
 from scheduler.bus.wire import Wire, raw_subscribe
 from scheduler.core import BatchItem, Done, Outcome, PubAck, PublishError
 
@@ -222,6 +223,11 @@ class Publisher:
         except Exception as exc:  # closed, reconnecting (no buffer): fail the message
             self._fail(token, f"publish failed: {exc!r}")
         return fut
+
+    async def kv_put(self, bucket: str, key: str, value: bytes) -> asyncio.Future[PubAck]:
+        """Write `key` of KV bucket `bucket`: a publish to the bucket's subject, pipelined and
+        fenced like any other; the future gives the bucket stream's PubAck."""
+        return await self.publish(kv_subject(bucket, key), value, {})
 
     @property
     def max_payload(self) -> int:

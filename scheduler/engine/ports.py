@@ -7,7 +7,9 @@ checks it: pyproject.toml, tests/unit/test_layers.py). It speaks to
   statement it needs, written once in `scheduler.store` (`store.tasks.TaskStore`,
   `store.cron_jobs.ScheduleStore`; the fencing SQL in `store.leadership`);
 - a `Broker`: every NATS byte (headers, frames, acks, KV subjects, the raw fast path) lives in
-  `scheduler.bus` (`bus.publisher.Publisher`; the pure protocol bytes in `bus.frames`);
+  `scheduler.bus` (`bus.publisher.Publisher`; the pure protocol bytes in `bus.frames`), and the
+  `Bus` that opens one per term and answers the JetStream questions the engine asks
+  (`bus.nats.NatsBus`);
 - `Delivery`: a message taken from the delay lane (`nats.aio.msg.Msg` or `bus.wire.RawMsg`).
 
 Contract common to every state-changing repository method taking an `epoch`: it runs fenced.
@@ -187,6 +189,11 @@ class Broker(Protocol):
         header block given as bytes is sent as it is (see `scheduler.bus.frames`)."""
         ...
 
+    async def kv_put(self, bucket: str, key: str, value: bytes) -> asyncio.Future[PubAck]:
+        """Write `key` of KV bucket `bucket` as a publish through this broker (pipelined and
+        fenced like any message); the future gives the bucket stream's PubAck."""
+        ...
+
     def reserve(self) -> str:
         """A reply subject for a message framed ahead of time."""
         ...
@@ -285,4 +292,10 @@ class Bus(Protocol):
 
     async def duplicate_window(self, stream: str) -> float:
         """A stream's duplicate window in seconds (0 without one)."""
+        ...
+
+    async def messages_held(self, subject: str) -> int:
+        """How many messages the stream that captures `subject` still holds on that subject
+        (on a work-queue stream: those no worker has acknowledged yet). Raises when no stream
+        captures `subject` or the server cannot be asked."""
         ...

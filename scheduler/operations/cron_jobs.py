@@ -27,7 +27,7 @@ from nats.js.errors import NoStreamResponseError
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.core import Advance
 from scheduler.cron import occurrences
-from scheduler.engine.cron_firing import envelope
+from scheduler.engine.cron_message import envelope
 from scheduler.engine.misfire import fire_time
 from scheduler.operations import Outcome
 from scheduler.operations.paging import Page, decode, page

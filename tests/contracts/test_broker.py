@@ -15,6 +15,7 @@ from scheduler.bus.memory import MemoryBroker, MemoryStreams
 from scheduler.core import Outcome, PubAck, PublishError
 
 STREAM = "CONTRACT"
+BUCKET = "contract_state"
 
 
 @dataclass
@@ -22,6 +23,8 @@ class Side:
     broker: Any  # Publisher or MemoryBroker
     # (stream, seq) -> (subject, payload, headers) of a stored message
     read: Callable[[int], Any]
+    # key -> the latest value of that key in BUCKET
+    read_key: Callable[[str], Any]
     office: dict[str, bool] = field(default_factory=lambda: {"in": True})
 
 
@@ -31,23 +34,29 @@ async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
     if nats_server_url is None:
         streams = MemoryStreams()
         streams.add_stream(STREAM, ["contract.>"], duplicate_window=60)
+        streams.add_stream(f"KV_{BUCKET}", [f"$KV.{BUCKET}.>"])
         broker = MemoryBroker(streams, fence=lambda: office["in"], timeout=2)
 
         async def read_memory(seq: int) -> tuple[str, bytes, dict[str, str]]:
             m = next(m for m in streams.messages(STREAM) if m.seq == seq)
             return m.subject, m.payload, m.headers
 
-        yield Side(broker, read_memory, office)
+        async def read_memory_key(key: str) -> bytes:
+            held = streams.messages(f"KV_{BUCKET}")
+            return [m.payload for m in held if m.subject == f"$KV.{BUCKET}.{key}"][-1]
+
+        yield Side(broker, read_memory, read_memory_key, office)
         await broker.close()
         return
     import nats
-    from nats.js.api import StreamConfig
+    from nats.js.api import KeyValueConfig, StreamConfig
 
     from scheduler.bus.publisher import Publisher
 
     nc = await nats.connect(nats_server_url)
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name=STREAM, subjects=["contract.>"], duplicate_window=60))
+    kv = await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1))
     publisher = await Publisher(nc, timeout=2, fence=lambda: office["in"]).start()
 
     async def read_real(seq: int) -> tuple[str, bytes, dict[str, str]]:
@@ -55,10 +64,15 @@ async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
         return m.subject, m.data or b"", dict(m.headers or {})
 
     try:
-        yield Side(publisher, read_real, office)
+
+        async def read_real_key(key: str) -> bytes:
+            return (await kv.get(key)).value or b""
+
+        yield Side(publisher, read_real, read_real_key, office)
     finally:
         await publisher.close()
         await js.delete_stream(STREAM)
+        await js.delete_key_value(BUCKET)
         await nc.close()
 
 
@@ -149,3 +163,19 @@ async def test_a_message_over_max_payload_is_refused_for_good(side: Side) -> Non
     got = await outcome_of(side, "contract.big", big, uuid.uuid4().hex)
     assert isinstance(got, PublishError) and got.permanent and got.reason == "too_large"
     assert await outcome_of(side, "contract.a", b"ok", uuid.uuid4().hex) == PubAck(STREAM, 1, False)
+
+
+async def test_a_kv_put_is_a_fenced_publish_to_the_bucket(side: Side) -> None:
+    """`kv_put` writes the key as a message on the bucket's stream (the value readable as the
+    key's latest), and like any publish is not sent out of office."""
+    put = await side.broker.kv_put(BUCKET, "cron.job-a", b'{"n": 1}')
+    async with asyncio.timeout(5):
+        ack = await put
+    assert ack.stream == f"KV_{BUCKET}" and not ack.duplicate
+    assert await side.read_key("cron.job-a") == b'{"n": 1}'
+    side.office["in"] = False
+    fenced = await side.broker.kv_put(BUCKET, "cron.job-a", b'{"n": 2}')
+    with pytest.raises(PublishError, match="not sent"):
+        async with asyncio.timeout(5):
+            await fenced
+    assert await side.read_key("cron.job-a") == b'{"n": 1}'

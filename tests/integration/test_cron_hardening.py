@@ -11,6 +11,7 @@ import nats
 import pytest
 from nats.js.api import DiscardPolicy, StreamConfig
 
+from scheduler.bus.nats import NatsBus
 from scheduler.bus.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import SystemClock
 from scheduler.engine.cron_firing import CronEngine
@@ -114,19 +115,21 @@ async def cron_parts(settings: Settings) -> AsyncIterator[tuple[CronEngine, Any,
     s = settings.with_overrides(backoff=timedelta(milliseconds=100))
     assert s.database_dsn is not None
     pool = await create_pool(s.database_dsn, min_size=1, max_size=2)
-    nc = await nats.connect(s.nats_url)
-    publisher = await Publisher(nc, timeout=5).start()
+    bus = NatsBus(s, Metrics())
+    await bus.connect(5)
+    assert bus.nc is not None and bus.js is not None
+    publisher = await Publisher(bus.nc, timeout=5).start()
     try:
-        js = nc.jetstream()
+        js = bus.js
         await js.add_stream(name="CATCHUP", subjects=["mq.scheduled.>"], duplicate_window=120)
         epoch = await take_office(pool, "cron-test")
         store = ScheduleStore(PostgresStore(pool, Metrics()))
-        engine = CronEngine(s, store, FixedOffice(epoch), SystemClock(), Metrics(), js)
+        engine = CronEngine(s, store, FixedOffice(epoch), SystemClock(), Metrics(), bus)
         await engine.sync()
         yield engine, FailingFirst(publisher, "mq.scheduled.catchup"), epoch, js
     finally:
         await publisher.close()
-        await nc.close()
+        await bus.close()
         await pool.close()
 
 

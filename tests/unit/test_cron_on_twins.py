@@ -3,13 +3,15 @@ failover that cannot double an occurrence (no server)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from scheduler.bus.memory import MemoryBroker, MemoryJetStream, MemoryStreams
-from scheduler.clock import FakeClock, rfc3339
+from scheduler.bus.memory import MemoryBroker, MemoryBus, MemoryStreams
+from scheduler.clock import FakeClock, rfc3339, to_rfc3339
 from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.office import FixedOffice
 from scheduler.errors import FencedError
@@ -27,7 +29,7 @@ class Cron:
         self.streams = MemoryStreams(self.clock.monotonic)
         self.streams.add_stream("JOBS", ["mq.scheduled.>"])
         self.streams.add_stream("KV_scheduler_state", ["$KV.scheduler_state.>"])  # the mirror
-        self.js = MemoryJetStream(self.streams)
+        self.bus = MemoryBus(self.streams)
         self.store = store or MemoryScheduleStore()
         self.settings = Settings(schedules_dir=tmp_path, instance_id="twin")
         self.broker = MemoryBroker(self.streams)
@@ -35,7 +37,7 @@ class Cron:
     async def engine(self) -> tuple[CronEngine, int]:
         epoch = await self.store.office.take_office("twin")
         engine = CronEngine(
-            self.settings, self.store, FixedOffice(epoch), self.clock, Metrics(), self.js
+            self.settings, self.store, FixedOffice(epoch), self.clock, Metrics(), self.bus
         )
         await engine.sync()
         return engine, epoch
@@ -101,7 +103,7 @@ async def test_forbid_skips_while_the_last_run_is_queued(tmp_path: Path) -> None
     await engine.tick(epoch, cron.broker, cursors)
     assert cron.fired() == [key("f", 0)]  # busy: skipped
     assert cron.store.state["f"] == T0 + timedelta(minutes=1)
-    cron.js.consume("JOBS", "mq.scheduled.f")
+    cron.streams.consume("JOBS", "mq.scheduled.f")
     cron.clock.advance(60)
     await engine.tick(epoch, cron.broker, cursors)
     assert cron.fired() == [key("f", -2)]
@@ -122,3 +124,21 @@ async def test_a_deposed_leader_cannot_move_cursors_and_its_heir_does_not_double
     await heir.tick(new_epoch, cron.broker, await cron.store.cursors())
     assert cron.fired() == [key("h", 0)]  # the old leader's publish, deduplicated
     assert [e["epoch"] for e in cron.store.fire_log] == [new_epoch]
+
+
+async def test_moved_cursors_are_mirrored_to_the_state_bucket(tmp_path: Path) -> None:
+    """After a tick the moved cursor is copied to KV `scheduler_state` as `cron.<job>` with
+    the occurrence, the epoch and the instance, through the term's broker."""
+    cron = Cron(tmp_path, job("m"))
+    cron.store.state["m"] = T0 - timedelta(minutes=1)
+    engine, epoch = await cron.engine()
+    await engine.tick(epoch, cron.broker, await cron.store.cursors())
+    for _ in range(20):  # the mirror runs as its own task; its acks come from the loop
+        await asyncio.sleep(0)
+    held = cron.streams.messages("KV_scheduler_state")
+    assert [m.subject for m in held] == ["$KV.scheduler_state.cron.m"]
+    assert json.loads(held[0].payload) == {
+        "last_scheduled_for": to_rfc3339(T0),
+        "epoch": epoch,
+        "instance": "twin",
+    }

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from scheduler.clock import to_rfc3339
-from scheduler.engine.cron_firing import Prepared, envelope
+from scheduler.engine.cron_message import Prepared, envelope
 from scheduler.schedules import load_text
 
 YAML = """\

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from scheduler.api.auth import identify
 from scheduler.api.problems import from_outcome
 from scheduler.commands.apiclient import _failure, table
-from scheduler.engine.cron_firing import operator_paused
+from scheduler.engine.cron_catalog import operator_paused
 from scheduler.errors import RequestError
 from scheduler.operations import Outcome
 from scheduler.operations.cron_jobs import manual_envelope

@@ -18,7 +18,7 @@ from scheduler.bus.nats import (
     nats_unavailable,
     permanent_connect_error,
 )
-from scheduler.daemon import listen_error
+from scheduler.listeners import listen_error
 from scheduler.settings import Settings
 from scheduler.store.postgres import connect_problem, refused, unavailable
 

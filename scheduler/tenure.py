@@ -1,0 +1,95 @@
+"""A term of office as the engine sees it (`scheduler.engine.office.Office`), and stepping down.
+
+`Leadership` begins a term once it holds the lease and a fresh epoch, and moves its deadline at
+every renew. The term ends at once, and says why, when the deadline passes (time the last
+successful renew was *sent* + TTL - margin, on the monotonic clock), when this host's clock is
+found skewed against PostgreSQL's, or when `end` is called (a failed renew, a fenced write,
+resigning, stopping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from scheduler.clock import Clock
+from scheduler.metrics import Metrics
+
+
+class Tenure:
+    """`epoch` and `since` while in office; `lost` is set whenever this instance is not in
+    office (so also before the first term), `gained` while it is."""
+
+    def __init__(
+        self,
+        instance: str,
+        clock: Clock,
+        metrics: Metrics,
+        log: logging.Logger,
+        clock_ok: Callable[[], bool],
+    ) -> None:
+        self.instance = instance
+        self._clock, self._metrics, self._log, self._clock_ok = clock, metrics, log, clock_ok
+        self._epoch: int | None = None
+        self._since: datetime | None = None
+        self.deadline = 0.0  # monotonic; also bounds the calls that take office
+        self.lost = asyncio.Event()
+        self.lost.set()
+        self.gained = asyncio.Event()
+
+    @property
+    def epoch(self) -> int | None:
+        return self._epoch if self.held() else None
+
+    @property
+    def since(self) -> datetime | None:
+        return self._since if self.held() else None
+
+    @property
+    def role(self) -> str:
+        return "leader" if self.held() else "standby"
+
+    def recorded(self) -> tuple[int | None, datetime | None]:
+        """The term's epoch and since as recorded, the deadline not checked ((None, None) out
+        of office): for the renew that is to move the deadline."""
+        return self._epoch, self._since
+
+    async def wait_for_office(self) -> int:
+        while (epoch := self.epoch) is None:
+            await self.gained.wait()
+        return epoch
+
+    def held(self) -> bool:
+        """In office and before the deadline, with a clock in agreement (else the term ends)."""
+        if self._epoch is not None:
+            if self._clock.monotonic() >= self.deadline:
+                self.end("deadline")
+            elif not self._clock_ok():  # would fire early or late: stop acting at once
+                self.end("clock_skew")
+        return self._epoch is not None
+
+    def begin(self, epoch: int, since: datetime, deadline: float) -> None:
+        """Take office with `epoch` (taken in PostgreSQL) until `deadline`."""
+        self.deadline = deadline
+        self._epoch, self._since = epoch, since
+        self._metrics.is_leader.set(1)
+        self._metrics.leader_epoch.set(epoch)
+        self.lost.clear()
+        self.gained.set()
+        self._log.info("leader.acquired instance=%s epoch=%d", self.instance, epoch)
+
+    def end(self, reason: str, error: BaseException | None = None) -> None:
+        """Leave office at once (nothing to do when out of office)."""
+        if self._epoch is None:
+            return
+        epoch, self._epoch, self._since = self._epoch, None, None
+        self.lost.set()
+        self.gained.clear()
+        self._metrics.is_leader.set(0)
+        self._metrics.leader_epoch.set(0)
+        quiet = reason in ("resigned", "stopped")
+        level = logging.INFO if quiet else logging.WARNING
+        message = "leader.lost instance=%s epoch=%d reason=%s error=%r"
+        self._log.log(level, message, self.instance, epoch, reason, error)

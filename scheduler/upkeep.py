@@ -1,0 +1,44 @@
+"""The daemon's housekeeping loops, on every instance: fire-log partitions and old rows, and
+the event loop's lag (CPU starvation shows there first)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from scheduler.aio import wait_or_stop
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+from scheduler.store.postgres import PostgresStore
+from scheduler.store.tasks import TaskStore
+
+log = logging.getLogger("scheduler.daemon")
+
+UPKEEP_INTERVAL = 3600.0
+LAG_PROBE_EVERY = 0.1
+
+
+async def fire_log_upkeep(
+    store: PostgresStore, tasks: TaskStore | None, settings: Settings, stop: asyncio.Event
+) -> None:
+    """Hourly: fire-log partitions two days ahead, expired ones dropped, old tasks purged."""
+    while not stop.is_set():
+        try:
+            for change in await store.fire_log_upkeep(settings.fire_log_retention):
+                log.info("fire_log.partition %s", change)
+            if tasks is not None:
+                purged = await tasks.purge_finished(settings.fire_log_retention)
+                log.info("delayed_messages.purged rows=%d", purged)
+        except Exception as exc:  # upkeep must never take the daemon down; retried next hour
+            log.warning("fire_log.upkeep_failed error=%r", exc)
+        await wait_or_stop(stop, UPKEEP_INTERVAL)
+
+
+async def loop_lag_probe(metrics: Metrics, stop: asyncio.Event) -> None:
+    """Measure how late the event loop runs a 100 ms timer; ten wakes a second cost nothing
+    measurable, unlike a 10 ms timer (~1.5 % CPU)."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        start = loop.time()
+        await asyncio.sleep(LAG_PROBE_EVERY)
+        metrics.loop_lag.observe(max(0.0, loop.time() - start - LAG_PROBE_EVERY))
