@@ -22,7 +22,10 @@ def frame(doc: dict) -> tuple[bytes, bytes]:
 async def org_rows(database_url: str) -> dict[str, tuple[str | None, str]]:
     conn = await asyncpg.connect(database_url)
     try:
-        rows = await conn.fetch("SELECT id, org_id, status FROM delayed_messages")
+        rows = await conn.fetch(  # a fired task's row is gone: its tombstone says fired
+            "SELECT id, org_id, status FROM delayed_messages UNION ALL "
+            "SELECT id, NULL, 'fired' FROM fired_tasks"
+        )
     finally:
         await conn.close()
     return {r["id"]: (r["org_id"], r["status"]) for r in rows}

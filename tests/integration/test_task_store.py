@@ -78,9 +78,10 @@ async def test_mark_fired_records_exact_instants_whatever_the_ids(database_url: 
                 [Fired(t, fired_at, "TASKS", 40 + i) for i, t in enumerate(claimed)],
                 "t",
             )
+        assert await pool.fetchval("SELECT count(*) FROM delayed_messages") == 0  # deleted
         rows = await pool.fetch(
-            "SELECT d.id, d.status, d.stream_seq, d.fired_at, f.key, f.subject, f.stream, "
-            "f.scheduled_for, f.fired_at AS logged_at FROM delayed_messages d "
+            "SELECT d.id, 'fired' AS status, f.stream_seq, d.fired_at, f.key, f.subject, "
+            "f.stream, f.scheduled_for, f.fired_at AS logged_at FROM fired_tasks d "
             "JOIN fire_log f ON f.key = d.id"
         )
         assert {r["id"] for r in rows} == {t.id for t in plain + odd}
