@@ -3,7 +3,8 @@
 A fresh PostgreSQL runs the statements one delayed task costs, in batches as the daemon sends
 them: intake (`insert_batch`), claim (`claim_within`), booking (`mark_fired`), then the
 cleanup they leave behind (the retention purge with retention 0, and a VACUUM of the tables
-touched), so dead tuples are paid for whichever design leaves them. CPU is read from that
+touched), so dead tuples are paid for whichever design leaves them; the tables' size on disk
+once every task fired is reported too. CPU is read from that
 server's own processes only (the postmaster's children alive, plus those it reaped), so other
 PostgreSQL servers on the host do not count, unlike `cpu_by_command` in common.py.
 
@@ -77,7 +78,11 @@ def tasks_of(n: int, due: datetime) -> list[NewTask]:
     ]
 
 
-async def lifecycle(dsn: str, pm: int, total: int, batch: int) -> dict[str, float]:
+async def lifecycle(
+    dsn: str, pm: int, total: int, batch: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """PostgreSQL CPU per task by step, and the tables' size on disk once every task fired
+    (before the purge and VACUUM)."""
     pool = await create_pool(dsn, min_size=2, max_size=2)
     store = TaskStore(PostgresStore(pool, Metrics()))
     epoch = await take_office(pool, "bench")
@@ -98,6 +103,11 @@ async def lifecycle(dsn: str, pm: int, total: int, batch: int) -> dict[str, floa
         split["intake"] += t1 - t0
         split["claim"] += t2 - t1
         split["fired"] += t3 - t2
+    sizes = await pool.fetch(
+        "SELECT relname, pg_total_relation_size(oid) AS bytes FROM pg_class "
+        "WHERE relname IN ('delayed_messages', 'fired_tasks')"
+    )
+    on_disk = {f"{r['relname']}_mb": round(r["bytes"] / 2**20, 1) for r in sizes}
     t0 = server_cpu(pm)
     await store.purge_finished(0)
     tables = await pool.fetch(
@@ -108,7 +118,7 @@ async def lifecycle(dsn: str, pm: int, total: int, batch: int) -> dict[str, floa
     split["cleanup"] = server_cpu(pm) - t0
     split["total"] = server_cpu(pm) - start
     await pool.close()
-    return {k: round(v / total * 1e6, 1) for k, v in split.items()}
+    return {k: round(v / total * 1e6, 1) for k, v in split.items()}, on_disk
 
 
 async def probes(dsn: str, pm: int, history: int, rounds: int = 50) -> dict[str, float]:
@@ -167,7 +177,7 @@ def main() -> None:
         migrate.upgrade(pg.url)
         pm = postmaster_pid(os.path.join(workdir, "pg"))
         started = time.time()
-        per_task = asyncio.run(lifecycle(pg.url, pm, args.tasks, args.batch))
+        per_task, on_disk = asyncio.run(lifecycle(pg.url, pm, args.tasks, args.batch))
         probe = asyncio.run(probes(pg.url, pm, args.history)) if args.history else {}
     finally:
         pg.stop()
@@ -178,6 +188,7 @@ def main() -> None:
         "tasks": args.tasks,
         "seconds": round(time.time() - started, 1),
         "postgres_cpu_us_per_task": per_task,
+        "size_after_firing_mb": on_disk,
         "intake_probe_cpu_us_per_id": probe,
     }
     text = json.dumps(result, indent=2)
@@ -188,6 +199,7 @@ def main() -> None:
     print(
         f"pg_task_cost: postgres {per_task['total']} us/task (intake {per_task['intake']}, "
         f"claim {per_task['claim']}, fired {per_task['fired']}, cleanup {per_task['cleanup']}); "
+        f"on disk after firing {on_disk}; "
         f"tombstone probe us/id {probe}",
         file=sys.stderr,
     )
