@@ -650,12 +650,15 @@ class TaskStore:
             )
 
     async def pending_by_org(self) -> dict[str | None, int]:
-        """Unfinished tasks (pending, in doubt, claimed) per `org_id`: one GROUP BY over the
-        partial index `delayed_messages_org_open` (migration 0009)."""
+        """Unfinished tasks (pending, in doubt, claimed) per `org_id`: the ready ones over the
+        partial index `delayed_messages_org_open`, the claimed ones (few: those being fired)
+        over the claimed index (migrations 0009, 0010)."""
         async with self.db.timed("count_orgs") as conn:
             rows = await conn.fetch(
-                "SELECT org_id, count(*) AS n FROM delayed_messages "
-                "WHERE status IN ('pending', 'in_doubt', 'claimed') GROUP BY org_id"
+                "SELECT org_id, sum(n)::bigint AS n FROM (SELECT org_id, count(*) AS n FROM "
+                "delayed_messages WHERE status IN ('pending', 'in_doubt') GROUP BY org_id "
+                "UNION ALL SELECT org_id, count(*) FROM delayed_messages "
+                "WHERE status = 'claimed' GROUP BY org_id) AS c GROUP BY org_id"
             )
         return {r["org_id"]: r["n"] for r in rows}
 

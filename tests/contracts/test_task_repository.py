@@ -243,3 +243,25 @@ async def test_a_fired_id_is_refused_within_the_retention(repo: Repo) -> None:
     assert await repo.tasks.insert([other]) == []
     assert not await repo.has_row(t.id)
     assert [r.task_id for r in await repo.tasks.overdue(NOW + timedelta(1), 10)] == [fresh.id]
+
+
+async def test_unfinished_tasks_are_counted_per_org(repo: Repo) -> None:
+    """`pending_by_org` counts pending, in-doubt and claimed tasks per organisation (none for
+    tasks without one under None); fired, expired and cancelled ones leave the count."""
+    due = NOW + timedelta(seconds=0)
+
+    def of(org: str | None) -> NewTask:
+        t = task(0)
+        return NewTask(t.id, t.target, t.payload, {}, 5, due, due, None, org_id=org)
+
+    a1, a2, a3, a4, b1, none = of("a"), of("a"), of("a"), of("a"), of("b"), of(None)
+    gone = of("b")
+    await repo.tasks.insert_batch([a1, a2, a3, a4, b1, none, gone])
+    assert await repo.tasks.cancel(gone.id, gone.target) == "cancelled"
+    epoch = await repo.take_office()
+    until = NOW + timedelta(seconds=1)
+    claimed = {c.id: c for c in await repo.tasks.claim(epoch, [a1.id, a2.id, a3.id, b1.id], until)}
+    await repo.tasks.retry_later(epoch, [(claimed[a2.id], until, "ack lost", True)])
+    await repo.tasks.mark_fired(epoch, [Fired(claimed[a3.id], NOW, "S", 1)], "x")
+    await repo.tasks.expire(epoch, [b1.id])
+    assert await repo.tasks.pending_by_org() == {"a": 3, None: 1}

@@ -100,6 +100,11 @@ async def test_migration_0009_adds_the_org_column_and_index_and_removes_them(
         return nullable, index
 
     nullable, index = await shape()
+    assert nullable == "YES"  # head: claimed tasks left the index (migration 0010)
+    assert index is not None and "(org_id)" in index and "'in_doubt'" in index
+    assert "'claimed'" not in index
+    await asyncio.to_thread(migrate.downgrade, database_url, "0009")
+    nullable, index = await shape()
     assert nullable == "YES"
     assert index is not None and "(org_id)" in index and "'claimed'" in index
     await asyncio.to_thread(migrate.downgrade, database_url, "0008")
