@@ -71,12 +71,12 @@ class TaskSummary(BaseModel):
     id: str
     target: str
     status: str = Field(description="pending, claimed, fired, cancelled, expired, dead, ...")
-    priority: int
+    priority: int | None = Field(description="null once fired (the task's row is deleted)")
     due_at: datetime = Field(description="when it fires (moves on retries and reschedules)")
     scheduled_for: datetime = Field(description="the time the producer (or a replay) asked for")
     expires_at: datetime | None
     attempts: int
-    created_at: datetime
+    created_at: datetime | None = Field(description="null once fired")
     fired_at: datetime | None
 
 

@@ -44,8 +44,10 @@ class TaskRepository(Protocol):
 
     Statuses: `pending` (waiting), `in_doubt` (published, ack never came: due again after a
     backoff and republished with the same `Nats-Msg-Id`), `claimed` (by a leader's epoch, being
-    published), then one of `fired`, `expired`, `dead`, `cancelled`. Firing order is
-    (due time, priority, intake sequence)."""
+    published), then one of `fired`, `expired`, `dead`, `cancelled`. A fired task's row is
+    deleted; a tombstone keeps its id refused at intake (as `resent` or `taken`, as for a
+    stored task) and answers `get`, cancel and reschedule. Firing order is (due time,
+    priority, intake sequence)."""
 
     async def insert_batch(self, tasks: Sequence[NewTask]) -> Insertion:
         """Store new tasks (idempotent by id: the same id with the same target and bytes is
@@ -92,7 +94,8 @@ class TaskRepository(Protocol):
         ...
 
     async def mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
-        """Fenced, idempotent: claimed tasks become `fired`, one fire-log row each."""
+        """Fenced, idempotent: claimed tasks' rows are deleted, each leaving a tombstone
+        (status `fired`) and one fire-log row."""
         ...
 
     async def retry_later(

@@ -119,7 +119,9 @@ class DeadLetterStore:
                 )
                 if row is None:
                     status = await conn.fetchval(
-                        "SELECT status FROM delayed_messages WHERE id = $1", task_id
+                        "SELECT coalesce((SELECT status FROM delayed_messages WHERE id = $1), "
+                        "(SELECT 'fired' FROM fired_tasks WHERE id = $1))",
+                        task_id,
                     )
                     kind = "missing_task" if status is None else "not_dead"
                     raise _Abort(Requeued(kind, task_status=status))

@@ -8,8 +8,11 @@ It keeps the rules of the SQL: firing order (due, priority, intake sequence); a 
 `pending` and `in_doubt` tasks only, fenced by the epoch; payloads within a byte budget (a row
 whose predecessors already fill it is claimed without its payload, `parked`); bookkeeping
 applies only to tasks still `claimed` by the writer's epoch; a cancel succeeds only on a
-`pending` task and answers `in_flight` for one in doubt. The fencing epoch is this object's
-`epoch`, raised by `take_office` as `scheduler.store.leadership.take_office` raises PostgreSQL's.
+`pending` task and answers `in_flight` for one in doubt; a fired task's row is deleted and its
+id kept in `fired` (the tombstone of migration 0010: target and bytes, so a resend of the same
+task is still told from another task reusing the id), refused at intake. The fencing epoch is
+this object's `epoch`, raised by `take_office` as `scheduler.store.leadership.take_office`
+raises PostgreSQL's.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ class MemoryTaskStore:
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     epoch: int = 0
     rows: dict[str, Row] = field(default_factory=dict)
+    fired: dict[str, Row] = field(default_factory=dict)  # tombstones: deleted rows, by id
     fire_log: list[dict[str, Any]] = field(default_factory=list)
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -109,7 +113,7 @@ class MemoryTaskStore:
     async def insert(self, tasks: Sequence[NewTask]) -> list[TaskRef]:
         refs = []
         for t in tasks:
-            if t.id in self.rows:
+            if t.id in self.rows or t.id in self.fired:
                 continue
             row = self.rows[t.id] = Row(replace(t), next(self._seq), self.now())
             refs.append(row.ref())
@@ -123,7 +127,7 @@ class MemoryTaskStore:
             if t.id in fresh:
                 fresh.discard(t.id)
                 continue
-            kept = self.rows[t.id].task
+            kept = (self.rows.get(t.id) or self.fired[t.id]).task
             same = kept.target == t.target and kept.payload == t.payload
             (result.resent if same else result.taken).append(t)
         return result
@@ -240,6 +244,7 @@ class MemoryTaskStore:
             if row is None:
                 continue
             row.status, row.fired_at, row.stream_seq = "fired", f.fired_at, f.stream_seq
+            self.fired[f.task.id] = self.rows.pop(f.task.id)
             entry = {
                 "kind": "delayed",
                 "key": f.task.id,
@@ -291,10 +296,15 @@ class MemoryTaskStore:
                 {"original_id": task.id, "reason": reason, "error": error, "stage": "firing"}
             )
 
+    def status(self, task_id: str) -> str | None:
+        """A task's status, `fired` from its tombstone; None when unknown (for tests)."""
+        row = self.rows.get(task_id) or self.fired.get(task_id)
+        return None if row is None else row.status
+
     # -- the API's calls ------------------------------------------------------------------------
 
     def _answer_status(self, task_id: str, target: str) -> str | None:
-        row = self.rows.get(task_id)
+        row = self.rows.get(task_id) or self.fired.get(task_id)
         if row is None or row.task.target != target:
             return None
         return "in_doubt" if row.status == "claimed" and row.doubted else row.status
@@ -321,10 +331,25 @@ class MemoryTaskStore:
         return {None: "not_found", "in_doubt": "in_flight"}.get(status, "too_late"), None
 
     async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
-        row = self.rows.get(task_id)
+        row = self.rows.get(task_id) or self.fired.get(task_id)
         if row is None or (target is not None and row.task.target != target):
             return None
         t = row.task
+        if row.status == "fired":  # only the tombstone and the fire log are left
+            return {
+                "id": t.id,
+                "target": t.target,
+                "status": "fired",
+                "priority": None,
+                "due_at": t.scheduled_for,
+                "scheduled_for": t.scheduled_for,
+                "expires_at": None,
+                "attempts": row.attempts,
+                "fired_at": row.fired_at,
+                "stream_seq": row.stream_seq,
+                "last_error": None,
+                "created_at": None,
+            }
         return {
             "id": t.id,
             "target": t.target,

@@ -13,6 +13,7 @@ from typing import Any
 
 from scheduler.store.dead_letters import subject_clause
 from scheduler.store.postgres import PostgresStore
+from scheduler.store.tasks import fired_task
 
 _TASK_SUMMARY = (
     "id, target, status, priority, due_at, scheduled_for, expires_at, attempts, created_at, "
@@ -94,13 +95,19 @@ class OverviewStore:
         return [dict(r) for r in rows]
 
     async def task(self, task_id: str) -> dict[str, Any] | None:
-        """One task with its envelope bytes, headers and every delivery in the fire log."""
+        """One task with its envelope bytes, headers and every delivery in the fire log. A
+        fired task's row is gone (migration 0010): its state comes from its tombstone and the
+        fire log, without envelope bytes or headers."""
         async with self.db.timed("task_detail") as conn:
             row = await conn.fetchrow(
                 f"SELECT {_TASK_DETAIL} FROM delayed_messages WHERE id = $1", task_id
             )
             if row is None:
-                return None
+                row = await fired_task(conn, task_id)
+                if row is None:
+                    return None
+                row |= {"claimed_epoch": None, "claimed_at": None, "updated_at": row["fired_at"]}
+                row |= {"headers": "{}", "payload": None}
             fires = await conn.fetch(
                 "SELECT scheduled_for, fired_at, attempt, epoch, instance, stream, stream_seq "
                 "FROM fire_log WHERE kind = 'delayed' AND key = $1 ORDER BY scheduled_for, "
@@ -109,7 +116,7 @@ class OverviewStore:
             )
         doc = dict(row)
         doc["headers"] = json.loads(doc["headers"])
-        doc["payload"] = bytes(doc["payload"])
+        doc["payload"] = None if doc["payload"] is None else bytes(doc["payload"])
         doc["deliveries"] = [dict(f) for f in fires]
         return doc
 

@@ -138,11 +138,32 @@ async def _answer_status(conn: asyncpg.Connection, task_id: str, target: str) ->
     """The status a cancel or reschedule that changed nothing reports on: `in_doubt` also for
     a task being republished after a doubt (claimed again: it may already be delivered)."""
     return await conn.fetchval(  # type: ignore[no-any-return]
-        "SELECT CASE WHEN status = 'claimed' AND doubted THEN 'in_doubt' ELSE status END "
-        "FROM delayed_messages WHERE id = $1 AND target = $2",
+        "SELECT coalesce((SELECT CASE WHEN status = 'claimed' AND doubted THEN 'in_doubt' "
+        "ELSE status END FROM delayed_messages WHERE id = $1 AND target = $2), "
+        "(SELECT 'fired' FROM fired_tasks WHERE id = $1 AND target = $2))",
         task_id,
         target,
     )
+
+
+async def _drop_fired(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> list[asyncpg.Record]:
+    """The rows just inserted minus those whose id has a tombstone (it fired): these are
+    deleted again, in the insert's transaction, and judged as conflicts by the caller.
+
+    A second statement, not a `NOT EXISTS` in the insert: it takes a new snapshot, so it also
+    sees a tombstone committed while the insert ran. The insert waits on the unique index for
+    a concurrent `mark_fired` deleting the same id to commit, so every such tombstone is
+    committed before this statement starts; a check inside the insert's own snapshot would
+    miss it and store the id again."""
+    fired = await conn.fetch(
+        "WITH t AS (SELECT id FROM fired_tasks WHERE id = ANY($1::text[])) "
+        "DELETE FROM delayed_messages d USING t WHERE d.id = t.id RETURNING d.id",
+        [r["id"] for r in rows],
+    )
+    if not fired:
+        return rows
+    gone = {r["id"] for r in fired}
+    return [r for r in rows if r["id"] not in gone]
 
 
 def _intake_row(r: dict[str, Any], reduced: bool = False) -> tuple[Any, ...]:
@@ -159,6 +180,28 @@ def _intake_row(r: dict[str, Any], reduced: bool = False) -> tuple[Any, ...]:
         "{}" if reduced else json.dumps(headers),
         r.get("key"),
     )
+
+
+# The state of a fired task, whose row is gone: its tombstone and latest delivery. The fields
+# only the row held (priority, expiry, creation) are unknown (None).
+_FIRED = (
+    "SELECT t.id, t.target, 'fired' AS status, NULL::smallint AS priority, "
+    "coalesce(f.scheduled_for, t.fired_at) AS due_at, "
+    "coalesce(f.scheduled_for, t.fired_at) AS scheduled_for, NULL::timestamptz AS expires_at, "
+    "coalesce(f.attempt, 1) AS attempts, t.fired_at, f.stream_seq, NULL::text AS last_error, "
+    "NULL::timestamptz AS created_at FROM fired_tasks t LEFT JOIN LATERAL (SELECT "
+    "scheduled_for, attempt, stream_seq FROM fire_log WHERE kind = 'delayed' AND key = t.id "
+    "ORDER BY fired_at DESC LIMIT 1) f ON true WHERE t.id = $1 AND ($2::text IS NULL OR "
+    "t.target = $2)"
+)
+
+
+async def fired_task(
+    conn: asyncpg.Connection, task_id: str, target: str | None = None
+) -> dict[str, Any] | None:
+    """A fired task's state (see `_FIRED`), None when `task_id` has no tombstone."""
+    row = await conn.fetchrow(_FIRED, task_id, target)
+    return None if row is None else dict(row)
 
 
 class TaskStore:
@@ -190,7 +233,7 @@ class TaskStore:
         else:
             texts = tuple(t for t in joined if t is not None)
             a, b = (f"string_to_array(${n}, {_SEP_SQL})" for n in (1, 2))
-        async with self.db.timed("insert") as conn:
+        async with self.db.timed("insert") as conn, conn.transaction():
             rows = await conn.fetch(
                 "INSERT INTO delayed_messages (id, target, payload, headers, priority, due_at, "
                 "scheduled_for, expires_at, org_id) SELECT u.id, u.target, u.payload, u.headers, "
@@ -210,6 +253,7 @@ class TaskStore:
                 [None if t.expires_at is None else _us(t.expires_at) for t in tasks],
                 [t.org_id for t in tasks],
             )
+            rows = await _drop_fired(conn, rows) if rows else rows
         self.inserted += len(rows)
         return [_ref(r) for r in rows]
 
@@ -234,7 +278,9 @@ class TaskStore:
     async def _judge_conflicts(
         self, tasks: Sequence[NewTask], refs: list[TaskRef], result: Insertion
     ) -> None:
-        """Sort the tasks not stored into exact resends and ids taken by another task."""
+        """Sort the tasks not stored into exact resends and ids taken by another task, the
+        row or, for a task that fired, its tombstone (target and digest of the bytes) being
+        the one compared."""
         fresh = {r.task_id for r in refs}
         conflicts = []
         for task in tasks:  # within a batch, the first task with an id is the one stored
@@ -244,9 +290,12 @@ class TaskStore:
                 conflicts.append(task)
         async with self.db.timed("conflicts") as conn:
             rows = await conn.fetch(
-                "SELECT u.i, d.id IS NULL OR (d.target = u.target AND d.payload = u.payload) "
-                "AS same FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int[]) "
-                "AS u(id, target, payload, i) LEFT JOIN delayed_messages d ON d.id = u.id",
+                "SELECT u.i, CASE WHEN d.id IS NOT NULL THEN d.target = u.target AND "
+                "d.payload = u.payload WHEN f.id IS NOT NULL THEN f.target = u.target AND "
+                "f.digest = md5(u.payload)::uuid ELSE true END AS same "
+                "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int[]) "
+                "AS u(id, target, payload, i) LEFT JOIN delayed_messages d ON d.id = u.id "
+                "LEFT JOIN fired_tasks f ON d.id IS NULL AND f.id = u.id",
                 [t.id for t in conflicts],
                 [t.target for t in conflicts],
                 [t.payload for t in conflicts],
@@ -382,11 +431,13 @@ class TaskStore:
             return int(await conn.fetchval("SELECT epoch FROM leadership WHERE id = 1"))
 
     async def mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
-        """Record deliveries: status fired and one `fire_log` row each, in one statement.
+        """Record deliveries in one statement: each task's row deleted, a tombstone in
+        `fired_tasks` (its id stays refused for the retention, migration 0010) and one
+        `fire_log` row.
 
-        Idempotent: the log row is written only for a task this statement moves from claimed
-        to fired, which happens once per claim (one row per task and attempt), and the unique
-        index `fire_log_once` drops an exact repeat of a row (see migration 0006)."""
+        Idempotent: tombstone and log row are written only for a task this statement deletes
+        while claimed by `epoch`, which happens once per task (one row per task and attempt),
+        and the unique index `fire_log_once` drops an exact repeat of a row (migration 0006)."""
         if not fired:
             return
         columns = ([f.task.id for f in fired], [f.task.target for f in fired])
@@ -406,9 +457,11 @@ class TaskStore:
                 f"u.attempt, u.stream, u.seq FROM unnest({a}, {b}, $5::bigint[], "
                 f"$6::bigint[], $7::int[], {c}, $9::bigint[]) "
                 "AS u(id, subject, sched_us, fired_us, attempt, stream, seq)), "
-                "upd AS (UPDATE delayed_messages d SET status = 'fired', fired_at = u.fired_at, "
-                "stream_seq = u.seq, updated_at = now() FROM u, lead WHERE d.id = u.id AND "
-                "d.status = 'claimed' AND d.claimed_epoch = $1 RETURNING d.id), "
+                "upd AS (DELETE FROM delayed_messages d USING u, lead WHERE d.id = u.id AND "
+                "d.status = 'claimed' AND d.claimed_epoch = $1 RETURNING d.id, d.target, "
+                "md5(d.payload)::uuid AS digest, u.fired_at), "
+                "tomb AS (INSERT INTO fired_tasks (id, target, digest, fired_at) SELECT id, "
+                "target, digest, fired_at FROM upd ON CONFLICT (id) DO NOTHING), "
                 "ins AS (INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, "
                 "attempt, epoch, instance, stream, stream_seq) SELECT 'delayed', u.id, "
                 "u.subject, u.sched, u.fired_at, u.attempt, $1, $2, u.stream, u.seq "
@@ -558,7 +611,9 @@ class TaskStore:
                 task_id,
                 target,
             )
-        return None if row is None else dict(row)
+            if row is None:
+                return await fired_task(conn, task_id, target)
+        return dict(row)
 
     async def analyze_if_stale(self, min_rows: int = ANALYZE_AFTER_ROWS) -> bool:
         """ANALYZE `delayed_messages` when this store has inserted many rows since the last one.
@@ -595,21 +650,30 @@ class TaskStore:
             )
 
     async def pending_by_org(self) -> dict[str | None, int]:
-        """Unfinished tasks (pending, in doubt, claimed) per `org_id`: one GROUP BY over the
-        partial index `delayed_messages_org_open` (migration 0009)."""
+        """Unfinished tasks (pending, in doubt, claimed) per `org_id`: the ready ones over the
+        partial index `delayed_messages_org_open`, the claimed ones (few: those being fired)
+        over the claimed index (migrations 0009, 0010)."""
         async with self.db.timed("count_orgs") as conn:
             rows = await conn.fetch(
-                "SELECT org_id, count(*) AS n FROM delayed_messages "
-                "WHERE status IN ('pending', 'in_doubt', 'claimed') GROUP BY org_id"
+                "SELECT org_id, sum(n)::bigint AS n FROM (SELECT org_id, count(*) AS n FROM "
+                "delayed_messages WHERE status IN ('pending', 'in_doubt') GROUP BY org_id "
+                "UNION ALL SELECT org_id, count(*) FROM delayed_messages "
+                "WHERE status = 'claimed' GROUP BY org_id) AS c GROUP BY org_id"
             )
         return {r["org_id"]: r["n"] for r in rows}
 
     async def purge_finished(self, retention_days: int) -> int:
-        """Delete fired, cancelled and expired tasks older than the retention."""
+        """Delete cancelled and expired tasks older than the retention (and fired ones a
+        daemon older than migration 0010 left), and the tombstones of tasks that fired before
+        it: their ids may be used again. Returns the rows deleted from both tables."""
         async with self.db.timed("purge") as conn:
             status = await conn.execute(
                 "DELETE FROM delayed_messages WHERE status IN ('fired', 'cancelled', 'expired') "
                 "AND updated_at < now() - make_interval(days => $1)",
                 retention_days,
             )
-        return int(status.split()[-1])
+            tombs = await conn.execute(
+                "DELETE FROM fired_tasks WHERE fired_at < now() - make_interval(days => $1)",
+                retention_days,
+            )
+        return int(status.split()[-1]) + int(tombs.split()[-1])

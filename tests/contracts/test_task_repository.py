@@ -22,21 +22,32 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 class Repo:
     tasks: Any  # TaskStore or MemoryTaskStore
     take_office: Callable[[], Awaitable[int]]
+    has_row: Callable[[str], Awaitable[bool]]  # whether `delayed_messages` holds the id
 
 
 @pytest.fixture
 async def repo(database: str | None) -> AsyncIterator[Repo]:
     if database is None:
         store = MemoryTaskStore()
-        yield Repo(store, store.take_office)
+
+        async def in_rows(task_id: str) -> bool:
+            return task_id in store.rows
+
+        yield Repo(store, store.take_office, in_rows)
         return
     from scheduler.store.leadership import take_office
     from scheduler.store.postgres import PostgresStore, create_pool
     from scheduler.store.tasks import TaskStore
 
     pool = await create_pool(database, min_size=1, max_size=2)
+
+    async def has_row(task_id: str) -> bool:
+        sql = "SELECT count(*) FROM delayed_messages WHERE id = $1"
+        return bool(await pool.fetchval(sql, task_id))
+
     try:
-        yield Repo(TaskStore(PostgresStore(pool, Metrics())), lambda: take_office(pool, "t"))
+        tasks = TaskStore(PostgresStore(pool, Metrics()))
+        yield Repo(tasks, lambda: take_office(pool, "t"), has_row)
     finally:
         await pool.close()
 
@@ -183,3 +194,74 @@ async def test_bookkeeping_applies_to_the_writers_claims_only(repo: Repo) -> Non
     await repo.tasks.kill(new, [(claimed[dead.id], "too many attempts", "publish_failed")])
     states = [await status(repo, t) for t in (old_t, mine, dead)]
     assert states == ["claimed", "expired", "dead"]
+
+
+async def _fire(repo: Repo, t: NewTask, seq: int = 7) -> ClaimedTask:
+    epoch = await repo.take_office()
+    (claimed,) = await repo.tasks.claim(epoch, [t.id], NOW + timedelta(seconds=1))
+    await repo.tasks.mark_fired(epoch, [Fired(claimed, NOW, "S", seq)], "a")
+    return claimed
+
+
+async def test_a_fired_task_row_is_gone_and_its_state_kept(repo: Repo) -> None:
+    """Marking a task fired deletes its row (the table holds only unfired tasks); `get` still
+    answers fired with its delivery, cancel and reschedule answer too_late (not_found for
+    another target), and booking the same delivery again changes nothing."""
+    t, other = task(0), task(30)
+    await repo.tasks.insert_batch([t, other])
+    claimed = await _fire(repo, t)
+    assert not await repo.has_row(t.id) and await repo.has_row(other.id)
+    assert await repo.tasks.pending_count() == 1
+    got = await repo.tasks.get(t.id, t.target)
+    assert got is not None
+    assert (got["status"], got["fired_at"], got["stream_seq"]) == ("fired", NOW, 7)
+    assert (got["attempts"], got["scheduled_for"]) == (1, t.scheduled_for)
+    assert await repo.tasks.get(t.id, "mq.t.other") is None
+    assert await repo.tasks.cancel(t.id, t.target) == "too_late"
+    assert await repo.tasks.reschedule(t.id, t.target, NOW + timedelta(9)) == ("too_late", None)
+    assert await repo.tasks.cancel(t.id, "mq.t.other") == "not_found"
+    epoch = await repo.take_office()
+    await repo.tasks.mark_fired(epoch, [Fired(claimed, NOW, "S", 7)], "a")
+    assert (await repo.tasks.get(t.id))["status"] == "fired"
+    assert await repo.tasks.claim(epoch, [t.id], NOW + timedelta(seconds=1)) == []
+
+
+async def test_a_fired_id_is_refused_within_the_retention(repo: Repo) -> None:
+    """A task id that fired is not stored again: an exact resend is `resent` (a no-op, as for
+    a stored task) and another task with that id is `taken` (duplicate_id), alone or in a
+    batch beside new tasks; nothing of it becomes claimable."""
+    t = task(0)
+    await repo.tasks.insert_batch([t])
+    await _fire(repo, t)
+    same = NewTask(t.id, t.target, t.payload, {}, 5, t.due_at, t.due_at, None)
+    other = NewTask(t.id, t.target, b'{"x":1}', {}, 5, t.due_at, t.due_at, None)
+    elsewhere = NewTask(t.id, "mq.t.other", t.payload, {}, 5, t.due_at, t.due_at, None)
+    fresh = task(0)
+    got = await repo.tasks.insert_batch([same, fresh, other, elsewhere])
+    assert [r.task_id for r in got.stored] == [fresh.id]
+    assert (got.resent, got.taken) == ([same], [other, elsewhere])
+    assert await repo.tasks.insert([other]) == []
+    assert not await repo.has_row(t.id)
+    assert [r.task_id for r in await repo.tasks.overdue(NOW + timedelta(1), 10)] == [fresh.id]
+
+
+async def test_unfinished_tasks_are_counted_per_org(repo: Repo) -> None:
+    """`pending_by_org` counts pending, in-doubt and claimed tasks per organisation (none for
+    tasks without one under None); fired, expired and cancelled ones leave the count."""
+    due = NOW + timedelta(seconds=0)
+
+    def of(org: str | None) -> NewTask:
+        t = task(0)
+        return NewTask(t.id, t.target, t.payload, {}, 5, due, due, None, org_id=org)
+
+    a1, a2, a3, a4, b1, none = of("a"), of("a"), of("a"), of("a"), of("b"), of(None)
+    gone = of("b")
+    await repo.tasks.insert_batch([a1, a2, a3, a4, b1, none, gone])
+    assert await repo.tasks.cancel(gone.id, gone.target) == "cancelled"
+    epoch = await repo.take_office()
+    until = NOW + timedelta(seconds=1)
+    claimed = {c.id: c for c in await repo.tasks.claim(epoch, [a1.id, a2.id, a3.id, b1.id], until)}
+    await repo.tasks.retry_later(epoch, [(claimed[a2.id], until, "ack lost", True)])
+    await repo.tasks.mark_fired(epoch, [Fired(claimed[a3.id], NOW, "S", 1)], "x")
+    await repo.tasks.expire(epoch, [b1.id])
+    assert await repo.tasks.pending_by_org() == {"a": 3, None: 1}

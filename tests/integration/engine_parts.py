@@ -110,8 +110,12 @@ class Parts:
             await asyncio.sleep(0.05)
 
     async def status(self, task_id: str) -> str:
-        return str(
-            await self.pool.fetchval("SELECT status FROM delayed_messages WHERE id = $1", task_id)
+        return str(  # a fired task's row is gone: its tombstone says fired
+            await self.pool.fetchval(
+                "SELECT coalesce((SELECT status FROM delayed_messages WHERE id = $1), "
+                "(SELECT 'fired' FROM fired_tasks WHERE id = $1))",
+                task_id,
+            )
         )
 
 

@@ -177,8 +177,9 @@ async def test_burst_due_at_one_instant_is_delivered_once_and_booked(
     try:
         counts: dict[str, int] = {}
         for _ in range(100):
-            rows = await conn.fetch(
-                "SELECT status, count(*) AS n FROM delayed_messages GROUP BY status"
+            rows = await conn.fetch(  # a fired task's row is gone: its tombstone says fired
+                "SELECT status, count(*) AS n FROM delayed_messages GROUP BY status UNION ALL "
+                "SELECT 'fired', count(*) FROM fired_tasks HAVING count(*) > 0"
             )
             counts = {r["status"]: r["n"] for r in rows}
             if counts.get("fired") == len(docs):
@@ -198,7 +199,9 @@ async def test_burst_due_at_one_instant_is_delivered_once_and_booked(
 async def test_republished_task_is_stored_and_delivered_once(
     harness: Harness, database_url: str
 ) -> None:
-    """The same envelope published twice (past the lane's de-dup) is stored once, delivered once."""
+    """The same envelope published twice (past the lane's de-dup) is stored once, delivered
+    once; published again after it fired (its row deleted, its tombstone kept), it is still
+    not delivered again, and another task reusing its id is dead-lettered `duplicate_id`."""
     await harness.start()
     doc = envelope(datetime.now(UTC) + timedelta(milliseconds=500))
     raw = json.dumps(doc).encode()
@@ -206,12 +209,24 @@ async def test_republished_task_is_stored_and_delivered_once(
     await harness.js.publish("mq.delay.tasks.work", raw, headers={"Nats-Msg-Id": "b"})
     await asyncio.sleep(1.5)
     assert len(await harness.delivered()) == 1
+    stored = (
+        "SELECT (SELECT count(*) FROM delayed_messages WHERE id = $1) + "
+        "(SELECT count(*) FROM fired_tasks WHERE id = $1)"
+    )
+    dead = "SELECT reason FROM dead_letters WHERE original_id = $1"
     conn = await asyncpg.connect(database_url)
     try:
-        assert (
-            await conn.fetchval("SELECT count(*) FROM delayed_messages WHERE id = $1", doc["id"])
-            == 1
-        )
+        assert await conn.fetchval(stored, doc["id"]) == 1
+        await harness.js.publish("mq.delay.tasks.work", raw, headers={"Nats-Msg-Id": "c"})
+        other = json.dumps({**doc, "data": {"other": True}}).encode()
+        await harness.js.publish("mq.delay.tasks.work", other, headers={"Nats-Msg-Id": "d"})
+        async with asyncio.timeout(5):
+            while not await conn.fetch(dead, doc["id"]):  # noqa: ASYNC110 (a server's state)
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        assert len(await harness.delivered()) == 1
+        assert [r["reason"] for r in await conn.fetch(dead, doc["id"])] == ["duplicate_id"]
+        assert await conn.fetchval(stored, doc["id"]) == 1
     finally:
         await conn.close()
 

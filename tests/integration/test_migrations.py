@@ -116,11 +116,54 @@ async def test_purge_deletes_only_old_finished_tasks(database_url: str) -> None:
                 stamp,
                 status,
             )
-        assert await tasks.purge_finished(14) == 3
+        for name, stamp in (("gone", old), ("kept", datetime.now(UTC))):
+            await pool.execute(
+                "INSERT INTO fired_tasks (id, target, digest, fired_at) "
+                "VALUES ($1, 'mq.x', md5('{}')::uuid, $2)",
+                name,
+                stamp,
+            )
+        assert await tasks.purge_finished(14) == 3 + 1
         left = {r["id"] for r in await pool.fetch("SELECT id FROM delayed_messages")}
         assert left == {"t3", "t4", "t5"}
+        assert [r["id"] for r in await pool.fetch("SELECT id FROM fired_tasks")] == ["kept"]
     finally:
         await pool.close()
+
+
+async def test_migration_0010_turns_fired_rows_into_tombstones_and_back(
+    database_url: str,
+) -> None:
+    """Upgrading to 0010 deletes fired rows of `delayed_messages`, each leaving a tombstone in
+    `fired_tasks` (target, digest of the bytes, fired_at); other rows stay. Downgrading to
+    0009 drops the tombstones' table; upgrading again creates it."""
+    await asyncio.to_thread(migrate.downgrade, database_url, "0009")
+    assert "fired_tasks" not in await tables(database_url)
+    conn = await asyncpg.connect(database_url)
+    try:
+        fired_at = datetime(2026, 11, 24, 3, 0, 0, 5, tzinfo=UTC)
+        for name, status in (("f", "fired"), ("p", "pending")):
+            await conn.execute(
+                "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for, "
+                "status, fired_at) VALUES ($1, 'mq.x', '{\"a\":1}', $2, $2, $3, $2)",
+                name,
+                fired_at,
+                status,
+            )
+        await migrate.upgrade_async(database_url)
+        rows = await conn.fetch("SELECT id FROM delayed_messages")
+        assert [r["id"] for r in rows] == ["p"]
+        tomb = await conn.fetchrow(
+            "SELECT id, target, digest = md5('{\"a\":1}'::bytea)::uuid AS same, fired_at "
+            "FROM fired_tasks"
+        )
+        assert dict(tomb) == {"id": "f", "target": "mq.x", "same": True, "fired_at": fired_at}
+    finally:
+        await conn.close()
+    await asyncio.to_thread(migrate.downgrade, database_url, "0009")
+    assert "fired_tasks" not in await tables(database_url)
+    await migrate.upgrade_async(database_url)
+    assert "fired_tasks" in await tables(database_url)
 
 
 async def test_replicas_migrating_at_once_all_succeed(database_url: str) -> None:

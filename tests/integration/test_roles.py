@@ -161,8 +161,8 @@ async def round_trip(nats_url: str, dsn: str) -> str:
 
 
 FIRED_BY = (
-    "SELECT f.instance FROM fire_log f JOIN delayed_messages d ON d.id = f.key "
-    "WHERE f.kind = 'delayed' AND f.key = $1 AND d.status = 'fired'"
+    "SELECT f.instance FROM fire_log f JOIN fired_tasks d ON d.id = f.key "
+    "WHERE f.kind = 'delayed' AND f.key = $1"
 )
 
 REFUSED = [

@@ -78,9 +78,10 @@ async def test_mark_fired_records_exact_instants_whatever_the_ids(database_url: 
                 [Fired(t, fired_at, "TASKS", 40 + i) for i, t in enumerate(claimed)],
                 "t",
             )
+        assert await pool.fetchval("SELECT count(*) FROM delayed_messages") == 0  # deleted
         rows = await pool.fetch(
-            "SELECT d.id, d.status, d.stream_seq, d.fired_at, f.key, f.subject, f.stream, "
-            "f.scheduled_for, f.fired_at AS logged_at FROM delayed_messages d "
+            "SELECT d.id, 'fired' AS status, f.stream_seq, d.fired_at, f.key, f.subject, "
+            "f.stream, f.scheduled_for, f.fired_at AS logged_at FROM fired_tasks d "
             "JOIN fire_log f ON f.key = d.id"
         )
         assert {r["id"] for r in rows} == {t.id for t in plain + odd}
@@ -91,4 +92,63 @@ async def test_mark_fired_records_exact_instants_whatever_the_ids(database_url: 
             assert r["fired_at"] == r["logged_at"] == due + timedelta(microseconds=999)
             assert r["stream_seq"] >= 40
     finally:
+        await pool.close()
+
+
+async def test_a_resend_inserted_while_its_task_is_booked_fired_is_refused(
+    database_url: str,
+) -> None:
+    """A resend of a task whose `mark_fired` commits while the insert runs (the insert waits on
+    the deleted row, then finds no conflict) is still refused: the tombstone check after the
+    insert takes a new snapshot, so the id is neither stored nor claimable, and is `resent`."""
+    import asyncio
+
+    import asyncpg
+
+    from scheduler.store.leadership import take_office
+    from scheduler.store.tasks import Fired
+
+    pool = await create_pool(database_url, min_size=1, max_size=4)
+    tasks = TaskStore(PostgresStore(pool, Metrics()))
+    blocker = await asyncpg.connect(database_url)
+    try:
+        epoch = await take_office(pool, "t")
+        due = datetime.now(UTC) - timedelta(seconds=1)
+        (task,) = batch(1, due)
+        await tasks.insert([task])
+        (claimed,) = await tasks.claim(epoch, [task.id], due)
+
+        async def waiting() -> int:  # not on `blocker`: its transaction caches the view
+            return int(
+                await pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+            )
+
+        async def until_waiting(n: int) -> None:
+            async with asyncio.timeout(5):
+                while await waiting() < n:  # noqa: ASYNC110 (a server's state, no event)
+                    await asyncio.sleep(0.02)
+
+        # An uncommitted tombstone holds mark_fired after its DELETE, before its commit.
+        lock = blocker.transaction()
+        await lock.start()
+        await blocker.execute(
+            "INSERT INTO fired_tasks VALUES ($1, 'x', md5('')::uuid, now())", task.id
+        )
+        booking = asyncio.create_task(
+            tasks.mark_fired(epoch, [Fired(claimed, datetime.now(UTC), "S", 1)], "t")
+        )
+        await until_waiting(1)
+        resend = asyncio.create_task(tasks.insert_batch([task]))  # waits on the deleted row
+        await until_waiting(2)
+        await lock.rollback()
+        await booking
+        got = await resend
+        assert (got.stored, got.resent, got.taken) == ([], [task], [])
+        assert await pool.fetchval("SELECT count(*) FROM delayed_messages") == 0
+        assert await pool.fetchval("SELECT target FROM fired_tasks") == "mq.tasks.x"
+    finally:
+        await blocker.close()
         await pool.close()

@@ -23,7 +23,7 @@ async def test_intake_stores_acks_and_delivers_at_the_due_millisecond(twin: Engi
     """A task on the lane is stored, acked, and delivered once at its due millisecond, never
     before, with the scheduler's headers."""
     task_id = twin.send(delay_ms=250)
-    await twin.until(lambda: twin.store.rows.get(task_id) is not None)
+    await twin.until(lambda: twin.store.status(task_id) is not None)
     assert twin.bus.publishers[0].acked == [f"ack.{task_id}"]
     waited = await twin.until(lambda: bool(twin.delivered()))
     (msg,) = twin.delivered()
@@ -32,7 +32,7 @@ async def test_intake_stores_acks_and_delivers_at_the_due_millisecond(twin: Engi
     assert msg.headers["Mq-Attempt"] == "1"
     fired_at = to_ms(twin.clock.now())
     assert fired_at >= to_ms(T0) + 250 and waited <= 260
-    await twin.until(lambda: twin.store.rows[task_id].status == "fired")
+    await twin.until(lambda: twin.store.status(task_id) == "fired")
 
 
 async def test_tasks_fire_in_due_then_priority_then_intake_order(twin: Engine) -> None:
@@ -65,7 +65,7 @@ async def test_cancel_before_the_claim_wins_and_after_it_is_too_late(twin: Engin
     early, late = twin.send(500), twin.send(5_000)
     await twin.until(lambda: early in twin.store.rows and late in twin.store.rows)
     assert await twin.store.cancel(late, "mq.inference.chat") == "cancelled"
-    await twin.until(lambda: twin.store.rows[early].status == "claimed", limit_ms=600)
+    await twin.until(lambda: twin.store.status(early) == "claimed", limit_ms=600)
     assert await twin.store.cancel(early, "mq.inference.chat") == "too_late"
     await twin.until(lambda: twin.ids() == [early])
     twin.clock.advance(6)
@@ -97,12 +97,12 @@ async def test_a_lost_ack_is_retried_with_the_same_id_and_stored_once(twin: Engi
     failures = iter([PublishError("mq.inference.chat", "ack timed out", in_doubt=True)])
     broker.fail = lambda subject: next(failures, None)
     task_id = twin.send(10)
-    await twin.until(lambda: twin.store.rows.get(task_id) is not None)
-    await twin.until(lambda: twin.store.rows[task_id].status == "in_doubt")
+    await twin.until(lambda: twin.store.status(task_id) is not None)
+    await twin.until(lambda: twin.store.status(task_id) == "in_doubt")
     assert await twin.store.cancel(task_id, "mq.inference.chat") == "in_flight"
-    await twin.until(lambda: twin.store.rows[task_id].status == "fired", step_ms=50)
+    await twin.until(lambda: twin.store.status(task_id) == "fired", step_ms=50)
     assert twin.ids() == [task_id]
-    assert twin.store.rows[task_id].attempts == 2
+    assert task_id not in twin.store.rows and twin.store.fired[task_id].attempts == 2
 
 
 async def test_a_failover_hands_claimed_tasks_to_the_next_leader() -> None:
@@ -111,8 +111,8 @@ async def test_a_failover_hands_claimed_tasks_to_the_next_leader() -> None:
     first = await engine_on_twins()
     await first.start()
     task_id = first.send(400)
-    await first.until(lambda: first.store.rows.get(task_id) is not None)
-    await first.until(lambda: first.store.rows[task_id].status == "claimed", limit_ms=600)
+    await first.until(lambda: first.store.status(task_id) is not None)
+    await first.until(lambda: first.store.status(task_id) == "claimed", limit_ms=600)
     first.office.depose()
     await first.close()
     assert first.delivered() == []
@@ -121,7 +121,7 @@ async def test_a_failover_hands_claimed_tasks_to_the_next_leader() -> None:
     await second.start()
     try:
         await second.until(lambda: second.ids() == [task_id])
-        await second.until(lambda: second.store.rows[task_id].status == "fired")
+        await second.until(lambda: second.store.status(task_id) == "fired")
         assert second.store.fire_log[0]["epoch"] == second.office.epoch
     finally:
         await second.close()

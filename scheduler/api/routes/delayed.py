@@ -61,6 +61,9 @@ async def get_task(task_id: TaskId, ops: Ops, _: Reader) -> Any:
     if task is None:
         raise ApiProblem(404, "not_found", f"no delayed task with id {task_id!r}", id=task_id)
     payload = task.pop("payload")
+    if payload is None:  # fired: the row and its bytes are gone, the delivery is in the log
+        task["envelope"] = task["payload_base64"] = None
+        return task
     try:
         envelope = json.loads(payload)
     except ValueError:

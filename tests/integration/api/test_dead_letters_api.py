@@ -4,6 +4,7 @@ through the normal path and never deliver a task twice."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from tests.integration.api.harness import READ, ApiHarness, envelope, poll
@@ -128,3 +129,27 @@ async def test_an_org_mismatch_stays_refused_on_replay(api: ApiHarness) -> None:
     r = await api.call("POST", f"/v1/dead-letters/{dead['id']}/replay")
     assert r.status == 409 and r.body["code"] == "still_invalid", r
     assert r.body["detail"].startswith('org_id: "globex" disagrees with organisation')
+
+
+async def test_a_dead_letter_of_an_id_that_fired_is_not_replayed(api: ApiHarness) -> None:
+    """Another task reusing the id of a task that fired (its row deleted, its tombstone kept)
+    is dead-lettered `duplicate_id`; its replay is refused `duplicate` (the id fired), and the
+    target stream keeps the one delivery."""
+    await api.start()
+    doc = envelope(None)
+    await api.publish("mq.tasks.work", doc)
+    assert len(await api.read_stream("TASKS", quiet=1.0)) == 1
+
+    async def fired() -> str:
+        r = await api.call("GET", f"/v1/delayed/{doc['id']}", token=READ)
+        return str(r.body.get("status"))
+
+    await poll(fired, lambda s: s == "fired")
+    other = json.dumps({**doc, "data": {"other": True}}).encode()  # past the lane's de-dup:
+    await api.js.publish("mq.delay.tasks.work", other, headers={"Nats-Msg-Id": "other"})
+    [dead] = await _dead(api, 1, stage="intake")
+    assert dead["reason"] == "duplicate_id" and dead["original_id"] == doc["id"]
+    r = await api.call("POST", f"/v1/dead-letters/{dead['id']}/replay")
+    assert r.status == 409 and r.body["code"] == "duplicate", r
+    assert "fired" in r.body["detail"]
+    assert len(await api.read_stream("TASKS", quiet=1.0)) == 1

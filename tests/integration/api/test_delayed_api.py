@@ -48,18 +48,22 @@ async def test_list_filters_by_subject_org_status_and_due_window(api: ApiHarness
 
 
 async def test_detail_shows_envelope_headers_and_deliveries(api: ApiHarness) -> None:
-    """A task's detail has its envelope, state and, once fired, its delivery from the log."""
+    """A task's detail has its envelope and state while it waits and, once fired (its row
+    deleted, its bytes gone), its state and delivery from the tombstone and the log."""
     await api.start()
-    doc = envelope(datetime.now(UTC) + timedelta(milliseconds=300), org_id="org-x")
+    doc = envelope(datetime.now(UTC) + timedelta(milliseconds=1500), org_id="org-x")
     await api.publish(TARGET, doc)
 
     async def detail() -> dict:
         r = await api.call("GET", f"/v1/delayed/{doc['id']}", token=READ)
         return r.body if r.status == 200 else {}
 
+    waiting = await poll(detail, bool)
+    assert waiting["status"] == "pending" and waiting["target"] == TARGET
+    assert waiting["envelope"]["org_id"] == "org-x" and waiting["payload_base64"] is None
     shown = await poll(detail, lambda d: bool(d.get("deliveries")))
     assert shown["status"] == "fired" and shown["target"] == TARGET
-    assert shown["envelope"]["org_id"] == "org-x" and shown["payload_base64"] is None
+    assert shown["fired_at"] is not None and shown["envelope"] is None
     assert shown["deliveries"][0]["stream"] == "TASKS" and shown["deliveries"][0]["attempt"] == 1
 
 

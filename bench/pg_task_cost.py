@@ -1,0 +1,209 @@
+"""PostgreSQL CPU per delayed task, through the task store alone (no daemon, no NATS).
+
+A fresh PostgreSQL runs the statements one delayed task costs, in batches as the daemon sends
+them: intake (`insert_batch`), claim (`claim_within`), booking (`mark_fired`), then the
+cleanup they leave behind (the retention purge with retention 0, and a VACUUM of the tables
+touched), so dead tuples are paid for whichever design leaves them; the tables' size on disk
+once every task fired is reported too. CPU is read from that
+server's own processes only (the postmaster's children alive, plus those it reaped), so other
+PostgreSQL servers on the host do not count, unlike `cpu_by_command` in common.py.
+
+Then, for the tombstone choice (docs/development.md), the intake-side probe of both candidates
+over `--history` fired ids spread over 14 days: `fired_tasks` by primary key, and `fire_log`
+(one index probe per daily partition).
+
+    .venv/bin/python bench/pg_task_cost.py [--tasks 200000] [--batch 1000] [--history 1500000]
+
+Run it from another checkout with PYTHONPATH pointing there to measure that code the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from scheduler import migrate
+from scheduler.core import Fired, NewTask
+from scheduler.embedded import Postgres
+from scheduler.metrics import Metrics
+from scheduler.store.leadership import take_office
+from scheduler.store.postgres import PostgresStore, create_pool
+from scheduler.store.tasks import TaskStore
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def server_cpu(postmaster: int) -> float:
+    """CPU seconds of the postmaster, its reaped children, and its live children."""
+    fields = _stat(postmaster)
+    total = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = _stat(int(entry))
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:  # ppid
+            total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def postmaster_pid(data_dir: str) -> int:
+    with open(os.path.join(data_dir, "postmaster.pid")) as f:
+        return int(f.readline())
+
+
+def tasks_of(n: int, due: datetime) -> list[NewTask]:
+    payload = b'{"schema":"hanzo.mq.v1","type":"bench","data":{"n":' + b"1" * 200 + b"}}"
+    return [
+        NewTask(uuid.uuid4().hex, "mq.bench.x", payload, {}, 5, due, due, None, org_id=None)
+        for _ in range(n)
+    ]
+
+
+async def lifecycle(
+    dsn: str, pm: int, total: int, batch: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """PostgreSQL CPU per task by step, and the tables' size on disk once every task fired
+    (before the purge and VACUUM)."""
+    pool = await create_pool(dsn, min_size=2, max_size=2)
+    store = TaskStore(PostgresStore(pool, Metrics()))
+    epoch = await take_office(pool, "bench")
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    split: dict[str, float] = {"intake": 0.0, "claim": 0.0, "fired": 0.0, "cleanup": 0.0}
+    start = server_cpu(pm)
+    for _ in range(total // batch):
+        group = tasks_of(batch, due)
+        t0 = server_cpu(pm)
+        await store.insert_batch(group)
+        t1 = server_cpu(pm)
+        claimed = await store.claim_within(epoch, [t.id for t in group], due, 2**62)
+        t2 = server_cpu(pm)
+        now = datetime.now(UTC)
+        fired = [Fired(c, now, "BENCH", i) for i, c in enumerate(claimed.ready)]
+        await store.mark_fired(epoch, fired, "bench")
+        t3 = server_cpu(pm)
+        split["intake"] += t1 - t0
+        split["claim"] += t2 - t1
+        split["fired"] += t3 - t2
+    sizes = await pool.fetch(
+        "SELECT relname, pg_total_relation_size(oid) AS bytes FROM pg_class "
+        "WHERE relname IN ('delayed_messages', 'fired_tasks')"
+    )
+    on_disk = {f"{r['relname']}_mb": round(r["bytes"] / 2**20, 1) for r in sizes}
+    t0 = server_cpu(pm)
+    await store.purge_finished(0)
+    tables = await pool.fetch(
+        "SELECT relname FROM pg_class WHERE relname IN ('delayed_messages', 'fired_tasks')"
+    )
+    for r in tables:
+        await pool.execute(f"VACUUM {r['relname']}")
+    split["cleanup"] = server_cpu(pm) - t0
+    split["total"] = server_cpu(pm) - start
+    await pool.close()
+    return {k: round(v / total * 1e6, 1) for k, v in split.items()}, on_disk
+
+
+async def probes(dsn: str, pm: int, history: int, rounds: int = 50) -> dict[str, float]:
+    """Server CPU per probed id: 1,000 fresh ids per statement against `history` fired ids."""
+    conn = await asyncpg.connect(dsn)
+    await conn.execute("SELECT scheduler_fire_log_upkeep(14, 2)")
+    for d in range(1, 15):
+        day = f"(now() AT TIME ZONE 'UTC')::date - {d}"
+        name = await conn.fetchval(f"SELECT 'fire_log_p' || to_char({day}, 'YYYYMMDD')")
+        await conn.execute(
+            f"CREATE TABLE {name} (LIKE fire_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+        )
+        await conn.execute(
+            f"ALTER TABLE fire_log ATTACH PARTITION {name} FOR VALUES FROM (({day})::timestamp "
+            f"AT TIME ZONE 'UTC') TO (({day} + 1)::timestamp AT TIME ZONE 'UTC')"
+        )
+    spread = "now() - (g % 1209600) * interval '1 second'"
+    await conn.execute(
+        "INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, attempt, epoch, "
+        f"instance) SELECT 'delayed', 'old-' || g, 'mq.bench.x', {spread}, {spread}, 1, 1, 'b' "
+        "FROM generate_series(1, $1) g",
+        history,
+    )
+    have_tomb = await conn.fetchval("SELECT to_regclass('fired_tasks') IS NOT NULL")
+    if have_tomb:
+        await conn.execute(
+            "INSERT INTO fired_tasks SELECT 'old-' || g, 'mq.bench.x', md5(g::text)::uuid, "
+            f"{spread} FROM generate_series(1, $1) g",
+            history,
+        )
+    await conn.execute("VACUUM ANALYZE")
+    queries = {"fire_log": "SELECT key FROM fire_log WHERE kind = 'delayed' AND key = ANY($1)"}
+    if have_tomb:
+        queries["fired_tasks"] = "SELECT id FROM fired_tasks WHERE id = ANY($1)"
+    queries["none"] = "SELECT count(*) FROM unnest($1::text[])"
+    out = {}
+    for name, sql in queries.items():
+        t0 = server_cpu(pm)
+        for _ in range(rounds):
+            await conn.fetch(sql, [uuid.uuid4().hex for _ in range(1000)])
+        out[name] = (server_cpu(pm) - t0) / (rounds * 1000) * 1e6
+    await conn.close()
+    return {k: round(v - out["none"], 2) for k, v in out.items() if k != "none"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", type=int, default=200_000)
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--history", type=int, default=1_500_000)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    workdir = tempfile.mkdtemp(prefix="mqs-pgcost-")
+    pg = Postgres(os.path.join(workdir, "pg")).start()
+    try:
+        migrate.upgrade(pg.url)
+        pm = postmaster_pid(os.path.join(workdir, "pg"))
+        started = time.time()
+        per_task, on_disk = asyncio.run(lifecycle(pg.url, pm, args.tasks, args.batch))
+        probe = asyncio.run(probes(pg.url, pm, args.history)) if args.history else {}
+    finally:
+        pg.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    result: dict[str, Any] = {
+        "bench": "pg_task_cost",
+        "code": migrate.migrations_dir().parent.as_posix(),
+        "tasks": args.tasks,
+        "seconds": round(time.time() - started, 1),
+        "postgres_cpu_us_per_task": per_task,
+        "size_after_firing_mb": on_disk,
+        "intake_probe_cpu_us_per_id": probe,
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(
+        f"pg_task_cost: postgres {per_task['total']} us/task (intake {per_task['intake']}, "
+        f"claim {per_task['claim']}, fired {per_task['fired']}, cleanup {per_task['cleanup']}); "
+        f"on disk after firing {on_disk}; "
+        f"tombstone probe us/id {probe}",
+        file=sys.stderr,
+    )
+
+
+if __name__ == "__main__":
+    main()
