@@ -48,7 +48,7 @@ from scheduler.settings import Settings
 # The limits below apply while two or more organisations compete (see `Throttles`).
 # Tasks handed to the publisher per turn while a backlog drains: behind a chunk a newly armed
 # task waits about FAIR_CHUNK / drain rate (250 at 25,000/s: 10 ms).
-FAIR_CHUNK = 250
+FAIR_CHUNK = 100
 # Tasks per claim: a claim's result is taken after those started before it, so a
 # task due soon waits for up to CLAIMS_IN_FLIGHT - 1 claims of another org's backlog; small
 # claims keep that wait inside the claimer's lookahead.
@@ -59,7 +59,7 @@ FAIR_CLAIM = 250
 FAIR_BOOK_DEFER = 5_000
 # Publishes in flight (unacknowledged) before the dispatcher hands over the next chunk: a
 # task handed over waits behind them at the server (1,000 at 25,000/s: 40 ms) ...
-FAIR_INFLIGHT = 300
+FAIR_INFLIGHT = 150
 # ... and payload bytes in flight, so large payloads keep that wait as short
 FAIR_INFLIGHT_BYTES = 1 << 20
 # Fair limits apply while two or more orgs have tasks armed or due within this window (see

@@ -3,25 +3,32 @@ twins with a fake clock (no server)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
-from datetime import timedelta
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime, timedelta
 
 import pytest
 
-from scheduler.clock import to_rfc3339
-from scheduler.core import ClaimedTask, TaskRef, from_ms
+from scheduler.clock import FakeClock, to_rfc3339
+from scheduler.core import Claimed, ClaimedTask, TaskRef, from_ms
 from scheduler.engine.armed import Armed
+from scheduler.engine.claims import CLAIMS_IN_FLIGHT, Claimer
 from scheduler.engine.fair import (
     CONTENDED_WINDOW_MS,
+    FAIR_BOOK_DEFER,
+    FAIR_BUSY_LOOKAHEAD_MS,
     FAIR_CHUNK,
     FAIR_CLAIM,
+    FAIR_INFLIGHT,
+    FAIR_INFLIGHT_BYTES,
     FairArmed,
     FairHeap,
     Throttles,
 )
-from scheduler.engine.heap import HorizonHeap
+from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.quota import OrgLabels
+from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from tests.unit.engine_twins import T0, Delivery, Engine, engine_on_twins
 
@@ -298,9 +305,13 @@ def test_two_orgs_due_within_the_window_engage_the_fair_limits() -> None:
         complete_until_ms=T0_MS + 10_000,
     )
     assert throttles.update(T0_MS) is True
-    assert (throttles.claim_limit, throttles.busy_lookahead(80)) == (FAIR_CLAIM, 250)
-    assert throttles.book_defer_max(50_000) == 5_000
-    assert (throttles.inflight_cap, throttles.inflight_bytes_cap) == (300, 1 << 20)
+    assert throttles.claim_limit == FAIR_CLAIM < 800
+    assert throttles.busy_lookahead(80) == FAIR_BUSY_LOOKAHEAD_MS > 80
+    assert throttles.book_defer_max(50_000) == FAIR_BOOK_DEFER < 50_000
+    assert (throttles.inflight_cap, throttles.inflight_bytes_cap) == (
+        FAIR_INFLIGHT,
+        FAIR_INFLIGHT_BYTES,
+    )
     taken = heap.pop_due(T0_MS + CONTENDED_WINDOW_MS, 2)
     assert [e[3] for e in taken] == ["a-0", "b-1"]  # b's is off the heap (armed instead)
     assert throttles.update(T0_MS + 1) is False
@@ -326,3 +337,33 @@ def test_orgs_due_by_counts_distinct_current_orgs_only() -> None:
     assert heap.orgs_due_by(400) == 2
     heap.push(ref(1, "c", due=10))
     assert heap.orgs_due_by(1_000, enough=5) == 3
+
+
+async def test_overlapping_claims_share_the_byte_room() -> None:
+    """Claims in flight together each may bring a quarter of the armed set's free byte room,
+    so the later claims of a burst come back with their payloads, not parked behind the
+    first one's reservation of all of it."""
+    budgets: list[int] = []
+    release = asyncio.Event()
+
+    class Repo:
+        async def claim_within(
+            self, epoch: int, ids: Sequence[str], until: datetime, budget: int
+        ) -> Claimed:
+            budgets.append(budget)
+            await release.wait()
+            return Claimed([], [])
+
+    horizon = Horizon(HorizonHeap())
+    refs = [ref(i, None, due=T0_MS) for i in range(4_000)]
+    horizon.heap.loaded(refs, complete_until_ms=T0_MS + 10_000)
+    armed = Armed(100_000, 4_000_000)
+    claimer = Claimer(
+        Settings(batch=1_000), horizon, Repo(), armed, FakeClock(T0), Metrics(), lambda _: None
+    )  # type: ignore[arg-type]
+    for _ in range(CLAIMS_IN_FLIGHT):
+        assert await claimer.step(1)
+    await asyncio.sleep(0)
+    assert budgets == [1_000_000] * CLAIMS_IN_FLIGHT
+    release.set()
+    await claimer.settle()
