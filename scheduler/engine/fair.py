@@ -62,6 +62,10 @@ FAIR_BOOK_DEFER = 5_000
 FAIR_INFLIGHT = 150
 # ... and payload bytes in flight, so large payloads keep that wait as short
 FAIR_INFLIGHT_BYTES = 1 << 20
+# An org with fewer publishes than this unacknowledged may hand over due tasks (up to that
+# many) even while the caps above are reached: another org's task then goes out at its due
+# millisecond, not when enough of the backlog's acks have come back.
+FAIR_ALLOWANCE = 20
 # Fair limits apply while two or more orgs have tasks armed or due within this window (see
 # Throttles); one org alone drains on the FIFO path's limits.
 CONTENDED_WINDOW_MS = 1_000
@@ -235,20 +239,29 @@ class FairArmed(Armed):
         self._count += added
         return added
 
-    def next_due_ms(self) -> int | None:
-        return min((s[0][0] for s in self._orgs.values() if s), default=None)
+    def next_due_ms(self, allow: Mapping[str, int] | None = None) -> int | None:
+        """The first due time, of the organisations in `allow` when given."""
+        orgs = self._orgs
+        if allow is None:
+            return min((s[0][0] for s in orgs.values() if s), default=None)
+        return min((orgs[o][0][0] for o in allow if orgs.get(o)), default=None)
 
     def orgs(self) -> Iterable[str]:
         """The organisations with tasks armed."""
         return self._orgs.keys()
 
-    def pop_due(self, now_ms: int) -> list[Slot]:
+    def pop_due(self, now_ms: int, allow: Mapping[str, int] | None = None) -> list[Slot]:
         """Up to `chunk` due entries: each organisation gives up to its share per round, the
         one whose first task is earliest first; each organisation's own in firing order.
-        With one organisation due, its due entries up to `chunk` (one slice)."""
+        With one organisation due, its due entries up to `chunk` (one slice). With `allow`,
+        only the organisations it names, each at most the number it gives."""
         due: dict[str, int] = {}
         for org, slots in self._orgs.items():
+            if allow is not None and org not in allow:
+                continue
             cut = bisect.bisect_right(slots, (now_ms, _AFTER_PRIORITIES))
+            if allow is not None:
+                cut = min(cut, allow[org])
             if cut:
                 due[org] = cut
         if not due:
@@ -335,6 +348,7 @@ class Throttles:
     def __init__(self, settings: Settings, heap: HorizonHeap, armed: Armed) -> None:
         self.batch = settings.batch
         fair = isinstance(heap, FairHeap) and isinstance(armed, FairArmed)
+        self.fair = fair
         self._heap = heap if fair else None
         self._armed = armed if fair else None
         self.contended = False
@@ -360,6 +374,15 @@ class Throttles:
         self.inflight_bytes_cap = FAIR_INFLIGHT_BYTES if contended else 2**62
         if self._armed is not None:
             self._armed.chunk = FAIR_CHUNK if contended else 2**62
+
+    def allowance(self, armed: FairArmed, inflight: Mapping[str, int]) -> dict[str, int]:
+        """While the in-flight caps are reached: how many due tasks each armed organisation
+        with fewer than `FAIR_ALLOWANCE` unacknowledged may still hand over."""
+        return {
+            org: FAIR_ALLOWANCE - n
+            for org in armed.orgs()
+            if (n := inflight.get(org, 0)) < FAIR_ALLOWANCE
+        }
 
     def busy_lookahead(self, default: int) -> int:
         """The claimer's lookahead while tasks are overdue: longer while contended."""

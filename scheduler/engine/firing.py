@@ -33,7 +33,7 @@ from scheduler.core import (
 from scheduler.engine.armed import Armed
 from scheduler.engine.claims import Claimer
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
-from scheduler.engine.fair import armed_set
+from scheduler.engine.fair import UNNAMED, FairArmed, armed_set
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, TaskRepository
@@ -93,6 +93,8 @@ class Firing:
         self._expired: list[ClaimedTask] = []
         self._inflight = 0
         self._inflight_bytes = 0
+        # unacknowledged publishes per org, when fair (see `Throttles.allowance`)
+        self._org_inflight: dict[str, int] | None = {} if self.throttles.fair else None
         self._closing = False
         self._books_closing = False
         self._target_checks: dict[str, str | None] = {}
@@ -158,7 +160,7 @@ class Firing:
                 self._inflight >= throttles.inflight_cap
                 or self._inflight_bytes >= throttles.inflight_bytes_cap
             ):
-                await self._wait(self.acked_event, 0.05)
+                await self._dispatch_allowance()
                 continue
             left = self.armed.next_due_ms() - self.now_ms()  # type: ignore[operator]
             if left > 0:  # re-checked after every wake: robust to wall-clock steps
@@ -169,15 +171,38 @@ class Firing:
                 continue
             await self._publish_due()
 
-    async def _publish_due(self) -> None:
-        """Publish every armed task that is due, all in one hand-over to the connection."""
+    async def _dispatch_allowance(self) -> None:
+        """The caps are reached: hand over the due tasks of orgs within their allowance (a
+        task of an org with little in flight goes out on time), else wait for acks."""
+        armed, counts = self.armed, self._org_inflight
+        allow = None
+        if isinstance(armed, FairArmed) and counts is not None:
+            allow = self.throttles.allowance(armed, counts)
+            nxt = armed.next_due_ms(allow) if allow else None
+            if nxt is not None:
+                left = nxt - self.now_ms()
+                if left <= 0:
+                    await self._publish_due(allow)
+                    return
+                await self._wait(self.acked_event, min(left / 1000, 0.05))
+                return
+        await self._wait(self.acked_event, 0.05)
+
+    async def _publish_due(self, allow: dict[str, int] | None = None) -> None:
+        """Publish every armed task that is due, all in one hand-over to the connection
+        (with `allow`: only those of the orgs it names, see `_dispatch_allowance`)."""
         now = self.clock.now()
         now_ms, fired_at = to_ms(now), to_rfc3339(now)
         fired_at_b = fired_at.encode()
         batch: list[BatchItem] = []
         size = 0
         lateness: dict[int, int] = {}  # due ms -> tasks, observed per group
-        due = self.armed.pop_due(now_ms)
+        armed = self.armed
+        if allow is not None and isinstance(armed, FairArmed):
+            due = armed.pop_due(now_ms, allow)
+        else:
+            due = armed.pop_due(now_ms)
+        counts = self._org_inflight
         if due:
             self.room_event.set()
         for due_ms, *_, task in due:
@@ -193,6 +218,9 @@ class Firing:
                 self.outcome_event.set()
                 continue
             size += len(task.payload)
+            if counts is not None:
+                org = task.org_id or UNNAMED
+                counts[org] = counts.get(org, 0) + 1
             batch.append(
                 (
                     task.target,
@@ -242,6 +270,14 @@ class Firing:
     def _done(self, task: ClaimedTask, outcome: PubAck | PublishError) -> None:
         self._inflight -= 1
         self._inflight_bytes -= len(task.payload)
+        counts = self._org_inflight
+        if counts is not None:
+            org = task.org_id or UNNAMED
+            n = counts[org] - 1
+            if n:
+                counts[org] = n
+            else:
+                del counts[org]
         throttles = self.throttles
         if (
             self._inflight < throttles.inflight_cap

@@ -16,6 +16,7 @@ from scheduler.engine.armed import Armed
 from scheduler.engine.claims import CLAIMS_IN_FLIGHT, Claimer
 from scheduler.engine.fair import (
     CONTENDED_WINDOW_MS,
+    FAIR_ALLOWANCE,
     FAIR_BOOK_DEFER,
     FAIR_BUSY_LOOKAHEAD_MS,
     FAIR_CHUNK,
@@ -322,6 +323,21 @@ def test_two_orgs_due_within_the_window_engage_the_fair_limits() -> None:
     armed.pop_due(T0_MS + 10)
     assert throttles.update(T0_MS + 3) is False  # b's task went out: a drains on FIFO's
     assert_fifo_limits(throttles)
+
+
+def test_an_org_with_little_in_flight_may_send_while_the_caps_are_reached() -> None:
+    """While the in-flight caps are reached, an armed org with fewer than FAIR_ALLOWANCE
+    publishes unacknowledged may still hand over that many due tasks; the flooding org,
+    with hundreds in flight, gives nothing until acks come back."""
+    _, armed, throttles = fair_parts()
+    armed.add([claimed(i, "a", T0_MS) for i in range(1_000)])
+    armed.add([claimed(i, "b", T0_MS + 5 + i) for i in range(30)])
+    allow = throttles.allowance(armed, {"a": FAIR_INFLIGHT, "b": 2})
+    assert allow == {"b": FAIR_ALLOWANCE - 2}
+    assert armed.next_due_ms(allow) == T0_MS + 5
+    out = armed.pop_due(T0_MS + 100, allow)
+    assert [s[4].id for s in out] == [f"b-{i}" for i in range(FAIR_ALLOWANCE - 2)]
+    assert armed.pop_due(T0_MS + 100, {}) == [] and len(armed) == 1_000 + 30 - len(out)
 
 
 def test_orgs_due_by_counts_distinct_current_orgs_only() -> None:
