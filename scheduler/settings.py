@@ -122,7 +122,7 @@ class Settings(BaseSettings):
     org_max_pending: int = Field(default=0, ge=0)
     org_shares: OrgShares = {}
     org_metric_labels: int = Field(default=20, ge=0, le=1000)
-    fair_firing: bool = True
+    fair_firing: bool = False
     forecast_interval: Duration = timedelta(seconds=5)
     audit_dir: Path | None = None
     ui_session_ttl: Duration = Field(default=timedelta(hours=12), gt=timedelta(0))

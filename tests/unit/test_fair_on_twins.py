@@ -256,8 +256,8 @@ def test_fair_firing_off_restores_every_fifo_part() -> None:
     the dispatcher's own, even with two orgs due."""
     from scheduler.engine import fair
 
-    off, on = Settings(fair_firing=False, batch=800), Settings(batch=800)
-    assert on.fair_firing  # the default
+    off, on = Settings(batch=800), Settings(fair_firing=True, batch=800)
+    assert not off.fair_firing  # the default
     assert type(fair.horizon_heap(off)) is HorizonHeap and type(fair.armed_set(off)) is Armed
     assert isinstance(fair.horizon_heap(on), FairHeap) and isinstance(fair.armed_set(on), FairArmed)
     heap = fair.horizon_heap(off)
