@@ -1,7 +1,7 @@
 """Fair firing: tasks due together are taken round-robin by organisation, weighted by share.
 
 Two stages decide the order in which due tasks go out, and both take turns here when
-`fair_firing` is on (the default):
+`fair_firing` is on (off by default, see docs/security.md):
 
 - `FairHeap` (the horizon's heap): one min-heap per organisation in firing order, and an index
   of each organisation's first due time. `pop_due` takes, from every organisation with a task
