@@ -21,6 +21,7 @@ from datetime import timedelta
 from scheduler.clock import Clock
 from scheduler.core import Claimed, ClaimedTask, Entry, TaskRef, firing_order, from_ms, to_ms
 from scheduler.engine.armed import Armed
+from scheduler.engine.fair import Throttles
 from scheduler.engine.heap import Horizon
 from scheduler.engine.ports import TaskRepository
 from scheduler.errors import FencedError
@@ -71,8 +72,8 @@ class Claimer:
         self._orphans_left = False  # a reclaim of orphans is under way, page by page
         self._orphan_stale: timedelta | None = None
         self._last_claim_ms = 0
-        self.limit = settings.batch  # tasks per claim (engine.fair: smaller when fair)
-        self.busy_lookahead_ms = LOOKAHEAD_MS  # while tasks are overdue (engine.fair: longer)
+        # the fair limits while two or more orgs compete, else the FIFO ones (engine.fair)
+        self.throttles = Throttles(settings, horizon.heap, armed)
 
     @property
     def backlog(self) -> bool:
@@ -107,17 +108,22 @@ class Claimer:
         Up to `CLAIMS_IN_FLIGHT` claims run at once, so one slow round trip does not hold up
         the next window (a burst of tasks due at one instant drains at the database's pace)."""
         now = to_ms(self.clock.now())
+        throttles = self.throttles
+        throttles.update(now)
         nxt = self.horizon.next_due()
         behind = nxt is not None and nxt <= now  # a backlog drains: claims queue up
-        until = now + (self.busy_lookahead_ms if behind else LOOKAHEAD_MS)
-        entries = self.horizon.take_due(until, min(self.limit, self.room()))
+        until = now + (throttles.busy_lookahead(LOOKAHEAD_MS) if behind else LOOKAHEAD_MS)
+        entries = self.horizon.take_due(until, min(throttles.claim_limit, self.room()))
         self.metrics.heap_size.set(len(self.horizon))
         if not entries:
             return False
         self._last_claim_ms = now
         await self._slots.acquire()
         self._claiming += len(entries)
-        budget = max(self.armed.byte_room() - self._reserved, 1)
+        # each claim in flight may take a share of the byte room: one taking all that is left
+        # would leave the next ones' payloads parked (claimed, fetched again later, in order)
+        room = self.armed.byte_room()
+        budget = max(min(room // CLAIMS_IN_FLIGHT, room - self._reserved), 1)
         self._reserved += budget
         before, self._taken = self._taken, asyncio.Event()
         claim = asyncio.create_task(

@@ -1,7 +1,7 @@
 """Fair firing: tasks due together are taken round-robin by organisation, weighted by share.
 
 Two stages decide the order in which due tasks go out, and both take turns here when
-`fair_firing` is on (the default):
+`fair_firing` is on (off by default, see docs/security.md):
 
 - `FairHeap` (the horizon's heap): one min-heap per organisation in firing order, and an index
   of each organisation's first due time. `pop_due` takes, from every organisation with a task
@@ -18,10 +18,20 @@ sequence); across organisations a turn ignores priority. Tasks without an `org_i
 group of their own (the unnamed organisation, `""`). With `fair_firing` off both stages are the
 plain FIFO ones (`HorizonHeap`, `Armed`).
 
+Fair firing also throttles the path behind those turns (small claims, small chunks, few
+publishes unacknowledged, see the constants below), so that a task of another organisation
+handed over during a backlog is not queued behind thousands of the backlog's at the server.
+`Throttles` applies them only while two or more organisations have tasks armed or due within
+`CONTENDED_WINDOW_MS`; one organisation alone (a single tenant's burst, a steady stream of one
+org) runs on exactly the FIFO path's limits, and a single organisation's turns cost one heap
+operation per task like the FIFO heap.
+
 Costs: a heap push or pop is one heap operation in the organisation's heap, plus one in the
 index when the organisation's first task changes (O(log orgs)). `pop_due` touches each
 organisation with something due once per call. `FairArmed.pop_due` costs a bisection per
-organisation holding armed tasks plus the slices it hands out.
+organisation holding armed tasks plus the slices it hands out. `Throttles.update`, at most
+once a millisecond, walks the index entries due within the window and stops at the second
+organisation it finds.
 """
 
 from __future__ import annotations
@@ -35,21 +45,31 @@ from scheduler.engine.armed import _AFTER_PRIORITIES, _LAST, Armed, Slot
 from scheduler.engine.heap import _AFTER_ALL, HorizonHeap
 from scheduler.settings import Settings
 
+# The limits below apply while two or more organisations compete (see `Throttles`).
 # Tasks handed to the publisher per turn while a backlog drains: behind a chunk a newly armed
 # task waits about FAIR_CHUNK / drain rate (250 at 25,000/s: 10 ms).
-FAIR_CHUNK = 250
-# Tasks per claim when fair: a claim's result is taken after those started before it, so a
+FAIR_CHUNK = 100
+# Tasks per claim: a claim's result is taken after those started before it, so a
 # task due soon waits for up to CLAIMS_IN_FLIGHT - 1 claims of another org's backlog; small
 # claims keep that wait inside the claimer's lookahead.
 FAIR_CLAIM = 250
-# Outcomes held back while a backlog drains, when fair: recording them blocks the event loop
-# for a time proportional to their number (about 2 us each), and a task of another org due
-# meanwhile waits; 5,000 keep each such pause near 10 ms.
+# Outcomes held back while a backlog drains: recording them blocks the event loop for a time
+# proportional to their number (about 2 us each), and a task of another org due meanwhile
+# waits; 5,000 keep each such pause near 10 ms.
 FAIR_BOOK_DEFER = 5_000
-# Publishes in flight (unacknowledged) before the dispatcher hands over the next chunk, when
-# fair: a task handed over waits behind them at the server (1,000 at 25,000/s: 40 ms).
-FAIR_INFLIGHT = 300
-# How far ahead the claimer claims while a backlog is overdue, when fair: claims are taken in
+# Publishes in flight (unacknowledged) before the dispatcher hands over the next chunk: a
+# task handed over waits behind them at the server (1,000 at 25,000/s: 40 ms) ...
+FAIR_INFLIGHT = 150
+# ... and payload bytes in flight, so large payloads keep that wait as short
+FAIR_INFLIGHT_BYTES = 1 << 20
+# An org with fewer publishes than this unacknowledged may hand over due tasks (up to that
+# many) even while the caps above are reached: another org's task then goes out at its due
+# millisecond, not when enough of the backlog's acks have come back.
+FAIR_ALLOWANCE = 20
+# Fair limits apply while two or more orgs have tasks armed or due within this window (see
+# Throttles); one org alone drains on the FIFO path's limits.
+CONTENDED_WINDOW_MS = 1_000
+# How far ahead the claimer claims while a backlog is overdue: claims are taken in
 # the order they started, so another org's task claimed 80 ms ahead may still be waiting
 # behind three claims of the backlog when it falls due. A cancel that comes later than this
 # before the due time of such a task answers `too_late` (without a backlog: 80 ms).
@@ -112,6 +132,21 @@ class FairHeap(HorizonHeap):
             heapq.heappop(firsts)
         return firsts[0][0] if firsts else None
 
+    def orgs_due_by(self, until_ms: int, known: Iterable[str] = (), enough: int = 2) -> int:
+        """How many organisations, counting `known`, have a task due by `until_ms`; the count
+        stops at `enough`. Walks only the index entries due by then (the index is a heap: they
+        form a subtree at its root)."""
+        found = set(known)
+        firsts, stack = self._firsts, [0]
+        while stack and len(found) < enough:
+            i = stack.pop()
+            if i >= len(firsts) or firsts[i][0] > until_ms:
+                continue
+            if self._current(*firsts[i]):
+                found.add(firsts[i][1])
+            stack += (2 * i + 1, 2 * i + 2)
+        return min(len(found), enough)
+
     def pop_due(self, until_ms: int, limit: int) -> list[Entry]:
         """Up to `limit` entries due by `until_ms`: each organisation with one due gives up
         to its share per round, the earliest-due organisation first."""
@@ -124,7 +159,11 @@ class FairHeap(HorizonHeap):
                 seen.add(org)
                 due_orgs.append(org)
         out: list[Entry] = []
-        active = due_orgs
+        if len(due_orgs) == 1:  # one organisation: its own order, no turns to take
+            heap = orgs[due_orgs[0]]
+            while heap and heap[0][0] <= until_ms and len(out) < limit:
+                out.append(heapq.heappop(heap))
+        active = due_orgs if len(due_orgs) > 1 else []
         while active and len(out) < limit:
             still = []
             for org in active:
@@ -200,19 +239,40 @@ class FairArmed(Armed):
         self._count += added
         return added
 
-    def next_due_ms(self) -> int | None:
-        return min((s[0][0] for s in self._orgs.values() if s), default=None)
+    def next_due_ms(self, allow: Mapping[str, int] | None = None) -> int | None:
+        """The first due time, of the organisations in `allow` when given."""
+        orgs = self._orgs
+        if allow is None:
+            return min((s[0][0] for s in orgs.values() if s), default=None)
+        return min((orgs[o][0][0] for o in allow if orgs.get(o)), default=None)
 
-    def pop_due(self, now_ms: int) -> list[Slot]:
+    def orgs(self) -> Iterable[str]:
+        """The organisations with tasks armed."""
+        return self._orgs.keys()
+
+    def pop_due(self, now_ms: int, allow: Mapping[str, int] | None = None) -> list[Slot]:
         """Up to `chunk` due entries: each organisation gives up to its share per round, the
-        one whose first task is earliest first; each organisation's own in firing order."""
+        one whose first task is earliest first; each organisation's own in firing order.
+        With one organisation due, its due entries up to `chunk` (one slice). With `allow`,
+        only the organisations it names, each at most the number it gives."""
         due: dict[str, int] = {}
         for org, slots in self._orgs.items():
+            if allow is not None and org not in allow:
+                continue
             cut = bisect.bisect_right(slots, (now_ms, _AFTER_PRIORITIES))
+            if allow is not None:
+                cut = min(cut, allow[org])
             if cut:
                 due[org] = cut
         if not due:
             return []
+        if len(due) == 1:
+            [(org, cut)] = due.items()
+            slots = self._orgs[org]
+            cut = min(cut, self.chunk)
+            out, self._orgs[org] = slots[:cut], slots[cut:]
+            self._drop(out)
+            return out
         order = sorted(due, key=lambda o: self._orgs[o][0])
         taken = dict.fromkeys(order, 0)
         out: list[Slot] = []
@@ -276,22 +336,58 @@ def armed_set(settings: Settings) -> Armed:
     return Armed(settings.armed_max, settings.armed_max_bytes)
 
 
-def claim_limit(settings: Settings) -> int:
-    """Tasks per claim: `batch`, or at most FAIR_CLAIM when fair."""
-    return min(settings.batch, FAIR_CLAIM) if settings.fair_firing else settings.batch
+class Throttles:
+    """The limits the firing path applies now. While at most one organisation has tasks
+    armed or due within `CONTENDED_WINDOW_MS`, exactly the FIFO ones (one org's burst drains
+    as fast as with fair firing off); while two or more do, the fair ones above (chunks of
+    `FAIR_CHUNK`, claims of `FAIR_CLAIM`, `FAIR_INFLIGHT` publishes or `FAIR_INFLIGHT_BYTES`
+    unacknowledged, the longer busy lookahead, fewer outcomes held back). The window looks
+    ahead so the publisher's queue is short by the time the second org's first task is due.
+    With `fair_firing` off, never contended."""
 
+    def __init__(self, settings: Settings, heap: HorizonHeap, armed: Armed) -> None:
+        self.batch = settings.batch
+        fair = isinstance(heap, FairHeap) and isinstance(armed, FairArmed)
+        self.fair = fair
+        self._heap = heap if fair else None
+        self._armed = armed if fair else None
+        self.contended = False
+        self._at_ms: int | None = None
+        self._set(False)
 
-def book_defer_max(settings: Settings, default: int) -> int:
-    """Outcomes the bookkeeper may hold back during a drain: fewer when fair."""
-    return min(default, FAIR_BOOK_DEFER) if settings.fair_firing else default
+    def update(self, now_ms: int) -> bool:
+        """Whether two or more organisations compete now (looked at once per millisecond)."""
+        heap, armed = self._heap, self._armed
+        if heap is None or armed is None or now_ms == self._at_ms:
+            return self.contended
+        self._at_ms = now_ms
+        orgs = armed.orgs()
+        contended = len(orgs) >= 2 or heap.orgs_due_by(now_ms + CONTENDED_WINDOW_MS, orgs) >= 2
+        if contended != self.contended:
+            self._set(contended)
+        return contended
 
+    def _set(self, contended: bool) -> None:
+        self.contended = contended
+        self.claim_limit = min(self.batch, FAIR_CLAIM) if contended else self.batch
+        self.inflight_cap = FAIR_INFLIGHT if contended else 2**62
+        self.inflight_bytes_cap = FAIR_INFLIGHT_BYTES if contended else 2**62
+        if self._armed is not None:
+            self._armed.chunk = FAIR_CHUNK if contended else 2**62
 
-def inflight_cap(settings: Settings) -> int:
-    """Unacknowledged publishes after which the dispatcher waits: FAIR_INFLIGHT when fair,
-    else no cap of its own (the publisher's window applies)."""
-    return FAIR_INFLIGHT if settings.fair_firing else 2**62
+    def allowance(self, armed: FairArmed, inflight: Mapping[str, int]) -> dict[str, int]:
+        """While the in-flight caps are reached: how many due tasks each armed organisation
+        with fewer than `FAIR_ALLOWANCE` unacknowledged may still hand over."""
+        return {
+            org: FAIR_ALLOWANCE - n
+            for org in armed.orgs()
+            if (n := inflight.get(org, 0)) < FAIR_ALLOWANCE
+        }
 
+    def busy_lookahead(self, default: int) -> int:
+        """The claimer's lookahead while tasks are overdue: longer while contended."""
+        return max(default, FAIR_BUSY_LOOKAHEAD_MS) if self.contended else default
 
-def busy_lookahead(settings: Settings, default: int) -> int:
-    """The claimer's lookahead while tasks are overdue: longer when fair."""
-    return max(default, FAIR_BUSY_LOOKAHEAD_MS) if settings.fair_firing else default
+    def book_defer_max(self, default: int) -> int:
+        """Outcomes the bookkeeper may hold back during a drain: fewer while contended."""
+        return min(default, FAIR_BOOK_DEFER) if self.contended else default

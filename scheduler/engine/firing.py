@@ -33,13 +33,7 @@ from scheduler.core import (
 from scheduler.engine.armed import Armed
 from scheduler.engine.claims import Claimer
 from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
-from scheduler.engine.fair import (
-    armed_set,
-    book_defer_max,
-    busy_lookahead,
-    claim_limit,
-    inflight_cap,
-)
+from scheduler.engine.fair import UNNAMED, FairArmed, armed_set
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, TaskRepository
@@ -91,15 +85,16 @@ class Firing:
         self.room_event = asyncio.Event()  # set when the dispatcher takes tasks off `armed`
         self.claims = Claimer(settings, self.horizon, tasks, self.armed, clock, metrics, self.arm)
         self.claims.on_fenced = self._deposed
-        self.claims.limit = claim_limit(settings)
-        self.claims.busy_lookahead_ms = busy_lookahead(settings, self.claims.busy_lookahead_ms)
-        self.book_defer_max = book_defer_max(settings, BOOK_DEFER_MAX)
-        self.inflight_cap = inflight_cap(settings)  # unacknowledged publishes the dispatcher
-        self.acked_event = asyncio.Event()  # allows; set when an ack brings them under it
+        self.throttles = self.claims.throttles  # fair limits while two or more orgs compete
+        self.acked_event = asyncio.Event()  # set when an ack brings the unacknowledged
+        # publishes under the throttles' caps
         self.outcome_event = asyncio.Event()
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
         self._expired: list[ClaimedTask] = []
         self._inflight = 0
+        self._inflight_bytes = 0
+        # unacknowledged publishes per org, when fair (see `Throttles.allowance`)
+        self._org_inflight: dict[str, int] | None = {} if self.throttles.fair else None
         self._closing = False
         self._books_closing = False
         self._target_checks: dict[str, str | None] = {}
@@ -159,8 +154,13 @@ class Firing:
                     return  # the tasks stay claimed and the next leader publishes them
                 await self._wait(self.armed_event, 0.05)
                 continue
-            if self._inflight >= self.inflight_cap:  # fair: keep the publisher's queue short
-                await self._wait(self.acked_event, 0.05)
+            throttles = self.throttles
+            throttles.update(self.now_ms())
+            if (  # two or more orgs compete: keep the publisher's queue short
+                self._inflight >= throttles.inflight_cap
+                or self._inflight_bytes >= throttles.inflight_bytes_cap
+            ):
+                await self._dispatch_allowance()
                 continue
             left = self.armed.next_due_ms() - self.now_ms()  # type: ignore[operator]
             if left > 0:  # re-checked after every wake: robust to wall-clock steps
@@ -171,14 +171,38 @@ class Firing:
                 continue
             await self._publish_due()
 
-    async def _publish_due(self) -> None:
-        """Publish every armed task that is due, all in one hand-over to the connection."""
+    async def _dispatch_allowance(self) -> None:
+        """The caps are reached: hand over the due tasks of orgs within their allowance (a
+        task of an org with little in flight goes out on time), else wait for acks."""
+        armed, counts = self.armed, self._org_inflight
+        allow = None
+        if isinstance(armed, FairArmed) and counts is not None:
+            allow = self.throttles.allowance(armed, counts)
+            nxt = armed.next_due_ms(allow) if allow else None
+            if nxt is not None:
+                left = nxt - self.now_ms()
+                if left <= 0:
+                    await self._publish_due(allow)
+                    return
+                await self._wait(self.acked_event, min(left / 1000, 0.05))
+                return
+        await self._wait(self.acked_event, 0.05)
+
+    async def _publish_due(self, allow: dict[str, int] | None = None) -> None:
+        """Publish every armed task that is due, all in one hand-over to the connection
+        (with `allow`: only those of the orgs it names, see `_dispatch_allowance`)."""
         now = self.clock.now()
         now_ms, fired_at = to_ms(now), to_rfc3339(now)
         fired_at_b = fired_at.encode()
         batch: list[BatchItem] = []
+        size = 0
         lateness: dict[int, int] = {}  # due ms -> tasks, observed per group
-        due = self.armed.pop_due(now_ms)
+        armed = self.armed
+        if allow is not None and isinstance(armed, FairArmed):
+            due = armed.pop_due(now_ms, allow)
+        else:
+            due = armed.pop_due(now_ms)
+        counts = self._org_inflight
         if due:
             self.room_event.set()
         for due_ms, *_, task in due:
@@ -193,6 +217,10 @@ class Firing:
                 self._outcomes.append((task, error, now))
                 self.outcome_event.set()
                 continue
+            size += len(task.payload)
+            if counts is not None:
+                org = task.org_id or UNNAMED
+                counts[org] = counts.get(org, 0) + 1
             batch.append(
                 (
                     task.target,
@@ -205,6 +233,7 @@ class Firing:
             observe_many(self.metrics.dispatch_lateness, (now_ms - due_ms) / 1000, n)
         if batch:
             self._inflight += len(batch)
+            self._inflight_bytes += size
             await self.publisher.publish_batch(batch)
 
     @staticmethod
@@ -240,7 +269,20 @@ class Firing:
 
     def _done(self, task: ClaimedTask, outcome: PubAck | PublishError) -> None:
         self._inflight -= 1
-        if self._inflight < self.inflight_cap:
+        self._inflight_bytes -= len(task.payload)
+        counts = self._org_inflight
+        if counts is not None:
+            org = task.org_id or UNNAMED
+            n = counts[org] - 1
+            if n:
+                counts[org] = n
+            else:
+                del counts[org]
+        throttles = self.throttles
+        if (
+            self._inflight < throttles.inflight_cap
+            and self._inflight_bytes < throttles.inflight_bytes_cap
+        ):
             self.acked_event.set()
         self._outcomes.append((task, outcome, self.clock.now()))
         if len(self._outcomes) in (1, BOOK_BATCH):  # the first wakes an idle bookkeeper
@@ -254,7 +296,8 @@ class Firing:
                 continue
             if len(self._outcomes) < BOOK_BATCH and not self._books_closing:
                 await self._wait(self.outcome_event, BOOK_EVERY)  # gather for a few ms
-            while self._draining() and len(self._outcomes) < self.book_defer_max:
+            defer_max = self.throttles.book_defer_max(BOOK_DEFER_MAX)
+            while self._draining() and len(self._outcomes) < defer_max:
                 await self._wait(self.outcome_event, BOOK_EVERY)
             outcomes, self._outcomes = self._outcomes, []
             expired, self._expired = self._expired, []

@@ -3,18 +3,33 @@ twins with a fake clock (no server)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
-from datetime import timedelta
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime, timedelta
 
 import pytest
 
-from scheduler.clock import to_rfc3339
-from scheduler.core import ClaimedTask, TaskRef, from_ms
+from scheduler.clock import FakeClock, to_rfc3339
+from scheduler.core import Claimed, ClaimedTask, TaskRef, from_ms
 from scheduler.engine.armed import Armed
-from scheduler.engine.fair import FairArmed, FairHeap
-from scheduler.engine.heap import HorizonHeap
+from scheduler.engine.claims import CLAIMS_IN_FLIGHT, Claimer
+from scheduler.engine.fair import (
+    CONTENDED_WINDOW_MS,
+    FAIR_ALLOWANCE,
+    FAIR_BOOK_DEFER,
+    FAIR_BUSY_LOOKAHEAD_MS,
+    FAIR_CHUNK,
+    FAIR_CLAIM,
+    FAIR_INFLIGHT,
+    FAIR_INFLIGHT_BYTES,
+    FairArmed,
+    FairHeap,
+    Throttles,
+)
+from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.quota import OrgLabels
+from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from tests.unit.engine_twins import T0, Delivery, Engine, engine_on_twins
 
@@ -236,14 +251,136 @@ async def test_fair_firing_delivers_a_small_org_among_the_first_while_a_flood_dr
 
 
 def test_fair_firing_off_restores_every_fifo_part() -> None:
-    """`fair_firing=false` gives the plain heap and armed set, whole claims of `batch`, the
-    usual lookahead and bookkeeping, and no in-flight cap of the dispatcher's own."""
+    """`fair_firing=false` gives the plain heap and armed set, and throttles that never
+    engage: whole claims of `batch`, the usual lookahead and bookkeeping, no in-flight cap of
+    the dispatcher's own, even with two orgs due."""
     from scheduler.engine import fair
 
     off, on = Settings(batch=800), Settings(fair_firing=True, batch=800)
+    assert not off.fair_firing  # the default
     assert type(fair.horizon_heap(off)) is HorizonHeap and type(fair.armed_set(off)) is Armed
-    assert (fair.claim_limit(off), fair.busy_lookahead(off, 80)) == (800, 80)
-    assert fair.book_defer_max(off, 50_000) == 50_000 and fair.inflight_cap(off) >= 2**62
     assert isinstance(fair.horizon_heap(on), FairHeap) and isinstance(fair.armed_set(on), FairArmed)
-    assert (fair.claim_limit(on), fair.busy_lookahead(on, 80)) == (250, 250)
-    assert fair.book_defer_max(on, 50_000) == 5_000 and fair.inflight_cap(on) == 300
+    heap = fair.horizon_heap(off)
+    heap.loaded([ref(1, "a"), ref(1, "b")], complete_until_ms=10_000)
+    throttles = fair.Throttles(off, heap, fair.armed_set(off))
+    assert throttles.update(100) is False
+    assert_fifo_limits(throttles)
+
+
+def assert_fifo_limits(throttles: Throttles) -> None:
+    assert (throttles.claim_limit, throttles.busy_lookahead(80)) == (800, 80)
+    assert throttles.book_defer_max(50_000) == 50_000
+    assert throttles.inflight_cap >= 2**62 and throttles.inflight_bytes_cap >= 2**62
+
+
+def fair_parts() -> tuple[FairHeap, FairArmed, Throttles]:
+    settings = Settings(fair_firing=True, batch=800)
+    heap, armed = FairHeap(), FairArmed(100_000, 10**9)
+    return heap, armed, Throttles(settings, heap, armed)
+
+
+def test_one_org_due_runs_on_the_fifo_limits() -> None:
+    """With fair firing on and a single org's burst due (others far off), nothing is
+    throttled: FIFO's claim size, lookahead, bookkeeping and in-flight window, and the armed
+    set hands out everything due at once, in firing order."""
+    heap, armed, throttles = fair_parts()
+    far = T0_MS + CONTENDED_WINDOW_MS + 1
+    heap.loaded(
+        [ref(i, "a", due=T0_MS) for i in range(2_000)] + [ref(1, "b", due=far)],
+        complete_until_ms=far + 10_000,
+    )
+    armed.add([claimed(i, "a", T0_MS) for i in range(1_000)])
+    assert throttles.update(T0_MS - 1) is False
+    assert_fifo_limits(throttles)
+    out = armed.pop_due(T0_MS)
+    assert [s[4].id for s in out] == [f"a-{i}" for i in range(1_000)] and not armed
+
+
+def test_two_orgs_due_within_the_window_engage_the_fair_limits() -> None:
+    """A second org's task due within the window (in the heap) or armed makes the throttles
+    fair: small claims, the in-flight caps, the longer busy lookahead, chunks taking turns;
+    once it is gone they fall back to the FIFO ones."""
+    heap, armed, throttles = fair_parts()
+    heap.loaded(
+        [ref(i, "a", due=T0_MS) for i in range(2_000)]
+        + [ref(1, "b", due=T0_MS + CONTENDED_WINDOW_MS - 10)],
+        complete_until_ms=T0_MS + 10_000,
+    )
+    assert throttles.update(T0_MS) is True
+    assert throttles.claim_limit == FAIR_CLAIM < 800
+    assert throttles.busy_lookahead(80) == FAIR_BUSY_LOOKAHEAD_MS > 80
+    assert throttles.book_defer_max(50_000) == FAIR_BOOK_DEFER < 50_000
+    assert (throttles.inflight_cap, throttles.inflight_bytes_cap) == (
+        FAIR_INFLIGHT,
+        FAIR_INFLIGHT_BYTES,
+    )
+    taken = heap.pop_due(T0_MS + CONTENDED_WINDOW_MS, 2)
+    assert [e[3] for e in taken] == ["a-0", "b-1"]  # b's is off the heap (armed instead)
+    assert throttles.update(T0_MS + 1) is False
+    armed.add([claimed(i, "a", T0_MS) for i in range(1_000)] + [claimed(1, "b", T0_MS + 5)])
+    assert throttles.update(T0_MS + 2) is True
+    out = armed.pop_due(T0_MS + 10)
+    assert len(out) == FAIR_CHUNK and out[1][4].id == "b-1"  # round robin within a chunk
+    armed.pop_due(T0_MS + 10)
+    assert throttles.update(T0_MS + 3) is False  # b's task went out: a drains on FIFO's
+    assert_fifo_limits(throttles)
+
+
+def test_an_org_with_little_in_flight_may_send_while_the_caps_are_reached() -> None:
+    """While the in-flight caps are reached, an armed org with fewer than FAIR_ALLOWANCE
+    publishes unacknowledged may still hand over that many due tasks; the flooding org,
+    with hundreds in flight, gives nothing until acks come back."""
+    _, armed, throttles = fair_parts()
+    armed.add([claimed(i, "a", T0_MS) for i in range(1_000)])
+    armed.add([claimed(i, "b", T0_MS + 5 + i) for i in range(30)])
+    allow = throttles.allowance(armed, {"a": FAIR_INFLIGHT, "b": 2})
+    assert allow == {"b": FAIR_ALLOWANCE - 2}
+    assert armed.next_due_ms(allow) == T0_MS + 5
+    out = armed.pop_due(T0_MS + 100, allow)
+    assert [s[4].id for s in out] == [f"b-{i}" for i in range(FAIR_ALLOWANCE - 2)]
+    assert armed.pop_due(T0_MS + 100, {}) == [] and len(armed) == 1_000 + 30 - len(out)
+
+
+def test_orgs_due_by_counts_distinct_current_orgs_only() -> None:
+    """The count sees each org once, ignores index entries made stale by an earlier first
+    task, counts the orgs given as known, and stops at `enough`."""
+    heap = FairHeap()
+    heap.push(ref(1, "a", due=500))
+    heap.push(ref(2, "a", due=100))  # a's first task is now due at 100; the 500 entry is stale
+    heap.push(ref(1, "b", due=400))
+    assert heap.orgs_due_by(99) == 0
+    assert heap.orgs_due_by(300) == 1
+    assert heap.orgs_due_by(300, ["b"]) == 2
+    assert heap.orgs_due_by(400) == 2
+    heap.push(ref(1, "c", due=10))
+    assert heap.orgs_due_by(1_000, enough=5) == 3
+
+
+async def test_overlapping_claims_share_the_byte_room() -> None:
+    """Claims in flight together each may bring a quarter of the armed set's free byte room,
+    so the later claims of a burst come back with their payloads, not parked behind the
+    first one's reservation of all of it."""
+    budgets: list[int] = []
+    release = asyncio.Event()
+
+    class Repo:
+        async def claim_within(
+            self, epoch: int, ids: Sequence[str], until: datetime, budget: int
+        ) -> Claimed:
+            budgets.append(budget)
+            await release.wait()
+            return Claimed([], [])
+
+    horizon = Horizon(HorizonHeap())
+    refs = [ref(i, None, due=T0_MS) for i in range(4_000)]
+    horizon.heap.loaded(refs, complete_until_ms=T0_MS + 10_000)
+    armed = Armed(100_000, 4_000_000)
+    claimer = Claimer(
+        Settings(batch=1_000), horizon, Repo(), armed, FakeClock(T0), Metrics(), lambda _: None
+    )  # type: ignore[arg-type]
+    for _ in range(CLAIMS_IN_FLIGHT):
+        assert await claimer.step(1)
+    await asyncio.sleep(0)
+    assert budgets == [1_000_000] * CLAIMS_IN_FLIGHT
+    release.set()
+    await claimer.settle()
