@@ -26,6 +26,25 @@ _FIRED_SUMMARY = (
     "f.scheduled_for, NULL::timestamptz AS expires_at, f.attempt AS attempts, "
     "NULL::timestamptz AS created_at, f.fired_at"
 )
+# Fired tasks after a keyset ($4, $5), filtered by subject ($1) and due window ($2, $3): the
+# fire log read in `fired_at` order over its index (an incremental sort adds the id), each
+# delivery probing its tombstone by primary key. `OFFSET 0` keeps that probe a nested loop:
+# as a plain join the planner hashes every tombstone and sorts every delivery, 0.8 s a page
+# at 400,000 fired tasks against 0.3 ms this way (EXPLAIN ANALYZE, PostgreSQL 16, this host).
+EARLY_SLACK = "1 day"
+FIRED_SQL = (
+    f"SELECT {_FIRED_SUMMARY} FROM fire_log f JOIN LATERAL (SELECT id, target FROM fired_tasks "
+    "WHERE id = f.key AND fired_at = f.fired_at OFFSET 0) t ON true WHERE f.kind = 'delayed' "
+    f"AND ($1::text IS NULL OR {subject_clause('f.subject', '$1')}) "
+    "AND ($2::timestamptz IS NULL OR f.scheduled_for < $2) "
+    "AND ($3::timestamptz IS NULL OR f.scheduled_for >= $3) "
+    # a delivery never precedes its due time (beyond a leader's clock skew, 100 ms by
+    # default): a day's slack lets the index skip what fired before the window
+    f"AND ($3::timestamptz IS NULL OR f.fired_at >= $3 - interval '{EARLY_SLACK}') "
+    # the row comparison spelled out, so the index on fired_at bounds the scan
+    "AND ($4::timestamptz IS NULL OR f.fired_at >= $4 AND (f.fired_at > $4 OR f.key > $5)) "
+    "ORDER BY f.fired_at, f.key LIMIT $6"
+)
 _TASK_DETAIL = (
     _TASK_SUMMARY + ", stream_seq, last_error, claimed_epoch, claimed_at, updated_at, "
     "headers::text AS headers, payload"
@@ -113,14 +132,7 @@ class OverviewStore:
         and `scheduled_for`; the tombstone keeps no `org_id` (callers refuse that filter)."""
         async with self.db.timed("fired_list") as conn:
             rows = await conn.fetch(
-                f"SELECT {_FIRED_SUMMARY} FROM fire_log f JOIN fired_tasks t ON t.id = f.key "
-                "AND t.fired_at = f.fired_at WHERE f.kind = 'delayed' "
-                f"AND ($1::text IS NULL OR {subject_clause('f.subject', '$1')}) "
-                "AND ($2::timestamptz IS NULL OR f.scheduled_for < $2) "
-                "AND ($3::timestamptz IS NULL OR f.scheduled_for >= $3) "
-                # the row comparison spelled out, so the index on fired_at bounds the scan
-                "AND ($4::timestamptz IS NULL OR f.fired_at >= $4 AND "
-                "(f.fired_at > $4 OR f.key > $5)) ORDER BY f.fired_at, f.key LIMIT $6",
+                FIRED_SQL,
                 where.subject,
                 where.due_before,
                 where.due_after,
