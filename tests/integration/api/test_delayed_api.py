@@ -187,8 +187,9 @@ async def test_fired_tasks_are_listed_from_their_tombstones(api: ApiHarness) -> 
     in_window = [t["id"] for t in await _pages(api, 5, status="fired", **window)]
     assert sorted(in_window) == sorted([fired[1]["id"], fired[2]["id"]])
 
-    everything = await _pages(api, 2)  # a page boundary falls between held and fired tasks
-    assert [t["id"] for t in everything] == [d["id"] for d in later] + [t["id"] for t in shown]
+    expected = [d["id"] for d in later] + [t["id"] for t in shown]
+    for limit in (2, 3):  # a page ends with the last held task, or holds both kinds
+        assert [t["id"] for t in await _pages(api, limit)] == expected
     held_of_org = await _pages(api, 1, org_id="org-a")
     assert [t["id"] for t in held_of_org] == [d["id"] for d in later]
 
