@@ -186,8 +186,12 @@ def _delayed(sub: Any, common: argparse.ArgumentParser) -> None:
     verbs = group.add_subparsers(title="verbs", metavar="VERB", required=True)
     ls = verbs.add_parser("list", parents=[common], help="tasks in firing order")
     ls.add_argument("--subject", help="target subject (`mq.x.>`: a prefix)")
-    ls.add_argument("--org-id", help="envelope org_id")
-    ls.add_argument("--status", help="pending, claimed, fired, cancelled, expired, dead")
+    ls.add_argument("--org-id", help="envelope org_id (fired tasks keep none)")
+    ls.add_argument(
+        "--status",
+        help="pending, in_doubt, claimed, fired (in the order they fired), cancelled, expired, "
+        "dead; none: all, fired last",
+    )
     ls.add_argument("--due-before", type=_instant, help="RFC 3339")
     ls.add_argument("--due-after", type=_instant, help="RFC 3339")
     _paging(ls)

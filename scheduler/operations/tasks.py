@@ -21,12 +21,13 @@ from scheduler.engine.leader_loop import RESCHEDULED_SUBJECT
 from scheduler.envelope import bounded_instant
 from scheduler.errors import RequestError
 from scheduler.operations import Outcome
-from scheduler.operations.paging import Page, decode, from_us, page, us
+from scheduler.operations.paging import Page, bad_cursor, decode, from_us, page, us
 from scheduler.settings import Settings
 from scheduler.store.overview import OverviewStore, TaskFilter
 from scheduler.store.tasks import TaskStore
 
 CURSOR = "delayed"
+FIRED_CURSOR = "delayed_fired"  # continues among fired tasks (`fired_at`, id)
 
 
 def parse_due(raw: Any) -> datetime:
@@ -72,11 +73,31 @@ class TaskOperations:
         return await self.overview.task(task_id)
 
     async def list(self, where: TaskFilter, cursor: str | None, limit: int) -> Page[dict]:
-        key = decode(CURSOR, cursor, (int, int, int))
-        after = None
-        if key is not None:
-            after = (from_us(key[0]), key[1], key[2])
-        rows = await self.overview.tasks(where, after, limit + 1)
+        """Tasks still held (any status but fired) in firing order, or fired tasks in the
+        order they fired; without a status, the held ones and then the fired ones (a fired
+        task keeps no `org_id`, so that filter lists held tasks only, and refuses `fired`)."""
+        fired_key = _fired_key(cursor)
+        if where.status == "fired" and where.org_id is not None:
+            raise RequestError(
+                "validation",
+                "org_id: a fired task keeps no org_id (its envelope is deleted when it fires); "
+                "leave org_id out with status=fired",
+                "org_id",
+            )
+        held = where.status != "fired"
+        with_fired = where.status in (None, "fired") and where.org_id is None
+        rows: list[dict] = []
+        if held and fired_key is None:
+            key = decode(CURSOR, cursor, (int, int, int))
+            after = None if key is None else (from_us(key[0]), key[1], key[2])
+            rows = await self.overview.tasks(where, after, limit + 1)
+        elif not with_fired or (fired_key is None and cursor is not None):
+            raise bad_cursor()  # a fired cursor on a list without fired tasks, or the reverse
+        if with_fired and len(rows) <= limit:
+            after_fired = None if fired_key is None else (from_us(fired_key[0]), fired_key[1])
+            rows += await self.overview.fired(where, after_fired, limit + 1 - len(rows))
+        if len(rows) > limit and "seq" not in rows[limit - 1]:  # the page ends among fired
+            return page(rows, limit, lambda r: (us(r["fired_at"]), r["id"]), FIRED_CURSOR)
         return page(rows, limit, lambda r: (us(r["due_at"]), r["priority"], r["seq"]), CURSOR)
 
     async def cancel(self, task_id: str, target: str | None = None) -> Outcome:
@@ -120,6 +141,16 @@ class TaskOperations:
     async def _target_of(self, task_id: str) -> str | None:
         task = await self.tasks.get(task_id)
         return None if task is None else str(task["target"])
+
+
+def _fired_key(cursor: str | None) -> list | None:
+    """The key of a cursor that continues among fired tasks, None for any other cursor."""
+    if cursor is None:
+        return None
+    try:
+        return decode(FIRED_CURSOR, cursor, (int, str))
+    except RequestError:  # not a fired cursor: the held tasks' decode judges it
+        return None
 
 
 _WHY = {

@@ -19,6 +19,32 @@ _TASK_SUMMARY = (
     "id, target, status, priority, due_at, scheduled_for, expires_at, attempts, created_at, "
     "fired_at, seq"
 )
+# A fired task in a listing, from its delivery `f` and tombstone `t`: the fields only its
+# deleted row held (priority, expiry, creation) are unknown (NULL).
+_FIRED_SUMMARY = (
+    "t.id, t.target, 'fired' AS status, NULL::smallint AS priority, f.scheduled_for AS due_at, "
+    "f.scheduled_for, NULL::timestamptz AS expires_at, f.attempt AS attempts, "
+    "NULL::timestamptz AS created_at, f.fired_at"
+)
+# Fired tasks after a keyset ($4, $5), filtered by subject ($1) and due window ($2, $3): the
+# fire log read in `fired_at` order over its index (an incremental sort adds the id), each
+# delivery probing its tombstone by primary key. `OFFSET 0` keeps that probe a nested loop:
+# as a plain join the planner hashes every tombstone and sorts every delivery, 0.8 s a page
+# at 400,000 fired tasks against 0.3 ms this way (EXPLAIN ANALYZE, PostgreSQL 16, this host).
+EARLY_SLACK = "1 day"
+FIRED_SQL = (
+    f"SELECT {_FIRED_SUMMARY} FROM fire_log f JOIN LATERAL (SELECT id, target FROM fired_tasks "
+    "WHERE id = f.key AND fired_at = f.fired_at OFFSET 0) t ON true WHERE f.kind = 'delayed' "
+    f"AND ($1::text IS NULL OR {subject_clause('f.subject', '$1')}) "
+    "AND ($2::timestamptz IS NULL OR f.scheduled_for < $2) "
+    "AND ($3::timestamptz IS NULL OR f.scheduled_for >= $3) "
+    # a delivery never precedes its due time (beyond a leader's clock skew, 100 ms by
+    # default): a day's slack lets the index skip what fired before the window
+    f"AND ($3::timestamptz IS NULL OR f.fired_at >= $3 - interval '{EARLY_SLACK}') "
+    # the row comparison spelled out, so the index on fired_at bounds the scan
+    "AND ($4::timestamptz IS NULL OR f.fired_at >= $4 AND (f.fired_at > $4 OR f.key > $5)) "
+    "ORDER BY f.fired_at, f.key LIMIT $6"
+)
 _TASK_DETAIL = (
     _TASK_SUMMARY + ", stream_seq, last_error, claimed_epoch, claimed_at, updated_at, "
     "headers::text AS headers, payload"
@@ -90,6 +116,28 @@ class OverviewStore:
                 after[0] if after else None,
                 after[1] if after else 0,
                 after[2] if after else 0,
+                limit,
+            )
+        return [dict(r) for r in rows]
+
+    async def fired(
+        self, where: TaskFilter, after: tuple[datetime, str] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """Fired tasks in the order they fired (`fired_at`, then id) after the keyset `after`.
+
+        Their rows are gone (migration 0010): each is the `fire_log` delivery that fired it,
+        read in order over the log's `fired_at` index, joined to its tombstone in `fired_tasks`
+        (same id and `fired_at`: a task fired once, and a delivery whose tombstone the upkeep
+        purged is no longer listed). The subject and due window apply to the delivery's subject
+        and `scheduled_for`; the tombstone keeps no `org_id` (callers refuse that filter)."""
+        async with self.db.timed("fired_list") as conn:
+            rows = await conn.fetch(
+                FIRED_SQL,
+                where.subject,
+                where.due_before,
+                where.due_after,
+                after[0] if after else None,
+                after[1] if after else "",
                 limit,
             )
         return [dict(r) for r in rows]

@@ -1,6 +1,6 @@
 """The console in a real browser: an operator signs in, pauses, resumes and triggers a job and
-sees the fire, finds and cancels a delayed task (never delivered), replays dead letters (each
-delivered once), and the console shows payloads as text."""
+sees the fire, finds and cancels a delayed task (never delivered) and lists fired ones, replays
+dead letters (each delivered once), and the console shows payloads as text."""
 
 from __future__ import annotations
 
@@ -83,7 +83,8 @@ async def test_admin_pauses_resumes_and_triggers_a_job_and_sees_the_fire(
 
 async def test_delayed_task_found_and_cancelled_is_never_delivered(console: Console) -> None:
     """A task found by its subject and id and cancelled from its page (after a confirmation)
-    is never delivered, while its neighbour due at the same time is; another is rescheduled."""
+    is never delivered, while its neighbour due at the same time is (and is then listed as
+    fired); another is rescheduled."""
     await console.api.start()
     due = datetime.now(UTC) + timedelta(seconds=8)
     keep, drop = envelope(due, org_id="org-7"), envelope(due, org_id="org-7")
@@ -125,6 +126,22 @@ async def test_delayed_task_found_and_cancelled_is_never_delivered(console: Cons
     assert msgs[0].headers["Nats-Msg-Id"] == keep["id"]
     status = (await console.api.call("GET", f"/v1/delayed/{drop['id']}")).body["status"]
     assert status == "cancelled"
+
+    async def keep_status() -> str:
+        return (await console.api.call("GET", f"/v1/delayed/{keep['id']}")).body["status"]
+
+    await poll(keep_status, lambda s: s == "fired")  # its row deleted: listed from its tombstone
+    await page.goto(console.url + "delayed")
+    await page.get_by_label("Target subject").fill("mq.tasks.>")
+    await page.get_by_label("Status").select_option("fired")
+    await page.get_by_role("button", name="Search").click()
+    await expect(
+        page.get_by_role("heading", name="1 task, in the order they fired")
+    ).to_be_visible()
+    fired_row = rows.filter(has_text=keep["id"])
+    await expect(fired_row).to_contain_text("fired")
+    await expect(fired_row.locator("td[data-label=Priority]")).to_have_text("-")
+    await expect(rows.filter(has_text=drop["id"])).to_have_count(0)
 
 
 async def test_dead_letters_replayed_one_and_by_filter_are_each_delivered_once(

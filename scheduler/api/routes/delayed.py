@@ -38,17 +38,31 @@ async def list_tasks(
         str | None,
         Query(pattern=SUBJECT, description="target subject; `mq.tasks.>` matches a prefix"),
     ] = None,
-    org_id: Annotated[str | None, Query(pattern=r"^[^\x00]{1,200}$")] = None,
+    org_id: Annotated[
+        str | None,
+        Query(
+            pattern=r"^[^\x00]{1,200}$",
+            description="envelope org_id; fired tasks keep none (422 with status=fired)",
+        ),
+    ] = None,
     status: Annotated[
-        str | None, Query(pattern=r"^[a-z_]{1,32}$", description="pending, claimed, fired, ...")
+        str | None,
+        Query(
+            pattern=r"^[a-z_]{1,32}$",
+            description="pending, in_doubt, claimed, fired, cancelled, expired, dead; "
+            "none: every task, fired ones last",
+        ),
     ] = None,
     due_before: Annotated[Instant | None, Query(description="due strictly before")] = None,
     due_after: Annotated[Instant | None, Query(description="due at or after")] = None,
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> Any:
-    """Tasks in firing order (due time, priority, intake order). `status=pending` reads the
-    pending index; `org_id` is read from each stored envelope, so narrow it with other filters."""
+    """Tasks in firing order (due time, priority, intake order); `status=fired` lists fired
+    tasks, kept for SCHEDULER_FIRE_LOG_RETENTION days, in the order they fired (their due time
+    is the delivery's `scheduled_for`), and without a status they follow the others.
+    `status=pending` reads the pending index; `org_id` is read from each stored envelope (so
+    narrow it with other filters) and lists no fired task: their envelopes are deleted."""
     where = TaskFilter(subject, org_id, status, due_before, due_after)
     got = await ops.tasks.list(where, cursor, limit)
     return got.as_dict()

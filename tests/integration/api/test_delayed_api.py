@@ -128,3 +128,81 @@ async def test_http_cancel_racing_a_firing_batch(api: ApiHarness) -> None:
             assert reply.status == 409 and reply.body["code"] == "too_late", reply
             assert doc["id"] in delivered
     assert cancelled + len(delivered) == 200
+
+
+async def _pages(api: ApiHarness, limit: int, **params: object) -> list[dict]:
+    """Every item of a listing, followed page by page through `next_cursor`."""
+    items: list[dict] = []
+    cursor = None
+    for _ in range(50):
+        query = {"limit": limit, **params, **({"cursor": cursor} if cursor else {})}
+        r = await api.call("GET", "/v1/delayed", token=READ, params=query)
+        assert r.status == 200, r
+        assert len(r.body["items"]) <= limit
+        items += r.body["items"]
+        cursor = r.body["next_cursor"]
+        if cursor is None:
+            return items
+    raise AssertionError("the cursor never ran out")
+
+
+async def test_fired_tasks_are_listed_from_their_tombstones(api: ApiHarness) -> None:
+    """After real deliveries, `status=fired` lists each fired task once, in the order they
+    fired, with its delivery's due time and fired_at, filtered by subject and due window and
+    paged by keyset; without a status they follow the held tasks; org_id is refused with it."""
+    await api.start()
+    now = datetime.now(UTC)
+    fired = [envelope(now + timedelta(milliseconds=400 + 150 * i)) for i in range(4)]
+    other = envelope(now + timedelta(milliseconds=500))
+    later = [envelope(now + timedelta(hours=1, minutes=i), org_id="org-a") for i in range(2)]
+    for doc in fired:
+        await api.publish(TARGET, doc)
+    await api.publish("mq.tasks.other", other)
+    for doc in later:
+        await api.publish(TARGET, doc)
+    want = {d["id"] for d in fired} | {other["id"]}
+
+    async def listed() -> list[dict]:
+        return await _pages(api, 500, status="fired")
+
+    shown = await poll(listed, lambda items: {t["id"] for t in items} >= want, within=10)
+    assert {t["id"] for t in shown} == want and len(shown) == len(want)
+    assert [(t["fired_at"], t["id"]) for t in shown] == sorted(
+        (t["fired_at"], t["id"]) for t in shown
+    )
+    due = {d["id"]: datetime.fromisoformat(d["delay_until"]) for d in [*fired, other]}
+    for t in shown:
+        assert t["status"] == "fired" and t["priority"] is None and t["attempts"] == 1
+        assert t["due_at"] == t["scheduled_for"] and t["fired_at"] is not None
+        scheduled = datetime.fromisoformat(t["scheduled_for"].replace("Z", "+00:00"))
+        assert abs(scheduled - due[t["id"]]) < timedelta(milliseconds=1)
+    assert [t["id"] for t in await _pages(api, 2, status="fired")] == [t["id"] for t in shown]
+    on_target = await _pages(api, 1, status="fired", subject=TARGET)
+    assert [t["id"] for t in on_target] == [t["id"] for t in shown if t["id"] != other["id"]]
+    assert [t["id"] for t in await _pages(api, 5, status="fired", subject="mq.tasks.>")] == [
+        t["id"] for t in shown
+    ]
+    window = {"due_after": due[fired[1]["id"]].isoformat()}
+    window["due_before"] = due[fired[3]["id"]].isoformat()
+    in_window = [t["id"] for t in await _pages(api, 5, status="fired", **window)]
+    assert sorted(in_window) == sorted([fired[1]["id"], fired[2]["id"]])
+
+    expected = [d["id"] for d in later] + [t["id"] for t in shown]
+    for limit in (2, 3):  # a page ends with the last held task, or holds both kinds
+        assert [t["id"] for t in await _pages(api, limit)] == expected
+    held_of_org = await _pages(api, 1, org_id="org-a")
+    assert [t["id"] for t in held_of_org] == [d["id"] for d in later]
+
+    r = await api.call("GET", "/v1/delayed", token=READ, params={"status": "fired", "org_id": "x"})
+    assert r.status == 422 and r.body["errors"][0]["field"] == "org_id", r
+    first = await api.call("GET", "/v1/delayed", token=READ, params={"status": "fired", "limit": 1})
+    fired_cursor = first.body["next_cursor"]
+    for params in ({"status": "pending"}, {"org_id": "org-a"}):
+        r = await api.call(
+            "GET", "/v1/delayed", token=READ, params=params | {"cursor": fired_cursor}
+        )
+        assert r.status == 400 and r.body["code"] == "bad_cursor", r
+    held = await api.call("GET", "/v1/delayed", token=READ, params={"limit": 1})
+    params = {"status": "fired", "cursor": held.body["next_cursor"]}
+    r = await api.call("GET", "/v1/delayed", token=READ, params=params)
+    assert r.status == 400 and r.body["code"] == "bad_cursor", r

@@ -58,6 +58,13 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_violation(
         return len(r.body["items"])
 
     await poll(dead, lambda n: n == 4, within=10)
+    await api.publish(TARGET, envelope(now + timedelta(milliseconds=100)))  # lists fired ones too
+
+    async def fired() -> int:
+        r = await api.call("GET", "/v1/delayed", token=READ, params={"status": "fired"})
+        return len(r.body["items"])
+
+    await poll(fired, lambda n: n == 1, within=10)
     st = Path(sys.executable).with_name("st")
     proc = await asyncio.create_subprocess_exec(
         str(st),
