@@ -14,7 +14,7 @@ from scheduler.durations import parse_duration
 
 router = APIRouter(prefix="/ui/delayed", include_in_schema=False)
 PAGE_SIZE = 50
-STATUSES = ("pending", "claimed", "fired", "cancelled", "expired", "dead")
+STATUSES = ("pending", "in_doubt", "claimed", "fired", "cancelled", "expired", "dead")
 FILTERS = ("subject", "org_id", "status", "due_after", "due_before")
 
 
