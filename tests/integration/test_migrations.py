@@ -166,6 +166,41 @@ async def test_migration_0010_turns_fired_rows_into_tombstones_and_back(
     assert "fired_tasks" in await tables(database_url)
 
 
+FIRE_LOG_INDEXES = (
+    "SELECT c.relname, i.indisprimary FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+    "WHERE i.indrelid = 'fire_log'::regclass ORDER BY c.relname"
+)
+
+
+async def test_migration_0011_drops_the_fire_log_primary_key_and_back(database_url: str) -> None:
+    """0011 drops `fire_log`'s primary key (no query reads a row by id) and keeps the two
+    indexes the queries use; rows still go in, on every partition. Downgrading to 0010 adds the
+    key again over the rows written meanwhile."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(FIRE_LOG_INDEXES)
+        assert [(r["relname"], r["indisprimary"]) for r in rows] == [
+            ("fire_log_fired_at", False),
+            ("fire_log_once", False),
+        ]
+        now = datetime.now(UTC)
+        for at in (now, datetime(2020, 1, 1, tzinfo=UTC)):  # today's partition and the default
+            await conn.execute(
+                "INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, attempt, "
+                "epoch, instance) VALUES ('delayed', 'mig-0011', 'mq.x', $1, $1, 1, 1, 'i')",
+                at,
+            )
+        await asyncio.to_thread(migrate.downgrade, database_url, "0010")
+        rows = await conn.fetch(FIRE_LOG_INDEXES)
+        assert ("fire_log_pkey", True) in [(r["relname"], r["indisprimary"]) for r in rows]
+        assert await conn.fetchval("SELECT count(*) FROM fire_log WHERE key = 'mig-0011'") == 2
+        await migrate.upgrade_async(database_url)
+        rows = await conn.fetch(FIRE_LOG_INDEXES)
+        assert "fire_log_pkey" not in [r["relname"] for r in rows]
+    finally:
+        await conn.close()
+
+
 async def test_replicas_migrating_at_once_all_succeed(database_url: str) -> None:
     """Three replicas starting together on an empty database: one migrates, the others wait on
     the advisory lock and then find the schema at head (without it, they race on CREATE TABLE)."""
