@@ -107,6 +107,7 @@ class CronEngine:
             await self._loop(epoch, publisher, stop)
         finally:
             await self.book.close()
+            self.metrics.cron_jobs_failed.set(0)  # the next leader reports them
 
     async def _loop(self, epoch: int, publisher: Broker, stop: asyncio.Event) -> None:
         await self.sync()
