@@ -136,7 +136,7 @@ class CursorBook:
         """Write the failures and the moves (fenced: FencedError once a newer epoch exists),
         update `cursors`, and start a mirror of the changed ones unless one is running. Returns
         the jobs marked failed: the caller stops firing them."""
-        stopped = await self._stop(epoch, publisher.max_payload)
+        stopped = await self._stop(epoch, publisher)
         if not moves:
             return stopped
         await self.store.advance(epoch, list(moves.values()), self.settings.instance_id)
@@ -150,7 +150,7 @@ class CursorBook:
             self._mirroring = asyncio.create_task(mirror, name="mirror")
         return stopped
 
-    async def _stop(self, epoch: int, max_payload: int) -> frozenset[str]:
+    async def _stop(self, epoch: int, publisher: Broker) -> frozenset[str]:
         """Mark the jobs whose publish failed for good as failed, log each once, count them."""
         stopping, self._stopping = self._stopping, []
         if not stopping:
@@ -161,7 +161,7 @@ class CursorBook:
                 job.name,
                 job.fingerprint(),
                 error.reason,
-                failure_text(job, occurrence, error, max_payload),
+                failure_text(job, occurrence, error, publisher.max_payload),
                 now,
                 occurrence,
             )
