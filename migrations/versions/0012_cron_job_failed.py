@@ -7,11 +7,8 @@ in a statement fenced by its epoch and tied to the job's fingerprint, and stops 
 sync that changes the job's definition (or re-adds a removed job) clears the three columns, as
 does an operator's resume. See docs/cron.md, "A job that can never be published".
 
-Revision 0012 follows 0010 here; if a revision 0011 lands first, this one revises it instead
-(the change is independent of 0011's).
-
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-11-25
 """
 
@@ -20,7 +17,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
