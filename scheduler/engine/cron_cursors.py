@@ -178,7 +178,6 @@ class CursorBook:
                 f.reason,
                 f.error,
             )
-        self.metrics.cron_backing_off.set(len(self._failing))
         return frozenset(f.name for f in failures)
 
     async def close(self) -> None:
