@@ -154,6 +154,19 @@ class Advance:
     skipped: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class CronFailure:
+    """A cron job stopped by a permanent publish error: the definition it failed with (its
+    `fingerprint`), the error's `reason` code (`too_large`, ...) and a text naming the field."""
+
+    name: str
+    fingerprint: str
+    reason: str
+    error: str
+    failed_at: datetime
+    scheduled_for: datetime
+
+
 @dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
 class PubAck:
     stream: str

@@ -137,6 +137,17 @@ class Metrics:
             "Cron jobs waiting out a backoff after their target failed.",
             registry=r,
         )
+        self.cron_permanent_failures_total = Counter(
+            _P + "cron_permanent_failures_total",
+            "Cron jobs stopped by a permanent publish error (too_large: over max_payload).",
+            ["reason"],
+            registry=r,
+        )
+        self.cron_jobs_failed = Gauge(
+            _P + "cron_jobs_failed",
+            "Cron jobs the leader does not fire: failed until their definition changes.",
+            registry=r,
+        )
         self.publish_in_doubt = Counter(
             _P + "publish_in_doubt_total",
             "Deliveries sent but never acknowledged: in doubt until republished (same id).",

@@ -129,6 +129,13 @@ class ScheduleSummary(BaseModel):
     paused_in_yaml: bool
     paused_at: datetime | None = Field(description="when an operator paused it")
     paused_by: str | None
+    failed: bool = Field(
+        description="stopped by a permanent publish error (failed_error says why); fires again "
+        "once its definition changes or an operator resumes it"
+    )
+    failed_at: datetime | None = Field(description="when the leader stopped it")
+    failed_reason: str | None = Field(description="the error's code, e.g. too_large")
+    failed_error: str | None = Field(description="the error, naming the YAML field at fault")
     file: str | None
     line: int | None
     last_scheduled_for: datetime | None = Field(description="the occurrence last handled")

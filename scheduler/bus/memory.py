@@ -164,7 +164,8 @@ class MemoryBroker:
             return PublishError(subject, f"not sent: {why or 'publisher closed'}")
         size = len(subject) + len(payload) + sum(len(k) + len(v) + 4 for k, v in headers.items())
         if size > self._max_payload:
-            message = f"{size} bytes to {subject} cannot fit the server's max_payload"
+            limit = self._max_payload
+            message = f"{size} bytes to {subject} cannot fit the server's max_payload of {limit}"
             return PublishError(subject, message, permanent=True, reason="too_large")
         injected = self.fail(subject) if self.fail is not None else None
         if injected is not None:

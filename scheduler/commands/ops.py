@@ -142,7 +142,7 @@ def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
 def _schedules_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
     doc = _pages(client, "/v1/schedules", args, {"active": not args.removed})
     keys = {"NAME": "name", "CRON": "cron", "TZ": "timezone", "SUBJECT": "subject"}
-    keys |= {"PAUSED": "paused", "LAST FIRED": "last_fired_at"}
+    keys |= {"PAUSED": "paused", "FAILED": "failed_reason", "LAST FIRED": "last_fired_at"}
     return _listing(doc, {header: _field(key) for header, key in keys.items()})
 
 
@@ -155,6 +155,7 @@ def _schedule_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, st
         f"{j['name']}  {j['cron']}  ({j['timezone']}) -> {j['subject']}",
         f"defined at   {j['file']}:{j['line']}",
         f"paused       {paused}",
+        f"failed       {_failed(j)}",
         f"last         {j['last_scheduled_for']} (fired {j['last_fired_at']})",
         "",
         "next occurrences:",
@@ -169,6 +170,12 @@ def _schedule_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, st
         ),
     ]
     return j, "\n".join(lines), OK
+
+
+def _failed(job: dict[str, Any]) -> str:
+    if not job.get("failed"):
+        return "no"
+    return f"{job['failed_reason']} at {job['failed_at']}: {job['failed_error']}"
 
 
 def _schedule_action(action: str) -> Verb:

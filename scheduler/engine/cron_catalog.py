@@ -21,8 +21,9 @@ log = logging.getLogger("scheduler.cron")
 
 
 class CronCatalog:
-    """The jobs as last synced: `jobs` (operator pauses applied), `errors` (the YAML's, as
-    text), `paused_by_operator`, and `synced_at` (where a new job's cursor starts)."""
+    """The jobs as last synced: `jobs` (operator pauses and failed jobs held as paused),
+    `errors` (the YAML's, as text), `paused_by_operator`, `failed` (jobs stopped by a permanent
+    publish error), and `synced_at` (where a new job's cursor starts)."""
 
     def __init__(self, directory: Path, store: ScheduleRepository, clock: Clock) -> None:
         self.directory = Path(directory)
@@ -31,6 +32,7 @@ class CronCatalog:
         self.jobs: tuple[Job, ...] = ()
         self.errors: list[str] = []
         self.paused_by_operator: frozenset[str] = frozenset()  # applied at the last sync
+        self.failed: frozenset[str] = frozenset()
         self.synced_at: datetime | None = None
         self.reload_requested = asyncio.Event()
         self._stamp: tuple[tuple[str, float], ...] = ()
@@ -53,7 +55,8 @@ class CronCatalog:
         changed, removed = await self.store.sync(loaded_jobs, synced_at)
         self.synced_at = synced_at
         self.paused_by_operator = await self.store.operator_paused()
-        self.jobs = operator_paused(loaded_jobs, self.paused_by_operator)
+        self.failed = await self.store.failed()
+        self.jobs = operator_paused(loaded_jobs, self.paused_by_operator | self.failed)
         log.info(
             "cron.synced jobs=%d changed=%d removed=%d errors=%d",
             len(loaded_jobs),
@@ -61,6 +64,13 @@ class CronCatalog:
             removed,
             len(self.errors),
         )
+
+    def halt(self, names: frozenset[str]) -> None:
+        """Stop firing jobs just marked failed: held like paused ones (their cursors move on, so
+        a fixed definition starts at its next occurrence, not with a replay)."""
+        if names:
+            self.failed |= names
+            self.jobs = operator_paused(self.jobs, names)
 
     def _files_stamp(self) -> tuple[tuple[str, float], ...]:
         try:

@@ -1,7 +1,10 @@
 """Where each cron job stands after a tick: cursors moved from the acks, fenced, and mirrored.
 
 A job's cursor advances to its last delivered occurrence, never past one whose publish failed;
-a failing job backs off (jittered, doubling, capped) before it is planned again. The moves are
+a failing job backs off (jittered, doubling, capped) before it is planned again. A permanent
+failure (a message that can never be published, such as one larger than the server's
+`max_payload`) is not retried: the job is marked failed (`ScheduleRepository.fail`), logged once,
+counted, and stops firing until its definition changes or an operator resumes it. The moves are
 written in one statement fenced by the epoch (`ScheduleRepository.advance`: a deposed leader
 records nothing), then copied to KV `scheduler_state` (`cron.<job>`) for standbys and dashboards.
 """
@@ -17,7 +20,8 @@ from datetime import datetime, timedelta
 
 from scheduler.backoff import backoff_seconds
 from scheduler.clock import Clock, to_rfc3339
-from scheduler.core import Advance, PubAck, PublishError
+from scheduler.core import Advance, CronFailure, PubAck, PublishError
+from scheduler.engine.cron_message import failure_text
 from scheduler.engine.ports import Broker, ScheduleRepository
 from scheduler.metrics import Metrics
 from scheduler.schedules import Job
@@ -49,6 +53,8 @@ class CursorBook:
         self.mirror = mirror
         # job -> (publishes failed in a row, monotonic time before which it is not retried)
         self._failing: dict[str, tuple[int, float]] = {}
+        # jobs whose publish failed for good this tick, recorded (and stopped) by `record`
+        self._stopping: list[tuple[Job, datetime, PublishError]] = []
         self._dirty: set[str] = set()
         self._mirroring: asyncio.Task[None] | None = None
         self._mirrored_at = float("-inf")
@@ -97,7 +103,11 @@ class CursorBook:
                 moves[job.name] = replace(move, scheduled_for=last)
             else:
                 moves.pop(job.name, None)
-            self._failed(job, result)
+            if result.permanent:  # never worth a retry: stopped by `record`
+                self._failing.pop(job.name, None)
+                self._stopping.append((job, occurrence, result))
+            else:
+                self._failed(job, result)
         for name in delivered.keys() - failed:
             self._failing.pop(name, None)
         self.metrics.cron_backing_off.set(len(self._failing))
@@ -122,20 +132,53 @@ class CursorBook:
         moves: dict[str, Advance],
         cursors: dict[str, datetime],
         publisher: Broker,
-    ) -> None:
-        """Write the moves (fenced: FencedError once a newer epoch exists), update `cursors`,
-        and start a mirror of the changed ones unless one is running."""
+    ) -> frozenset[str]:
+        """Write the failures and the moves (fenced: FencedError once a newer epoch exists),
+        update `cursors`, and start a mirror of the changed ones unless one is running. Returns
+        the jobs marked failed: the caller stops firing them."""
+        stopped = await self._stop(epoch, publisher)
         if not moves:
-            return
+            return stopped
         await self.store.advance(epoch, list(moves.values()), self.settings.instance_id)
         for m in moves.values():
             cursors[m.name] = max(cursors.get(m.name, m.scheduled_for), m.scheduled_for)
         if not self.mirror:
-            return
+            return stopped
         self._dirty.update(m.name for m in moves.values())
         if self._mirroring is None or self._mirroring.done():
             mirror = self._mirror(epoch, cursors, publisher)
             self._mirroring = asyncio.create_task(mirror, name="mirror")
+        return stopped
+
+    async def _stop(self, epoch: int, publisher: Broker) -> frozenset[str]:
+        """Mark the jobs whose publish failed for good as failed, log each once, count them."""
+        stopping, self._stopping = self._stopping, []
+        if not stopping:
+            return frozenset()
+        now = self.clock.now()
+        failures = [
+            CronFailure(
+                job.name,
+                job.fingerprint(),
+                error.reason,
+                failure_text(job, occurrence, error, publisher.max_payload),
+                now,
+                occurrence,
+            )
+            for job, occurrence, error in stopping
+        ]
+        await self.store.fail(epoch, failures)
+        for f in failures:
+            self.metrics.cron_permanent_failures_total.labels(f.reason).inc()
+            log.error(
+                "cron.job_failed job=%s occurrence=%s reason=%s error=%r (not retried: it "
+                "fires again once its definition changes or an operator resumes it)",
+                f.name,
+                to_rfc3339(f.scheduled_for),
+                f.reason,
+                f.error,
+            )
+        return frozenset(f.name for f in failures)
 
     async def close(self) -> None:
         """Stop a mirror in progress (the term ended)."""

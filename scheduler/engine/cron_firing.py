@@ -83,6 +83,11 @@ class CronEngine:
     def paused_by_operator(self) -> frozenset[str]:
         return self.catalog.paused_by_operator
 
+    @property
+    def failed(self) -> frozenset[str]:
+        """Jobs stopped by a permanent publish error (see `CursorBook`)."""
+        return self.catalog.failed
+
     def request_reload(self) -> None:
         """Ask for a YAML reload (SIGHUP)."""
         self.catalog.request_reload()
@@ -91,6 +96,7 @@ class CronEngine:
         """Load the YAML (keeping the valid jobs, logging the errors) and sync it to PostgreSQL."""
         await self.catalog.sync()
         self.planner.forget()  # computed from the jobs as they were
+        self.metrics.cron_jobs_failed.set(len(self.catalog.failed))
 
     # -- the term ---------------------------------------------------------------------------------
     async def run(self, epoch: int, publisher: Broker, stop: asyncio.Event) -> None:
@@ -101,6 +107,7 @@ class CronEngine:
             await self._loop(epoch, publisher, stop)
         finally:
             await self.book.close()
+            self.metrics.cron_jobs_failed.set(0)  # the next leader reports them
 
     async def _loop(self, epoch: int, publisher: Broker, stop: asyncio.Event) -> None:
         await self.sync()
@@ -140,7 +147,10 @@ class CronEngine:
         )
         results = await self._settle(early) + await self._fire(publisher, firing, now)
         self.book.fold(results, moves)
-        await self.book.record(epoch, moves, cursors, publisher)
+        if stopped := await self.book.record(epoch, moves, cursors, publisher):
+            self.catalog.halt(stopped)
+            self.planner.forget()
+            self.metrics.cron_jobs_failed.set(len(self.catalog.failed))
 
     async def _publish_prepared(
         self, publisher: Broker, cursors: dict[str, datetime], now: datetime

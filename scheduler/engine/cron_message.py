@@ -12,7 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.clock import to_rfc3339
+from scheduler.core import PublishError
 from scheduler.engine.ports import Broker
+from scheduler.headers import block_size
 from scheduler.schedules import Job, occurrence_key
 
 _STAMP = datetime(1999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)  # never a real firing time
@@ -41,6 +43,18 @@ def envelope(job: Job, occurrence: datetime, now: datetime) -> tuple[bytes, dict
         "Mq-Schedule": job.name,
     }
     return json.dumps(doc, separators=(",", ":")).encode(), headers
+
+
+def failure_text(job: Job, occurrence: datetime, error: PublishError, max_payload: int) -> str:
+    """Why a job's occurrence can never be published, naming the YAML field at fault."""
+    if error.reason != "too_large":
+        return f"{error.reason}: {error}"
+    body, headers = envelope(job, occurrence, _STAMP)
+    total = len(job.subject) + block_size(headers) + len(body)
+    return (
+        f"data: envelope of {len(body)} bytes ({total} with subject and headers) does not fit "
+        f"the server's max_payload of {max_payload} bytes; make data smaller"
+    )
 
 
 @dataclass(frozen=True, slots=True)

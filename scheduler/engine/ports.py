@@ -30,6 +30,7 @@ from scheduler.core import (
     BatchItem,
     Claimed,
     ClaimedTask,
+    CronFailure,
     Fired,
     Insertion,
     Key,
@@ -142,6 +143,16 @@ class ScheduleRepository(Protocol):
 
     async def advance(self, epoch: int, moves: Sequence[Advance], instance: str) -> None:
         """Fenced, idempotent: move cursors and log the deliveries in one statement."""
+        ...
+
+    async def fail(self, epoch: int, failures: Sequence[CronFailure]) -> None:
+        """Fenced: mark jobs failed (stopped) with their error, each only while its stored
+        definition still has the failure's fingerprint. A sync that changes a job's definition
+        (or re-adds it), and an operator's resume, clear the mark."""
+        ...
+
+    async def failed(self) -> frozenset[str]:
+        """Names of the active jobs marked failed (they do not fire)."""
         ...
 
 

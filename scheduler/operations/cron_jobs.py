@@ -5,6 +5,10 @@ PostgreSQL (`schedules.paused_at`/`paused_by`), survives reloads and restarts, a
 the leader at its next sync: at once through a NATS notice, at the latest within a few seconds
 through the daemon's periodic check. A job paused in YAML can only be resumed by editing YAML.
 
+A job stopped by a permanent publish error (`failed`, see docs/cron.md) fires again once its
+definition changes in YAML, or when an operator resumes it (resume clears the failed mark as
+well as an operator's pause: for a fix outside the YAML, such as a larger `max_payload`).
+
 A manual trigger publishes one occurrence now from whichever instance received it, with its own
 `Nats-Msg-Id` `<job>@manual-<instant>` and a `fire_log` row marked `manual`; it moves no cursor,
 so the regular occurrences go on as planned.
@@ -154,6 +158,10 @@ class ScheduleOperations:
             "paused_in_yaml": in_yaml,
             "paused_at": row["paused_at"],
             "paused_by": row["paused_by"],
+            "failed": row["failed_at"] is not None,
+            "failed_at": row["failed_at"],
+            "failed_reason": row["failed_reason"],
+            "failed_error": row["failed_error"],
             "file": row["file"],
             "line": row["line"],
             "last_scheduled_for": row["last_scheduled_for"],

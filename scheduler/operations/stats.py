@@ -171,8 +171,13 @@ class Refresher:
         if self.cron is None:
             return
         paused = await self.schedules.operator_paused()
-        if paused != self.cron.paused_by_operator:
-            log.info("cron.operator_pauses_changed paused=%s", ",".join(sorted(paused)) or "-")
+        failed = await self.schedules.failed()  # an operator's resume clears a failed mark
+        if paused != self.cron.paused_by_operator or failed != self.cron.failed:
+            log.info(
+                "cron.operator_pauses_changed paused=%s failed=%s",
+                ",".join(sorted(paused)) or "-",
+                ",".join(sorted(failed)) or "-",
+            )
             self.cron.request_reload()
 
     def clear(self) -> None:

@@ -1,4 +1,5 @@
-"""Cron jobs in PostgreSQL: the YAML synced into `schedules`, cursors in `schedule_state`."""
+"""Cron jobs in PostgreSQL: the YAML synced into `schedules` (with a failed job's mark),
+cursors in `schedule_state`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from scheduler.core import Advance
+from scheduler.core import Advance, CronFailure
 from scheduler.errors import FencedError
 from scheduler.schedules import Job
 from scheduler.store.leadership import LEAD
@@ -32,7 +33,8 @@ class ScheduleStore:
                 "INSERT INTO schedules (name, definition, fingerprint, file, line) "
                 "SELECT * FROM u ON CONFLICT (name) DO UPDATE SET definition = "
                 "excluded.definition, fingerprint = excluded.fingerprint, file = excluded.file, "
-                "line = excluded.line, active = true, updated_at = now() WHERE "
+                "line = excluded.line, active = true, failed_at = NULL, failed_reason = NULL, "
+                "failed_error = NULL, updated_at = now() WHERE "
                 "schedules.fingerprint <> excluded.fingerprint OR NOT schedules.active "
                 "RETURNING name",
                 names,
@@ -126,11 +128,43 @@ class ScheduleStore:
         if in_office == 0:
             raise FencedError(epoch)
 
+    async def fail(self, epoch: int, failures: Sequence[CronFailure]) -> None:
+        """Mark jobs failed, each only while its definition has the failure's fingerprint (a
+        sync that changed it in between wins); fenced like `advance`."""
+        if not failures:
+            return
+        async with self.db.timed("cron_fail") as conn:
+            in_office = await conn.fetchval(
+                f"WITH {LEAD}, u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], "
+                "$5::text[], $6::timestamptz[]) AS u(name, fingerprint, reason, error, at)), "
+                "f AS (UPDATE schedules s SET failed_at = u.at, failed_reason = u.reason, "
+                "failed_error = u.error, updated_at = now() FROM u, lead WHERE s.name = u.name "
+                "AND s.fingerprint = u.fingerprint AND s.active RETURNING 1) "
+                "SELECT count(*) FROM lead",
+                epoch,
+                [f.name for f in failures],
+                [f.fingerprint for f in failures],
+                [f.reason for f in failures],
+                [f.error for f in failures],
+                [f.failed_at for f in failures],
+            )
+        if in_office == 0:
+            raise FencedError(epoch)
+
+    async def failed(self) -> frozenset[str]:
+        """Names of the active jobs marked failed."""
+        async with self.db.timed("failed") as conn:
+            rows = await conn.fetch(
+                "SELECT name FROM schedules WHERE active AND failed_at IS NOT NULL"
+            )
+        return frozenset(r["name"] for r in rows)
+
     # -- operator actions (management API) ----------------------------------------------------
     async def set_paused(self, name: str, who: str | None) -> bool:
         """Pause a job for `who`, or resume it (`who` None); False when no job has that name.
 
-        A change of state also starts a new `schedule_history` version (paused or not) now."""
+        Resuming also clears a failed mark (see `fail`): the job is tried again. A change of
+        pause state also starts a new `schedule_history` version (paused or not) now."""
         async with self.db.timed("pause") as conn, conn.transaction():
             was = await conn.fetchval(
                 "SELECT paused_at IS NOT NULL FROM schedules WHERE name = $1 FOR UPDATE", name
@@ -144,6 +178,12 @@ class ScheduleStore:
                 name,
                 who,
             )
+            if who is None:
+                await conn.execute(
+                    "UPDATE schedules SET failed_at = NULL, failed_reason = NULL, "
+                    "failed_error = NULL WHERE name = $1 AND failed_at IS NOT NULL",
+                    name,
+                )
             if was != (who is not None):
                 await self._record_history(conn, [name], [], None)
         return True

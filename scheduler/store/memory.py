@@ -26,6 +26,7 @@ from typing import Any
 from scheduler.core import (
     Claimed,
     ClaimedTask,
+    CronFailure,
     Fired,
     Insertion,
     Key,
@@ -378,13 +379,38 @@ class MemoryScheduleStore:
     state: dict[str, datetime] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
     fire_log: list[dict[str, Any]] = field(default_factory=list)
+    failures: dict[str, CronFailure] = field(default_factory=dict)  # of active jobs
 
     async def sync(self, jobs: Sequence[Any], at: datetime | None = None) -> tuple[int, int]:
         wanted = {j.name: j.fingerprint() for j in jobs}
         changed = [n for n, f in wanted.items() if self.fingerprints.get(n) != f]
         removed = [n for n in self.fingerprints if n not in wanted]
         self.fingerprints = wanted
+        for name in changed:
+            self.failures.pop(name, None)
         return len(changed), len(removed)
+
+    async def fail(self, epoch: int, failures: Sequence[CronFailure]) -> None:
+        if not failures:
+            return
+        self.office._fence(epoch)
+        for f in failures:
+            if self.fingerprints.get(f.name) == f.fingerprint:
+                self.failures[f.name] = f
+
+    async def failed(self) -> frozenset[str]:
+        return frozenset(n for n in self.failures if n in self.fingerprints)
+
+    async def set_paused(self, name: str, who: str | None) -> bool:
+        """The operator's pause (`who`) or resume (None, which also clears a failed mark)."""
+        if name not in self.fingerprints:
+            return False
+        if who is None:
+            self.paused.discard(name)
+            self.failures.pop(name, None)
+        else:
+            self.paused.add(name)
+        return True
 
     async def operator_paused(self) -> frozenset[str]:
         return frozenset(self.paused)

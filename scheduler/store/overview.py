@@ -51,7 +51,8 @@ _TASK_DETAIL = (
 )
 _SCHEDULE = (
     "s.name, s.definition::text AS definition, s.file, s.line, s.active, s.paused_at, "
-    "s.paused_by, s.updated_at, st.last_scheduled_for, st.last_fired_at, st.skipped"
+    "s.paused_by, s.failed_at, s.failed_reason, s.failed_error, s.updated_at, "
+    "st.last_scheduled_for, st.last_fired_at, st.skipped"
 )
 
 # The forecast windows: label -> how far ahead. The widest bounds the index range read.

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.core import Advance
+from scheduler.core import Advance, CronFailure
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
 from scheduler.schedules import load_text
@@ -75,3 +75,32 @@ async def test_cursors_move_forward_only_and_writes_are_fenced(repo: Repo) -> No
         await repo.schedules.advance(old, [moved], "x")
     assert await repo.schedules.cursors() == {"a": later}
     assert await repo.schedules.operator_paused() == frozenset()
+
+
+def _failure(job: Any, fingerprint: str | None = None) -> CronFailure:
+    return CronFailure(
+        job.name, fingerprint or job.fingerprint(), "too_large", "data: too large", T0, T0
+    )
+
+
+async def test_a_failed_mark_holds_until_the_definition_changes_or_a_resume(repo: Repo) -> None:
+    """`fail` marks a job failed (fenced); a failure for another fingerprint is ignored; a
+    sync of the same definition keeps the mark, a changed definition clears it, and so does
+    an operator's resume."""
+    jobs = load_text(JOBS).jobs
+    await repo.schedules.sync(jobs, T0)
+    epoch = await repo.take_office()
+    await repo.schedules.fail(epoch, [_failure(jobs[0]), _failure(jobs[1], "f" * 32)])
+    assert await repo.schedules.failed() == frozenset({"a"})
+    await repo.schedules.sync(jobs, T0)
+    assert await repo.schedules.failed() == frozenset({"a"})
+    assert await repo.schedules.set_paused("a", None)
+    assert await repo.schedules.failed() == frozenset()
+    await repo.schedules.fail(epoch, [_failure(jobs[0])])
+    changed = load_text(JOBS.replace('"0 * * * *"', '"30 * * * *"')).jobs
+    await repo.schedules.sync(changed, T0)
+    assert await repo.schedules.failed() == frozenset()
+    await repo.take_office()
+    with pytest.raises(FencedError):
+        await repo.schedules.fail(epoch, [_failure(changed[0])])
+    assert await repo.schedules.failed() == frozenset()

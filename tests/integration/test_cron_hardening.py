@@ -172,3 +172,62 @@ async def _read(js: Any, count: int) -> list[Any]:
         return list(await psub.fetch(count, timeout=2))
     finally:
         await psub.unsubscribe()
+
+
+# 12 aliases of one 100 KB string: a 100 KB file whose job's envelope passes 1 MiB
+HUGE = (
+    "scheduled_jobs:\n"
+    "  - name: huge\n"
+    "    subject: mq.scheduled.huge\n"
+    '    cron: "* * * * * *"\n'
+    "    data:\n"
+    f"      p0: &blob {'x' * 100_000}\n"
+    + "".join(f"      p{i}: *blob\n" for i in range(1, 12))
+    + "  - name: every-second\n"
+    "    subject: mq.scheduled.tick\n"
+    '    cron: "* * * * * *"\n'
+    "    data: {kind: tick}\n"
+)
+
+
+async def test_a_job_over_max_payload_is_stopped_once_and_the_others_keep_firing(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a real nats-server (max_payload 1 MiB), a job whose envelope is 1.2 MB is marked
+    failed once with an error naming `data` (API and metric), never reaches its stream, and
+    does not stop the other job; a resume tries it once more; a smaller `data` fires again."""
+    from tests.integration.api.harness import READ, poll, running_api, write_jobs
+
+    async with running_api(settings, HUGE) as api:
+        daemon = await api.start()
+
+        async def show() -> dict[str, Any]:
+            return (await api.call("GET", "/v1/schedules/huge", token=READ)).body or {}
+
+        job = await poll(show, lambda j: j.get("failed") is True, within=15)
+        assert job["failed_reason"] == "too_large"
+        assert job["failed_error"].startswith("data: envelope of 12002")
+        assert "max_payload of 1048576 bytes" in job["failed_error"]
+        listed = (await api.call("GET", "/v1/schedules", token=READ)).body["items"]
+        assert {j["name"]: j["failed"] for j in listed} == {"huge": True, "every-second": False}
+        ticks = len(await api.read_stream("SCHEDULED", quiet=0.3, subject="mq.scheduled.tick"))
+        await asyncio.sleep(2.5)
+        later = await api.read_stream("SCHEDULED", quiet=0.3, subject="mq.scheduled.tick")
+        assert len(later) >= ticks + 2  # the other job kept firing, on the same connection
+        failures = daemon.metrics.cron_permanent_failures_total.labels("too_large")
+        assert failures._value.get() == 1 and daemon.metrics.cron_jobs_failed._value.get() == 1
+        r = await api.call("POST", "/v1/schedules/huge/resume")
+        assert r.status == 200 and r.body["status"] == "resumed"
+        await poll(lambda: asyncio.sleep(0, failures._value.get()), lambda n: n == 2, within=10)
+        assert (await show())["failed"] is True  # still too large: stopped again, once
+        assert await api.read_stream("SCHEDULED", quiet=0.3, subject="mq.scheduled.huge") == []
+        stops = [r for r in caplog.records if r.getMessage().startswith("cron.job_failed")]
+        assert len(stops) == 2 and all("job=huge" in r.getMessage() for r in stops)
+        write_jobs(settings, HUGE.replace("&blob " + "x" * 100_000, "&blob small"))
+        await poll(show, lambda j: j.get("failed") is False, within=10)
+        fired = await api.read_stream("SCHEDULED", quiet=0.5, subject="mq.scheduled.huge")
+        for _ in range(20):
+            if fired:
+                break
+            fired = await api.read_stream("SCHEDULED", quiet=0.5, subject="mq.scheduled.huge")
+        assert fired and daemon.metrics.cron_jobs_failed._value.get() == 0

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from scheduler.cli import main
+from scheduler.commands import ops
 
 VERBS = ["run", "migrate", "validate", "next", "audit", "export-log"]
 VERBS += ["status", "schedules", "delayed", "dlq"]  # the management API's CLI
@@ -70,3 +73,29 @@ def test_audit_verbs_do_not_import_pyspark() -> None:
         "sys.exit(1 if any(m.split('.')[0] in ('pyspark', 'py4j') for m in sys.modules) else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+class _Api:
+    def __init__(self, doc: dict) -> None:
+        self.doc = doc
+
+    def call(self, method: str, path: str) -> dict:
+        return self.doc
+
+
+def test_schedule_show_prints_a_failed_jobs_reason_and_error() -> None:
+    """`scheduler schedules show` prints a stopped job's reason, time and error (naming the
+    field), and `no` for a job that is not failed."""
+    doc = {
+        "name": "big", "cron": "* * * * *", "timezone": "UTC", "subject": "mq.scheduled.big",
+        "file": "jobs.yaml", "line": 2, "paused": False, "last_scheduled_for": None,
+        "last_fired_at": None, "next": [], "fires": [], "failed": True,
+        "failed_reason": "too_large", "failed_at": "2026-11-25T15:00:00Z",
+        "failed_error": "data: envelope of 2000000 bytes (...) does not fit",
+    }  # fmt: skip
+    args = argparse.Namespace(name="big")
+    _, text, code = ops._schedule_show(_Api(doc), args)  # type: ignore[arg-type]
+    assert code == 0
+    assert "failed       too_large at 2026-11-25T15:00:00Z: data: envelope of 2000000" in text
+    _, text, _ = ops._schedule_show(_Api({**doc, "failed": False}), args)  # type: ignore[arg-type]
+    assert "\nfailed       no\n" in text

@@ -7,11 +7,13 @@ import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from scheduler.bus.memory import MemoryBroker, MemoryBus, MemoryStreams
 from scheduler.clock import FakeClock, rfc3339, to_rfc3339
+from scheduler.core import PublishError
 from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.office import FixedOffice
 from scheduler.errors import FencedError
@@ -142,3 +144,114 @@ async def test_moved_cursors_are_mirrored_to_the_state_bucket(tmp_path: Path) ->
         "epoch": epoch,
         "instance": "twin",
     }
+
+
+class Counting(MemoryBroker):
+    """A twin broker that counts the publishes offered per subject (sent or refused)."""
+
+    def __init__(self, streams: MemoryStreams, max_payload: int) -> None:
+        super().__init__(streams, max_payload=max_payload)
+        self.offered: dict[str, int] = {}
+
+    async def publish(self, subject: str, payload: bytes, headers: Any) -> Any:
+        if subject.startswith("mq."):  # not the cursor mirror's KV writes
+            self.offered[subject] = self.offered.get(subject, 0) + 1
+        return await super().publish(subject, payload, headers)
+
+
+BIG = "{ blob: " + "x" * 3000 + " }"
+
+
+async def test_a_job_too_large_to_publish_fails_once_and_the_others_keep_firing(
+    tmp_path: Path,
+) -> None:
+    """A job whose envelope exceeds max_payload is offered to the broker once, marked failed
+    with an error naming `data` and both sizes, counted, and never offered again; the other
+    job fires every minute meanwhile."""
+    cron = Cron(tmp_path, job("big", data=BIG) + job("small"))
+    cron.store.state.update(big=T0 - timedelta(minutes=1), small=T0 - timedelta(minutes=1))
+    broker = Counting(cron.streams, max_payload=2048)
+    engine, epoch = await cron.engine()
+    cursors = await cron.store.cursors()
+    for minute in range(4):
+        await engine.tick(epoch, broker, cursors)
+        cron.clock.advance(60)
+        assert cron.fired()[-1] == key("small", -minute)
+    assert broker.offered == {"mq.scheduled.big": 1, "mq.scheduled.small": 4}
+    failure = cron.store.failures["big"]
+    assert failure.reason == "too_large" and failure.scheduled_for == T0
+    assert failure.error.startswith("data: envelope of 31")
+    assert "does not fit the server's max_payload of 2048 bytes" in failure.error
+    assert engine.failed == frozenset({"big"})
+    assert engine.metrics.cron_permanent_failures_total.labels("too_large")._value.get() == 1
+    assert engine.metrics.cron_jobs_failed._value.get() == 1
+    assert engine.metrics.cron_backing_off._value.get() == 0  # not a retry
+    assert cron.store.state["big"] == T0 + timedelta(minutes=3)  # held like a paused job
+
+
+async def test_a_failed_job_stays_stopped_for_the_next_leader(tmp_path: Path) -> None:
+    """The failed mark is kept in the store: a leader taking office later does not offer the
+    job again while its definition is the same."""
+    cron = Cron(tmp_path, job("big", data=BIG))
+    cron.store.state["big"] = T0 - timedelta(minutes=1)
+    broker = Counting(cron.streams, max_payload=2048)
+    first, epoch = await cron.engine()
+    await first.tick(epoch, broker, await cron.store.cursors())
+    heir, new_epoch = await cron.engine()
+    cron.clock.advance(60)
+    await heir.tick(new_epoch, broker, await cron.store.cursors())
+    assert broker.offered == {"mq.scheduled.big": 1}
+    assert heir.failed == frozenset({"big"}) and cron.fired() == []
+
+
+async def test_a_changed_definition_or_a_resume_makes_a_failed_job_fire_again(
+    tmp_path: Path,
+) -> None:
+    """Editing the YAML clears the failed mark (the fixed job fires at its next occurrence,
+    without replaying the minutes it was stopped); an operator's resume clears it too."""
+    cron = Cron(tmp_path, job("big", data=BIG))
+    cron.store.state["big"] = T0 - timedelta(minutes=1)
+    broker = Counting(cron.streams, max_payload=2048)
+    engine, epoch = await cron.engine()
+    cursors = await cron.store.cursors()
+    await engine.tick(epoch, broker, cursors)
+    cron.clock.advance(120)
+    await engine.tick(epoch, broker, cursors)
+    (tmp_path / "jobs.yaml").write_text("scheduled_jobs:\n" + job("big", data="{ blob: x }"))
+    await engine.sync()
+    assert engine.failed == frozenset() and cron.store.failures == {}
+    await engine.tick(epoch, broker, cursors)
+    assert cron.fired() == []  # 12:02 went by while it was stopped: not replayed
+    cron.clock.advance(60)
+    await engine.tick(epoch, broker, cursors)
+    assert cron.fired() == [key("big", -3)]
+    (tmp_path / "jobs.yaml").write_text("scheduled_jobs:\n" + job("big", data=BIG))
+    await engine.sync()
+    cron.clock.advance(60)
+    await engine.tick(epoch, broker, cursors)  # the large definition again: fails once more
+    assert engine.failed == frozenset({"big"}) and broker.offered["mq.scheduled.big"] == 3
+    assert await cron.store.set_paused("big", None)  # resume, after max_payload was raised
+    await engine.sync()
+    cron.clock.advance(60)
+    await engine.tick(epoch, MemoryBroker(cron.streams, max_payload=1 << 20), cursors)
+    assert cron.fired()[-1] == key("big", -5) and engine.failed == frozenset()
+
+
+async def test_a_transient_failure_still_backs_off_and_is_not_marked_failed(
+    tmp_path: Path,
+) -> None:
+    """A failure that is not permanent (a stream refusing for now) keeps the backoff: the job
+    is retried after its wait and never marked failed."""
+    cron = Cron(tmp_path, job("t"))
+    cron.store.state["t"] = T0 - timedelta(minutes=1)
+    broker = MemoryBroker(cron.streams)
+    broker.fail = lambda subject: PublishError(subject, "stream full")
+    engine, epoch = await cron.engine()
+    cursors = await cron.store.cursors()
+    await engine.tick(epoch, broker, cursors)
+    assert engine.metrics.cron_backing_off._value.get() == 1
+    assert engine.failed == frozenset() and cron.store.failures == {}
+    broker.fail = None
+    cron.clock.advance(5)
+    await engine.tick(epoch, broker, cursors)
+    assert cron.fired() == [key("t", 0)]

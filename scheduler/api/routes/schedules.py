@@ -68,7 +68,8 @@ async def pause_schedule(name: Name, ops: Ops, caller: Admin) -> Any:
 
 @router.post("/{name}/resume", response_model=ScheduleOutcome, responses=WRITE)
 async def resume_schedule(name: Name, ops: Ops, caller: Admin) -> Any:
-    """Undo an operator's pause (409 `paused_in_yaml` when YAML itself says paused)."""
+    """Undo an operator's pause, and clear a failed mark (the job is tried again); 409
+    `paused_in_yaml` when YAML itself says paused."""
     outcome = await ops.schedules.resume(name)
     return {"name": name, **done(caller, "resume", outcome, "job")}
 

@@ -45,11 +45,12 @@ async def test_status_and_schedule_verbs(api: ApiHarness, cli: Cli) -> None:
     assert code == 0 and "leader        test-1" in out and "dead letters  0 unresolved" in out
     code, out, _ = await cli("schedules", "list", token=READ)
     assert code == 0 and out.splitlines()[0].split() == [
-        "NAME", "CRON", "TZ", "SUBJECT", "PAUSED", "LAST", "FIRED",
+        "NAME", "CRON", "TZ", "SUBJECT", "PAUSED", "FAILED", "LAST", "FIRED",
     ]  # fmt: skip
     assert any(line.startswith("frozen") and " yes " in line for line in out.splitlines())
     code, out, _ = await cli("schedules", "show", "nightly")
     assert code == 0 and "next occurrences:" in out and "(Europe/Berlin)" in out
+    assert "\nfailed       no\n" in out
     assert (await cli("schedules", "pause", "nightly"))[1].strip() == "nightly: paused"
     shown = await cli.json("schedules", "show", "nightly")
     assert isinstance(shown, dict) and shown["paused"] and shown["paused_by"].startswith("admin")
