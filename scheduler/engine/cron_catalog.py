@@ -53,10 +53,12 @@ class CronCatalog:
             log.error("cron.yaml_error %s", error)
         synced_at = self.clock.now()
         changed, removed = await self.store.sync(loaded_jobs, synced_at)
+        paused, failed = await self.store.operator_paused(), await self.store.failed()
+        # assigned together, with no await between: a reader never sees a pause or a failure
+        # that the jobs do not carry yet
         self.synced_at = synced_at
-        self.paused_by_operator = await self.store.operator_paused()
-        self.failed = await self.store.failed()
-        self.jobs = operator_paused(loaded_jobs, self.paused_by_operator | self.failed)
+        self.paused_by_operator, self.failed = paused, failed
+        self.jobs = operator_paused(loaded_jobs, paused | failed)
         log.info(
             "cron.synced jobs=%d changed=%d removed=%d errors=%d",
             len(loaded_jobs),
