@@ -3,10 +3,10 @@
 Three cooperating loops. The claimer (`engine.claims`) claims in PostgreSQL what falls due in
 the next few tens of milliseconds, into the bounded armed set (`engine.armed`). The dispatcher
 publishes each armed task the moment the wall clock reaches its due millisecond (never before:
-re-checked after every wake), pipelined, with `Nats-Msg-Id` = task id, and only while the
-publisher may send (in office, link revalidated). The bookkeeper records acknowledged outcomes
-every few milliseconds in one transaction (mark fired, fire log, retries, in-doubt tasks, dead
-letters, expiries).
+re-checked after every wake), pipelined, only while the publisher may send (in office, link
+revalidated); the broker gives each its delivery headers (`Broker.publish_tasks`). The
+bookkeeper records acknowledged outcomes every few milliseconds in one transaction (mark fired,
+fire log, retries, in-doubt tasks, dead letters, expiries).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from scheduler.backoff import backoff_seconds
-from scheduler.bus.frames import delivery_block
-from scheduler.clock import Clock, to_rfc3339, wait_event
+from scheduler.clock import Clock, wait_event
 from scheduler.core import (
-    BatchItem,
     ClaimedTask,
+    Done,
     Fired,
     PubAck,
     PublishError,
@@ -192,9 +191,9 @@ class Firing:
         """Publish every armed task that is due, all in one hand-over to the connection
         (with `allow`: only those of the orgs it names, see `_dispatch_allowance`)."""
         now = self.clock.now()
-        now_ms, fired_at = to_ms(now), to_rfc3339(now)
-        fired_at_b = fired_at.encode()
-        batch: list[BatchItem] = []
+        now_ms = to_ms(now)
+        batch: list[ClaimedTask] = []
+        done: list[Done] = []
         size = 0
         lateness: dict[int, int] = {}  # due ms -> tasks, observed per group
         armed = self.armed
@@ -221,38 +220,14 @@ class Firing:
             if counts is not None:
                 org = task.org_id or UNNAMED
                 counts[org] = counts.get(org, 0) + 1
-            batch.append(
-                (
-                    task.target,
-                    task.payload,
-                    self._headers(task, fired_at, fired_at_b),
-                    functools.partial(self._done, task),
-                )
-            )
+            batch.append(task)
+            done.append(functools.partial(self._done, task))
         for due_ms, n in lateness.items():
             observe_many(self.metrics.dispatch_lateness, (now_ms - due_ms) / 1000, n)
         if batch:
             self._inflight += len(batch)
             self._inflight_bytes += size
-            await self.publisher.publish_batch(batch)
-
-    @staticmethod
-    def _headers(task: ClaimedTask, fired_at: str, fired_at_b: bytes) -> dict[str, str] | bytes:
-        """The delivery's headers (design section 3): the producer's, then ours. A task without
-        producer headers whose id is plain printable ASCII gets its header block built here in
-        one step; the rest go through the generic checks of `Wire.frame`."""
-        tid = task.id
-        if not task.headers and tid.isascii() and tid.isprintable():
-            return delivery_block(
-                tid.encode(), to_rfc3339(task.scheduled_for).encode(), fired_at_b, task.attempts
-            )
-        return {
-            **task.headers,
-            "Nats-Msg-Id": tid,
-            "Mq-Scheduled-For": to_rfc3339(task.scheduled_for),
-            "Mq-Fired-At": fired_at,
-            "Mq-Attempt": str(task.attempts),
-        }
+            await self.publisher.publish_tasks(batch, done, now)
 
     def _refused(self, target: str) -> str | None:
         """Why `target` may not be published to now, or None (cached per subject)."""
@@ -382,7 +357,7 @@ class Firing:
     async def _failed(self, epoch: int, failed: list[tuple[ClaimedTask, PublishError]]) -> None:
         """Retry with backoff, or dead-letter after `max_attempts`. A publish that went out
         unacknowledged leaves its task in doubt (never pending: a cancel must not succeed
-        for a task JetStream may hold); its retry republishes the same `Nats-Msg-Id`."""
+        for a task JetStream may hold); its retry republishes under the same message id."""
         if not failed:
             return
         now = self.clock.now()
@@ -440,11 +415,9 @@ class Firing:
                 task.attempts,
                 error,
             )
-            marks = {
-                "Nats-Msg-Id": f"dlq:{task.id}",
-                "Mq-Target": task.target,
-                "Mq-Attempt": str(task.attempts),
-            }
-            letter = DeadLetter(task.target, task.payload, task.headers, reason, error, marks)
+            marks = {"Mq-Target": task.target, "Mq-Attempt": str(task.attempts)}
+            letter = DeadLetter(
+                task.target, task.payload, task.headers, reason, error, marks, f"dlq:{task.id}"
+            )
             letters.append(letter)
         await self.dead.send(letters)

@@ -27,7 +27,7 @@ from scheduler.engine.ports import Broker, Delivery, Source, TaskRepository
 from scheduler.engine.quota import OrgLedger, quota_error
 from scheduler.envelope import Limits, check_org, check_size, parse_envelope
 from scheduler.errors import EnvelopeError, TargetRefusedError
-from scheduler.headers import block_size, forwarded, printable
+from scheduler.headers import block_size, forwarded, printable, producer_msg_id
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.subjects import check_target, delay_lane_prefix, target_from_rest
@@ -207,13 +207,10 @@ class Intake:
                 r.reason,
                 printable(r.error, 300),
             )
-            marks = {
-                "Nats-Msg-Id": row["key"] or f"dlq-intake:{row['original_id']}",
-                "Mq-Original-Subject": r.msg.subject,
-                "Mq-Original-Id": row["original_id"],
-            }
+            marks = {"Mq-Original-Subject": r.msg.subject, "Mq-Original-Id": row["original_id"]}
+            msg_id = row["key"] or f"dlq-intake:{row['original_id']}"
             letters.append(
-                DeadLetter(r.target, r.msg.data, r.msg.headers, r.reason, r.error, marks)
+                DeadLetter(r.target, r.msg.data, r.msg.headers, r.reason, r.error, marks, msg_id)
             )
         await self.dead.send(letters)
         for r in bad:
@@ -280,7 +277,7 @@ def _intake_key(msg: Delivery) -> str | None:
 
 
 def _original_id(msg: Delivery) -> str:
-    """The envelope's id if there is one to read, else the producer's Nats-Msg-Id, else the
+    """The envelope's id if there is one to read, else the producer's message id, else the
     lane's stream sequence."""
     try:
         doc = json.loads(msg.data)
@@ -288,7 +285,7 @@ def _original_id(msg: Delivery) -> str:
         doc = None
     if isinstance(doc, dict) and isinstance(doc.get("id"), str) and doc["id"]:
         return printable(doc["id"], 200)
-    header = (msg.headers or {}).get("Nats-Msg-Id")
+    header = producer_msg_id(msg.headers)
     if header:
         return printable(header, 200)
     try:
