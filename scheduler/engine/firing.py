@@ -1,7 +1,9 @@
-"""The firing loop: from the horizon heap to JetStream, exactly on time, once.
+"""The firing loops: from the horizon heap to JetStream, exactly on time, once.
 
-Three cooperating loops. The claimer (`engine.claims`) claims in PostgreSQL what falls due in
-the next few tens of milliseconds, into the bounded armed set (`engine.armed`). The dispatcher
+Three cooperating loops, which keep the state between the steps they run (the steps themselves,
+top-down, are in `engine.task_path`: `claim_due`, `publish_due`, `book`). The claimer
+(`engine.claims`) claims in PostgreSQL what falls due in the next few tens of milliseconds,
+into the bounded armed set (`engine.armed`). The dispatcher
 publishes each armed task the moment the wall clock reaches its due millisecond (never before:
 re-checked after every wake), pipelined, only while the publisher may send (in office, link
 revalidated); the broker gives each its delivery headers (`Broker.publish_tasks`). The
