@@ -67,6 +67,11 @@ def forwarded(headers: Mapping[str, str] | None) -> dict[str, str]:
     return kept
 
 
+def producer_msg_id(headers: Mapping[str, str] | None) -> str | None:
+    """The `Nats-Msg-Id` a producer set on a message, if any."""
+    return (headers or {}).get("Nats-Msg-Id")
+
+
 def block_size(headers: Mapping[str, str]) -> int:
     """Bytes of the header block that carries `headers` (none: no block)."""
     if not headers:

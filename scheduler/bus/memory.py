@@ -16,10 +16,12 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from scheduler.bus.frames import HEADER_LINE, kv_subject
-from scheduler.core import BatchItem, Done, Outcome, PubAck, PublishError
+from scheduler.bus.frames import HEADER_LINE, delivery_headers, kv_subject
+from scheduler.clock import to_rfc3339
+from scheduler.core import BatchItem, ClaimedTask, Done, Outcome, PubAck, PublishError
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -192,6 +194,18 @@ class MemoryBroker:
 
         self._deliver(settle, self._outcome(subject, payload, dict(headers)))
         return fut
+
+    async def publish_tasks(
+        self, tasks: Sequence[ClaimedTask], done: Sequence[Done], fired_at: datetime
+    ) -> None:
+        fired = to_rfc3339(fired_at)
+        fired_b = fired.encode()
+        await self.publish_batch(
+            [
+                (t.target, t.payload, delivery_headers(t, fired, fired_b), d)
+                for t, d in zip(tasks, done, strict=True)
+            ]
+        )
 
     async def publish_batch(self, items: Sequence[BatchItem]) -> None:
         for subject, payload, headers, done in items:

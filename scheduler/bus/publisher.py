@@ -29,13 +29,15 @@ import logging
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 
 from nats.aio.client import Client
 from nats.errors import MaxPayloadError
 
-from scheduler.bus.frames import kv_subject
+from scheduler.bus.frames import delivery_headers, kv_subject
 from scheduler.bus.wire import Wire, raw_subscribe
-from scheduler.core import BatchItem, Done, Outcome, PubAck, PublishError
+from scheduler.clock import to_rfc3339
+from scheduler.core import BatchItem, ClaimedTask, Done, Outcome, PubAck, PublishError
 
 log = logging.getLogger("scheduler.publisher")
 
@@ -285,6 +287,21 @@ class Publisher:
             for token in tokens:
                 self._fail(token, f"publish failed: {exc!r}")
         return futures
+
+    async def publish_tasks(
+        self, tasks: Sequence[ClaimedTask], done: Sequence[Done], fired_at: datetime
+    ) -> None:
+        """Deliver claimed tasks to their targets with the delivery headers (design section 3,
+        `scheduler.bus.frames.delivery_headers`), as one batch; `done[i]` gets task i's
+        outcome once."""
+        fired = to_rfc3339(fired_at)
+        fired_b = fired.encode()
+        await self.publish_batch(
+            [
+                (t.target, t.payload, delivery_headers(t, fired, fired_b), d)
+                for t, d in zip(tasks, done, strict=True)
+            ]
+        )
 
     async def publish_batch(self, items: Sequence[BatchItem]) -> None:
         """Send every item, framed and handed to the connection together; each item's callback

@@ -19,29 +19,27 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from scheduler.clock import Clock
-from scheduler.core import Claimed, ClaimedTask, Entry, TaskRef, firing_order, from_ms, to_ms
+from scheduler.core import Claimed, ClaimedTask, to_ms
+from scheduler.engine import task_path
 from scheduler.engine.armed import Armed
 from scheduler.engine.fair import Throttles
 from scheduler.engine.heap import Horizon
 from scheduler.engine.ports import TaskRepository
+from scheduler.engine.task_path import CLAIM_LEAD_MS, CLAIM_STEP_MS, CLAIMS_IN_FLIGHT, LOOKAHEAD_MS
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 
 log = logging.getLogger("scheduler.firing")
 
-# Claims run in steps: each claims every task due within LOOKAHEAD_MS, the next one follows
-# CLAIM_STEP_MS later, or sooner when a task would otherwise be claimed less than CLAIM_LEAD_MS
-# before it is due (a claim round trip under load takes 15-30 ms here). A steady stream of
-# tasks so costs 40 claim statements a second instead of one per due millisecond.
-LOOKAHEAD_MS = 80
-CLAIM_LEAD_MS = 40
-CLAIM_STEP_MS = 25
-CLAIMS_IN_FLIGHT = 4
-
 
 class Claimer:
-    """Claims for one term of office; `arm` receives the tasks ready to publish, in order."""
+    """Claims for one term of office; `arm` receives the tasks ready to publish, in order.
+    The claim step itself is `engine.task_path.claim_due`; this class keeps its state (claims
+    in flight, byte reservations) and the detail: parked payloads and orphans (`refill`)."""
+
+    step = task_path.claim_due
+    _take = task_path.arm_or_park
 
     def __init__(
         self,
@@ -101,82 +99,6 @@ class Claimer:
         if self.armed.byte_room() - self._reserved <= 0:
             return 0
         return self.armed.room() - self._claiming - len(self._parked)
-
-    async def step(self, epoch: int) -> bool:
-        """Claim what falls due within the lookahead; return whether there was any.
-
-        Up to `CLAIMS_IN_FLIGHT` claims run at once, so one slow round trip does not hold up
-        the next window (a burst of tasks due at one instant drains at the database's pace)."""
-        now = to_ms(self.clock.now())
-        throttles = self.throttles
-        throttles.update(now)
-        nxt = self.horizon.next_due()
-        behind = nxt is not None and nxt <= now  # a backlog drains: claims queue up
-        until = now + (throttles.busy_lookahead(LOOKAHEAD_MS) if behind else LOOKAHEAD_MS)
-        entries = self.horizon.take_due(until, min(throttles.claim_limit, self.room()))
-        self.metrics.heap_size.set(len(self.horizon))
-        if not entries:
-            return False
-        self._last_claim_ms = now
-        await self._slots.acquire()
-        self._claiming += len(entries)
-        # each claim in flight may take a share of the byte room: one taking all that is left
-        # would leave the next ones' payloads parked (claimed, fetched again later, in order)
-        room = self.armed.byte_room()
-        budget = max(min(room // CLAIMS_IN_FLIGHT, room - self._reserved), 1)
-        self._reserved += budget
-        before, self._taken = self._taken, asyncio.Event()
-        claim = asyncio.create_task(
-            self._claim(epoch, entries, until, budget, before, self._taken), name="claim"
-        )
-        self._claims.add(claim)
-        claim.add_done_callback(self._claims.discard)
-        return True
-
-    async def _claim(
-        self,
-        epoch: int,
-        entries: list[Entry],
-        until: int,
-        budget: int,
-        before: asyncio.Event,
-        taken: asyncio.Event,
-    ) -> None:
-        """One claim of up to `budget` payload bytes. Claims run concurrently, but their
-        results are taken in the order they were started (`before` is the previous one's),
-        so a burst due at one instant still goes out in firing order."""
-        try:
-            ids = [e[3] for e in entries]
-            claimed = await self.tasks.claim_within(epoch, ids, from_ms(until), budget)
-            await before.wait()
-            self._take(claimed)
-        except FencedError:
-            self.on_fenced(epoch)
-        except Exception as exc:  # PostgreSQL away: put the batch back and let the loop retry
-            log.warning("claim.failed count=%d error=%r", len(entries), exc)
-            self.horizon.put_back(TaskRef(i, due, p, seq) for due, p, seq, i in entries)
-            await self.clock.sleep(0.5)
-        finally:
-            taken.set()
-            self._claiming -= len(entries)
-            self._reserved -= budget
-            self._slots.release()
-
-    def _take(self, claimed: Claimed) -> None:
-        """Arm what came with payloads, park the rest; nothing armed may come after a parked
-        task in firing order (it would go out first), so such tasks are parked too, their
-        payloads dropped until they are fetched again in order."""
-        ready, parked = claimed.ready, claimed.parked
-        if parked or self._parked:
-            first = firing_order(min((*parked, *self._parked), key=firing_order))
-            due_ms, priority, seq = to_ms(first[0]), first[1], first[2]
-            later = self.armed.take_after(due_ms, priority, seq)
-            ready = [t for t in ready if firing_order(t) <= first]
-            later += [t for t in claimed.ready if firing_order(t) > first]
-            for task in later:
-                task.payload = b""
-            self._parked = sorted([*self._parked, *parked, *later], key=firing_order)
-        self._arm(ready)
 
     async def refill(self, epoch: int) -> None:
         """Fetch parked payloads, or take over a page of orphans, within the room there is."""

@@ -39,7 +39,8 @@ MARK_BYTES = 1000  # each of the daemon's headers on a copy (an error text, a su
 class DeadLetter:
     """One copy to send: where the task was headed (None: nowhere usable), its bytes and the
     producer's headers as received, why it is dead, and the stage's own headers
-    (`Nats-Msg-Id`, `Mq-Target`, `Mq-Original-Subject`, ...)."""
+    (`Mq-Target`, `Mq-Original-Subject`, ...); `msg_id`, when given, is the copy's
+    `Nats-Msg-Id` (so a copy sent twice is stored once)."""
 
     target: str | None
     payload: bytes
@@ -47,6 +48,7 @@ class DeadLetter:
     reason: str
     error: str
     marks: Mapping[str, str]
+    msg_id: str | None = None
 
 
 def fits(subject: str, headers: Mapping[str, str], payload: bytes, max_payload: int) -> bool:
@@ -59,6 +61,8 @@ def copy_of(letter: DeadLetter, subject: str, max_payload: int) -> tuple[bytes, 
     """(payload, headers) of the copy: whole if it fits, else cut (see the module's doc). Only
     producer headers that could be delivered are kept; the daemon's are made printable."""
     marks = {k: printable(v, MARK_BYTES) for k, v in letter.marks.items()}
+    if letter.msg_id is not None:  # the DLQ copy's header names are fixed by the design
+        marks = {"Nats-Msg-Id": printable(letter.msg_id, MARK_BYTES), **marks}
     marks["Mq-Error"] = printable(letter.error, MARK_BYTES)
     marks["Mq-Error-Reason"] = letter.reason
     whole = {**split_producer_headers(letter.headers)[0], **marks}

@@ -1,45 +1,40 @@
-"""The firing loop: from the horizon heap to JetStream, exactly on time, once.
+"""The firing loops: from the horizon heap to JetStream, exactly on time, once.
 
-Three cooperating loops. The claimer (`engine.claims`) claims in PostgreSQL what falls due in
-the next few tens of milliseconds, into the bounded armed set (`engine.armed`). The dispatcher
+Three cooperating loops, which keep the state between the steps they run (the steps themselves,
+top-down, are in `engine.task_path`: `claim_due`, `publish_due`, `book`). The claimer
+(`engine.claims`) claims in PostgreSQL what falls due in the next few tens of milliseconds,
+into the bounded armed set (`engine.armed`). The dispatcher
 publishes each armed task the moment the wall clock reaches its due millisecond (never before:
-re-checked after every wake), pipelined, with `Nats-Msg-Id` = task id, and only while the
-publisher may send (in office, link revalidated). The bookkeeper records acknowledged outcomes
-every few milliseconds in one transaction (mark fired, fire log, retries, in-doubt tasks, dead
-letters, expiries).
+re-checked after every wake), pipelined, only while the publisher may send (in office, link
+revalidated); the broker gives each its delivery headers (`Broker.publish_tasks`). The
+bookkeeper records acknowledged outcomes every few milliseconds in one transaction (mark fired,
+fire log, retries, in-doubt tasks, dead letters, expiries).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
-from scheduler.backoff import backoff_seconds
-from scheduler.bus.frames import delivery_block
-from scheduler.clock import Clock, to_rfc3339, wait_event
+from scheduler.clock import Clock, wait_event
 from scheduler.core import (
-    BatchItem,
     ClaimedTask,
-    Fired,
     PubAck,
     PublishError,
-    TaskRef,
-    ceil_ms,
     to_ms,
 )
+from scheduler.engine import task_path
 from scheduler.engine.armed import Armed
 from scheduler.engine.claims import Claimer
-from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
+from scheduler.engine.deadletter import DeadLetterCopies
 from scheduler.engine.fair import UNNAMED, FairArmed, armed_set
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, TaskRepository
 from scheduler.engine.quota import OrgLedger
-from scheduler.errors import FencedError
-from scheduler.metrics import Metrics, observe_many
+from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.subjects import check_target
 
@@ -54,7 +49,12 @@ BOOK_DEFER_MAX = 50_000
 
 
 class Firing:
-    """Publishes due tasks; owned by the engine while this instance holds office."""
+    """Publishes due tasks; owned by the engine while this instance holds office. The loops
+    (claim, dispatch, bookkeeping) and their state live here; the steps they run are in
+    `engine.task_path`."""
+
+    _publish_due = task_path.publish_due
+    _record = task_path.book
 
     def __init__(
         self,
@@ -188,72 +188,6 @@ class Firing:
                 return
         await self._wait(self.acked_event, 0.05)
 
-    async def _publish_due(self, allow: dict[str, int] | None = None) -> None:
-        """Publish every armed task that is due, all in one hand-over to the connection
-        (with `allow`: only those of the orgs it names, see `_dispatch_allowance`)."""
-        now = self.clock.now()
-        now_ms, fired_at = to_ms(now), to_rfc3339(now)
-        fired_at_b = fired_at.encode()
-        batch: list[BatchItem] = []
-        size = 0
-        lateness: dict[int, int] = {}  # due ms -> tasks, observed per group
-        armed = self.armed
-        if allow is not None and isinstance(armed, FairArmed):
-            due = armed.pop_due(now_ms, allow)
-        else:
-            due = armed.pop_due(now_ms)
-        counts = self._org_inflight
-        if due:
-            self.room_event.set()
-        for due_ms, *_, task in due:
-            lateness[due_ms] = lateness.get(due_ms, 0) + 1
-            if task.expires_at is not None and task.expires_at <= now and not task.doubted:
-                self._expired.append(task)
-                self.outcome_event.set()
-                continue
-            refused = self._refused(task.target)  # re-checked at fire time
-            if refused is not None:
-                error = PublishError(task.target, refused, True, "target_refused")
-                self._outcomes.append((task, error, now))
-                self.outcome_event.set()
-                continue
-            size += len(task.payload)
-            if counts is not None:
-                org = task.org_id or UNNAMED
-                counts[org] = counts.get(org, 0) + 1
-            batch.append(
-                (
-                    task.target,
-                    task.payload,
-                    self._headers(task, fired_at, fired_at_b),
-                    functools.partial(self._done, task),
-                )
-            )
-        for due_ms, n in lateness.items():
-            observe_many(self.metrics.dispatch_lateness, (now_ms - due_ms) / 1000, n)
-        if batch:
-            self._inflight += len(batch)
-            self._inflight_bytes += size
-            await self.publisher.publish_batch(batch)
-
-    @staticmethod
-    def _headers(task: ClaimedTask, fired_at: str, fired_at_b: bytes) -> dict[str, str] | bytes:
-        """The delivery's headers (design section 3): the producer's, then ours. A task without
-        producer headers whose id is plain printable ASCII gets its header block built here in
-        one step; the rest go through the generic checks of `Wire.frame`."""
-        tid = task.id
-        if not task.headers and tid.isascii() and tid.isprintable():
-            return delivery_block(
-                tid.encode(), to_rfc3339(task.scheduled_for).encode(), fired_at_b, task.attempts
-            )
-        return {
-            **task.headers,
-            "Nats-Msg-Id": tid,
-            "Mq-Scheduled-For": to_rfc3339(task.scheduled_for),
-            "Mq-Fired-At": fired_at,
-            "Mq-Attempt": str(task.attempts),
-        }
-
     def _refused(self, target: str) -> str | None:
         """Why `target` may not be published to now, or None (cached per subject)."""
         cache = self._target_checks
@@ -346,105 +280,3 @@ class Firing:
         self._books_closing = True
         self.outcome_event.set()
         await books
-
-    async def _record(self, epoch: int, outcomes: list, expired: list[ClaimedTask]) -> None:
-        fired = [Fired(t, at, r.stream, r.seq) for t, r, at in outcomes if isinstance(r, PubAck)]
-        if self.on_stream is not None:
-            for stream in {f.stream for f in fired}:
-                self.on_stream(stream)
-        failed = [(t, r) for t, r, _ in outcomes if isinstance(r, PublishError)]
-        try:
-            await self.tasks.mark_fired(epoch, fired, self.settings.instance_id)
-            await self._expire(epoch, expired)
-            await self._failed(epoch, failed)
-        except FencedError:
-            self._deposed(epoch)
-            return
-        if self.ledger is not None:  # fired, expired: no longer pending (dead: in _failed)
-            self.ledger.finished([*(f.task for f in fired), *expired])
-        groups: dict[tuple[datetime, datetime], int] = {}
-        for f in fired:
-            key = (f.fired_at, f.task.scheduled_for)
-            groups[key] = groups.get(key, 0) + 1
-        histogram = self.metrics.lateness.labels("delayed")
-        for (fired_at, scheduled_for), n in groups.items():
-            observe_many(histogram, max((fired_at - scheduled_for).total_seconds(), 0.0), n)
-        self.metrics.fired.labels("delayed").inc(len(fired))
-
-    async def _expire(self, epoch: int, expired: list[ClaimedTask]) -> None:
-        if not expired:
-            return
-        await self.tasks.expire(epoch, [t.id for t in expired])
-        self.metrics.expired.inc(len(expired))
-        for t in expired:
-            log.info("task.expired id=%s target=%s expired_at=%s", t.id, t.target, t.expires_at)
-
-    async def _failed(self, epoch: int, failed: list[tuple[ClaimedTask, PublishError]]) -> None:
-        """Retry with backoff, or dead-letter after `max_attempts`. A publish that went out
-        unacknowledged leaves its task in doubt (never pending: a cancel must not succeed
-        for a task JetStream may hold); its retry republishes the same `Nats-Msg-Id`."""
-        if not failed:
-            return
-        now = self.clock.now()
-        dead: list[tuple[ClaimedTask, str, str]] = []
-        retry: list[tuple[ClaimedTask, datetime, str, bool]] = []
-        for t, e in failed:
-            doubt = e.in_doubt or t.doubted
-            if e.permanent or t.attempts >= self.settings.max_attempts:
-                if doubt:  # the task may have been delivered: say so
-                    reason, error = "publish_unconfirmed", f"{e} (it may have been delivered)"
-                else:
-                    reason, error = e.reason, str(e)
-                dead.append((t, error, reason))
-            else:
-                retry.append((t, ceil_ms(now + self.backoff(t.attempts)), str(e), e.in_doubt))
-        await self.horizon.arm(  # under its lock: the loader must not pass a retry unseen
-            self.tasks.retry_later(epoch, retry),
-            lambda _: [
-                TaskRef(t.id, to_ms(due), t.priority, t.seq, t.org_id) for t, due, _, _ in retry
-            ],
-            wake=False,  # woken below, once the dead ones are recorded too
-        )
-        for task, _, error, doubt in retry:
-            log.warning(
-                "publish.retry id=%s target=%s attempt=%d in_doubt=%s error=%s",
-                task.id,
-                task.target,
-                task.attempts,
-                doubt or task.doubted,
-                error,
-            )
-        self.metrics.publish_retries.inc(len(retry))
-        in_doubt = sum(1 for _, _, _, doubt in retry if doubt)
-        if in_doubt:
-            self.metrics.publish_in_doubt.inc(in_doubt)
-        if dead:
-            await self.tasks.kill(epoch, dead)
-            if self.ledger is not None:
-                self.ledger.finished(t for t, _, _ in dead)
-            await self._publish_dead(dead)
-        self.horizon.wake_up()
-
-    def backoff(self, attempt: int) -> timedelta:
-        """First backoff doubling per attempt up to 60 s, with +-20 % jitter."""
-        return timedelta(seconds=backoff_seconds(self.settings.backoff.total_seconds(), attempt))
-
-    async def _publish_dead(self, dead: list[tuple[ClaimedTask, str, str]]) -> None:
-        letters = []
-        for task, error, reason in dead:
-            self.metrics.dead_letters.labels(reason).inc()
-            log.error(
-                "task.dead id=%s target=%s attempts=%d error=%s",
-                task.id,
-                task.target,
-                task.attempts,
-                error,
-            )
-            marks = {
-                "Nats-Msg-Id": f"dlq:{task.id}",
-                "Mq-Target": task.target,
-                "Mq-Attempt": str(task.attempts),
-            }
-            letter = DeadLetter(task.target, task.payload, task.headers, reason, error, marks)
-            letters.append(letter)
-        await self.dead.send(letters)

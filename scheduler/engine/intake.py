@@ -12,51 +12,33 @@ the problem) and termed, so it never blocks the lane nor fails its batch neighbo
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
 from scheduler.clock import Clock
-from scheduler.core import Insertion, NewTask, ceil_ms
-from scheduler.engine.deadletter import DeadLetter, DeadLetterCopies
+from scheduler.engine import task_path
+from scheduler.engine.deadletter import DeadLetterCopies
 from scheduler.engine.heap import Horizon, HorizonHeap
-from scheduler.engine.ports import Broker, Delivery, Source, TaskRepository
-from scheduler.engine.quota import OrgLedger, quota_error
-from scheduler.envelope import Limits, check_org, check_size, parse_envelope
-from scheduler.errors import EnvelopeError, TargetRefusedError
-from scheduler.headers import block_size, forwarded, printable
+from scheduler.engine.ports import Broker, Source, TaskRepository
+from scheduler.engine.quota import OrgLedger
+from scheduler.envelope import Limits
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.subjects import check_target, delay_lane_prefix, target_from_rest
+from scheduler.subjects import delay_lane_prefix
 
 log = logging.getLogger("scheduler.intake")
 
-YIELD_EVERY = 100
 # A small batch waits this long for more: one insert per 10 ms instead of one per message or
 # two at low rates (each statement costs a round trip); tasks are due later than that anyway.
 INTAKE_LINGER = 0.01
-DUPLICATE_ID = (
-    "id: already taken by another task (another target or other bytes); ids must be unique, "
-    "and a resend must repeat its task exactly"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """An intake message that is not a valid task, with why; `target` is None when its
-    subject could not even be decoded."""
-
-    msg: Delivery
-    target: str | None
-    reason: str
-    error: str
 
 
 class Intake:
-    """Moves tasks from the delay lane into PostgreSQL and the heap."""
+    """Moves tasks from the delay lane into PostgreSQL and the heap: the lane loop (`run`)
+    around the accept step of `engine.task_path`."""
+
+    classify_all = task_path.validate_all  # validate a batch
+    commit = task_path.accept  # store, dead-letter, then ack
 
     def __init__(
         self,
@@ -82,142 +64,6 @@ class Intake:
         self.lane = delay_lane_prefix(settings.intake_subject)
         self._may_act: Callable[[], bool] = lambda: True
         self.ledger: OrgLedger | None = None  # per-org quotas (engine/quota.py), when on
-
-    def classify(self, msg: Delivery, now: datetime) -> NewTask | Rejected:
-        """Validate one message into a NewTask, or say precisely why it is rejected."""
-        defect: tuple[str, str] | None = getattr(msg, "defect", None)
-        rest = msg.subject[len(self.lane) :] if msg.subject.startswith(self.lane) else msg.subject
-        target = target_from_rest(rest)
-        if defect is not None:
-            where = None if defect[0] == "subject" else target
-            return Rejected(msg, where, "undecodable", f"{defect[0]}: {defect[1]}")
-        try:
-            check_target(target, self.settings.target_allow)
-            headers = forwarded(msg.headers)
-            check_size(len(target.encode()), block_size(headers), len(msg.data), self.limits)
-            env = parse_envelope(msg.data, now, self.limits)
-            check_org(env, target)
-        except TargetRefusedError as exc:
-            return Rejected(msg, target, "target_refused", str(exc))
-        except EnvelopeError as exc:
-            return Rejected(msg, target, exc.reason, str(exc))
-        due = ceil_ms(env.due_at(now))
-        return NewTask(
-            id=env.id,
-            target=target,
-            payload=msg.data,
-            headers=headers,
-            priority=env.priority,
-            due_at=due,
-            scheduled_for=due if env.delay_until is not None else ceil_ms(now),
-            expires_at=env.expires_at,
-            org_id=env.org_id,
-        )
-
-    async def classify_all(self, msgs: list[Delivery]) -> list[NewTask | Rejected]:
-        now = self.clock.now()
-        results: list[NewTask | Rejected] = []
-        for i, msg in enumerate(msgs):
-            results.append(self.classify(msg, now))
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # let the dispatcher publish on time during a big batch
-        return results
-
-    async def commit(self, msgs: list[Delivery], results: list[NewTask | Rejected]) -> None:
-        """Insert the good tasks, dead-letter the bad ones, then ack: never ack before commit."""
-        if not self._may_act():  # self-fenced: leave the batch unacked for the next leader
-            raise RuntimeError("office lost before the commit")
-        good = [(m, r) for m, r in zip(msgs, results, strict=True) if isinstance(r, NewTask)]
-        bad = [r for r in results if isinstance(r, Rejected)]
-        if self.ledger is not None and good:
-            good, over = self._over_quota(good)
-            bad += over
-        acked: list[Delivery] = []
-        if good:
-            insertion = await self._store([m for m, _ in good], [t for _, t in good])
-            msg_of = {id(t): m for m, t in good}
-            refused = [(t, "duplicate_id", DUPLICATE_ID) for t in insertion.taken]
-            refused += [(t, "unstorable", f"task: {e}") for t, e in insertion.refused]
-            bad += [Rejected(msg_of[id(t)], t.target, why, error) for t, why, error in refused]
-            dropped = {id(t) for t, _, _ in refused}
-            acked = [m for m, t in good if id(t) not in dropped]  # stored, or an exact resend
-        if bad:
-            await self._reject(bad)
-        # One frame per ack, all handed to the connection at once (see scheduler.bus.wire).
-        await self.publisher.ack(m.reply for m in acked if m.reply)
-
-    def _over_quota(
-        self, good: list[tuple[Delivery, NewTask]]
-    ) -> tuple[list[tuple[Delivery, NewTask]], list[Rejected]]:
-        """Split off the tasks of organisations at their quota, as `quota_exceeded`."""
-        assert self.ledger is not None
-        _, over = self.ledger.admit([t for _, t in good])
-        if not over:
-            return good, []
-        refused = {id(t) for t in over}
-        limit = self.ledger.max_pending
-        return [(m, t) for m, t in good if id(t) not in refused], [
-            Rejected(m, t.target, "quota_exceeded", quota_error(t.org_id or "", limit))
-            for m, t in good
-            if id(t) in refused
-        ]
-
-    async def _store(self, msgs: list[Delivery], tasks: list[NewTask]) -> Insertion:
-        try:
-            insertion, pushed = await self.horizon.arm(
-                self._with_progress(self.tasks.insert_batch(tasks), msgs),
-                lambda done: done.stored,
-                wake=False,
-            )
-        except BaseException:
-            if self.ledger is not None:  # nothing stored: the redelivery counts them again
-                self.ledger.finished(tasks)
-            raise
-        if self.ledger is not None:  # counted at admission, but not new rows
-            unstored = [*insertion.resent, *insertion.taken, *(t for t, _ in insertion.refused)]
-            self.ledger.finished(unstored)
-        self.metrics.intake.labels("accepted").inc(len(insertion.stored))
-        if insertion.resent:
-            self.metrics.intake.labels("duplicate").inc(len(insertion.resent))
-        if pushed:
-            self.horizon.wake_up()
-        return insertion
-
-    async def _with_progress(self, work: Any, msgs: list[Delivery]) -> Any:
-        """Await `work`, telling JetStream the batch is in progress while a slow commit runs."""
-        task = asyncio.ensure_future(work)
-        interval = max(self.settings.intake_ack_wait.total_seconds() / 3, 0.5)
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=interval)
-            if done:
-                return task.result()
-            for msg in msgs:
-                await msg.in_progress()
-
-    async def _reject(self, bad: list[Rejected]) -> None:
-        rows = [_dead_row(r) for r in bad]
-        await self.tasks.record_bad_intake(rows)
-        letters = []
-        for r, row in zip(bad, rows, strict=True):
-            self.metrics.intake.labels(r.reason).inc()
-            self.metrics.dead_letters.labels(r.reason).inc()
-            log.warning(
-                "intake.rejected subject=%s reason=%s error=%s",
-                printable(r.msg.subject, 300),
-                r.reason,
-                printable(r.error, 300),
-            )
-            marks = {
-                "Nats-Msg-Id": row["key"] or f"dlq-intake:{row['original_id']}",
-                "Mq-Original-Subject": r.msg.subject,
-                "Mq-Original-Id": row["original_id"],
-            }
-            letters.append(
-                DeadLetter(r.target, r.msg.data, r.msg.headers, r.reason, r.error, marks)
-            )
-        await self.dead.send(letters)
-        for r in bad:
-            await r.msg.term()
 
     async def run(self, puller: Source, stop: asyncio.Event, may_act: Callable[[], bool]) -> None:
         """Handle batches as they arrive until `stop` is set or `may_act()` turns false.
@@ -252,46 +98,3 @@ class Intake:
         except Exception as exc:  # unacked messages come back after the ack wait
             log.warning("intake.failed count=%d error=%r", count, exc)
             await self.clock.sleep(1.0)
-
-
-def _dead_row(r: Rejected) -> dict[str, Any]:
-    """The `dead_letters` row of a rejected message (TaskStore.record_bad_intake)."""
-    return {
-        "original_id": _original_id(r.msg),
-        "key": _intake_key(r.msg),
-        "subject": r.msg.subject,
-        "error": r.error,
-        "reason": r.reason,
-        "target": r.target,
-        "raw": r.msg.data,
-        "headers": r.msg.headers,
-    }
-
-
-def _intake_key(msg: Delivery) -> str | None:
-    """What identifies this message on the lane (stream, sequence and store time), so a
-    redelivered bad message is dead-lettered once; None outside JetStream (tests)."""
-    try:
-        meta = msg.metadata
-        stamp = int(meta.timestamp.timestamp() * 1_000_000)
-        return f"dlq-intake:{meta.stream}:{meta.sequence.stream}:{stamp}"
-    except Exception:  # not a JetStream message
-        return None
-
-
-def _original_id(msg: Delivery) -> str:
-    """The envelope's id if there is one to read, else the producer's Nats-Msg-Id, else the
-    lane's stream sequence."""
-    try:
-        doc = json.loads(msg.data)
-    except (ValueError, RecursionError):
-        doc = None
-    if isinstance(doc, dict) and isinstance(doc.get("id"), str) and doc["id"]:
-        return printable(doc["id"], 200)
-    header = (msg.headers or {}).get("Nats-Msg-Id")
-    if header:
-        return printable(header, 200)
-    try:
-        return f"intake:{msg.metadata.sequence.stream}"
-    except Exception:  # not a JetStream message
-        return "intake:?"

@@ -31,6 +31,7 @@ from scheduler.core import (
     Claimed,
     ClaimedTask,
     CronFailure,
+    Done,
     Fired,
     Insertion,
     Key,
@@ -195,7 +196,17 @@ class Broker(Protocol):
     async def publish(
         self, subject: str, payload: bytes, headers: Mapping[str, str]
     ) -> asyncio.Future[PubAck]:
-        """Send one message; the future gives its PubAck or raises PublishError."""
+        """Send one message (its `headers` carry its `Nats-Msg-Id`); the future gives its
+        PubAck or raises PublishError."""
+        ...
+
+    async def publish_tasks(
+        self, tasks: Sequence[ClaimedTask], done: Sequence[Done], fired_at: datetime
+    ) -> None:
+        """Deliver claimed tasks to their targets, all at once, each with its delivery headers
+        (design section 3: the producer's, then `Nats-Msg-Id` = the task id,
+        `Mq-Scheduled-For`, `Mq-Fired-At` = `fired_at`, `Mq-Attempt`); `done[i]` gets task
+        i's outcome exactly once. The engine's firing path: the broker builds every byte."""
         ...
 
     async def publish_batch(self, items: Sequence[BatchItem]) -> None:

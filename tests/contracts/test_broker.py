@@ -6,13 +6,14 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from scheduler.bus.frames import delivery_block
 from scheduler.bus.memory import MemoryBroker, MemoryStreams
-from scheduler.core import Outcome, PubAck, PublishError
+from scheduler.core import ClaimedTask, Outcome, PubAck, PublishError
 
 STREAM = "CONTRACT"
 BUCKET = "contract_state"
@@ -137,6 +138,47 @@ async def test_a_batch_gives_each_item_one_outcome_and_keeps_headers(side: Side)
         },
     )
     assert await side.read(1) == ("contract.0", b"p0", {"Nats-Msg-Id": "b-0", "X-Kind": "plain"})
+
+
+async def test_tasks_are_delivered_with_their_delivery_headers(side: Side) -> None:
+    """`publish_tasks` gives each task the design's delivery headers (the producer's, then
+    Nats-Msg-Id = the task id, Mq-Scheduled-For, Mq-Fired-At, Mq-Attempt), with or without
+    producer headers, and calls each task's callback exactly once."""
+    due = datetime(2026, 11, 24, 0, 0, 0, 123000, tzinfo=UTC)
+    fired_at = datetime(2026, 11, 24, 0, 0, 0, 125000, tzinfo=UTC)
+    tasks = [
+        ClaimedTask(
+            id=f"t-{i}",
+            target=f"contract.t{i}",
+            payload=f"p{i}".encode(),
+            headers=headers,
+            priority=5,
+            due_at=due,
+            scheduled_for=due,
+            expires_at=None,
+            attempts=2,
+            seq=i,
+        )
+        for i, headers in enumerate([{}, {"X-Trace": "abc"}])
+    ]
+    outcomes: list[list[Outcome]] = [[], []]
+    await side.broker.publish_tasks(tasks, [o.append for o in outcomes], fired_at)
+    async with asyncio.timeout(5):
+        while sum(map(len, outcomes)) < len(tasks):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # no second call
+    assert outcomes == [[PubAck(STREAM, 1, False)], [PubAck(STREAM, 2, False)]]
+    ours = {
+        "Mq-Scheduled-For": "2026-11-24T00:00:00.123Z",
+        "Mq-Fired-At": "2026-11-24T00:00:00.125Z",
+        "Mq-Attempt": "2",
+    }
+    assert await side.read(1) == ("contract.t0", b"p0", {"Nats-Msg-Id": "t-0", **ours})
+    assert await side.read(2) == (
+        "contract.t1",
+        b"p1",
+        {"X-Trace": "abc", "Nats-Msg-Id": "t-1", **ours},
+    )
 
 
 async def test_nothing_is_sent_out_of_office_or_before_revalidation(side: Side) -> None:

@@ -59,12 +59,12 @@ class CapturingPublisher:
     def may_send(self) -> bool:
         return True
 
-    async def publish_batch(self, items: Sequence[Any]) -> None:
+    async def publish_tasks(
+        self, tasks: Sequence[ClaimedTask], done: Sequence[Any], fired_at: datetime
+    ) -> None:
         now = to_ms(self.clock.now())
-        for _subject, _payload, headers, _done in items:
-            block = headers if isinstance(headers, bytes) else b""
-            task_id = block.split(b"Nats-Msg-Id: ", 1)[1].split(b"\r\n", 1)[0].decode()
-            self.sent.append((now, task_id))
+        for task in tasks:
+            self.sent.append((now, task.id))
 
 
 def firing(clock: FakeClock, publisher: Any = None, **overrides: Any) -> Firing:

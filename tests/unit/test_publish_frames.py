@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from scheduler.bus.frames import delivery_headers
 from scheduler.bus.publisher import PubAck, PublishError, _parse_ack, _parse_block
 from scheduler.bus.wire import Wire
-from scheduler.engine.firing import Firing
 from scheduler.store.tasks import ClaimedTask
 
 
@@ -48,7 +48,7 @@ def _task(task_id: str, headers: dict[str, str] | None = None, attempts: int = 1
 def test_block_frame_equals_generic_frame(task_id: str, attempts: int) -> None:
     task = _task(task_id, attempts=attempts)
     fired_at = "2026-11-22T06:00:00.125Z"
-    block = Firing._headers(task, fired_at, fired_at.encode())
+    block = delivery_headers(task, fired_at, fired_at.encode())
     assert isinstance(block, bytes)
     generic = {
         "Nats-Msg-Id": task_id,
@@ -67,7 +67,7 @@ def test_block_frame_equals_generic_frame(task_id: str, attempts: int) -> None:
 
 def test_producer_headers_or_odd_ids_take_the_generic_path() -> None:
     fired_at = "2026-11-22T06:00:00.125Z"
-    with_headers = Firing._headers(_task("t1", {"Trace-Id": "abc"}), fired_at, fired_at.encode())
+    with_headers = delivery_headers(_task("t1", {"Trace-Id": "abc"}), fired_at, fired_at.encode())
     assert with_headers == {
         "Trace-Id": "abc",
         "Nats-Msg-Id": "t1",
@@ -76,7 +76,7 @@ def test_producer_headers_or_odd_ids_take_the_generic_path() -> None:
         "Mq-Attempt": "1",
     }
     for odd in ("bad\r\nInjected: 1", "naïve-id"):
-        assert isinstance(Firing._headers(_task(odd), fired_at, fired_at.encode()), dict)
+        assert isinstance(delivery_headers(_task(odd), fired_at, fired_at.encode()), dict)
 
 
 @pytest.mark.parametrize(
