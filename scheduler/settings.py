@@ -53,6 +53,7 @@ _DURATION_FIELDS = (
     "dlq_max_age",
     "intake_duplicate_window",
     "max_clock_skew",
+    "dispatch_coalesce",
     "startup_timeout",
     "forecast_interval",
     "ui_session_ttl",
@@ -106,6 +107,8 @@ class Settings(BaseSettings):
     armed_max: int = Field(default=20_000, ge=1)
     armed_max_bytes: ByteSize = 64 * 1024 * 1024
     max_clock_skew: Duration = timedelta(milliseconds=100)
+    # publishes of due tasks at least this far apart (engine/firing.py: `Firing._dispatch`)
+    dispatch_coalesce: Duration = Field(default=timedelta(0), le=timedelta(milliseconds=100))
     max_delay: Duration = timedelta(days=400)
     dlq_stream: str = "MQ_DLQ"
     dlq_subject_prefix: str = "mq.dlq"

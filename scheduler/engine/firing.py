@@ -5,8 +5,10 @@ top-down, are in `engine.task_path`: `claim_due`, `publish_due`, `book`). The cl
 (`engine.claims`) claims in PostgreSQL what falls due in the next few tens of milliseconds,
 into the bounded armed set (`engine.armed`). The dispatcher
 publishes each armed task the moment the wall clock reaches its due millisecond (never before:
-re-checked after every wake), pipelined, only while the publisher may send (in office, link
-revalidated); the broker gives each its delivery headers (`Broker.publish_tasks`). The
+re-checked after every wake; with `SCHEDULER_DISPATCH_COALESCE`, tasks falling due within that
+time after a publish wait and go out together with the next one, which saves nats-server a
+wake-up and a flush per publish under load), pipelined, only while the publisher may send (in
+office, link revalidated); the broker gives each its delivery headers (`Broker.publish_tasks`). The
 bookkeeper records acknowledged outcomes every few milliseconds in one transaction (mark fired,
 fire log, retries, in-doubt tasks, dead letters, expiries).
 """
@@ -99,6 +101,9 @@ class Firing:
         self._books_closing = False
         self._target_checks: dict[str, str | None] = {}
         self.ledger: OrgLedger | None = None  # per-org quotas (engine/quota.py), when on
+        # SCHEDULER_DISPATCH_COALESCE: two publishes of due tasks at least this far apart
+        self._coalesce_ms = round(settings.dispatch_coalesce.total_seconds() * 1000)
+        self._last_publish_ms = 0
 
     def now_ms(self) -> int:
         return to_ms(self.clock.now())
@@ -169,6 +174,11 @@ class Firing:
                 early = PRE_WAKE_MS if left > 2 * PRE_WAKE_MS else 0
                 await self._wait(self.armed_event, (left - early) / 1000)
                 continue
+            wait = self._last_publish_ms + self._coalesce_ms - self.now_ms()
+            if wait > 0:  # coalescing: tasks due since the last publish go out together
+                await self.clock.sleep(wait / 1000)
+                continue
+            self._last_publish_ms = self.now_ms()
             await self._publish_due()
 
     async def _dispatch_allowance(self) -> None:

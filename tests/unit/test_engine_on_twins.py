@@ -125,3 +125,49 @@ async def test_a_failover_hands_claimed_tasks_to_the_next_leader() -> None:
         assert second.store.fire_log[0]["epoch"] == second.office.epoch
     finally:
         await second.close()
+
+
+async def _publish_times(twin: Engine, count: int, limit_ms: int = 2_000) -> dict[str, int]:
+    """Step the fake clock a millisecond at a time; the ms since T0 at which each of the
+    first `count` deliveries was seen."""
+    seen: dict[str, int] = {}
+    for _ in range(limit_ms):
+        await twin.settle()
+        for task_id in twin.ids():
+            seen.setdefault(task_id, to_ms(twin.clock.now()) - to_ms(T0))
+        if len(seen) >= count:
+            return seen
+        twin.clock.advance(0.001)
+    raise AssertionError(f"{len(seen)} of {count} delivered within {limit_ms} ms of fake time")
+
+
+async def test_coalescing_publishes_dense_tasks_together_and_sparse_ones_on_time() -> None:
+    """With SCHEDULER_DISPATCH_COALESCE=4ms, a task due after a quiet spell goes out at its
+    millisecond; tasks falling due within 4 ms of a publish wait for the next one, together,
+    at most 4 ms late and never early."""
+    twin = await engine_on_twins(dispatch_coalesce="4ms")
+    await twin.start()
+    try:
+        start = to_ms(twin.clock.now()) - to_ms(T0)
+        due = {twin.send(delay_ms=d): start + d for d in (300, 301, 302, 303, 304, 500)}
+        at = await _publish_times(twin, len(due))
+    finally:
+        await twin.close()
+    # (the fake clock steps in float seconds, so a timer may fire one step late: 1 ms slack)
+    late = {task_id: at[task_id] - due[task_id] for task_id in due}
+    assert all(0 <= ms <= 4 + 1 for ms in late.values()), late
+    first, *dense, sparse = due
+    assert late[first] <= 1 and late[sparse] <= 1, late  # after a quiet spell: on time
+    assert len({at[t] for t in dense}) <= 2, at  # the dense ones shared one or two publishes
+    assert twin.ids() == list(due)  # firing order kept
+
+
+async def test_without_coalescing_every_task_goes_out_at_its_millisecond(twin: Engine) -> None:
+    """By default (no coalescing) tasks a millisecond apart are each published at their own
+    due millisecond."""
+    start = to_ms(twin.clock.now()) - to_ms(T0)
+    due = {twin.send(delay_ms=d): start + d for d in (300, 301, 302, 303)}
+    at = await _publish_times(twin, len(due))
+    late = {task_id: at[task_id] - due[task_id] for task_id in due}
+    assert all(0 <= ms <= 1 for ms in late.values()), late  # 1 ms: the fake clock's float steps
+    assert len(set(at.values())) >= 3, at  # published apart, not gathered

@@ -1,0 +1,318 @@
+"""nats-server CPU per delayed task, step by step (no daemon, no PostgreSQL).
+
+A delayed task costs nats-server work in five places: the producer's JetStream publish into
+the delay lane (`MQ_DELAY`, work queue, file storage, `Nats-Msg-Id`), its delivery to the
+daemon's pull consumer, the daemon's ack (which, on a work queue, removes the message), the
+daemon's publish of the delivery to the target stream (`Nats-Msg-Id`), and that stream's
+delivery to whoever consumes it. This script replays each step alone, at the pace of the
+accuracy bench (R messages a second, in 1 ms ticks), with raw-socket clients shaped like the
+daemon's (pull requests topped up, acks of a batch in one write; publishes pipelined through
+a reply inbox), and reads this run's nats-server CPU from /proc before and after each step:
+
+- `publish_lane`: JetStream publishes to a work-queue stream, PubAck per message;
+- `pull_ack`: the same messages pulled and acked one ack each (explicit ack policy:
+  the daemon's intake consumer);
+- `pull_ack_limits`: the same again from a copy of the lane with limits retention (the acked
+  message stays in the stream): what the work queue's removal of an acked message costs.
+  (An ack-all consumer is not an option: nats-server refuses it on a work-queue stream,
+  error 10098 "workqueue stream requires explicit ack".)
+- `publish_target`: the deliveries, JetStream publishes with `Nats-Msg-Id` to the target
+  stream (limits retention, file storage), PubAck per message;
+- `consume_target`: a push consumer (ack none) reading the target stream, as the accuracy
+  bench's collector does (the bench's share, not the daemon's).
+
+    .venv/bin/python bench/nats_task_cost.py [--count 50000] [--rate 5000] [--reps 3] [--out F]
+
+Prints JSON (`results.steps_us_per_msg`: median and range per step over the repetitions)
+and a one-line summary on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import nats
+from nats.js import api as js_api
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import cpu_seconds, report, run, servers
+
+PAYLOAD = (
+    b'{"id":"%s","type":"bench.task","source":"bench","timestamp":"2026-11-26T00:00:00.000Z",'
+    b'"priority":5,"delay_until":"2026-11-26T00:00:02.000Z","data":{"n":1,"pad":"%s"}}'
+)
+
+
+class Raw:
+    """One raw NATS connection: frames written as given, MSG/HMSG frames counted and handed
+    to `on_msg(subject, reply)`."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("nats://").split(":")
+        self.host, self.port = host, int(port)
+        self.on_msg = lambda subject, reply: None
+        self._pong = asyncio.Event()
+
+    async def open(self, *subs: str) -> Raw:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        await self.reader.readline()
+        frames = (
+            b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true}\r\n'
+        )
+        for i, s in enumerate(subs, 1):
+            frames += f"SUB {s} {i}\r\n".encode()
+        self.writer.write(frames + b"PING\r\n")
+        self.task = asyncio.create_task(self._read())
+        await asyncio.wait_for(self._pong.wait(), 5)
+        return self
+
+    async def _read(self) -> None:
+        buf = b""
+        while True:
+            chunk = await self.reader.read(1 << 20)
+            if not chunk:
+                return
+            buf += chunk
+            pos = 0
+            while True:
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    break
+                line = buf[pos:end]
+                if line.startswith((b"MSG ", b"HMSG ")):
+                    parts = line.split(b" ")
+                    total = int(parts[-1])
+                    start = end + 2
+                    if len(buf) < start + total + 2:
+                        break
+                    hmsg = parts[0] == b"HMSG"
+                    reply = parts[3] if len(parts) == (6 if hmsg else 5) else b""
+                    self.on_msg(parts[1], reply)
+                    pos = start + total + 2
+                    continue
+                if line == b"PING":
+                    self.writer.write(b"PONG\r\n")
+                elif line == b"PONG":
+                    self._pong.set()
+                pos = end + 2
+            buf = buf[pos:]
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        self.writer.close()
+
+
+TICK = 0.001
+
+
+async def paced(conn: Raw, frames: list[bytes], rate: int) -> None:
+    """Write `frames` at `rate` a second, in ticks of `TICK` (all frames due by a tick in one
+    write; the daemon publishes at each due millisecond, so 1 ms is its shape)."""
+    start = time.monotonic()
+    sent = 0
+    while sent < len(frames):
+        due = min(len(frames), int((time.monotonic() - start) * rate) + 1)
+        if due > sent:
+            conn.writer.write(b"".join(frames[sent:due]))
+            sent = due
+        await asyncio.sleep(TICK)
+
+
+async def publish(url: str, subject_of: Any, count: int, rate: int, tag: str) -> None:
+    """`count` JetStream publishes with `Nats-Msg-Id`, paced, every PubAck awaited."""
+    inbox = f"_INBOX.{tag}"
+    conn = await Raw(url).open(f"{inbox}.*")
+    acked = 0
+    done = asyncio.Event()
+
+    def on_ack(subject: bytes, reply: bytes) -> None:
+        nonlocal acked
+        acked += 1
+        if acked >= count:
+            done.set()
+
+    conn.on_msg = on_ack
+    frames = []
+    for i in range(count):
+        msg_id = f"{tag}-{i}"
+        payload = PAYLOAD % (msg_id.encode(), b"x" * 60)
+        hdr = f"NATS/1.0\r\nNats-Msg-Id: {msg_id}\r\n\r\n".encode()
+        frames.append(
+            b"HPUB %s %s.%d %d %d\r\n%s%s\r\n"
+            % (
+                subject_of(i).encode(),
+                inbox.encode(),
+                i,
+                len(hdr),
+                len(hdr) + len(payload),
+                hdr,
+                payload,
+            )
+        )
+    await paced(conn, frames, rate)
+    await asyncio.wait_for(done.wait(), 60)
+    await conn.close()
+
+
+async def pull(url: str, stream: str, consumer: str, count: int) -> None:
+    """Pull everything from `consumer` as the daemon's intake does (requests topped up to a
+    batch of 500, a batch handled every 10 ms, its acks in one write)."""
+    inbox = f"_INBOX.pull.{stream}"
+    conn = await Raw(url).open(inbox)
+    buffer: list[bytes] = []
+    got = 0
+    requested = 0
+    api = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}".encode()
+
+    def on_msg(subject: bytes, reply: bytes) -> None:
+        nonlocal got, requested
+        if reply:
+            buffer.append(reply)
+            got += 1
+            requested -= 1
+        else:
+            requested = 0  # a status: the request ended
+
+    conn.on_msg = on_msg
+    while got < count:
+        if requested < 250:
+            req = json.dumps({"batch": 500 - requested, "expires": 2_000_000_000}).encode()
+            conn.writer.write(b"PUB %s %s %d\r\n%s\r\n" % (api, inbox.encode(), len(req), req))
+            requested = 500
+        await asyncio.sleep(0.01)
+        batch, buffer[:] = list(buffer), []
+        if not batch:
+            continue
+        conn.writer.write(b"".join(b"PUB %s 0\r\n\r\n" % r for r in batch))
+    await asyncio.sleep(0.2)  # let the last acks land
+    await conn.close()
+
+
+async def consume(url: str, subject: str, count: int) -> None:
+    """Read `count` messages from a push consumer's deliver subject (ack none)."""
+    conn = await Raw(url).open(subject)
+    got = 0
+    done = asyncio.Event()
+
+    def on_msg(subject: bytes, reply: bytes) -> None:
+        nonlocal got
+        got += 1
+        if got >= count:
+            done.set()
+
+    conn.on_msg = on_msg
+    await asyncio.wait_for(done.wait(), 120)
+    await conn.close()
+
+
+async def one_rep(count: int, rate: int, rep: int) -> dict[str, float]:
+    with servers(postgres=False) as env:
+        nc = await nats.connect(env.nats_url)
+        js = nc.jetstream()
+        file = js_api.StorageType.FILE
+        for name, subjects, retention in (
+            ("LANE", ["lane.>"], js_api.RetentionPolicy.WORK_QUEUE),
+            ("LANE2", ["lane2.>"], js_api.RetentionPolicy.LIMITS),
+        ):
+            await js.add_stream(
+                js_api.StreamConfig(
+                    name=name,
+                    subjects=subjects,
+                    retention=retention,
+                    storage=file,
+                    duplicate_window=120,
+                )
+            )
+        await js.add_stream(
+            js_api.StreamConfig(
+                name="TARGET", subjects=["target.>"], storage=file, duplicate_window=120
+            )
+        )
+        for stream, durable in (("LANE", "intake"), ("LANE2", "intake")):
+            await js.add_consumer(
+                stream,
+                js_api.ConsumerConfig(
+                    durable_name=durable,
+                    ack_policy=js_api.AckPolicy.EXPLICIT,
+                    ack_wait=30,
+                    max_ack_pending=100_000,
+                    max_waiting=16,
+                ),
+            )
+        out: dict[str, float] = {}
+
+        async def step(name: str, coro: Any) -> None:
+            before = cpu_seconds(env.nats_pid)
+            await coro
+            await asyncio.sleep(0.3)  # the server's own flushes after the last reply
+            out[name] = round((cpu_seconds(env.nats_pid) - before) / count * 1e6, 2)
+
+        await step(
+            "publish_lane",
+            publish(env.nats_url, lambda i: f"lane.t.{i % 16}", count, rate, f"l{rep}"),
+        )
+        await publish(env.nats_url, lambda i: f"lane2.t.{i % 16}", count, rate, f"m{rep}")
+        await step("pull_ack", pull(env.nats_url, "LANE", "intake", count))
+        await step("pull_ack_limits", pull(env.nats_url, "LANE2", "intake", count))
+        out["lane_messages_left"] = float((await js.stream_info("LANE")).state.messages)
+        deliver = "_DELIVER.target"
+        await js.add_consumer(
+            "TARGET",
+            js_api.ConsumerConfig(
+                ack_policy=js_api.AckPolicy.NONE,
+                deliver_subject=deliver,
+                deliver_policy=js_api.DeliverPolicy.NEW,
+            ),
+        )
+        reader = asyncio.create_task(consume(env.nats_url, deliver, count))
+        await asyncio.sleep(0.2)
+        before = cpu_seconds(env.nats_pid)
+        await publish(env.nats_url, lambda i: "target.work", count, rate, f"t{rep}")
+        await reader
+        await asyncio.sleep(0.3)
+        both = (cpu_seconds(env.nats_pid) - before) / count * 1e6
+        out["publish_target_and_consume"] = round(both, 2)
+        await nc.close()
+        return out
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--count", type=int, default=50_000)
+    ap.add_argument("--rate", type=int, default=5_000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tick-ms", type=float, default=1.0, help="publish every N ms (default 1)")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    global TICK
+    TICK = a.tick_ms / 1000
+    reps = [await one_rep(a.count, a.rate, r) for r in range(a.reps)]
+    steps = {}
+    for key in reps[0]:
+        values = [r[key] for r in reps]
+        steps[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    per_task = sum(
+        steps[k]["median"] for k in ("publish_lane", "pull_ack", "publish_target_and_consume")
+    )
+    results = {"steps_us_per_msg": steps, "per_task_us": round(per_task, 1), "runs": reps}
+    removal = steps["pull_ack"]["median"] - steps["pull_ack_limits"]["median"]
+    summary = (
+        f"nats_task_cost: {per_task:.1f} us/task of nats-server CPU: lane publish "
+        f"{steps['publish_lane']['median']}, pull+ack {steps['pull_ack']['median']} "
+        f"(of which the work queue's removal {removal:.1f}), target publish+consume "
+        f"{steps['publish_target_and_consume']['median']}"
+    )
+    report("nats_task_cost", vars(a), results, {}, True, summary, a.out)
+
+
+if __name__ == "__main__":
+    run(main())
