@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +28,7 @@ FULL = {
     "intake": ["--backlog", "600000", "--live-seconds", "60"],
     "scale": ["--counts", "1000000"],
     "cron": ["--jobs", "200,1000", "--duration", "20"],
+    "nats_task_cost": ["--count", "50000", "--reps", "3"],
 }
 QUICK = {
     "broker_at": ["--rate", "1000", "--duration", "3"],
@@ -36,6 +38,7 @@ QUICK = {
     "intake": ["--backlog", "50000", "--live-seconds", "6"],
     "scale": ["--counts", "100000", "--seconds", "5"],
     "cron": ["--jobs", "20", "--duration", "4"],
+    "nats_task_cost": ["--count", "5000", "--reps", "1"],
 }
 
 Doc = dict[str, Any]
@@ -178,6 +181,8 @@ def main() -> int:
               file=sys.stderr)  # fmt: skip
     summary = {
         "quick": a.quick,
+        # daemon settings given through the environment (bench/common.Daemon passes them on)
+        "daemon_settings": {k: v for k, v in os.environ.items() if k.startswith("SCHEDULER_")},
         "benchmarks": {n: n in docs and bool(docs[n]["pass"]) for n in names},
         "issue19_targets": targets,
     }
