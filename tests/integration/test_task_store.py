@@ -261,3 +261,57 @@ async def test_a_cancel_racing_a_claim_on_the_same_row(database_url: str) -> Non
     finally:
         await blocker.close()
         await pool.close()
+
+
+async def test_listings_and_counts_report_claimed_tasks_as_before(database_url: str) -> None:
+    """A claimed task keeps its ready status in its row (migration 0013), yet the listing, its
+    status filter, the task detail, the forecast and the counts report it as before: `claimed`
+    (also once in doubt), never among the pending or in-doubt ones, still unfinished for its
+    organisation."""
+    from scheduler.core import ClaimedTask
+    from scheduler.store.leadership import take_office
+    from scheduler.store.overview import OverviewStore, TaskFilter
+
+    pool = await create_pool(database_url, min_size=1, max_size=2)
+    db = PostgresStore(pool, Metrics())
+    tasks, overview = TaskStore(db), OverviewStore(db)
+    try:
+        epoch = await take_office(pool, "t")
+        now = datetime.now(UTC)
+        due = now - timedelta(seconds=1)
+        pending, claimed, doubt, doubted_claim = batch(4, due)
+        await tasks.insert([pending, claimed, doubt, doubted_claim])
+        ids = [claimed.id, doubt.id, doubted_claim.id]
+        taken = {c.id: c for c in await tasks.claim(epoch, ids, due)}
+        retry: list[tuple[ClaimedTask, datetime, str, bool]] = [
+            (taken[i], due, "ack lost", True) for i in (doubt.id, doubted_claim.id)
+        ]
+        await tasks.retry_later(epoch, retry)  # both in doubt, no longer claimed
+        again = await tasks.claim(epoch, [doubted_claim.id], due)  # republished: claimed
+        assert [c.doubted for c in again] == [True]
+        assert await tasks.cancel(doubted_claim.id, doubted_claim.target) == "in_flight"
+
+        async def listed(status: str | None) -> dict[str, str]:
+            rows = await overview.tasks(TaskFilter(status=status), None, 10)
+            return {r["id"]: r["status"] for r in rows}
+
+        assert await listed(None) == {
+            pending.id: "pending",
+            claimed.id: "claimed",
+            doubt.id: "in_doubt",
+            doubted_claim.id: "claimed",
+        }
+        assert await listed("claimed") == {claimed.id: "claimed", doubted_claim.id: "claimed"}
+        assert await listed("pending") == {pending.id: "pending"}
+        assert await listed("in_doubt") == {doubt.id: "in_doubt"}
+        detail = await overview.task(claimed.id)
+        assert detail is not None and (detail["status"], detail["claimed_epoch"]) == (
+            "claimed",
+            epoch,
+        )
+        assert (await overview.forecast(now))["mq.tasks.x"][0] == 1  # the pending one only
+        assert await overview.pending_by_subject(5) == (1, [("mq.tasks.x", 1)])
+        assert await tasks.pending_count() == 2  # pending and in doubt, not the claimed ones
+        assert await tasks.pending_by_org() == {None: 4}
+    finally:
+        await pool.close()
