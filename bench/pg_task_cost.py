@@ -4,7 +4,8 @@ A fresh PostgreSQL runs the statements one delayed task costs, in batches as the
 them: intake (`insert_batch`), claim (`claim_within`), booking (`mark_fired`), then the
 cleanup they leave behind (the retention purge with retention 0, and a VACUUM of the tables
 touched), so dead tuples are paid for whichever design leaves them; the tables' size on disk
-once every task fired is reported too. CPU is read from that
+once every task fired is reported too, and the share of `delayed_messages` updates (the claims)
+PostgreSQL made heap-only (HOT: no index entry, migration 0013). CPU is read from that
 server's own processes only (the postmaster's children alive, plus those it reaped), so other
 PostgreSQL servers on the host do not count, unlike `cpu_by_command` in common.py.
 
@@ -78,11 +79,30 @@ def tasks_of(n: int, due: datetime) -> list[NewTask]:
     ]
 
 
+async def hot_updates(pool: asyncpg.Pool) -> dict[str, float]:
+    """Updates of `delayed_messages` so far and the percentage of them that were HOT, after
+    every pooled backend flushed its statistics (PostgreSQL 15+)."""
+    conns = [await pool.acquire() for _ in range(pool.get_size())]
+    try:
+        for conn in conns:  # the flush happens before the statement's reply
+            await conn.execute("SELECT pg_stat_force_next_flush()")
+        row = await conns[0].fetchrow(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+            "WHERE relname = 'delayed_messages'"
+        )
+    finally:
+        for conn in conns:
+            await pool.release(conn)
+    updates = int(row["n_tup_upd"])
+    hot = round(100 * int(row["n_tup_hot_upd"]) / updates, 1) if updates else 0.0
+    return {"updates": updates, "hot_pct": hot}
+
+
 async def lifecycle(
     dsn: str, pm: int, total: int, batch: int
-) -> tuple[dict[str, float], dict[str, float]]:
-    """PostgreSQL CPU per task by step, and the tables' size on disk once every task fired
-    (before the purge and VACUUM)."""
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """PostgreSQL CPU per task by step, the tables' size on disk once every task fired
+    (before the purge and VACUUM), and the claims' HOT share."""
     pool = await create_pool(dsn, min_size=2, max_size=2)
     store = TaskStore(PostgresStore(pool, Metrics()))
     epoch = await take_office(pool, "bench")
@@ -103,6 +123,7 @@ async def lifecycle(
         split["intake"] += t1 - t0
         split["claim"] += t2 - t1
         split["fired"] += t3 - t2
+    hot = await hot_updates(pool)
     sizes = await pool.fetch(
         "SELECT relname, pg_total_relation_size(oid) AS bytes FROM pg_class "
         "WHERE relname IN ('delayed_messages', 'fired_tasks')"
@@ -118,7 +139,7 @@ async def lifecycle(
     split["cleanup"] = server_cpu(pm) - t0
     split["total"] = server_cpu(pm) - start
     await pool.close()
-    return {k: round(v / total * 1e6, 1) for k, v in split.items()}, on_disk
+    return {k: round(v / total * 1e6, 1) for k, v in split.items()}, on_disk, hot
 
 
 async def probes(dsn: str, pm: int, history: int, rounds: int = 50) -> dict[str, float]:
@@ -177,7 +198,7 @@ def main() -> None:
         migrate.upgrade(pg.url)
         pm = postmaster_pid(os.path.join(workdir, "pg"))
         started = time.time()
-        per_task, on_disk = asyncio.run(lifecycle(pg.url, pm, args.tasks, args.batch))
+        per_task, on_disk, hot = asyncio.run(lifecycle(pg.url, pm, args.tasks, args.batch))
         probe = asyncio.run(probes(pg.url, pm, args.history)) if args.history else {}
     finally:
         pg.stop()
@@ -189,6 +210,7 @@ def main() -> None:
         "seconds": round(time.time() - started, 1),
         "postgres_cpu_us_per_task": per_task,
         "size_after_firing_mb": on_disk,
+        "delayed_messages_updates": hot,
         "intake_probe_cpu_us_per_id": probe,
     }
     text = json.dumps(result, indent=2)
@@ -199,7 +221,7 @@ def main() -> None:
     print(
         f"pg_task_cost: postgres {per_task['total']} us/task (intake {per_task['intake']}, "
         f"claim {per_task['claim']}, fired {per_task['fired']}, cleanup {per_task['cleanup']}); "
-        f"on disk after firing {on_disk}; "
+        f"on disk after firing {on_disk}; HOT updates {hot['hot_pct']} %; "
         f"tombstone probe us/id {probe}",
         file=sys.stderr,
     )

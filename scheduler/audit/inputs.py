@@ -30,6 +30,12 @@ FORMATS = ("json", "parquet")
 _JSON_SUFFIXES = (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".ndjson.gz")
 _OVERDUE_STATES = ("pending", "claimed")
 _LOST_STATES = ("dead", "expired")
+# A task's state as the store reports it (`scheduler.store.tasks.STATUS`): a claim keeps the
+# task's ready status and sets `claimed_epoch` (migration 0013).
+_STATE = (
+    "CASE WHEN status = 'claimed' OR status IN ('pending', 'in_doubt') AND claimed_epoch IS NOT "
+    "NULL THEN 'claimed' ELSE status END"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,9 +324,10 @@ def read_unfired(spark: Any, source: Source, window: AuditWindow) -> Any:
     (overdue), or dead-lettered or expired. Columns: key, subject, scheduled_for, state."""
     states = ", ".join(f"'{s}'" for s in (*_OVERDUE_STATES, *_LOST_STATES))
     sql = (
-        "SELECT id AS key, target AS subject, scheduled_for, status AS state "
-        f"FROM delayed_messages WHERE scheduled_for >= {_sql_ts(window.start)} AND "
-        f"scheduled_for < {_sql_ts(window.end)} AND status IN ({states})"
+        f"SELECT key, subject, scheduled_for, state FROM (SELECT id AS key, target AS subject, "
+        f"scheduled_for, {_STATE} AS state FROM delayed_messages WHERE scheduled_for >= "
+        f"{_sql_ts(window.start)} AND scheduled_for < {_sql_ts(window.end)}) AS t "
+        f"WHERE state IN ({states})"
     )
     return _jdbc_query(spark, source, sql)
 

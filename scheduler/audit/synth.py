@@ -511,9 +511,11 @@ async def load_postgres(dsn: str, synth: Synth, invalid: bool = False) -> None:
         columns = ["kind", "key", "subject", "scheduled_for", "fired_at", "attempt", "epoch"]
         columns += ["instance", "stream", "stream_seq", "manual"]
         await conn.copy_records_to_table("fire_log", records=rows, columns=columns)
+        # a claimed task keeps its ready status and has a `claimed_epoch` (migration 0013)
         await conn.executemany(
-            "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for, status) "
-            "VALUES ($1, $2, '\\x7b7d'::bytea, $3, $3, $4)",
+            "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for, status, "
+            "claimed_epoch) VALUES ($1, $2, '\\x7b7d'::bytea, $3, $3, CASE WHEN $4 = 'claimed' "
+            "THEN 'pending' ELSE $4 END, CASE WHEN $4 = 'claimed' THEN 7 END)",
             synth.unfired,
         )
         await conn.executemany(

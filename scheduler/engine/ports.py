@@ -49,7 +49,8 @@ class TaskRepository(Protocol):
     published), then one of `fired`, `expired`, `dead`, `cancelled`. A fired task's row is
     deleted; a tombstone keeps its id refused at intake (as `resent` or `taken`, as for a
     stored task) and answers `get`, cancel and reschedule. Firing order is (due time,
-    priority, intake sequence)."""
+    priority, intake sequence). A claim takes only tasks due within a minute of the store's
+    clock (the engine asks a fraction of a second ahead)."""
 
     async def insert_batch(self, tasks: Sequence[NewTask]) -> Insertion:
         """Store new tasks (idempotent by id: the same id with the same target and bytes is

@@ -1,10 +1,11 @@
 """Delayed tasks: look up, list, cancel and reschedule (NATS service and HTTP API alike).
 
 Cancel and reschedule are single statements on the task's row that succeed only while it is
-`pending`: the leader claims a task (status `claimed`) before publishing it, so a `cancelled`
-answer that committed first guarantees no delivery, and one that comes after answers `too_late`
-(or whatever the store says the task is now). A reschedule also tells the leader over NATS so
-its in-memory heap moves the task at once; a lost notice is caught by the leader's sweep.
+`pending` and not claimed: the leader claims a task (reported `claimed`) before publishing it,
+so a `cancelled` answer that committed first guarantees no delivery, and one that comes after
+answers `too_late` (or whatever the store says the task is now). A reschedule also tells the
+leader over NATS so its in-memory heap moves the task at once; a lost notice is caught by the
+leader's sweep.
 """
 
 from __future__ import annotations

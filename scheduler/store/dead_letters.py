@@ -18,6 +18,7 @@ import asyncpg
 
 from scheduler.core import TaskRef, to_ms
 from scheduler.store.postgres import PostgresStore
+from scheduler.store.tasks import STATUS
 
 _COLUMNS = (
     "id, original_id, subject, target, reason, stage, error, attempts, first_seen, last_failed, "
@@ -119,7 +120,7 @@ class DeadLetterStore:
                 )
                 if row is None:
                     status = await conn.fetchval(
-                        "SELECT coalesce((SELECT status FROM delayed_messages WHERE id = $1), "
+                        f"SELECT coalesce((SELECT {STATUS} FROM delayed_messages WHERE id = $1), "
                         "(SELECT 'fired' FROM fired_tasks WHERE id = $1))",
                         task_id,
                     )

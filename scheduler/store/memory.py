@@ -5,14 +5,17 @@ checked against: tests/contracts/test_task_repository.py runs the same tests ove
 over `scheduler.store.tasks.TaskStore` on PostgreSQL, so the two cannot drift apart unseen.
 
 It keeps the rules of the SQL: firing order (due, priority, intake sequence); a claim takes
-`pending` and `in_doubt` tasks only, fenced by the epoch; payloads within a byte budget (a row
-whose predecessors already fill it is claimed without its payload, `parked`); bookkeeping
-applies only to tasks still `claimed` by the writer's epoch; a cancel succeeds only on a
-`pending` task and answers `in_flight` for one in doubt; a fired task's row is deleted and its
-id kept in `fired` (the tombstone of migration 0010: target and bytes, so a resend of the same
-task is still told from another task reusing the id), refused at intake. The fencing epoch is
-this object's `epoch`, raised by `take_office` as `scheduler.store.leadership.take_office`
-raises PostgreSQL's.
+`pending` and `in_doubt` tasks only, due within `CLAIM_WINDOW` of the store's clock, fenced by
+the epoch; payloads within a byte budget (a row whose predecessors already fill it is claimed
+without its payload, `parked`); bookkeeping applies only to tasks still claimed by the writer's
+epoch; a cancel succeeds only on a `pending` task and answers `in_flight` for one in doubt; a
+fired task's row is deleted and its id kept in `fired` (the tombstone of migration 0010: target
+and bytes, so a resend of the same task is still told from another task reusing the id),
+refused at intake. The fencing epoch is this object's `epoch`, raised by `take_office` as
+`scheduler.store.leadership.take_office` raises PostgreSQL's.
+
+A claimed row has the status `claimed` here; PostgreSQL leaves the status alone and marks the
+claim by `claimed_epoch` (a HOT update, migration 0013). Both report `claimed`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from scheduler.core import (
 from scheduler.errors import FencedError
 
 READY = ("pending", "in_doubt")
+CLAIM_WINDOW = timedelta(minutes=1)  # a claim takes only tasks due within this of now
 
 
 @dataclass(slots=True)
@@ -189,6 +193,7 @@ class MemoryTaskStore:
     ) -> Claimed:
         self._fence(epoch)
         taken = []
+        until = min(until, self.now() + CLAIM_WINDOW)
         for task_id in dict.fromkeys(ids):
             row = self.rows.get(task_id)
             if row is None or row.status not in READY or row.task.due_at > until:

@@ -13,12 +13,22 @@ from typing import Any
 
 from scheduler.store.dead_letters import subject_clause
 from scheduler.store.postgres import PostgresStore
-from scheduler.store.tasks import fired_task
+from scheduler.store.tasks import STATUS, fired_task
 
 _TASK_SUMMARY = (
-    "id, target, status, priority, due_at, scheduled_for, expires_at, attempts, created_at, "
-    "fired_at, seq"
+    f"id, target, {STATUS} AS status, priority, due_at, scheduled_for, expires_at, attempts, "
+    "created_at, fired_at, seq"
 )
+# The filter for a reported status (see `tasks.STATUS`): a claimed task keeps its ready
+# status, so `pending` and `in_doubt` mean not claimed. Spelled out per status so that
+# `pending` still reads the pending index.
+_STATUS_FILTER = {
+    None: "$2::text IS NULL",
+    "claimed": "($2::text IS NOT NULL AND (status = 'claimed' OR status IN ('pending', "
+    "'in_doubt') AND claimed_epoch IS NOT NULL))",
+    "pending": "status = $2 AND claimed_epoch IS NULL",
+    "in_doubt": "status = $2 AND claimed_epoch IS NULL",
+}
 # A fired task in a listing, from its delivery `f` and tombstone `t`: the fields only its
 # deleted row held (priority, expiry, creation) are unknown (NULL).
 _FIRED_SUMMARY = (
@@ -64,14 +74,15 @@ WINDOWS: tuple[tuple[str, timedelta], ...] = (
 )
 
 # One range read of the pending index (status = 'pending', due_at <= now + widest window),
-# counted per subject and window; tasks already overdue count in every window.
+# counted per subject and window; tasks already overdue count in every window, claimed ones
+# (being published) in none.
 FORECAST_SQL = (
     "SELECT target, "
     + ", ".join(
         f"count(*) FILTER (WHERE due_at <= $1::timestamptz + ${i + 2}::interval) AS w{i}"
         for i in range(len(WINDOWS))
     )
-    + " FROM delayed_messages WHERE status = 'pending' "
+    + " FROM delayed_messages WHERE status = 'pending' AND claimed_epoch IS NULL "
     f"AND due_at <= $1::timestamptz + ${len(WINDOWS) + 1}::interval GROUP BY target"
 )
 
@@ -99,11 +110,12 @@ class OverviewStore:
 
         With `status=pending` this reads the pending index in order; `org_id` is read from each
         candidate's stored envelope, so combine it with a subject, status or due window."""
+        status = _STATUS_FILTER.get(where.status, "status = $2")
         async with self.db.timed("tasks_list") as conn:
             rows = await conn.fetch(
                 f"SELECT {_TASK_SUMMARY} FROM delayed_messages WHERE "
                 f"($1::text IS NULL OR {subject_clause('target', '$1')}) "
-                "AND ($2::text IS NULL OR status = $2) "
+                f"AND {status} "
                 "AND ($3::timestamptz IS NULL OR due_at < $3) "
                 "AND ($4::timestamptz IS NULL OR due_at >= $4) "
                 "AND ($5::text IS NULL OR scheduler_payload_field(payload, 'org_id') = $5) "
@@ -214,11 +226,11 @@ class OverviewStore:
         return {r["target"]: [int(r[f"w{i}"]) for i in range(len(WINDOWS))] for r in rows}
 
     async def pending_by_subject(self, top: int) -> tuple[int, list[tuple[str, int]]]:
-        """All pending tasks, and the `top` subjects holding most of them."""
+        """All pending tasks (not claimed), and the `top` subjects holding most of them."""
         async with self.db.timed("pending_by_subject") as conn:
             rows = await conn.fetch(
                 "SELECT target, count(*) AS n FROM delayed_messages WHERE status = 'pending' "
-                "GROUP BY target ORDER BY n DESC, target"
+                "AND claimed_epoch IS NULL GROUP BY target ORDER BY n DESC, target"
             )
         total = sum(int(r["n"]) for r in rows)
         return total, [(r["target"], int(r["n"])) for r in rows[:top]]

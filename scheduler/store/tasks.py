@@ -5,6 +5,13 @@ transaction: it first reads the fencing epoch `FOR SHARE` and aborts with Fenced
 leader has taken office. `FOR SHARE` also makes a new leader's epoch increment wait for such a
 transaction in flight, so once `take_office` returns no older epoch can commit anything.
 
+A claim leaves `status` alone (migration 0013): a `pending` or `in_doubt` row is claimed while
+`claimed_epoch` is set, so the claim changes no indexed column and no column of an index
+predicate, and PostgreSQL updates the row in place on its page (a heap-only tuple, no index
+entry; the table keeps room for it, `fillfactor = 45`). Readers report such a row as `claimed`
+(`STATUS`). `status = 'claimed'` is left only on rows a daemon older than 0013 claimed (while an
+upgrade rolls): `reclaim_orphans` takes them over like any orphan.
+
 A task whose publish went out but was never acknowledged is `in_doubt`: JetStream may hold it.
 It is due again after a backoff (the leader republishes it with the same `Nats-Msg-Id`, which
 the target stream's duplicate window drops if it was stored), and until then a cancel or a
@@ -54,6 +61,14 @@ _TASK_COLUMNS = (
     "doubted, org_id"
 )
 READY = "('pending', 'in_doubt')"  # statuses a claim takes; each has its partial index
+# A row claimed by a leader (`claimed_epoch`), or by a daemon older than migration 0013, and
+# the status every reader reports for a row.
+CLAIMED = "(status = 'claimed' OR status IN ('pending', 'in_doubt') AND claimed_epoch IS NOT NULL)"
+STATUS = f"CASE WHEN {CLAIMED} THEN 'claimed' ELSE status END"
+# A claim takes only tasks due within this much of PostgreSQL's now(), so every claimed row
+# falls due before now() + CLAIM_WINDOW and `reclaim_orphans` reads the ready indexes up to
+# there only (the engine claims 80-250 ms ahead).
+CLAIM_WINDOW = "interval '1 minute'"
 IN_FLIGHT = "in_flight"  # what cancel and reschedule answer for a task in doubt
 # Payload columns within a byte budget: the rows of `upd` (which must return `_TASK_COLUMNS`
 # and `size`) in firing order; a row whose predecessors already fill the budget comes back
@@ -138,8 +153,8 @@ async def _answer_status(conn: asyncpg.Connection, task_id: str, target: str) ->
     """The status a cancel or reschedule that changed nothing reports on: `in_doubt` also for
     a task being republished after a doubt (claimed again: it may already be delivered)."""
     return await conn.fetchval(  # type: ignore[no-any-return]
-        "SELECT coalesce((SELECT CASE WHEN status = 'claimed' AND doubted THEN 'in_doubt' "
-        "ELSE status END FROM delayed_messages WHERE id = $1 AND target = $2), "
+        f"SELECT coalesce((SELECT CASE WHEN {CLAIMED} AND doubted THEN 'in_doubt' "
+        f"ELSE {STATUS} END FROM delayed_messages WHERE id = $1 AND target = $2), "
         "(SELECT 'fired' FROM fired_tasks WHERE id = $1 AND target = $2))",
         task_id,
         target,
@@ -308,13 +323,13 @@ class TaskStore:
     async def load_page(
         self, after: tuple[int, int, int], until: datetime, limit: int
     ) -> list[TaskRef]:
-        """Pending and in-doubt tasks with key > `after` due by `until`, in firing order (each
-        status from its partial index, merged)."""
+        """Pending and in-doubt tasks not claimed with key > `after` due by `until`, in firing
+        order (each status from its partial index, merged)."""
         due_ms, priority, seq = after
         page = (
             "(SELECT id, due_at, priority, seq, org_id FROM delayed_messages WHERE status = '{}' "
-            "AND (due_at, priority, seq) > ($1, $2, $3) AND due_at <= $4 "
-            "ORDER BY due_at, priority, seq LIMIT $5)"
+            "AND claimed_epoch IS NULL AND (due_at, priority, seq) > ($1, $2, $3) "
+            "AND due_at <= $4 ORDER BY due_at, priority, seq LIMIT $5)"
         )
         async with self.db.timed("load") as conn:
             rows = await conn.fetch(
@@ -329,11 +344,17 @@ class TaskStore:
         return [_ref(r) for r in rows]
 
     async def overdue(self, before: datetime, limit: int) -> list[TaskRef]:
-        """Pending tasks due before `before`: the sweep that catches anything the heap missed."""
+        """Ready tasks not claimed due before `before`: the sweep that catches anything the heap
+        missed. Each status from its partial index, merged (`status IN (...)` in one query
+        read the whole table: 70 ms at 300,000 tasks, every sweep)."""
+        page = (
+            "(SELECT id, due_at, priority, seq, org_id FROM delayed_messages WHERE status = '{}' "
+            "AND claimed_epoch IS NULL AND due_at < $1 ORDER BY due_at, priority, seq LIMIT $2)"
+        )
         async with self.db.timed("sweep") as conn:
             rows = await conn.fetch(
-                "SELECT id, due_at, priority, seq, org_id FROM delayed_messages WHERE status IN "
-                f"{READY} AND due_at < $1 ORDER BY due_at, priority, seq LIMIT $2",
+                f"SELECT * FROM ({page.format('pending')} UNION ALL "
+                f"{page.format('in_doubt')}) AS p ORDER BY due_at, priority, seq LIMIT $2",
                 before,
                 limit,
             )
@@ -346,20 +367,21 @@ class TaskStore:
     async def claim_within(
         self, epoch: int, ids: Sequence[str], until: datetime, budget: int
     ) -> Claimed:
-        """Claim the pending and in-doubt tasks among `ids` due by `until`; cancelled ones are
-        skipped. Payloads come back up to `budget` bytes (see the module docstring).
+        """Claim the pending and in-doubt tasks among `ids` due by `until` (and within
+        CLAIM_WINDOW of PostgreSQL's now()); cancelled and claimed ones are skipped. Payloads
+        come back up to `budget` bytes (see the module docstring).
 
         One statement, one round trip: the epoch check (`FOR SHARE`) and the update commit
         together. The outer join always yields a row, so a fenced epoch is told apart from
-        an empty claim."""
+        an empty claim. It sets no indexed column: a HOT update (migration 0013)."""
         budgeted = _BUDGETED.format(budget="$4")
         async with self.db.timed("claim") as conn:
             rows = await conn.fetch(
                 f"WITH {LEAD}, "
-                "upd AS (UPDATE delayed_messages SET status = 'claimed', "
-                "claimed_epoch = $1, claimed_at = now(), attempts = attempts + 1, "
-                "updated_at = now() FROM lead WHERE id = ANY($2::text[]) AND "
-                f"status IN {READY} AND due_at <= $3 RETURNING {_TASK_COLUMNS}, "
+                "upd AS (UPDATE delayed_messages SET claimed_epoch = $1, claimed_at = now(), "
+                "attempts = attempts + 1, updated_at = now() FROM lead WHERE id = ANY($2::text[]) "
+                f"AND status IN {READY} AND claimed_epoch IS NULL AND due_at <= least($3, now() "
+                f"+ {CLAIM_WINDOW}) RETURNING {_TASK_COLUMNS}, "
                 "octet_length(payload) AS size) "
                 "SELECT (SELECT count(*) FROM lead) AS in_office, b.* "
                 f"FROM (SELECT 1) AS one LEFT JOIN ({budgeted}) AS b ON true",
@@ -385,19 +407,42 @@ class TaskStore:
         each page is one short statement, whatever the number of orphans; a task taken over
         no longer matches, so calling again gives the next page. Payloads up to `budget`.
 
+        Claimed rows have no index of their own (a claim is a HOT update, migration 0013), but
+        every one falls due before now() + CLAIM_WINDOW (`claim_within` takes no later task),
+        so the page is read from the ready indexes up to there only, however long ago the
+        oldest orphan fell due, never the tasks due later. Rows a daemon older than 0013 left
+        `claimed` come from the claimed index and go back to their ready status here.
+
         The page's ids are looked up by primary key (`= ANY(ARRAY(...))`), never joined: with
         statistics taken while few tasks were claimed, the planner's nested-loop join of the
         page against the claimed rows cost 38,000 x 1,000 comparisons per call during a
         200,000-task burst (seconds of PostgreSQL CPU, every sweep)."""
         budgeted = _BUDGETED.format(budget="$4")
+        orphan = (
+            "(claimed_epoch <> $1 OR ($2::interval IS NOT NULL AND claimed_at < now() - "
+            "$2::interval))"
+        )
+        branch = (
+            "(SELECT id, due_at, priority, seq FROM delayed_messages WHERE {} AND "
+            f"{orphan} ORDER BY due_at, priority, seq LIMIT $3)"
+        )
+        window = f"claimed_epoch IS NOT NULL AND due_at <= now() + {CLAIM_WINDOW}"
+        picks = " UNION ALL ".join(
+            branch.format(where)
+            for where in (
+                f"status = 'pending' AND {window}",
+                f"status = 'in_doubt' AND {window}",
+                "status = 'claimed'",  # left by a daemon older than migration 0013
+            )
+        )
         async with self.fenced(epoch, "reclaim") as conn:
             rows = await conn.fetch(
-                "WITH pick AS (SELECT id FROM delayed_messages WHERE status = 'claimed' AND "
-                "(claimed_epoch <> $1 OR ($2::interval IS NOT NULL AND claimed_at < now() - "
-                "$2::interval)) ORDER BY due_at, priority, seq LIMIT $3), upd AS (UPDATE "
-                "delayed_messages d SET claimed_epoch = $1, claimed_at = now(), updated_at = "
-                "now() WHERE d.id = ANY(ARRAY(SELECT id FROM pick)) AND d.status = 'claimed' "
-                "RETURNING "
+                f"WITH pick AS (SELECT id FROM ({picks}) AS p ORDER BY due_at, priority, seq "
+                "LIMIT $3), upd AS (UPDATE delayed_messages d SET status = CASE WHEN "
+                "d.status <> 'claimed' THEN d.status WHEN d.doubted THEN 'in_doubt' ELSE "
+                "'pending' END, claimed_epoch = $1, claimed_at = now(), updated_at = now() "
+                "WHERE d.id = ANY(ARRAY(SELECT id FROM pick)) AND (d.status = 'claimed' OR "
+                f"d.status IN {READY} AND d.claimed_epoch IS NOT NULL) RETURNING "
                 f"d.id, d.target, d.payload, d.headers, d.priority, d.due_at, d.scheduled_for, "
                 "d.expires_at, d.attempts, d.seq, d.doubted, d.org_id, "
                 "octet_length(d.payload) AS size) "
@@ -417,7 +462,7 @@ class TaskStore:
         async with self.db.timed("load_claimed") as conn:
             rows = await conn.fetch(
                 f"WITH upd AS (SELECT {_TASK_COLUMNS}, octet_length(payload) AS size FROM "
-                "delayed_messages WHERE id = ANY($2::text[]) AND status = 'claimed' AND "
+                f"delayed_messages WHERE id = ANY($2::text[]) AND status IN {READY} AND "
                 f"claimed_epoch = $1) {budgeted}",
                 epoch,
                 list(ids),
@@ -458,7 +503,7 @@ class TaskStore:
                 f"$6::bigint[], $7::int[], {c}, $9::bigint[]) "
                 "AS u(id, subject, sched_us, fired_us, attempt, stream, seq)), "
                 "upd AS (DELETE FROM delayed_messages d USING u, lead WHERE d.id = u.id AND "
-                "d.status = 'claimed' AND d.claimed_epoch = $1 RETURNING d.id, d.target, "
+                f"d.status IN {READY} AND d.claimed_epoch = $1 RETURNING d.id, d.target, "
                 "md5(d.payload)::uuid AS digest, u.fired_at), "
                 "tomb AS (INSERT INTO fired_tasks (id, target, digest, fired_at) SELECT id, "
                 "target, digest, fired_at FROM upd ON CONFLICT (id) DO NOTHING), "
@@ -492,9 +537,10 @@ class TaskStore:
             await conn.execute(
                 "UPDATE delayed_messages d SET status = CASE WHEN d.doubted OR u.doubt THEN "
                 "'in_doubt' ELSE 'pending' END, doubted = d.doubted OR u.doubt, due_at = u.due, "
-                "last_error = u.err, updated_at = now() FROM unnest($2::text[], "
-                "$3::timestamptz[], $4::text[], $5::boolean[]) AS u(id, due, err, doubt) "
-                "WHERE d.id = u.id AND d.status = 'claimed' AND d.claimed_epoch = $1",
+                "claimed_epoch = NULL, last_error = u.err, updated_at = now() FROM "
+                "unnest($2::text[], $3::timestamptz[], $4::text[], $5::boolean[]) "
+                f"AS u(id, due, err, doubt) WHERE d.id = u.id AND d.status IN {READY} "
+                "AND d.claimed_epoch = $1",
                 epoch,
                 [t.id for t, _, _, _ in items],
                 [d for _, d, _, _ in items],
@@ -509,7 +555,7 @@ class TaskStore:
         async with self.fenced(epoch, "expire") as conn:
             await conn.execute(
                 "UPDATE delayed_messages SET status = 'expired', updated_at = now() "
-                "WHERE id = ANY($2::text[]) AND status = 'claimed' AND claimed_epoch = $1",
+                f"WHERE id = ANY($2::text[]) AND status IN {READY} AND claimed_epoch = $1",
                 epoch,
                 list(ids),
             )
@@ -523,7 +569,7 @@ class TaskStore:
                 "WITH u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], "
                 "$5::jsonb[]) AS u(id, err, reason, doc)), d AS (UPDATE delayed_messages m "
                 "SET status = 'dead', last_error = u.err, updated_at = now() FROM u "
-                "WHERE m.id = u.id AND m.status = 'claimed' AND m.claimed_epoch = $1 "
+                f"WHERE m.id = u.id AND m.status IN {READY} AND m.claimed_epoch = $1 "
                 "RETURNING m.*, u.err, u.reason, u.doc) "
                 "INSERT INTO dead_letters (original_id, subject, payload, error, attempts, "
                 "first_seen, reason, stage, target, raw, headers) SELECT id, target, doc, "
@@ -566,11 +612,17 @@ class TaskStore:
 
     async def cancel(self, task_id: str, target: str) -> str:
         """`cancelled` (now or before), `in_flight` (published, acknowledgement outstanding:
-        it may be delivered), `too_late` (claimed or done), or `not_found`."""
+        it may be delivered), `too_late` (claimed or done), or `not_found`.
+
+        A claim racing the cancel either commits first (the cancel then waits on the row lock,
+        re-checks its `WHERE` on the claimed row, changes nothing and answers `too_late`) or
+        waits for the cancel and skips the cancelled row: `cancelled` is never followed by a
+        delivery."""
         async with self.db.timed("cancel") as conn:
             done = await conn.fetchval(
                 "UPDATE delayed_messages SET status = 'cancelled', updated_at = now() "
-                "WHERE id = $1 AND target = $2 AND status = 'pending' RETURNING id",
+                "WHERE id = $1 AND target = $2 AND status = 'pending' AND claimed_epoch IS NULL "
+                "RETURNING id",
                 task_id,
                 target,
             )
@@ -588,7 +640,7 @@ class TaskStore:
         async with self.db.timed("reschedule") as conn:
             row = await conn.fetchrow(
                 "UPDATE delayed_messages SET due_at = $3, scheduled_for = $3, updated_at = now() "
-                "WHERE id = $1 AND target = $2 AND status = 'pending' "
+                "WHERE id = $1 AND target = $2 AND status = 'pending' AND claimed_epoch IS NULL "
                 "RETURNING id, due_at, priority, seq",
                 task_id,
                 target,
@@ -605,8 +657,9 @@ class TaskStore:
         """A task's state for the API (no payload bytes)."""
         async with self.db.timed("get") as conn:
             row = await conn.fetchrow(
-                "SELECT id, target, status, priority, due_at, scheduled_for, expires_at, attempts, "
-                "fired_at, stream_seq, last_error, created_at FROM delayed_messages "
+                f"SELECT id, target, {STATUS} AS status, priority, due_at, scheduled_for, "
+                "expires_at, attempts, fired_at, stream_seq, last_error, created_at "
+                "FROM delayed_messages "
                 "WHERE id = $1 AND ($2::text IS NULL OR target = $2)",
                 task_id,
                 target,
@@ -642,17 +695,26 @@ class TaskStore:
         return True
 
     async def pending_count(self) -> int:
+        """Pending and in-doubt tasks not claimed: all of them (an index-only scan of
+        `delayed_messages_org_open`) less the claimed ones, found among those due within
+        CLAIM_WINDOW (a filter on `claimed_epoch` over the whole table read every row)."""
+        claimed = (
+            "(SELECT count(*) FROM delayed_messages WHERE status = '{}' AND claimed_epoch IS NOT "
+            f"NULL AND due_at <= now() + {CLAIM_WINDOW})"
+        )
         async with self.db.timed("count") as conn:
             return int(
                 await conn.fetchval(
-                    f"SELECT count(*) FROM delayed_messages WHERE status IN {READY}"
+                    f"SELECT (SELECT count(*) FROM delayed_messages WHERE status IN {READY}) - "
+                    f"{claimed.format('pending')} - {claimed.format('in_doubt')}"
                 )
             )
 
     async def pending_by_org(self) -> dict[str | None, int]:
-        """Unfinished tasks (pending, in doubt, claimed) per `org_id`: the ready ones over the
-        partial index `delayed_messages_org_open`, the claimed ones (few: those being fired)
-        over the claimed index (migrations 0009, 0010)."""
+        """Unfinished tasks (pending, in doubt, claimed) per `org_id` over the partial index
+        `delayed_messages_org_open` (claimed tasks keep their status since migration 0013),
+        plus the rows a daemon older than 0013 left `claimed` (none once it is gone) over
+        the claimed index."""
         async with self.db.timed("count_orgs") as conn:
             rows = await conn.fetch(
                 "SELECT org_id, sum(n)::bigint AS n FROM (SELECT org_id, count(*) AS n FROM "

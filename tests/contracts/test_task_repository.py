@@ -123,6 +123,25 @@ async def test_claims_skip_tasks_not_ready_or_not_due(repo: Repo) -> None:
     assert await repo.tasks.claim(epoch, ids, NOW + timedelta(seconds=1)) == []
 
 
+async def test_a_claim_takes_only_tasks_due_within_a_minute(repo: Repo) -> None:
+    """Whatever `until` asks, a claim takes no task due more than a minute after the store's
+    own now (so every claimed task falls due within that minute: the orphan reclaim reads no
+    further); a claimed task reads `claimed` and is refused by cancel and reschedule."""
+    soon, far = task(0), task(3600)
+    await repo.tasks.insert_batch([soon, far])
+    epoch = await repo.take_office()
+    claimed = await repo.tasks.claim(epoch, [soon.id, far.id], NOW + timedelta(hours=2))
+    assert [c.id for c in claimed] == [soon.id]
+    assert (await status(repo, soon), await status(repo, far)) == ("claimed", "pending")
+    assert await repo.tasks.cancel(soon.id, soon.target) == "too_late"
+    assert await repo.tasks.reschedule(soon.id, soon.target, NOW) == ("too_late", None)
+    assert await repo.tasks.pending_count() == 1
+    page = await repo.tasks.load_page((-1, 0, 0), NOW + timedelta(hours=2), 10)
+    assert [r.task_id for r in page] == [far.id]  # a claimed task is not loaded again
+    orphans = await repo.tasks.reclaim_orphans(await repo.take_office())
+    assert [c.id for c in orphans.ready] == [soon.id]
+
+
 async def test_payloads_come_back_within_the_byte_budget(repo: Repo) -> None:
     """Rows past the budget are claimed without payload (`parked`) and fetched later."""
     tasks = [task(0.001 * i, payload=b'{"p":"' + b"x" * 90 + b'"}') for i in range(4)]

@@ -27,7 +27,7 @@ from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.store.leadership import take_office
 from scheduler.store.postgres import PostgresStore, create_pool
-from scheduler.store.tasks import NewTask, TaskStore, ceil_ms
+from scheduler.store.tasks import STATUS, NewTask, TaskStore, ceil_ms
 
 STREAM = "ENG"
 SUBJECT = "mq.eng.work"
@@ -112,7 +112,7 @@ class Parts:
     async def status(self, task_id: str) -> str:
         return str(  # a fired task's row is gone: its tombstone says fired
             await self.pool.fetchval(
-                "SELECT coalesce((SELECT status FROM delayed_messages WHERE id = $1), "
+                f"SELECT coalesce((SELECT {STATUS} FROM delayed_messages WHERE id = $1), "
                 "(SELECT 'fired' FROM fired_tasks WHERE id = $1))",
                 task_id,
             )

@@ -416,7 +416,7 @@ async def test_a_stale_claim_is_published_again(harness: Harness, database_url: 
     try:
         await conn.execute(
             "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for, status, "
-            "claimed_epoch, claimed_at, attempts) VALUES ($1, $2, $3, now(), now(), 'claimed', "
+            "claimed_epoch, claimed_at, attempts) VALUES ($1, $2, $3, now(), now(), 'pending', "
             "$4, now() - interval '1 minute', 1)",
             doc["id"],
             TARGET,

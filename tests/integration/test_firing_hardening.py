@@ -44,8 +44,8 @@ async def test_rearmed_claims_go_out_once_and_never_early(parts: Parts) -> None:
     firing = parts.firing()
     firing.arm(await parts.tasks.claim(parts.epoch, ids, soon(5000)))
     firing.arm((await parts.tasks.reclaim_orphans(parts.epoch, timedelta(0))).ready)
-    await parts.pool.execute(
-        "UPDATE delayed_messages SET status = 'pending' WHERE id = ANY($1)", ids[::5]
+    await parts.pool.execute(  # claimable again (a claim is `claimed_epoch` set)
+        "UPDATE delayed_messages SET claimed_epoch = NULL WHERE id = ANY($1)", ids[::5]
     )
     firing.arm(await parts.tasks.claim(parts.epoch, ids[::5], soon(5000)))
     await run_for(firing, parts.epoch, parts.until_stored(len(rows)))
@@ -183,8 +183,7 @@ async def test_orphans_of_an_earlier_leader_are_reclaimed_page_by_page(
     async with parts_of(settings, armed_max=500) as parts:
         rows = await parts.insert([soon(-1000)] * 3000)
         await parts.pool.execute(
-            "UPDATE delayed_messages SET status = 'claimed', claimed_epoch = $1, "
-            "claimed_at = now(), attempts = 1",
+            "UPDATE delayed_messages SET claimed_epoch = $1, claimed_at = now(), attempts = 1",
             parts.epoch,
         )
         parts.epoch = await take_office(parts.pool, "next-leader")
@@ -212,11 +211,14 @@ async def test_cancel_and_reschedule_answer_by_what_may_have_been_delivered(part
         ("claimed", False),
     ]
     for t, (status, doubted) in zip(rows, states, strict=False):
-        await parts.pool.execute(
-            "UPDATE delayed_messages SET status = $2, doubted = $3 WHERE id = $1",
+        await parts.pool.execute(  # a claimed task keeps its ready status (migration 0013)
+            "UPDATE delayed_messages SET status = CASE WHEN $2 <> 'claimed' THEN $2 WHEN $3 "
+            "THEN 'in_doubt' ELSE 'pending' END, doubted = $3, claimed_epoch = CASE WHEN "
+            "$2 = 'claimed' THEN $4::bigint END WHERE id = $1",
             t.id,
             status,
             doubted,
+            parts.epoch,
         )
     cancels = [await parts.tasks.cancel(t.id, t.target) for t in rows[:4]]
     assert cancels == ["cancelled", "in_flight", "in_flight", "too_late"]

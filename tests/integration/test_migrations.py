@@ -201,6 +201,107 @@ async def test_migration_0011_drops_the_fire_log_primary_key_and_back(database_u
         await conn.close()
 
 
+async def test_migration_0013_keeps_claims_and_gives_the_table_room_for_hot_claims(
+    database_url: str,
+) -> None:
+    """At 0012 a claimed row has the status `claimed`, and a task put back by a retry keeps
+    its old `claimed_epoch`. Upgrading to 0013 sets fillfactor 45, clears that stale epoch (the
+    task is pending again, not claimed) and leaves the claimed rows as they are (the previous
+    version may still run): they read `claimed` (`in_flight` once in doubt) and the next
+    leader takes them over, back to their ready status and claimed by its epoch. Downgrading
+    to 0012 turns tasks claimed the new way into `claimed` rows again."""
+    from scheduler.core import Fired
+    from scheduler.store.leadership import take_office
+    from scheduler.store.tasks import TaskStore
+
+    await asyncio.to_thread(migrate.downgrade, database_url, "0012")
+    conn = await asyncpg.connect(database_url)
+    pool = await create_pool(database_url, min_size=1, max_size=2)
+    tasks = TaskStore(PostgresStore(pool, Metrics()))
+    rows = {  # id: (status, doubted, claimed_epoch) as the previous version leaves them
+        "claimed": ("claimed", False, 1),
+        "doubted": ("claimed", True, 1),
+        "retried": ("pending", False, 1),
+        "retried_doubt": ("in_doubt", True, 1),
+        "fresh": ("pending", False, None),
+    }
+    try:
+        due = datetime.now(UTC) - timedelta(seconds=1)
+        for name, (status, doubted, epoch) in rows.items():
+            await conn.execute(
+                "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for, "
+                "status, doubted, claimed_epoch, claimed_at, attempts) VALUES ($1, 'mq.x', "
+                "'{}', $2, $2, $3, $4, $5, now(), 1)",
+                name,
+                due,
+                status,
+                doubted,
+                epoch,
+            )
+        await migrate.upgrade_async(database_url)
+        options = "SELECT reloptions FROM pg_class WHERE oid = 'delayed_messages'::regclass"
+        assert await conn.fetchval(options) == ["fillfactor=45"]
+        kept = {
+            r["id"]: (r["status"], r["doubted"], r["claimed_epoch"])
+            for r in await conn.fetch(
+                "SELECT id, status, doubted, claimed_epoch FROM delayed_messages"
+            )
+        }
+        assert kept == rows | {"retried": ("pending", False, None)} | {
+            "retried_doubt": ("in_doubt", True, None)
+        }
+        states = {name: (await tasks.get(name) or {}).get("status") for name in rows}
+        assert states == {
+            "claimed": "claimed",
+            "doubted": "claimed",
+            "retried": "pending",
+            "retried_doubt": "in_doubt",
+            "fresh": "pending",
+        }
+        cancels = {name: await tasks.cancel(name, "mq.x") for name in ("claimed", "doubted")}
+        assert cancels == {"claimed": "too_late", "doubted": "in_flight"}
+        assert await tasks.pending_count() == 3
+        assert await tasks.pending_by_org() == {None: 5}
+
+        assert await take_office(pool, "previous version") == 1  # the rows' claimed_epoch
+        epoch = await take_office(pool, "new")
+        orphans = await tasks.reclaim_orphans(epoch)
+        assert sorted(c.id for c in orphans.ready) == ["claimed", "doubted"]
+        assert await tasks.reclaim_orphans(epoch) == type(orphans)([], [])
+        now = {
+            r["id"]: (r["status"], r["claimed_epoch"])
+            for r in await conn.fetch(
+                "SELECT id, status, claimed_epoch FROM delayed_messages "
+                "WHERE id IN ('claimed', 'doubted')"
+            )
+        }
+        assert now == {"claimed": ("pending", epoch), "doubted": ("in_doubt", epoch)}
+        assert (await tasks.get("doubted") or {})["status"] == "claimed"
+        assert await tasks.cancel("doubted", "mq.x") == "in_flight"
+        fresh = await tasks.claim(epoch, ["fresh"], datetime.now(UTC))
+        await tasks.mark_fired(epoch, [Fired(orphans.ready[0], datetime.now(UTC), "S", 1)], "t")
+        assert not await conn.fetchval(
+            "SELECT count(*) FROM delayed_messages WHERE id = $1", orphans.ready[0].id
+        )
+
+        await asyncio.to_thread(migrate.downgrade, database_url, "0012")
+        assert await conn.fetchval(options) is None
+        back = {
+            r["id"]: r["status"]
+            for r in await conn.fetch("SELECT id, status FROM delayed_messages")
+        }
+        assert back == {
+            orphans.ready[1].id: "claimed",
+            fresh[0].id: "claimed",
+            "retried": "pending",
+            "retried_doubt": "in_doubt",
+        }
+        await migrate.upgrade_async(database_url)
+    finally:
+        await pool.close()
+        await conn.close()
+
+
 async def test_replicas_migrating_at_once_all_succeed(database_url: str) -> None:
     """Three replicas starting together on an empty database: one migrates, the others wait on
     the advisory lock and then find the schema at head (without it, they race on CREATE TABLE)."""

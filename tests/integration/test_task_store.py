@@ -1,4 +1,4 @@
-"""TaskStore against real PostgreSQL: statistics kept fresh after a burst of inserts."""
+"""TaskStore against real PostgreSQL: statistics after a burst, booking, races, HOT claims."""
 
 from __future__ import annotations
 
@@ -151,4 +151,167 @@ async def test_a_resend_inserted_while_its_task_is_booked_fired_is_refused(
         assert await pool.fetchval("SELECT target FROM fired_tasks") == "mq.tasks.x"
     finally:
         await blocker.close()
+        await pool.close()
+
+
+async def test_a_claim_is_a_heap_only_tuple_update(database_url: str) -> None:
+    """Claiming tasks changes no indexed column (migration 0013: the status stays, the claim is
+    `claimed_epoch`), so each claimed row is updated in place on its page at fillfactor 45:
+    as many HOT updates as tasks claimed, and no index grows. The claimed tasks still read
+    `claimed`."""
+    from scheduler.store.leadership import take_office
+
+    pool = await create_pool(database_url, min_size=1, max_size=1)  # one backend: its stats
+    tasks = TaskStore(PostgresStore(pool, Metrics()))
+    try:
+        options = await pool.fetchval(
+            "SELECT reloptions FROM pg_class WHERE oid = 'delayed_messages'::regclass"
+        )
+        assert options == ["fillfactor=45"]
+        epoch = await take_office(pool, "t")
+        due = datetime.now(UTC) - timedelta(seconds=1)
+        group = [
+            NewTask(f"h_{uuid.uuid4().hex}", "mq.tasks.x", b"x" * 200, {}, 5, due, due, None)
+            for _ in range(500)
+        ]
+        await tasks.insert(group)
+
+        async def updates() -> tuple[int, int, int]:
+            await pool.execute("SELECT pg_stat_force_next_flush()")  # flushed before it returns
+            row = await pool.fetchrow(
+                "SELECT n_tup_upd, n_tup_hot_upd, (SELECT sum(pg_relation_size(indexrelid)) "
+                "FROM pg_index WHERE indrelid = relid) AS indexes FROM pg_stat_user_tables "
+                "WHERE relname = 'delayed_messages'"
+            )
+            return int(row["n_tup_upd"]), int(row["n_tup_hot_upd"]), int(row["indexes"])
+
+        before = await updates()
+        claimed = await tasks.claim(epoch, [t.id for t in group], due)
+        after = await updates()
+        assert len(claimed) == len(group)
+        assert (after[0] - before[0], after[1] - before[1]) == (len(group), len(group))
+        assert after[2] == before[2]  # no index entry added
+        assert (await tasks.get(group[0].id) or {})["status"] == "claimed"
+        assert await tasks.pending_count() == 0
+    finally:
+        await pool.close()
+
+
+async def test_a_cancel_racing_a_claim_on_the_same_row(database_url: str) -> None:
+    """A claim and a cancel (and a reschedule) wait on the same row: when the claim commits
+    first, the cancel re-checks its condition on the claimed row (same status, `claimed_epoch`
+    now set) and answers `too_late`, the reschedule too; when the cancel commits first, the
+    claim skips the cancelled task. A `cancelled` answer is never for a claimed task."""
+    import asyncio
+
+    import asyncpg
+
+    from scheduler.store.leadership import take_office
+
+    pool = await create_pool(database_url, min_size=1, max_size=4)
+    tasks = TaskStore(PostgresStore(pool, Metrics()))
+    blocker = await asyncpg.connect(database_url)
+    try:
+        epoch = await take_office(pool, "t")
+        due = datetime.now(UTC) - timedelta(seconds=1)
+        first, second = batch(2, due)
+        await tasks.insert([first, second])
+
+        async def until_waiting(n: int) -> None:
+            async with asyncio.timeout(5):
+                while (  # noqa: ASYNC110 (a server's state, no event)
+                    await pool.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND datname = current_database()"
+                    )
+                    < n
+                ):
+                    await asyncio.sleep(0.02)
+
+        async def held(task: NewTask, *steps: object) -> list[object]:
+            """Run `steps` (coroutines) one after another into the queue of the row's lock,
+            then release it; their results in that order."""
+            lock = blocker.transaction()
+            await lock.start()
+            await blocker.execute(
+                "SELECT 1 FROM delayed_messages WHERE id = $1 FOR UPDATE", task.id
+            )
+            running = []
+            for n, step in enumerate(steps, 1):
+                running.append(asyncio.create_task(step))  # type: ignore[arg-type]
+                await until_waiting(n)
+            await lock.rollback()
+            return list(await asyncio.gather(*running))
+
+        later = datetime.now(UTC) + timedelta(minutes=5)
+        claimed, cancel, moved = await held(
+            first,
+            tasks.claim(epoch, [first.id], due),
+            tasks.cancel(first.id, first.target),
+            tasks.reschedule(first.id, first.target, later),
+        )
+        assert [t.id for t in claimed] == [first.id]  # type: ignore[attr-defined]
+        assert (cancel, moved) == ("too_late", ("too_late", None))
+        assert (await tasks.get(first.id) or {})["status"] == "claimed"
+        cancel, claimed = await held(
+            second, tasks.cancel(second.id, second.target), tasks.claim(epoch, [second.id], due)
+        )
+        assert (cancel, claimed) == ("cancelled", [])
+        assert (await tasks.get(second.id) or {})["status"] == "cancelled"
+    finally:
+        await blocker.close()
+        await pool.close()
+
+
+async def test_listings_and_counts_report_claimed_tasks_as_before(database_url: str) -> None:
+    """A claimed task keeps its ready status in its row (migration 0013), yet the listing, its
+    status filter, the task detail, the forecast and the counts report it as before: `claimed`
+    (also once in doubt), never among the pending or in-doubt ones, still unfinished for its
+    organisation."""
+    from scheduler.core import ClaimedTask
+    from scheduler.store.leadership import take_office
+    from scheduler.store.overview import OverviewStore, TaskFilter
+
+    pool = await create_pool(database_url, min_size=1, max_size=2)
+    db = PostgresStore(pool, Metrics())
+    tasks, overview = TaskStore(db), OverviewStore(db)
+    try:
+        epoch = await take_office(pool, "t")
+        now = datetime.now(UTC)
+        due = now - timedelta(seconds=1)
+        pending, claimed, doubt, doubted_claim = batch(4, due)
+        await tasks.insert([pending, claimed, doubt, doubted_claim])
+        ids = [claimed.id, doubt.id, doubted_claim.id]
+        taken = {c.id: c for c in await tasks.claim(epoch, ids, due)}
+        retry: list[tuple[ClaimedTask, datetime, str, bool]] = [
+            (taken[i], due, "ack lost", True) for i in (doubt.id, doubted_claim.id)
+        ]
+        await tasks.retry_later(epoch, retry)  # both in doubt, no longer claimed
+        again = await tasks.claim(epoch, [doubted_claim.id], due)  # republished: claimed
+        assert [c.doubted for c in again] == [True]
+        assert await tasks.cancel(doubted_claim.id, doubted_claim.target) == "in_flight"
+
+        async def listed(status: str | None) -> dict[str, str]:
+            rows = await overview.tasks(TaskFilter(status=status), None, 10)
+            return {r["id"]: r["status"] for r in rows}
+
+        assert await listed(None) == {
+            pending.id: "pending",
+            claimed.id: "claimed",
+            doubt.id: "in_doubt",
+            doubted_claim.id: "claimed",
+        }
+        assert await listed("claimed") == {claimed.id: "claimed", doubted_claim.id: "claimed"}
+        assert await listed("pending") == {pending.id: "pending"}
+        assert await listed("in_doubt") == {doubt.id: "in_doubt"}
+        detail = await overview.task(claimed.id)
+        assert detail is not None and (detail["status"], detail["claimed_epoch"]) == (
+            "claimed",
+            epoch,
+        )
+        assert (await overview.forecast(now))["mq.tasks.x"][0] == 1  # the pending one only
+        assert await overview.pending_by_subject(5) == (1, [("mq.tasks.x", 1)])
+        assert await tasks.pending_count() == 2  # pending and in doubt, not the claimed ones
+        assert await tasks.pending_by_org() == {None: 4}
+    finally:
         await pool.close()
