@@ -86,7 +86,14 @@ async def run_ours(
 
 async def measure(rate: float, duration: float, delay: float) -> dict[str, Any]:
     with servers() as env:
+        window = CpuWindow(None, env=env)  # the broker's scheduler: nats-server's CPU
         broker = await run_broker_at(env.nats_url, rate, duration, delay)
+        cores = window.finish()
+        count = max(broker.get("expected", 0), 1)
+        broker["cores"] = cores
+        broker["cpu_us_per_task"] = {
+            k: round(v / count * 1e6, 1) for k, v in cores["cpu_seconds"].items() if k != "postgres"
+        }
         ours = await run_ours(env, rate, duration, delay)
     return {"ours": ours, "broker_at": broker}
 

@@ -39,6 +39,7 @@ ENV_PREFIX = "SCHEDULER_"
 CONFIG_ENV = "SCHEDULER_CONFIG"
 
 Duration = Annotated[timedelta, Field()]
+MAX_DISPATCH_COALESCE = timedelta(milliseconds=100)
 CommaList = Annotated[list[str], NoDecode]
 OrgShares = Annotated[dict[str, int], NoDecode]
 
@@ -108,7 +109,7 @@ class Settings(BaseSettings):
     armed_max_bytes: ByteSize = 64 * 1024 * 1024
     max_clock_skew: Duration = timedelta(milliseconds=100)
     # publishes of due tasks at least this far apart (engine/firing.py: `Firing._dispatch`)
-    dispatch_coalesce: Duration = Field(default=timedelta(0), le=timedelta(milliseconds=100))
+    dispatch_coalesce: Duration = timedelta(0)
     max_delay: Duration = timedelta(days=400)
     dlq_stream: str = "MQ_DLQ"
     dlq_subject_prefix: str = "mq.dlq"
@@ -154,6 +155,13 @@ class Settings(BaseSettings):
     @classmethod
     def _duration(cls, value: Any) -> Any:
         return None if value is None else parse_duration(value)
+
+    @field_validator("dispatch_coalesce", mode="after")
+    @classmethod
+    def _dispatch_coalesce(cls, value: timedelta) -> timedelta:
+        if value > MAX_DISPATCH_COALESCE:
+            raise ValueError("must be at most 100ms (a due task may be held back that long)")
+        return value
 
     @field_validator("target_allow", mode="before")
     @classmethod

@@ -42,6 +42,7 @@ def test_defaults_match_the_design() -> None:
     assert s.effective_fence_margin == 1.0  # max(0.5 s, 5 s / 5)
     assert s.intake_ack_wait == timedelta(seconds=10)
     assert s.fire_log_retention == 14
+    assert s.dispatch_coalesce == timedelta(0)  # every due millisecond
 
 
 def test_environment_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,6 +84,7 @@ def test_fence_margin_default_scales_with_ttl(monkeypatch: pytest.MonkeyPatch) -
         ("SCHEDULER_DATABASE_URL", "mysql://x@h/db", "must start with postgresql://"),
         ("SCHEDULER_DATABASE_URL", "postgresql:///db", "names no host"),
         ("SCHEDULER_LOG_LEVEL", "chatty", "must be one of"),
+        ("SCHEDULER_DISPATCH_COALESCE", "1s", "must be at most 100ms"),
     ],
 )
 def test_wrong_values_name_the_variable(
