@@ -174,11 +174,13 @@ class Firing:
                 early = PRE_WAKE_MS if left > 2 * PRE_WAKE_MS else 0
                 await self._wait(self.armed_event, (left - early) / 1000)
                 continue
-            wait = self._last_publish_ms + self._coalesce_ms - self.now_ms()
-            if wait > 0:  # coalescing: tasks due since the last publish go out together
-                await self.clock.sleep(wait / 1000)
-                continue
-            self._last_publish_ms = self.now_ms()
+            if self._coalesce_ms:  # tasks due since the last publish go out together
+                now_ms = self.now_ms()
+                hold = self._last_publish_ms + self._coalesce_ms - now_ms
+                if hold > 0:
+                    await self.clock.sleep(hold / 1000)
+                    continue
+                self._last_publish_ms = now_ms
             await self._publish_due()
 
     async def _dispatch_allowance(self) -> None:
