@@ -36,6 +36,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import nats
@@ -44,6 +45,7 @@ from nats.js import api as js_api
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import cpu_seconds, report, run, servers
+from rawnats import _Conn
 
 PAYLOAD = (
     b'{"id":"%s","type":"bench.task","source":"bench","timestamp":"2026-11-26T00:00:00.000Z",'
@@ -51,64 +53,25 @@ PAYLOAD = (
 )
 
 
-class Raw:
-    """One raw NATS connection: frames written as given, MSG/HMSG frames counted and handed
-    to `on_msg(subject, reply)`."""
+class Raw(_Conn):
+    """A raw connection (`rawnats._Conn`'s parser) handing each delivery's subject and reply to
+    `on_reply`; `done` is set once `expect` deliveries have come."""
 
-    def __init__(self, url: str) -> None:
-        host, port = url.removeprefix("nats://").split(":")
-        self.host, self.port = host, int(port)
-        self.on_msg = lambda subject, reply: None
-        self._pong = asyncio.Event()
+    def __init__(self, url: str, expect: int = 0) -> None:
+        super().__init__(url)
+        self.on_reply: Callable[[bytes, bytes], None] = lambda subject, reply: None
+        self.expect, self.seen = expect, 0
+        self.done = asyncio.Event()
 
-    async def open(self, *subs: str) -> Raw:
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        await self.reader.readline()
-        frames = (
-            b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true}\r\n'
-        )
-        for i, s in enumerate(subs, 1):
-            frames += f"SUB {s} {i}\r\n".encode()
-        self.writer.write(frames + b"PING\r\n")
-        self.task = asyncio.create_task(self._read())
-        await asyncio.wait_for(self._pong.wait(), 5)
+    def on_msg(self, subject: bytes, reply: bytes, hdr: bytes, payload: bytes, at: float) -> None:
+        self.seen += 1
+        if self.expect and self.seen >= self.expect:
+            self.done.set()
+        self.on_reply(subject, reply)
+
+    async def started(self, subscribe: str) -> Raw:
+        await self.open(subscribe)
         return self
-
-    async def _read(self) -> None:
-        buf = b""
-        while True:
-            chunk = await self.reader.read(1 << 20)
-            if not chunk:
-                return
-            buf += chunk
-            pos = 0
-            while True:
-                end = buf.find(b"\r\n", pos)
-                if end < 0:
-                    break
-                line = buf[pos:end]
-                if line.startswith((b"MSG ", b"HMSG ")):
-                    parts = line.split(b" ")
-                    total = int(parts[-1])
-                    start = end + 2
-                    if len(buf) < start + total + 2:
-                        break
-                    hmsg = parts[0] == b"HMSG"
-                    reply = parts[3] if len(parts) == (6 if hmsg else 5) else b""
-                    self.on_msg(parts[1], reply)
-                    pos = start + total + 2
-                    continue
-                if line == b"PING":
-                    self.writer.write(b"PONG\r\n")
-                elif line == b"PONG":
-                    self._pong.set()
-                pos = end + 2
-            buf = buf[pos:]
-
-    async def close(self) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-        self.writer.close()
 
 
 TICK = 0.001
@@ -130,17 +93,7 @@ async def paced(conn: Raw, frames: list[bytes], rate: int) -> None:
 async def publish(url: str, subject_of: Any, count: int, rate: int, tag: str) -> None:
     """`count` JetStream publishes with `Nats-Msg-Id`, paced, every PubAck awaited."""
     inbox = f"_INBOX.{tag}"
-    conn = await Raw(url).open(f"{inbox}.*")
-    acked = 0
-    done = asyncio.Event()
-
-    def on_ack(subject: bytes, reply: bytes) -> None:
-        nonlocal acked
-        acked += 1
-        if acked >= count:
-            done.set()
-
-    conn.on_msg = on_ack
+    conn = await Raw(url, expect=count).started(f"{inbox}.*")  # every PubAck
     frames = []
     for i in range(count):
         msg_id = f"{tag}-{i}"
@@ -159,7 +112,7 @@ async def publish(url: str, subject_of: Any, count: int, rate: int, tag: str) ->
             )
         )
     await paced(conn, frames, rate)
-    await asyncio.wait_for(done.wait(), 60)
+    await asyncio.wait_for(conn.done.wait(), 60)
     await conn.close()
 
 
@@ -167,7 +120,7 @@ async def pull(url: str, stream: str, consumer: str, count: int) -> None:
     """Pull everything from `consumer` as the daemon's intake does (requests topped up to a
     batch of 500, a batch handled every 10 ms, its acks in one write)."""
     inbox = f"_INBOX.pull.{stream}"
-    conn = await Raw(url).open(inbox)
+    conn = await Raw(url).started(inbox)
     buffer: list[bytes] = []
     got = 0
     requested = 0
@@ -182,7 +135,7 @@ async def pull(url: str, stream: str, consumer: str, count: int) -> None:
         else:
             requested = 0  # a status: the request ended
 
-    conn.on_msg = on_msg
+    conn.on_reply = on_msg
     while got < count:
         if requested < 250:
             req = json.dumps({"batch": 500 - requested, "expires": 2_000_000_000}).encode()
@@ -199,18 +152,8 @@ async def pull(url: str, stream: str, consumer: str, count: int) -> None:
 
 async def consume(url: str, subject: str, count: int) -> None:
     """Read `count` messages from a push consumer's deliver subject (ack none)."""
-    conn = await Raw(url).open(subject)
-    got = 0
-    done = asyncio.Event()
-
-    def on_msg(subject: bytes, reply: bytes) -> None:
-        nonlocal got
-        got += 1
-        if got >= count:
-            done.set()
-
-    conn.on_msg = on_msg
-    await asyncio.wait_for(done.wait(), 120)
+    conn = await Raw(url, expect=count).started(subject)
+    await asyncio.wait_for(conn.done.wait(), 120)
     await conn.close()
 
 
