@@ -19,7 +19,19 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlparse
 
 from scheduler.audit.expected import JobVersion, from_us, to_us
-from scheduler.audit.record import KINDS, OPTIONAL, REQUIRED, column_problems, json_key_problems
+from scheduler.audit.record import (
+    DATE_LIKE,
+    FIELDS,
+    KINDS,
+    NO_OFFSET,
+    NOT_BOOLEAN,
+    OPTIONAL,
+    REQUIRED,
+    RFC3339,
+    TIMES,
+    column_problems,
+    json_key_problems,
+)
 from scheduler.audit.window import AuditWindow
 from scheduler.errors import AuditInputError
 
@@ -71,7 +83,7 @@ def classify(text: str, input_format: str | None = None) -> Source:
     if fmt == "json":
         _check_first_json(files[0])
     else:
-        _check_parquet_schema(next((p for p in files if p.suffix == ".parquet"), files[0]))
+        _check_parquet_files(files)
     return Source(fmt, str(path.resolve()), text)
 
 
@@ -109,8 +121,23 @@ def _check_first_json(path: Path) -> None:
         raise AuditInputError("--input", problems[0])
 
 
-def _check_parquet_schema(path: Path) -> None:
-    """The first Parquet file's columns, read from its footer before Spark starts."""
+def _check_parquet_files(files: list[Path]) -> None:
+    """Every Parquet file's columns, read from its footer before Spark starts: each file must be
+    a usable log, and give the record's columns the types the first file gives them (Spark
+    reads the folder with one schema and fails on a file that disagrees)."""
+    first: tuple[Path, dict[str, Any]] | None = None
+    for path in files:
+        columns = _parquet_columns(path)
+        dtypes = {name: _arrow_type(kind) for name, kind in columns.items()}
+        if problems := column_problems(dtypes, str(path)):
+            raise AuditInputError("--input", problems[0])
+        if first is None:
+            first = (path, columns)
+        elif problem := _disagreement(path, columns, *first):
+            raise AuditInputError("--input", problem)
+
+
+def _parquet_columns(path: Path) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -118,9 +145,32 @@ def _check_parquet_schema(path: Path) -> None:
         schema = pq.read_schema(path)
     except (OSError, pa.ArrowException) as exc:
         raise AuditInputError("--input", f"{str(path)!r} is not readable Parquet: {exc}") from None
-    dtypes = {f.name: _arrow_type(f.type) for f in schema}
-    if problems := column_problems(dtypes, str(path)):
-        raise AuditInputError("--input", problems[0])
+    return {f.name: f.type for f in schema}
+
+
+def _disagreement(
+    path: Path, columns: dict[str, Any], first: Path, expected: dict[str, Any]
+) -> str | None:
+    """How `path` gives one of the record's columns another type than `first`, or None."""
+    for name in FIELDS:
+        found, wanted = columns.get(name), expected.get(name)
+        if found is None or wanted is None or _same_kind(found, wanted):
+            continue
+        return f"{str(path)!r}: column {name!r} is {found}, expected {wanted} as in {str(first)!r}"
+    return None
+
+
+def _same_kind(a: Any, b: Any) -> bool:
+    """Types Spark reads as one: any string width, timestamps of any unit (with or without a
+    zone on both sides); anything else must be equal."""
+    import pyarrow.types as t
+
+    if t.is_timestamp(a) and t.is_timestamp(b):
+        return (a.tz is None) == (b.tz is None)
+    strings = (t.is_string, t.is_large_string)
+    if any(f(a) for f in strings) and any(f(b) for f in strings):
+        return True
+    return bool(a == b)
 
 
 def _arrow_type(kind: Any) -> str:
@@ -181,16 +231,26 @@ def jdbc_jar(explicit: str | None) -> str:
 
 
 def read_log(spark: Any, source: Source, window: AuditWindow, slices: int) -> Any:
-    """The log as normalized records with a `problem` column; JDBC reads only the window."""
+    """The log as normalized records with `problem` and `refusal` columns; JDBC reads only the
+    window."""
+    from pyspark.sql import functions as F
+
     if source.format == "json":
         from pyspark.sql import types as T
 
-        fields = [T.StructField(name, T.StringType()) for name in (*REQUIRED, *OPTIONAL)]
+        # every field as text but `manual`: a JSON `"yes"` (or `"true"`) there makes the record
+        # corrupt with its other fields kept, so the audit can name it
+        fields = [
+            T.StructField(name, T.BooleanType() if name == "manual" else T.StringType())
+            for name in (*REQUIRED, *OPTIONAL)
+        ]
         fields.append(T.StructField("_corrupt_record", T.StringType()))
         reader = spark.read.schema(T.StructType(fields)).option("mode", "PERMISSIVE")
         raw = reader.option("columnNameOfCorruptRecord", "_corrupt_record").json(source.location)
     elif source.format == "parquet":
-        raw = spark.read.parquet(source.location)
+        # the files' columns are checked to agree (classify); merged, a column that only some
+        # files have (`manual`) is read from those and null elsewhere
+        raw = spark.read.option("mergeSchema", "true").parquet(source.location)
         dtypes = dict(raw.dtypes)
         if problems := column_problems(dtypes, source.display):
             raise AuditInputError("--input", problems[0])
@@ -201,7 +261,8 @@ def read_log(spark: Any, source: Source, window: AuditWindow, slices: int) -> An
             predicates=fired_at_slices(window, slices),
             properties={**source.properties, "fetchsize": "20000"},
         )
-    return normalize(raw)
+        return normalize(raw)
+    return normalize(raw, F.regexp_replace(F.col("_metadata.file_path"), "^file:(//)?", ""))
 
 
 def _sql_ts(instant: datetime) -> str:
@@ -221,8 +282,9 @@ def fired_at_slices(window: AuditWindow, slices: int) -> list[str]:
     ]
 
 
-def normalize(raw: Any) -> Any:
-    """Typed record columns and `problem` (why the record is unusable, or null)."""
+def normalize(raw: Any, origin: Any = None) -> Any:
+    """Typed record columns, `problem` (why the record is unusable, or null) and `refusal` (why
+    the whole log is refused, naming `origin` (its file) and the record, or null)."""
     from pyspark.sql import functions as F
 
     columns = set(raw.columns)
@@ -236,6 +298,8 @@ def normalize(raw: Any) -> Any:
     def parsed(name: str, sql_type: str) -> Any:
         if name not in columns:
             return F.lit(None).cast(sql_type)
+        if dtypes[name] == "string" and sql_type == "timestamp":  # `t`/`z` are RFC 3339 too
+            return F.expr(f"try_cast(upper(`{name}`) AS timestamp)")
         if dtypes[name] == "string":
             return F.expr(f"try_cast(`{name}` AS {sql_type})")
         return F.col(name) if dtypes[name] == sql_type else F.col(name).cast(sql_type)
@@ -244,7 +308,7 @@ def normalize(raw: Any) -> Any:
         return F.col(name).isNull() if name in columns else F.lit(True)
 
     kind, key, subject = text("kind"), text("key"), text("subject")
-    scheduled, fired = parsed("scheduled_for", "timestamp"), parsed("fired_at", "timestamp")
+    scheduled, fired = (_rfc3339(parsed, text, dtypes, name) for name in TIMES)
     corrupt = F.col("_corrupt_record") if "_corrupt_record" in columns else F.lit(None)
     problem = (
         F.when(corrupt.isNotNull(), "not a JSON record")
@@ -257,6 +321,18 @@ def normalize(raw: Any) -> Any:
         .when(absent("fired_at"), "no fired_at")
         .when(fired.isNull(), "fired_at is not an RFC 3339 time")
     )
+    record = F.concat(
+        F.lit("the log") if origin is None else origin,
+        F.lit(": record "),
+        F.coalesce(F.concat(F.lit("'"), key, F.lit("'")), F.lit("with no key")),
+        F.lit(" ("),
+        F.coalesce(kind, F.lit("no kind")),
+        F.lit("): "),
+    )
+    refusals = [_time_refusal(text, dtypes, name, record) for name in TIMES]
+    if "_corrupt_record" in columns:
+        refusals.append(_manual_refusal(corrupt, record))
+    refusal = F.coalesce(*refusals)
     return raw.select(
         kind.alias("kind"),
         key.alias("key"),
@@ -269,7 +345,47 @@ def normalize(raw: Any) -> Any:
         parsed("stream_seq", "bigint").alias("stream_seq"),
         F.coalesce(parsed("manual", "boolean"), F.lit(False)).alias("manual"),
         problem.alias("problem"),
+        refusal.alias("refusal"),
     )
+
+
+def _rfc3339(parsed: Any, text: Any, dtypes: dict[str, str], name: str) -> Any:
+    """A time column; text that is not RFC 3339 with an offset is null (Spark alone would read
+    `2026-11-21` or `2026-11-21T06:00:00` as UTC)."""
+    from pyspark.sql import functions as F
+
+    value = parsed(name, "timestamp")
+    if dtypes.get(name) != "string":
+        return value
+    return F.when(text(name).rlike(RFC3339), value)
+
+
+def _time_refusal(text: Any, dtypes: dict[str, str], name: str, record: Any) -> Any:
+    """Why a time given as text that starts like a date is refused (no offset, a date alone)."""
+    from pyspark.sql import functions as F
+
+    if dtypes.get(name) != "string":
+        return F.lit(None).cast("string")
+    value = text(name)
+    bad = value.rlike(DATE_LIKE) & ~value.rlike(RFC3339)
+    shown = F.concat(F.lit(f'{name} "'), F.substring(value, 1, 60), F.lit(f'" {NO_OFFSET}'))
+    return F.when(bad, F.concat(record, shown))
+
+
+def _manual_refusal(corrupt: Any, record: Any) -> Any:
+    """Why a JSON record whose `manual` is not a boolean is refused: the line is JSON (it parses
+    as an object) yet the reader flagged it, and `manual` is the one field read as non-text."""
+    from pyspark.sql import functions as F
+
+    fields = F.from_json(corrupt, "map<string,string>")
+    value = F.regexp_extract(corrupt, _MANUAL_VALUE, 1)
+    bad = corrupt.isNotNull() & fields.isNotNull() & fields.getItem("manual").isNotNull()
+    shown = F.concat(F.lit("manual is "), F.substring(value, 1, 60), F.lit(f", {NOT_BOOLEAN}"))
+    return F.when(bad, F.concat(record, shown))
+
+
+# `"manual": <value>` in a raw JSON line: a string (with escapes) or a bare token
+_MANUAL_VALUE = r'"manual"\s*:\s*("(?:[^"\\]|\\.)*"|[^,}\s]+)'
 
 
 def in_window(window: AuditWindow) -> Any:

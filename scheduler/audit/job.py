@@ -129,6 +129,8 @@ class Audit:
         occ.write.mode("overwrite").parquet(self.options.out.path("occurrences"))
         occ = self.spark.read.parquet(self.options.out.path("occurrences"))
         took = self._stage("occurrences", began)
+        if (refused := _refusal(observation)) is not None:
+            raise AuditInputError("--input", refused)
         stats = _input_stats(observation)
         self.progress(
             f"input: {stats['records']:,} records ({self.options.source.format}), "
@@ -210,7 +212,8 @@ class Audit:
         parallelism = self.spark.sparkContext.defaultParallelism
         raw = read_log(self.spark, self.options.source, self.window, max(4, 2 * parallelism))
         counted = raw.observe(observation, *_observed(self.window))
-        return counted.filter(F.col("problem").isNull() & in_window(self.window)).drop("problem")
+        usable = counted.filter(F.col("problem").isNull() & in_window(self.window))
+        return usable.drop("problem", "refusal")
 
     def unfired(self) -> Any:
         if not self.options.source.jdbc:
@@ -267,11 +270,24 @@ def _observed(window: AuditWindow) -> list[Any]:
         F.count(F.lit(1)).alias("records"),
         F.sum((~ok).cast("long")).alias("invalid"),
         F.sum((ok & in_window(window)).cast("long")).alias("in_window"),
+        F.count("refusal").alias("refused"),
+        F.min("refusal").alias("refusal"),  # the first by file and key: the same on every run
     ]
     for index, problem in enumerate(_PROBLEMS):
         hit = (F.col("problem") == problem).cast("long")
         metrics.append(F.sum(hit).alias(f"problem_{index}"))
     return metrics
+
+
+def _refusal(observation: Any) -> str | None:
+    """Why the log is refused (a record with a time without an offset, a `manual` that is not
+    a boolean), naming the first such record and how many more there are; None if none."""
+    got = observation.get
+    count = int(got.get("refused") or 0)
+    if not count:
+        return None
+    more = f" (and {count - 1:,} more record(s) like it)" if count > 1 else ""
+    return f"{got['refusal']}{more}"
 
 
 def _input_stats(observation: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """`report.html`: one self-contained page a person reads in the morning.
 
-The SLO verdict first, then the worst offenders, lateness over the day and its distribution
+The SLO verdict first (a summary: breaches per kind, the worst ten, the rest folded away), then
+the totals and the worst offenders, lateness over the day and its distribution
 (matplotlib PNGs embedded as data URIs), a table per schedule, per subject and per hour, and the
 audit's own inputs. No external assets: the file can be mailed or archived as it is.
 """
@@ -19,12 +20,18 @@ WORST = 10
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
 h1{margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px solid #ddd}
-.verdict{font-size:1.3em;padding:.8em 1em;border-radius:6px;margin:1em 0}
+.verdict{padding:.8em 1em;border-radius:6px;margin:1em 0;overflow-wrap:anywhere}
+.verdict .head{font-size:1.3em;margin:0 0 .3em} .verdict p{margin:.4em 0}
+.verdict ol,.verdict ul{margin:.3em 0;padding-left:1.4em} .verdict summary{cursor:pointer}
+.kinds{display:flex;flex-wrap:wrap;gap:.3em 1.2em;list-style:none;padding:0!important}
 .ok{background:#e6f4ea;border:1px solid #8bc79b} .bad{background:#fdecea;border:1px solid #e59a93}
+.scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;margin:.5em 0;font-size:13px}
 th,td{padding:3px 9px;border-bottom:1px solid #eee;text-align:right}
 th{background:#f6f6f6;position:sticky;top:0} td.l,th.l{text-align:left}
-tr.breach td{background:#fff3f2} .muted{color:#777} img{max-width:100%}
+td.l:first-child{white-space:nowrap}
+tr.breach td{background:#fff3f2} .muted{color:#777} img{max-width:100%;height:auto}
+@media (max-width:600px){body{margin:1em auto;padding:0 .6em} .verdict{padding:.6em .7em}}
 """
 COUNTS = ("expected", "fired", "missed", "doubled", "early", "late", "unexpected")
 SUBJECT_COUNTS = ("fired", "missed", "doubled", "early", "late", "overdue", "dead", "expired")
@@ -32,21 +39,23 @@ SUBJECT_COUNTS = ("fired", "missed", "doubled", "early", "late", "overdue", "dea
 
 def render(summary: dict[str, Any], run: dict[str, Any]) -> str:
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
         f"<title>Drift audit {escape(summary['date'])}</title><style>{STYLE}</style></head><body>",
         f"<h1>Drift audit {escape(summary['date'])}</h1>",
         f"<p class='muted'>window {escape(summary['window']['start'])} to "
         f"{escape(summary['window']['end'])} (UTC)</p>",
         _verdict(summary),
+        "<h2 id='totals'>Totals</h2>",
         _totals(summary),
         _worst(summary),
         "<h2>Lateness over the day</h2>",
         _img(_plot_series(run.get("series") or [], summary)),
         "<h2>Lateness distribution</h2>",
         _img(_plot_histogram(run.get("histogram") or [])),
-        "<h2>Schedules</h2>",
+        "<h2 id='schedules'>Schedules</h2>",
         _schedule_table(summary),
-        "<h2>Subjects</h2>",
+        "<h2 id='subjects'>Subjects</h2>",
         _subject_table(summary),
         "<h2>Per hour (UTC)</h2>",
         _hour_table(run.get("hours") or []),
@@ -58,22 +67,77 @@ def render(summary: dict[str, Any], run: dict[str, Any]) -> str:
 
 
 def _verdict(summary: dict[str, Any]) -> str:
+    """The verdict box: met, or breached with the count per kind of fault, the worst ten
+    breaches and the rest in a folded list (205 lines used to push everything else a page
+    height down)."""
     slo = summary["slo"]
     rule = (
         f"lateness p99 &le; {slo['lateness_p99_ms']} ms per schedule and subject; no missed, "
         "doubled, early or overdue run"
     )
     if slo["ok"]:
-        return f"<div class='verdict ok'><b>SLO met.</b> {rule}.</div>"
+        return f"<div class='verdict ok' id='verdict'><b>SLO met.</b> {rule}.</div>"
+    ranked = _ranked_breaches(summary)
+    schedules = sum(1 for name in ranked if name in summary["schedules"])
+    subjects = sum(1 for name in ranked if name in summary["subjects"])
+    parts = [
+        f"<div class='verdict bad' id='verdict'><p class='head'><b>SLO breached</b> by "
+        f"{len(ranked):,}: {schedules:,} schedule(s), {subjects:,} subject(s).</p>",
+        f"<p class='muted'>{rule}.</p>",
+        _kind_counts(slo["reasons"]),
+        f"<p>{'The worst ten' if len(ranked) > WORST else 'Each'}, by faults then p99:</p>",
+        _breach_list("ol", ranked[:WORST], slo["reasons"]),
+    ]
+    if rest := ranked[WORST:]:
+        parts += [
+            f"<details><summary>The other {len(rest):,} breach(es)</summary>",
+            _breach_list("ul", rest, slo["reasons"]),
+            "</details>",
+        ]
+    parts.append(
+        "<p><a href='#schedules'>Every schedule</a> and <a href='#subjects'>every "
+        "subject</a> are in the tables below.</p></div>"
+    )
+    return "".join(parts)
+
+
+def _ranked_breaches(summary: dict[str, Any]) -> list[str]:
+    """Breaching names, worst first (faults, then p99), by name among equals."""
+
+    def badness(name: str) -> tuple[int, float]:
+        entries = [t[name] for t in (summary["schedules"], summary["subjects"]) if name in t]
+        return max((_badness(e) for e in entries), default=(0, 0.0))
+
+    names = sorted(summary["slo"]["breaches"])
+    return sorted(names, key=badness, reverse=True)
+
+
+def _kind_counts(reasons: dict[str, list[str]]) -> str:
+    """How many breaches have each kind of fault, and how many runs or tasks that is."""
+    breaches: dict[str, int] = {}
+    runs: dict[str, int] = {}
+    for why in reasons.values():
+        for reason in why:
+            count, _, kind = reason.partition(" ")
+            if kind.isalpha() and count.isdigit():
+                runs[kind] = runs.get(kind, 0) + int(count)
+            else:
+                kind = "lateness p99 over the SLO"
+            breaches[kind] = breaches.get(kind, 0) + 1
     items = "".join(
-        f"<li><b>{escape(name)}</b>: {escape('; '.join(why))}</li>"
-        for name, why in slo["reasons"].items()
+        f"<li><b>{escape(kind)}</b> {n:,}"
+        + (f" ({runs[kind]:,})" if kind in runs else "")
+        + "</li>"
+        for kind, n in sorted(breaches.items(), key=lambda kv: (-kv[1], kv[0]))
     )
-    count = len(slo["breaches"])
-    return (
-        f"<div class='verdict bad'><b>SLO breached</b> by {count} schedule(s) or subject(s). "
-        f"{rule}.<ul>{items}</ul></div>"
+    return f"<p>Breaches per kind of fault (runs or tasks):</p><ul class='kinds'>{items}</ul>"
+
+
+def _breach_list(tag: str, names: list[str], reasons: dict[str, list[str]]) -> str:
+    items = "".join(
+        f"<li><b>{escape(name)}</b>: {escape('; '.join(reasons[name]))}</li>" for name in names
     )
+    return f"<{tag}>{items}</{tag}>"
 
 
 def _num(value: Any) -> str:
@@ -99,7 +163,7 @@ def _table(headers: list[str], rows: list[list[Any]], breach: list[bool] | None 
             for i, v in enumerate(row)
         )
         body.append(f"<tr{cls}>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    return f"<div class='scroll'><table><tr>{head}</tr>{''.join(body)}</table></div>"
 
 
 def _late_cells(entry: dict[str, Any]) -> list[Any]:
@@ -140,10 +204,14 @@ def _worst(summary: dict[str, Any]) -> str:
         if _badness(e) != (0, 0.0)
     ]
     if not rows:
-        return "<h2>Worst offenders</h2><p>None: nothing was late, missed or doubled.</p>"
+        return (
+            "<h2 id='worst'>Worst offenders</h2><p>None: nothing was late, missed or doubled.</p>"
+        )
     headers = ["name", "is a", "missed", "doubled", "early", "overdue", "late", "p99 ms", "max ms"]
     breached = set(summary["slo"]["breaches"])
-    return "<h2>Worst offenders</h2>" + _table(headers, rows, [r[0] in breached for r in rows])
+    return "<h2 id='worst'>Worst offenders</h2>" + _table(
+        headers, rows, [r[0] in breached for r in rows]
+    )
 
 
 def _schedule_table(summary: dict[str, Any]) -> str:
@@ -213,7 +281,7 @@ def _inputs(summary: dict[str, Any], run: dict[str, Any]) -> str:
         f"<tr><td class='l'>{escape(k)}</td><td class='l'>{escape(str(v))}</td></tr>"
         for k, v in rows
     )
-    return f"<table>{body}</table>"
+    return f"<div class='scroll'><table>{body}</table></div>"
 
 
 def _stages(run: dict[str, Any]) -> str:

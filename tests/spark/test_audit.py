@@ -133,7 +133,7 @@ def test_outputs_are_written_and_the_slo_verdict_follows_the_planted_faults(
     faulty = {n for n, s in synth.truth["schedules"].items() if s["missed"] or s["doubled"]}
     assert faulty <= set(summary["slo"]["breaches"])
     html = (out / "report.html").read_text()
-    assert html.index("SLO breached") < html.index("Worst offenders") < html.index("<h2>Schedules")
+    assert html.index("SLO breached") < html.index("Worst offenders") < html.index("Schedules</h2>")
     assert html.count("data:image/png;base64,") == 2
     assert f"{len(synth):,}" in html  # the audit's own inputs: the record count
     run = json.loads((out / "run.json").read_text())

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from scheduler.audit.inputs import classify, fired_at_slices, jdbc_jar, jdbc_source
-from scheduler.audit.record import column_problems
+from scheduler.audit.record import column_problems, json_key_problems
 from scheduler.audit.window import AuditWindow, parse_day
 from scheduler.errors import AuditInputError
 
@@ -122,3 +123,99 @@ def test_unwritable_out_and_missing_java_are_named(
     assert "openjdk-17-jre-headless" in (java_problem() or "")
     assert main([*args, "--out", str(tmp_path / "out")]) == 4
     assert "no Java runtime" in capsys.readouterr().err
+
+
+GOOD = {
+    "kind": "delayed",
+    "key": "t-1",
+    "subject": "mq.a",
+    "scheduled_for": "2026-11-21T06:00:00+01:00",
+    "fired_at": "2026-11-21T05:00:00.012Z",
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("scheduled_for", "2026-11-21"),
+        ("fired_at", "2026-11-21T06:00:00"),
+        ("fired_at", "2026-11-21 06:00:00.5"),
+        ("fired_at", "2026-11-21T06:00:00+0100"),
+        ("scheduled_for", "2026-11-21T06:00Z"),
+    ],
+)
+def test_a_first_record_time_without_an_offset_is_refused(
+    tmp_path: Path, field: str, value: str
+) -> None:
+    """A first record whose time is a date alone, has no offset or is not RFC 3339 (which Spark
+    would read as UTC or drop) is refused before Spark starts, naming file, record and field."""
+    log = tmp_path / "day.jsonl"
+    log.write_text(json.dumps({**GOOD, field: value}) + "\n")
+    with pytest.raises(AuditInputError) as caught:
+        classify(str(log))
+    assert str(caught.value) == (
+        f"--input: {log}: record 't-1' (delayed): {field} {json.dumps(value)} is not an "
+        "RFC 3339 time with an offset (like 2026-11-21T06:00:00.012Z)"
+    )
+
+
+def test_rfc3339_times_with_offsets_and_junk_pass_the_first_record_check(tmp_path: Path) -> None:
+    """Times with Z, an offset, a space or lower-case t/z pass; text that is no date at all is
+    left to be counted as an invalid record."""
+    for value in (
+        "2026-11-21T06:00:00Z",
+        "2026-11-21 06:00:00.123456-05:30",
+        "2026-11-21t06:00:00z",
+    ):
+        assert json_key_problems({**GOOD, "fired_at": value}, "log") == []
+    assert json_key_problems({**GOOD, "fired_at": "yesterday"}, "log") == []
+
+
+@pytest.mark.parametrize("value", ["yes", "true", 1, 0, {"on": True}])
+def test_a_manual_that_is_not_a_boolean_is_refused(value: object) -> None:
+    """`manual` must be a JSON boolean (or null): a string, even "true", or a number is refused
+    naming the record."""
+    problems = json_key_problems({**GOOD, "manual": value}, "log")
+    assert problems == [
+        f"log: record 't-1' (delayed): manual is {json.dumps(value)}, expected true or false "
+        "(a JSON boolean)"
+    ]
+    assert json_key_problems({**GOOD, "manual": False}, "log") == []
+    assert json_key_problems({**GOOD, "manual": None}, "log") == []
+
+
+def parquet(path: Path, **columns: Any) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ts = pa.array([datetime(2026, 11, 21, 6, tzinfo=UTC)], pa.timestamp("us", tz="UTC"))
+    base = {"kind": ["cron"], "key": ["a"], "subject": ["mq.a"], "scheduled_for": ts}
+    pq.write_table(pa.table({**base, "fired_at": ts, **columns}), path)
+
+
+def test_every_parquet_file_is_checked_against_the_first(tmp_path: Path) -> None:
+    """Each file of a Parquet folder must give the record's columns the first file's types
+    (timestamp units and string widths may differ); `manual` must be boolean in every file."""
+    import pyarrow as pa
+
+    parquet(tmp_path / "a.parquet", attempt=pa.array([1], pa.int32()))
+    ms = pa.array([datetime(2026, 11, 21, 6, tzinfo=UTC)], pa.timestamp("ms", tz="UTC"))
+    parquet(tmp_path / "b.parquet", fired_at=ms, kind=pa.array(["cron"], pa.large_string()))
+    assert classify(str(tmp_path)).format == "parquet"
+    parquet(tmp_path / "c.parquet", attempt=pa.array([1], pa.int64()))
+    with pytest.raises(AuditInputError) as caught:
+        classify(str(tmp_path))
+    assert str(caught.value) == (
+        f"--input: {str(tmp_path / 'c.parquet')!r}: column 'attempt' is int64, expected int32 "
+        f"as in {str(tmp_path / 'a.parquet')!r}"
+    )
+    (tmp_path / "c.parquet").unlink()
+    parquet(tmp_path / "d.parquet", manual=pa.array(["yes"], pa.string()))
+    with pytest.raises(
+        AuditInputError, match=r"d\.parquet: column 'manual' is string, expected boolean"
+    ):
+        classify(str(tmp_path))
+    (tmp_path / "d.parquet").unlink()
+    (tmp_path / "e.parquet").write_text("not parquet")
+    with pytest.raises(AuditInputError, match=r"e\.parquet' is not readable Parquet"):
+        classify(str(tmp_path))

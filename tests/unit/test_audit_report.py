@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.audit.report import render
+from scheduler.audit.report import _verdict, render
 from scheduler.audit.summary import Slo, build
 
 
@@ -68,3 +68,25 @@ def test_met_slo_plots_and_inputs() -> None:
     assert "SLO met." in html and "SLO breached" not in html
     assert html.count("src='data:image/png;base64,") == 2
     assert "12,345" in html and "4.3.0 on local[2]" in html and "12.5 s" in html
+
+
+def test_many_breaches_are_summarised_worst_ten_first_the_rest_folded() -> None:
+    """With 25 breaching jobs the verdict counts breaches per kind of fault (and the runs in
+    them), lists the ten with the most faults in order and folds the other 15 away."""
+    rows = [
+        {"key": f"job-{i:02d}", "subject": "mq.x", "p50": 3.0, "p95": 9.0, "p99": 40.0}
+        | {"max": 60, "mean": 5.0, "expected": 10, "fired": 10, "missed": i + 1}
+        for i in range(24)
+    ]
+    rows.append(rows[0] | {"key": "slow", "missed": 0, "p99": 1500.0})
+    extra = {"window": {}, "input": {}, "expected_from": "schedules", "jobs": 25}
+    doc = build("2026-11-21", Slo(), rows, [], [], extra)
+    verdict = _verdict(doc)
+    assert "by 25: 25 schedule(s), 0 subject(s)." in verdict
+    assert "<li><b>missed</b> 24 (300)</li><li><b>lateness p99 over the SLO</b> 1</li>" in verdict
+    top, _, folded = verdict.partition("<details>")
+    assert [f"job-{i:02d}" for i in range(23, 13, -1)] == [
+        name for name in (f"job-{i:02d}" for i in range(24)) if f"<b>{name}</b>" in top
+    ][::-1]
+    assert "The other 15 breach(es)" in folded and "<b>slow</b>: lateness p99 1500 ms" in folded
+    assert "<details>" not in _verdict(build("d", Slo(), rows[:3], [], [], extra))
