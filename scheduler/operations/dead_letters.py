@@ -144,7 +144,6 @@ class DeadLetterOperations:
             return Outcome("publish_failed", ident, f"publishing to {subject} failed: {exc!r}")
         return Outcome("replayed", ident, data={"task_id": env.id, "via": "intake"})
 
-
     def _truncated(self, dead: dict[str, Any]) -> str:
         """Why a cut dead letter is not replayed, and where its whole copy is."""
         where = dlq_subject(dead["target"], self.settings.dlq_subject_prefix)
