@@ -110,7 +110,8 @@ class DeadLetterStore:
         """Replay a firing-stage dead letter: its task back to pending, due at `due`."""
         try:
             async with self.db.timed("dlq_requeue") as conn, conn.transaction():
-                await _mark_replayed(conn, dead_id, who)
+                # The task's row first, then the dead letter's (whose trigger locks the
+                # `dead_letter_counts` row): the order `kill` takes them in, so no deadlock.
                 row = await conn.fetchrow(
                     "UPDATE delayed_messages SET status = 'pending', due_at = $2, "
                     "scheduled_for = $2, attempts = 0, last_error = NULL, claimed_epoch = NULL, "
@@ -119,6 +120,7 @@ class DeadLetterStore:
                     task_id,
                     due,
                 )
+                await _mark_replayed(conn, dead_id, who)
                 if row is None:
                     status = await conn.fetchval(
                         f"SELECT coalesce((SELECT {STATUS} FROM delayed_messages WHERE id = $1), "
