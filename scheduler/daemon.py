@@ -42,11 +42,12 @@ from scheduler.preflight import check_api_exposure, check_lease_bucket, check_se
 from scheduler.service import SchedulerService
 from scheduler.settings import Settings
 from scheduler.store.cron_jobs import ScheduleStore
+from scheduler.store.dead_letters import DeadLetterStore
 from scheduler.store.leadership import database_time
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.tasks import TaskStore
 from scheduler.terms import TermLoop
-from scheduler.upkeep import fire_log_upkeep, loop_lag_probe
+from scheduler.upkeep import dead_letter_upkeep, fire_log_upkeep, loop_lag_probe
 
 log = logging.getLogger("scheduler.daemon")
 
@@ -135,6 +136,11 @@ class Daemon:
                     )
                     upkeep = fire_log_upkeep(self.store, self.tasks, self.settings, self._stop)
                     tg.create_task(upkeep, name="fire-log-upkeep")
+                    dead = DeadLetterStore(self.store)
+                    pruning = dead_letter_upkeep(
+                        dead, self.settings, self.clock, self.metrics, self._stop
+                    )
+                    tg.create_task(pruning, name="dead-letter-upkeep")
                     tg.create_task(self._term_loop().run(), name="engine")
                     tg.create_task(loop_lag_probe(self.metrics, self._stop), name="loop-lag")
                     assert self.refresher is not None and self.bus.nc is not None

@@ -84,6 +84,19 @@ class Metrics:
         self.dead_letters = Counter(
             _P + "dead_letters_total", "Dead-lettered tasks by reason.", ["reason"], registry=r
         )
+        self.dead_letters_unstored = Counter(
+            _P + "dead_letters_unstored_total",
+            "Intake refusals not stored in dead_letters: their organisation or subject was past "
+            "SCHEDULER_DEAD_LETTER_RATE (the DLQ stream still gets them; bounded labels: "
+            "SCHEDULER_ORG_METRIC_LABELS orgs, the rest 'other', '' for no organisation).",
+            ["org", "reason"],
+            registry=r,
+        )
+        self.dead_letters_pruned = Counter(
+            _P + "dead_letters_pruned_total",
+            "Dead letters deleted by the housekeeping, older than SCHEDULER_DLQ_MAX_AGE.",
+            registry=r,
+        )
         self.expired = Counter(_P + "expired_total", "Tasks that expired undelivered.", registry=r)
         self.publish_retries = Counter(
             _P + "publish_retries_total",

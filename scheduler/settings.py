@@ -114,6 +114,10 @@ class Settings(BaseSettings):
     dlq_stream: str = "MQ_DLQ"
     dlq_subject_prefix: str = "mq.dlq"
     dlq_max_age: Duration = timedelta(days=14)
+    # dead letters in PostgreSQL (engine/dead_budget.py): the bytes kept of an intake refusal,
+    # and the refusals one organisation (or subject) may add per minute (0: no bound)
+    dead_letter_payload_cap: ByteSize = Field(default=64 * 1024, ge=0, le=16 * 1024 * 1024)
+    dead_letter_rate: int = Field(default=60, ge=0, le=1_000_000)
     tasks_stream: str = "MQ_TASKS"
     leader_bucket: str = "scheduler_leader"
     state_bucket: str = "scheduler_state"

@@ -1,5 +1,5 @@
-"""The daemon's housekeeping loops, on every instance: fire-log partitions and old rows, and
-the event loop's lag (CPU starvation shows there first)."""
+"""The daemon's housekeeping loops, on every instance: fire-log partitions and old rows, dead
+letters past their retention, and the event loop's lag (CPU starvation shows there first)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import asyncio
 import logging
 
 from scheduler.aio import wait_or_stop
+from scheduler.clock import Clock
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
+from scheduler.store.dead_letters import DeadLetterStore
 from scheduler.store.postgres import PostgresStore
 from scheduler.store.tasks import TaskStore
 
@@ -16,6 +18,10 @@ log = logging.getLogger("scheduler.daemon")
 
 UPKEEP_INTERVAL = 3600.0
 LAG_PROBE_EVERY = 0.1
+# Dead letters are deleted this many at a time, each batch its own short statement, and at most
+# PRUNE_BATCHES batches an hour (a backlog, say after an upgrade, goes over a few hours).
+PRUNE_BATCH = 5000
+PRUNE_BATCHES = 200
 
 
 async def fire_log_upkeep(
@@ -31,6 +37,35 @@ async def fire_log_upkeep(
                 log.info("delayed_messages.purged rows=%d", purged)
         except Exception as exc:  # upkeep must never take the daemon down; retried next hour
             log.warning("fire_log.upkeep_failed error=%r", exc)
+        await wait_or_stop(stop, UPKEEP_INTERVAL)
+
+
+async def prune_dead_letters(
+    dead: DeadLetterStore, settings: Settings, clock: Clock, metrics: Metrics, stop: asyncio.Event
+) -> int:
+    """One pass: delete the dead letters that last failed more than SCHEDULER_DLQ_MAX_AGE ago
+    (the DLQ stream's retention), in batches of PRUNE_BATCH. Returns how many went."""
+    before = clock.now() - settings.dlq_max_age
+    total = 0
+    for _ in range(PRUNE_BATCHES):
+        deleted = await dead.prune(before, PRUNE_BATCH)
+        total += deleted
+        metrics.dead_letters_pruned.inc(deleted)
+        if deleted < PRUNE_BATCH or stop.is_set():
+            break
+    return total
+
+
+async def dead_letter_upkeep(
+    dead: DeadLetterStore, settings: Settings, clock: Clock, metrics: Metrics, stop: asyncio.Event
+) -> None:
+    """Hourly: dead letters past their retention pruned (instances skip each other's rows)."""
+    while not stop.is_set():
+        try:
+            pruned = await prune_dead_letters(dead, settings, clock, metrics, stop)
+            log.info("dead_letters.pruned rows=%d", pruned)
+        except Exception as exc:  # upkeep must never take the daemon down; retried next hour
+            log.warning("dead_letters.upkeep_failed error=%r", exc)
         await wait_or_stop(stop, UPKEEP_INTERVAL)
 
 

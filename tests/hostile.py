@@ -125,8 +125,8 @@ class Hostile(DaemonRunner):
         try:
             return list(
                 await conn.fetch(
-                    "SELECT original_id, subject, reason, error, stage, headers, payload, raw "
-                    "FROM dead_letters ORDER BY last_failed"
+                    "SELECT original_id, subject, reason, error, stage, headers, payload, raw, "
+                    "raw_size, raw_truncated FROM dead_letters ORDER BY last_failed"
                 )
             )
         finally:

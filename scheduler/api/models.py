@@ -213,10 +213,20 @@ class DeadLetterSummary(BaseModel):
     resolved_at: datetime | None
     resolved_by: str | None
     replayed_at: datetime | None
+    raw_size: int | None = Field(
+        default=None, description="the message's size in bytes as received (null: not recorded)"
+    )
+    raw_truncated: bool = Field(
+        default=False,
+        description="only the first SCHEDULER_DEAD_LETTER_PAYLOAD_CAP bytes were kept; the "
+        "DLQ stream holds the whole message, and replay answers 409 payload_truncated",
+    )
 
 
 class DeadLetterDetail(DeadLetterSummary):
-    payload: Any = Field(description="the message as JSON (bytes that are not JSON: base64)")
+    payload: Any = Field(
+        description="the message as JSON (bytes that are not JSON: base64; null when cut)"
+    )
     headers: dict[str, Any]
     raw_base64: str | None
 

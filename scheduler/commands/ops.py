@@ -310,8 +310,19 @@ def _dlq_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, in
         f"{'last failed':<13}{d['last_failed']}",
         f"{'resolved':<13}{'yes by ' + str(d['resolved_by']) if d['resolved'] else 'no'}",
         f"{'replayed':<13}{d['replayed_at'] or 'no'}",
+        f"{'size':<13}{_dlq_size(d)}",
     ]
     return d, "\n".join(lines), OK
+
+
+def _dlq_size(d: dict[str, Any]) -> str:
+    """The message's size as received, and whether the table kept only its first bytes."""
+    size = d.get("raw_size")
+    if size is None:
+        return "-"
+    return f"{size} bytes" + (
+        " (cut: the DLQ stream holds it whole)" if d.get("raw_truncated") else ""
+    )
 
 
 def _dlq_replay(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from scheduler.clock import Clock
 from scheduler.engine import task_path
+from scheduler.engine.dead_budget import DeadLetterBudget
 from scheduler.engine.deadletter import DeadLetterCopies
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.ports import Broker, Source, TaskRepository
@@ -64,6 +65,8 @@ class Intake:
         self.lane = delay_lane_prefix(settings.intake_subject)
         self._may_act: Callable[[], bool] = lambda: True
         self.ledger: OrgLedger | None = None  # per-org quotas (engine/quota.py), when on
+        # refusals stored per organisation or subject and minute (engine/dead_budget.py)
+        self.budget = DeadLetterBudget.of(settings, clock, metrics)
 
     async def run(self, puller: Source, stop: asyncio.Event, may_act: Callable[[], bool]) -> None:
         """Handle batches as they arrive until `stop` is set or `may_act()` turns false.

@@ -51,6 +51,7 @@ from scheduler.core import (
     from_ms,
     to_ms,
 )
+from scheduler.engine.dead_budget import budget_key
 from scheduler.engine.deadletter import DeadLetter
 from scheduler.engine.fair import UNNAMED, FairArmed
 from scheduler.engine.ports import Delivery
@@ -215,8 +216,12 @@ async def with_progress(intake: Intake, work: Any, msgs: list[Delivery]) -> Any:
 
 
 async def reject(intake: Intake, bad: list[Rejected]) -> None:
-    rows = [_dead_row(r) for r in bad]
-    await intake.tasks.record_bad_intake(rows)
+    """Store the refusals the budget allows (each capped), copy all to the DLQ stream, term."""
+    cap = intake.settings.dead_letter_payload_cap
+    rows = [_dead_row(r, cap) for r in bad]
+    await intake.tasks.record_bad_intake(
+        [row for r, row in zip(bad, rows, strict=True) if kept(intake, r)]
+    )
     letters = []
     for r, row in zip(bad, rows, strict=True):
         intake.metrics.intake.labels(r.reason).inc()
@@ -237,8 +242,20 @@ async def reject(intake: Intake, bad: list[Rejected]) -> None:
         await r.msg.term()
 
 
-def _dead_row(r: Rejected) -> dict[str, Any]:
-    """The `dead_letters` row of a rejected message (TaskStore.record_bad_intake)."""
+def kept(intake: Intake, r: Rejected) -> bool:
+    """Whether the refusal's organisation or subject may still add a row (see
+    `engine.dead_budget`); one that may not is counted instead."""
+    budget = intake.budget
+    if budget is None or budget.take(budget_key(r.target, r.msg.subject)):
+        return True
+    budget.dropped(r.target, r.reason)
+    return False
+
+
+def _dead_row(r: Rejected, cap: int) -> dict[str, Any]:
+    """The `dead_letters` row of a rejected message (TaskStore.record_bad_intake): its first
+    `cap` bytes (the DLQ stream's copy is whole), its size and whether it was cut."""
+    data = r.msg.data
     return {
         "original_id": _original_id(r.msg),
         "key": _intake_key(r.msg),
@@ -246,7 +263,8 @@ def _dead_row(r: Rejected) -> dict[str, Any]:
         "error": r.error,
         "reason": r.reason,
         "target": r.target,
-        "raw": r.msg.data,
+        "raw": data[:cap] if len(data) > cap else data,
+        "raw_size": len(data),
         "headers": r.msg.headers,
     }
 

@@ -13,7 +13,8 @@ A replay goes back through the normal path, never around it, and re-checks the t
   NOTHING`), and a replay of an id that is already a task is refused.
 
 A dead letter is replayed at most once (`replayed_at`); a replayed task that dies again makes a
-new dead letter.
+new dead letter. An intake refusal stored cut to `SCHEDULER_DEAD_LETTER_PAYLOAD_CAP` bytes is
+not replayed (`payload_truncated`, naming the DLQ stream subject that holds the whole copy).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from scheduler.operations.paging import Page, bad_cursor, decode, from_us, page,
 from scheduler.operations.tasks import TaskOperations
 from scheduler.settings import Settings
 from scheduler.store.dead_letters import DeadLetterFilter, DeadLetterStore
-from scheduler.subjects import check_target, delay_lane_prefix
+from scheduler.subjects import check_target, delay_lane_prefix, dlq_subject
 
 log = logging.getLogger("scheduler.operations")
 
@@ -113,6 +114,8 @@ class DeadLetterOperations:
         ident, raw = str(dead["id"]), dead["raw"]
         if raw is None:
             return Outcome("not_replayable", ident, "the dead letter kept no message bytes")
+        if dead.get("raw_truncated"):
+            return Outcome("payload_truncated", ident, self._truncated(dead))
         limits = Limits(max_payload=self.nc.max_payload, max_delay=self.settings.max_delay)
         try:
             env = parse_envelope(raw, self.clock.now(), limits)
@@ -140,6 +143,16 @@ class DeadLetterOperations:
             log.warning("dead_letter.replay_failed id=%s error=%r", ident, exc)
             return Outcome("publish_failed", ident, f"publishing to {subject} failed: {exc!r}")
         return Outcome("replayed", ident, data={"task_id": env.id, "via": "intake"})
+
+    def _truncated(self, dead: dict[str, Any]) -> str:
+        """Why a cut dead letter is not replayed, and where its whole copy is."""
+        where = dlq_subject(dead["target"], self.settings.dlq_subject_prefix)
+        return (
+            f"only the first {len(dead['raw'])} of the message's {dead['raw_size']} bytes were "
+            "kept (SCHEDULER_DEAD_LETTER_PAYLOAD_CAP); the whole message is on stream "
+            f"{self.settings.dlq_stream}, subject {where}, for SCHEDULER_DLQ_MAX_AGE after it "
+            "failed: publish it from there once fixed"
+        )
 
 
 def _is_nats(header: str) -> bool:

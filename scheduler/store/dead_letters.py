@@ -19,10 +19,11 @@ import asyncpg
 from scheduler.core import TaskRef, to_ms
 from scheduler.store.postgres import PostgresStore
 from scheduler.store.tasks import STATUS
+from scheduler.store.values import jsonb_text
 
 _COLUMNS = (
     "id, original_id, subject, target, reason, stage, error, attempts, first_seen, last_failed, "
-    "resolved, resolved_at, resolved_by, replayed_at"
+    "resolved, resolved_at, resolved_by, replayed_at, raw_size, raw_truncated"
 )
 _DETAIL = _COLUMNS + ", payload::text AS payload, headers::text AS headers, raw"
 
@@ -109,7 +110,8 @@ class DeadLetterStore:
         """Replay a firing-stage dead letter: its task back to pending, due at `due`."""
         try:
             async with self.db.timed("dlq_requeue") as conn, conn.transaction():
-                await _mark_replayed(conn, dead_id, who)
+                # The task's row first, then the dead letter's (whose trigger locks the
+                # `dead_letter_counts` row): the order `kill` takes them in, so no deadlock.
                 row = await conn.fetchrow(
                     "UPDATE delayed_messages SET status = 'pending', due_at = $2, "
                     "scheduled_for = $2, attempts = 0, last_error = NULL, claimed_epoch = NULL, "
@@ -118,6 +120,7 @@ class DeadLetterStore:
                     task_id,
                     due,
                 )
+                await _mark_replayed(conn, dead_id, who)
                 if row is None:
                     status = await conn.fetchval(
                         f"SELECT coalesce((SELECT {STATUS} FROM delayed_messages WHERE id = $1), "
@@ -150,9 +153,23 @@ class DeadLetterStore:
             )
 
     async def unresolved(self) -> int:
-        """How many dead letters nobody has resolved yet (reads the partial index)."""
+        """How many dead letters nobody has resolved yet: one row, kept exact by the triggers
+        of migration 0014 in the transaction of every write, whatever the table's size."""
         async with self.db.timed("dlq_count") as conn:
-            return int(await conn.fetchval("SELECT count(*) FROM dead_letters WHERE NOT resolved"))
+            return int(await conn.fetchval("SELECT unresolved FROM dead_letter_counts"))
+
+    async def prune(self, before: datetime, batch: int) -> int:
+        """Delete up to `batch` dead letters that last failed before `before`, oldest first,
+        over the `dead_letters_age` index; rows another instance is deleting are skipped."""
+        async with self.db.timed("dlq_prune") as conn:
+            status = await conn.execute(
+                "DELETE FROM dead_letters WHERE id IN (SELECT id FROM dead_letters "
+                "WHERE last_failed < $1 ORDER BY last_failed, id LIMIT $2 "
+                "FOR UPDATE SKIP LOCKED)",
+                before,
+                batch,
+            )
+        return int(status.split()[-1])
 
 
 async def _mark_replayed(conn: asyncpg.Connection, dead_id: uuid.UUID, who: str) -> None:
@@ -172,4 +189,7 @@ def _detail(row: asyncpg.Record) -> dict[str, Any]:
     doc["headers"] = json.loads(doc["headers"]) if doc["headers"] is not None else {}
     raw = doc.pop("raw")
     doc["raw"] = bytes(raw) if raw is not None else None
+    if doc["payload"] is None and doc["raw"] is not None and not doc["raw_truncated"]:
+        # stored once since migration 0014: the document is read from the bytes
+        doc["payload"] = json.loads(jsonb_text(doc["raw"]))
     return doc

@@ -108,8 +108,9 @@ class OverviewStore:
     ) -> list[dict[str, Any]]:
         """Tasks in firing order (due, priority, intake order) after the keyset `after`.
 
-        With `status=pending` this reads the pending index in order; `org_id` is read from each
-        candidate's stored envelope, so combine it with a subject, status or due window."""
+        With `status=pending` this reads the pending index in order; `org_id` compares the
+        column the intake fills from the envelope (migration 0009, indexed for unfinished
+        tasks): a plain comparison, so any plan works, parallel ones included."""
         status = _STATUS_FILTER.get(where.status, "status = $2")
         async with self.db.timed("tasks_list") as conn:
             rows = await conn.fetch(
@@ -118,7 +119,7 @@ class OverviewStore:
                 f"AND {status} "
                 "AND ($3::timestamptz IS NULL OR due_at < $3) "
                 "AND ($4::timestamptz IS NULL OR due_at >= $4) "
-                "AND ($5::text IS NULL OR scheduler_payload_field(payload, 'org_id') = $5) "
+                "AND ($5::text IS NULL OR org_id = $5) "
                 "AND ($6::timestamptz IS NULL OR (due_at, priority, seq) > ($6, $7, $8)) "
                 "ORDER BY due_at, priority, seq LIMIT $9",
                 where.subject,

@@ -51,7 +51,7 @@ from scheduler.errors import FencedError
 from scheduler.headers import printable
 from scheduler.store.leadership import LEAD, check_epoch
 from scheduler.store.postgres import PostgresStore
-from scheduler.store.values import ROW_ERRORS, jsonb_text, raw_json
+from scheduler.store.values import ROW_ERRORS
 
 log = logging.getLogger("scheduler.store")
 
@@ -184,16 +184,18 @@ async def _drop_fired(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> l
 def _intake_row(r: dict[str, Any], reduced: bool = False) -> tuple[Any, ...]:
     """The values of one intake dead letter, every text PostgreSQL-safe."""
     headers = {printable(k): printable(v) for k, v in (r["headers"] or {}).items()}
+    size = r.get("raw_size", len(r["raw"]))
     return (
         printable(r["original_id"], 200),
         printable(r["subject"]),
-        raw_json(r["raw"]) if reduced else jsonb_text(r["raw"]),
         printable(r["error"]),
         r["reason"],
         None if r["target"] is None else printable(r["target"]),
         r["raw"],
         "{}" if reduced else json.dumps(headers),
         r.get("key"),
+        size,
+        size > len(r["raw"]),
     )
 
 
@@ -566,19 +568,20 @@ class TaskStore:
             return
         async with self.fenced(epoch, "dead") as conn:
             await conn.execute(
-                "WITH u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], "
-                "$5::jsonb[]) AS u(id, err, reason, doc)), d AS (UPDATE delayed_messages m "
+                "WITH u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[]) "
+                "AS u(id, err, reason)), d AS (UPDATE delayed_messages m "
                 "SET status = 'dead', last_error = u.err, updated_at = now() FROM u "
                 f"WHERE m.id = u.id AND m.status IN {READY} AND m.claimed_epoch = $1 "
-                "RETURNING m.*, u.err, u.reason, u.doc) "
+                "RETURNING m.*, u.err, u.reason) "
+                # the task's bytes once, whole (a task fits max_payload), in `raw`
                 "INSERT INTO dead_letters (original_id, subject, payload, error, attempts, "
-                "first_seen, reason, stage, target, raw, headers) SELECT id, target, doc, "
-                "err, attempts, created_at, reason, 'firing', target, payload, headers FROM d",
+                "first_seen, reason, stage, target, raw, headers, raw_size) SELECT id, target, "
+                "'null', err, attempts, created_at, reason, 'firing', target, payload, headers, "
+                "octet_length(payload) FROM d",
                 epoch,
                 [t.id for t, _, _ in items],
                 [printable(e) for _, e, _ in items],
                 [r for _, _, r in items],
-                [jsonb_text(t.payload) for t, _, _ in items],
             )
 
     async def record_bad_intake(self, rows: Sequence[dict[str, Any]]) -> None:
@@ -603,10 +606,11 @@ class TaskStore:
     async def _dead_intake(self, rows: list[tuple[Any, ...]]) -> None:
         async with self.db.timed("dead_intake") as conn:
             await conn.executemany(
+                # the bytes once, in `raw` (migration 0014): `payload` is JSON null
                 "INSERT INTO dead_letters (original_id, subject, payload, error, attempts, "
-                "first_seen, reason, stage, target, raw, headers, intake_key) VALUES ($1, $2, "
-                "$3::jsonb, $4, 1, now(), $5, 'intake', $6, $7, $8::jsonb, $9) "
-                "ON CONFLICT (intake_key) DO NOTHING",
+                "first_seen, reason, stage, target, raw, headers, intake_key, raw_size, "
+                "raw_truncated) VALUES ($1, $2, 'null', $3, 1, now(), $4, 'intake', $5, $6, "
+                "$7::jsonb, $8, $9, $10) ON CONFLICT (intake_key) DO NOTHING",
                 rows,
             )
 

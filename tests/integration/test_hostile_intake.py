@@ -72,7 +72,8 @@ async def test_a_dead_letter_copy_that_cannot_fit_is_cut_to_the_envelope(
     settings: Settings, database_url: str
 ) -> None:
     """A message near max_payload is dead-lettered with its envelope minus `data` (the reason
-    kept) instead of a copy the server would refuse; the whole bytes stay in the table."""
+    kept) instead of a copy the server would refuse; the table keeps its first
+    SCHEDULER_DEAD_LETTER_PAYLOAD_CAP bytes, its size, and that it was cut."""
     async with hostile(settings) as h:
         daemon = await h.begin()
         assert daemon.bus is not None
@@ -91,7 +92,9 @@ async def test_a_dead_letter_copy_that_cannot_fit_is_cut_to_the_envelope(
         assert "data" not in cut and cut["id"] == doc["id"] and cut["priority"] == 0
         rows = await h.dead_rows(database_url)
         assert [r["reason"] for r in rows] == ["too_large"]
-        assert rows[0]["raw"] == raw_doc(doc)
+        cap = daemon.settings.dead_letter_payload_cap
+        assert rows[0]["raw"] == raw_doc(doc)[:cap] and cap < len(raw_doc(doc))
+        assert rows[0]["raw_size"] == len(raw_doc(doc)) and rows[0]["raw_truncated"]
         assert_still_connected(daemon)
 
 
@@ -362,9 +365,9 @@ async def test_a_dead_letter_stream_that_never_answers_does_not_stall_intake(
 ) -> None:
     """Dead-letter copies are sent concurrently and bounded: with a DLQ that swallows publishes
     without an ack, a good task published after more bad messages than copies may be in flight
-    is still delivered on time; every bad message is in the table."""
+    is still delivered on time; every bad message is in the table (no rate bound here)."""
     async with hostile(settings) as h:
-        daemon = await h.begin()
+        daemon = await h.begin(dead_letter_rate=0)
         await h.js.delete_stream(daemon.settings.dlq_stream)
         sink = await nats.connect(settings.nats_url)
         try:

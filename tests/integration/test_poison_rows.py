@@ -86,14 +86,14 @@ async def test_a_task_postgres_cannot_hold_as_json_is_dead_lettered_at_firing(
                     await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)  # a retrying bookkeeper would add rows meanwhile
             logged = await conn.fetchval("SELECT count(*) FROM fire_log WHERE key = $1", good["id"])
-            dead = await conn.fetch("SELECT stage, payload FROM dead_letters")
+            dead = await conn.fetch("SELECT stage, payload, raw, raw_size FROM dead_letters")
         finally:
             await conn.close()
         assert logged == 1
         assert [r["stage"] for r in dead] == ["firing"]
-        assert json.loads(dead[0]["payload"]) == {
-            "_raw_base64": __import__("base64").b64encode(copy.data).decode()
-        }
+        # the bytes once (migration 0014): whole in `raw`, no second copy in `payload`
+        assert json.loads(dead[0]["payload"]) is None
+        assert dead[0]["raw"] == copy.data and dead[0]["raw_size"] == len(copy.data)
         assert daemon.bus is not None and daemon.bus.is_connected
 
 

@@ -61,8 +61,8 @@ async def list_tasks(
     """Tasks in firing order (due time, priority, intake order); `status=fired` lists fired
     tasks, kept for SCHEDULER_FIRE_LOG_RETENTION days, in the order they fired (their due time
     is the delivery's `scheduled_for`), and without a status they follow the others.
-    `status=pending` reads the pending index; `org_id` is read from each stored envelope (so
-    narrow it with other filters) and lists no fired task: their envelopes are deleted."""
+    `status=pending` reads the pending index; `org_id` (the envelope's, kept in an indexed
+    column) lists no fired task: their envelopes are deleted."""
     where = TaskFilter(subject, org_id, status, due_before, due_after)
     got = await ops.tasks.list(where, cursor, limit)
     return got.as_dict()

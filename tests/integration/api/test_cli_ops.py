@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -95,6 +96,10 @@ async def test_dlq_verbs(api: ApiHarness, cli: Cli) -> None:
     assert code == 0 and all(i in out for i in ids)
     code, out, _ = await cli("dlq", "show", ids[0])
     assert code == 0 and "reason       publish_failed" in out and "no stream" in out
+    shown = await cli.json("dlq", "show", ids[0])  # a firing dead letter keeps its task whole
+    assert isinstance(shown, dict) and not shown["raw_truncated"]
+    assert shown["raw_size"] == len(base64.b64decode(shown["raw_base64"])) > 0
+    assert f"size         {shown['raw_size']} bytes\n" in out + "\n"
     code, out, _ = await cli("dlq", "resolve", ids[2])
     assert code == 0 and "resolved by admin" in out
     assert (await cli("dlq", "resolve", ids[2], "--reopen"))[1].strip() == f"{ids[2]}: open"
