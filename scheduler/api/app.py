@@ -20,7 +20,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler import __version__
-from scheduler.api import problems
+from scheduler.api import edge, problems
 from scheduler.api.routes import (
     audits,
     dead_letters,
@@ -96,7 +96,12 @@ def build_api(backend: ApiBackend) -> FastAPI:
         app.include_router(module.router)
     app.state.api_routes = [r for m in modules for r in m.router.routes if hasattr(r, "methods")]
     console.mount(app)
+    # Added innermost first: a request meets RequestId, then HostGuard, then BodyGuard, all
+    # before FastAPI parses a body or a dependency checks a token (scheduler.api.edge).
+    app.add_middleware(edge.BodyGuard, settings=lambda: backend.settings)
+    app.add_middleware(edge.HostGuard, policy=edge.host_policy(backend.settings))
     app.add_middleware(_CountRequests, metrics=backend.metrics)
+    app.add_middleware(edge.RequestId)
     return app
 
 
