@@ -77,7 +77,7 @@ def head_of(api: ApiHarness, method: str, path: str, *headers: str) -> str:
 async def get(api: ApiHarness, path: str, **headers: str) -> tuple[int, dict[str, str], str]:
     async with asyncio.timeout(10):
         async with api.http.get(api.url + path, headers=headers) as resp:
-            return resp.status, dict(resp.headers), await resp.text()
+            return resp.status, dict(resp.headers), (await resp.read()).decode(errors="replace")
 
 
 # -- 1. bodies before tokens ----------------------------------------------------------------
