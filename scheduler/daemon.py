@@ -35,6 +35,7 @@ from scheduler.errors import ServiceUnavailableError
 from scheduler.leadership import Leadership
 from scheduler.listeners import listen
 from scheduler.metrics import Metrics
+from scheduler.operations import paging
 from scheduler.operations.build import Operations, build_operations
 from scheduler.operations.instances import read_instances
 from scheduler.operations.stats import Refresher
@@ -293,6 +294,7 @@ class Daemon:
         self._warn(await check_lease_bucket(self.bus, self.settings))
         leader_kv = await self.bus.js.key_value(self.settings.leader_bucket)
         self.state_kv = await self.bus.js.key_value(self.settings.state_bucket)
+        await paging.load_key(self.state_kv)  # cursors signed alike by every instance
         return leader_kv
 
     def _intake_stream(self) -> str:

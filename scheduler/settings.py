@@ -42,6 +42,10 @@ Duration = Annotated[timedelta, Field()]
 MAX_DISPATCH_COALESCE = timedelta(milliseconds=100)
 CommaList = Annotated[list[str], NoDecode]
 OrgShares = Annotated[dict[str, int], NoDecode]
+# SCHEDULER_API_ALLOWED_HOSTS entries: `*`, a name, `*.<domain>`, an IPv4 or IPv6 address
+_HOST_PATTERN = re.compile(
+    r"\*|(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*|[0-9a-f.]*:[0-9a-f.]*:[0-9a-f:.]*"
+)
 
 _DURATION_FIELDS = (
     "horizon",
@@ -91,6 +95,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=9090, ge=0, le=65535)
     admin_token: SecretStr | None = None
     read_token: SecretStr | None = None
+    # the HTTP edge (api/edge.py): request bodies at most this big; Host names served
+    api_max_body: ByteSize = Field(default=1024 * 1024, ge=1)
+    api_allowed_hosts: CommaList = []
     intake_stream: str = Field(default="MQ_DELAY", min_length=1)
     intake_subject: str = "mq.delay.>"
     intake_consumer: str = "scheduler-intake"
@@ -175,6 +182,22 @@ class Settings(BaseSettings):
         if isinstance(value, list) and not [p for p in value if p]:
             raise ValueError("needs at least one subject pattern")
         return [p for p in value if p] if isinstance(value, list) else value
+
+    @field_validator("api_allowed_hosts", mode="before")
+    @classmethod
+    def _allowed_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, list):
+            return value
+        names = [str(part).strip().lower().strip("[]").rstrip(".") for part in value]
+        for name in names:
+            if name and not _HOST_PATTERN.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a host name, an address, '*.<domain>' or '*' "
+                    "(no scheme, port or path)"
+                )
+        return [n for n in names if n]
 
     @field_validator("org_shares", mode="before")
     @classmethod

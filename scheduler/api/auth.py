@@ -97,8 +97,19 @@ def reader(request: Request, _: Credentials) -> Caller:
 def admin(request: Request, _: Credentials) -> Caller:
     """Dependency of every route that changes state."""
     settings = _settings(request)
+    refusal = write_refusal(request, settings)
+    caller = identify(request, settings)
+    if refusal is not None or caller is None:
+        raise refusal or _unauthorized(request, ADMIN_VAR)
+    return caller
+
+
+def write_refusal(request: Request, settings: Settings) -> ApiProblem | None:
+    """Why a write is refused (403 writes disabled, 401 unknown token, 403 read token), or
+    None for the admin token. Reads only the headers: the body guard asks it before a write's
+    body is read (`scheduler.api.edge.BodyGuard`)."""
     if settings.admin_token is None:
-        raise ApiProblem(
+        return ApiProblem(
             403,
             "writes_disabled",
             f"this call changes state and the daemon has no admin token: set {ADMIN_VAR} on "
@@ -106,15 +117,15 @@ def admin(request: Request, _: Credentials) -> Caller:
         )
     caller = identify(request, settings)
     if caller is None:
-        raise _unauthorized(request, ADMIN_VAR)
+        return _unauthorized(request, ADMIN_VAR)
     if caller.kind != "admin":
-        raise ApiProblem(
+        return ApiProblem(
             403,
             "forbidden",
             f"this call changes state and needs the admin token ({ADMIN_VAR}); "
             f"the read token ({READ_VAR}) only reads",
         )
-    return caller
+    return None
 
 
 def _unauthorized(request: Request, variable: str) -> ApiProblem:

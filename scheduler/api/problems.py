@@ -9,6 +9,7 @@ branches on (`unauthorized`, `forbidden`, `not_found`, `too_late`, `in_flight`, 
 from __future__ import annotations
 
 import logging
+import uuid
 from http import HTTPStatus
 from typing import Any
 
@@ -28,6 +29,15 @@ MEDIA_TYPE = "application/problem+json"
 TYPE_BASE = "https://mq-scheduler.dev/problems/"
 # Outcome statuses that are not a conflict: the service could not do it now (retry later).
 UNAVAILABLE = frozenset({"publish_failed"})
+REQUEST_ID_KEY = "mq.request_id"  # where the request's id lives in the ASGI scope
+
+
+def request_id(scope: Any) -> str:
+    """The request's id, made on first use (`scheduler.api.edge.RequestId` asks first)."""
+    rid = scope.get(REQUEST_ID_KEY)
+    if not isinstance(rid, str):
+        rid = scope[REQUEST_ID_KEY] = uuid.uuid4().hex
+    return rid
 
 
 class FieldProblem(BaseModel):
@@ -158,12 +168,22 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Never the exception's text in the answer (paths, SQL, addresses): the log has it,
+        # under the request id the answer names.
+        rid = request_id(request.scope)
+        headers = {"X-Request-Id": rid}
         if isinstance(exc, ServiceUnavailableError | asyncpg.PostgresConnectionError | OSError):
-            log.warning("api.unavailable path=%s error=%r", request.url.path, exc)
-            detail = f"a backing service is unavailable ({exc}); retry shortly"
-            return problem_response(503, "unavailable", detail)
-        log.exception("api.error path=%s", request.url.path)
-        return problem_response(500, "internal", f"unexpected error: {exc!r}; see the daemon log")
+            log.warning(
+                "api.unavailable request_id=%s path=%s error=%r", rid, request.url.path, exc
+            )
+            detail = (
+                "a backing service (PostgreSQL or NATS) is unavailable; retry shortly "
+                f"(request id {rid} in the daemon log)"
+            )
+            return problem_response(503, "unavailable", detail, headers, request_id=rid)
+        log.error("api.error request_id=%s path=%s", rid, request.url.path, exc_info=exc)
+        detail = f"unexpected error; the daemon log has it under request id {rid}"
+        return problem_response(500, "internal", detail, headers, request_id=rid)
 
 
 def _allowed(app: FastAPI, request: Request) -> list[str]:

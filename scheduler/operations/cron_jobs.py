@@ -34,7 +34,7 @@ from scheduler.cron import occurrences
 from scheduler.engine.cron_message import envelope
 from scheduler.engine.misfire import fire_time
 from scheduler.operations import Outcome
-from scheduler.operations.paging import Page, decode, page
+from scheduler.operations.paging import NAME, Page, decode, page
 from scheduler.schedules import Job, job_from_definition, load_dir, schedule_files
 from scheduler.settings import Settings
 from scheduler.store.cron_jobs import ScheduleStore
@@ -67,7 +67,7 @@ class ScheduleOperations:
         self._problems: tuple[object, list[dict[str, Any]]] = (_UNREAD, [])
 
     async def list(self, active: bool | None, cursor: str | None, limit: int) -> Page[dict]:
-        key = decode(CURSOR, cursor, (str,))
+        key = decode(CURSOR, cursor, (NAME,))
         rows = await self.overview.schedules(active, key[0] if key else None, limit + 1)
         listed = page(rows, limit, lambda r: (r["name"],), CURSOR)
         return Page([self._summary(r) for r in listed.items], listed.next_cursor)

@@ -30,7 +30,16 @@ from scheduler.clock import Clock
 from scheduler.envelope import Limits, check_org, parse_envelope
 from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.operations import Outcome
-from scheduler.operations.paging import Page, bad_cursor, decode, from_us, page, us
+from scheduler.operations.paging import (
+    DEAD_ID,
+    TIME,
+    Page,
+    bad_cursor,
+    decode,
+    from_us,
+    page,
+    us,
+)
 from scheduler.operations.tasks import TaskOperations
 from scheduler.settings import Settings
 from scheduler.store.dead_letters import DeadLetterFilter, DeadLetterStore
@@ -58,7 +67,7 @@ class DeadLetterOperations:
         self.clock = clock
 
     async def list(self, where: DeadLetterFilter, cursor: str | None, limit: int) -> Page[dict]:
-        key = decode(CURSOR, cursor, (int, str))
+        key = decode(CURSOR, cursor, (TIME, DEAD_ID))
         after = None
         if key is not None:
             after = (from_us(key[0]), _uuid(key[1]))

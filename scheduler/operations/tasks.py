@@ -22,7 +22,19 @@ from scheduler.engine.leader_loop import RESCHEDULED_SUBJECT
 from scheduler.envelope import bounded_instant
 from scheduler.errors import RequestError
 from scheduler.operations import Outcome
-from scheduler.operations.paging import Page, bad_cursor, decode, from_us, page, us
+from scheduler.operations.paging import (
+    PRIORITY,
+    SEQ,
+    TASK_ID,
+    TIME,
+    Page,
+    bad_cursor,
+    decode,
+    from_us,
+    kind_of,
+    page,
+    us,
+)
 from scheduler.settings import Settings
 from scheduler.store.overview import OverviewStore, TaskFilter
 from scheduler.store.tasks import TaskStore
@@ -89,7 +101,7 @@ class TaskOperations:
         with_fired = where.status in (None, "fired") and where.org_id is None
         rows: list[dict] = []
         if held and fired_key is None:
-            key = decode(CURSOR, cursor, (int, int, int))
+            key = decode(CURSOR, cursor, (TIME, PRIORITY, SEQ))
             after = None if key is None else (from_us(key[0]), key[1], key[2])
             rows = await self.overview.tasks(where, after, limit + 1)
         elif not with_fired or (fired_key is None and cursor is not None):
@@ -146,12 +158,9 @@ class TaskOperations:
 
 def _fired_key(cursor: str | None) -> list | None:
     """The key of a cursor that continues among fired tasks, None for any other cursor."""
-    if cursor is None:
+    if cursor is None or kind_of(cursor) != FIRED_CURSOR:
         return None
-    try:
-        return decode(FIRED_CURSOR, cursor, (int, str))
-    except RequestError:  # not a fired cursor: the held tasks' decode judges it
-        return None
+    return decode(FIRED_CURSOR, cursor, (TIME, TASK_ID))
 
 
 _WHY = {

@@ -832,3 +832,19 @@ def test_install_notes_name_the_secrets_to_create(helm: Path, tmp_path: Path) ->
     ):
         assert f"Secret {secret} " in notes
     assert "/v1/leader" in notes and "spark://spark-master.spark:7077" in notes
+
+
+def test_open_mode_allows_the_services_names_as_hosts(render: Render) -> None:
+    """Without API tokens the daemon answers only allowed Host names (DNS rebinding guard), so
+    the chart allows the Service's names; with tokens (any Host is served) or an explicit
+    config.api_allowed_hosts it sets nothing of its own."""
+    env = env_of(daemon_container(render()))["SCHEDULER_API_ALLOWED_HOSTS"]["value"]
+    names = env.split(",")
+    assert names[0] == "rel-mq-scheduler" and "rel-mq-scheduler.sched.svc" in names
+    tokens = render(values={"api": {"tokens": {"existingSecret": "api-tokens"}}})
+    assert "SCHEDULER_API_ALLOWED_HOSTS" not in env_of(daemon_container(tokens))
+    own = render(values={"config": {"api_allowed_hosts": "sched.example.com"}})
+    env_list = [
+        e for e in daemon_container(own)["env"] if e["name"] == "SCHEDULER_API_ALLOWED_HOSTS"
+    ]
+    assert env_list == [{"name": "SCHEDULER_API_ALLOWED_HOSTS", "value": "sched.example.com"}]

@@ -85,6 +85,9 @@ def test_fence_margin_default_scales_with_ttl(monkeypatch: pytest.MonkeyPatch) -
         ("SCHEDULER_DATABASE_URL", "postgresql:///db", "names no host"),
         ("SCHEDULER_LOG_LEVEL", "chatty", "must be one of"),
         ("SCHEDULER_DISPATCH_COALESCE", "1s", "must be at most 100ms"),
+        ("SCHEDULER_API_MAX_BODY", "lots", "SCHEDULER_API_MAX_BODY"),
+        ("SCHEDULER_API_ALLOWED_HOSTS", "ok.example,http://x", "not a host name"),
+        ("SCHEDULER_API_ALLOWED_HOSTS", "sched.example:8055", "no scheme, port or path"),
     ],
 )
 def test_wrong_values_name_the_variable(
@@ -280,3 +283,15 @@ def test_database_password_file_conflicts_are_refused(
         load_settings(database_url=url, database_password_file=secret)
     assert info.value.variable == "SCHEDULER_DATABASE_PASSWORD_FILE"
     assert message in str(info.value) and "inline" not in str(info.value)
+
+
+def test_api_edge_settings_parse_sizes_and_host_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SCHEDULER_API_MAX_BODY takes sizes as SCHEDULER_ARMED_MAX_BYTES does; the Host list is
+    split on commas, lower-cased, IPv6 brackets dropped; the defaults are 1 MiB and empty."""
+    assert load_settings().api_max_body == 1024 * 1024
+    assert load_settings().api_allowed_hosts == []
+    monkeypatch.setenv("SCHEDULER_API_MAX_BODY", "512KB")
+    monkeypatch.setenv("SCHEDULER_API_ALLOWED_HOSTS", " Sched.Example , *.internal,[fd00::1],*")
+    s = load_settings()
+    assert s.api_max_body == 512_000
+    assert s.api_allowed_hosts == ["sched.example", "*.internal", "fd00::1", "*"]

@@ -1,0 +1,209 @@
+"""What every API request passes before routing: a request id, the Host allow-list, the body bound.
+
+Pure ASGI middlewares (no `BaseHTTPMiddleware`: nothing here reads a body into memory), added by
+`scheduler.api.app.build_api` outside everything FastAPI does, so they run before a route's
+body is parsed or a dependency checks a token:
+
+- `RequestId` gives every request an id (`X-Request-Id` on every answer); a 500 names it and
+  the log line of the exception carries it (`scheduler.api.problems`).
+- `HostGuard` answers 400 `host_not_allowed` to a `Host` not on the allow-list
+  (`host_policy`): the guard against DNS rebinding, where a page on `attacker.example`, made
+  to resolve to 127.0.0.1, would read an open API as its own origin.
+- `BodyGuard` refuses a declared `Content-Length` over `SCHEDULER_API_MAX_BODY` with 413
+  before a byte of the body is read, counts a streamed body as it arrives and stops at the
+  same bound, and checks the admin token of a write that carries a body before the body is
+  read (`scheduler.api.auth.write_refusal`). Its refusals close the connection, so a client
+  that keeps sending makes the daemon read nothing more.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from scheduler.api import auth, problems
+from scheduler.settings import Settings
+
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
+# Probes (kubelet sends the pod IP, a load balancer its own name) answer under any Host: they
+# carry no task, payload or token.
+UNGUARDED = frozenset({"/healthz", "/readyz"})
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_CLOSE = {"Connection": "close"}
+
+
+class RequestId:
+    """A fresh id per request (never the client's: it goes into logs), as `X-Request-Id`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = (b"x-request-id", problems.request_id(scope).encode())
+
+        async def tagged(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0] != b"x-request-id"]
+                message = {**message, "headers": [*headers, header]}
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
+@dataclass(frozen=True, slots=True)
+class HostPolicy:
+    """Which `Host` names the API answers: `any_host`, or loopback names, the address the
+    connection arrived on, the bound address and `patterns` (`name` or `*.suffix`)."""
+
+    any_host: bool
+    patterns: tuple[str, ...]
+    bound: str
+
+    def allows(self, host: str, local: str | None) -> bool:
+        if self.any_host:
+            return True
+        name = host_name(host)
+        if not name:
+            return False
+        if name in LOOPBACK or name == self.bound or (local and name == local.lower()):
+            return True
+        return any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+
+
+def host_policy(settings: Settings) -> HostPolicy:
+    """Open mode (no token set): loopback names, the server's own address and the configured
+    list. With tokens: any Host unless SCHEDULER_API_ALLOWED_HOSTS is set, because a page that
+    rebinds a name to the API cannot send a token (it never had one; the console's cookie
+    belongs to the name the operator signed in on) and a cluster reaches the API under names
+    the daemon cannot know (Service, Ingress)."""
+    patterns = tuple(p.strip().lower().rstrip(".") for p in settings.api_allowed_hosts)
+    patterns = tuple(p for p in patterns if p)
+    open_mode = settings.admin_token is None and settings.read_token is None
+    any_host = "*" in patterns or (not open_mode and not patterns)
+    bound = settings.http_host.strip("[]").lower()
+    return HostPolicy(any_host, patterns, "" if bound in WILDCARD_BINDS else bound)
+
+
+def host_name(host: str) -> str:
+    """The name of a Host header, without port or IPv6 brackets, lower case ('' if malformed)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name, bracket, rest = host[1:].partition("]")
+        return name if bracket and (not rest or rest.startswith(":")) else ""
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name.rstrip(".") if ":" not in name else ""
+
+
+class HostGuard:
+    """400 `host_not_allowed` for a Host the policy does not allow."""
+
+    def __init__(self, app: ASGIApp, policy: HostPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.policy.any_host or scope["path"] in UNGUARDED:
+            await self.app(scope, receive, send)
+            return
+        host = _header(scope, b"host") or ""
+        server = scope.get("server")
+        local = str(server[0]) if server else None
+        if self.policy.allows(host, local):
+            await self.app(scope, receive, send)
+            return
+        shown = host.encode("unicode_escape").decode()[:100]
+        detail = (
+            f"Host {shown!r} is not served here: the API answers loopback names, its own "
+            "address and the names in SCHEDULER_API_ALLOWED_HOSTS (a guard against DNS "
+            "rebinding); add this name there, or reach the API by one of those"
+        )
+        answer = problems.problem_response(400, "host_not_allowed", detail, dict(_CLOSE))
+        await answer(scope, receive, send)
+
+
+class BodyTooLarge(Exception):
+    """Raised from `receive` once a streamed body passes the bound."""
+
+
+class BodyGuard:
+    """Bodies bounded before they are read; writes authenticated before their body is read."""
+
+    def __init__(self, app: ASGIApp, settings: Callable[[], Settings]) -> None:
+        self.app = app
+        self.settings = settings  # the daemon's, read per request as the auth dependencies do
+        self.limit = int(settings().api_max_body)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = _header(scope, b"content-length")
+        chunked = _header(scope, b"transfer-encoding") is not None
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._too_large(scope, receive, send)
+            return
+        has_body = chunked or (length is not None and length not in ("", "0"))
+        if has_body and scope["method"] in WRITES and scope["path"].startswith("/v1/"):
+            refusal = auth.write_refusal(Request(scope), self.settings())
+            if refusal is not None:
+                headers = {**refusal.headers, **_CLOSE}
+                answer = problems.problem_response(
+                    refusal.status, refusal.code, refusal.detail, headers, **refusal.extra
+                )
+                await answer(scope, receive, send)
+                return
+        await self._bounded(scope, receive, send)
+
+    async def _bounded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app with a `receive` that counts body bytes; past the bound the app's own
+        answer is replaced by the 413 (or the 413 is sent, if the app answered nothing)."""
+        seen, over, started = [0], [False], [False]
+
+        async def counted() -> Message:
+            if over[0]:
+                raise BodyTooLarge
+            message = await receive()
+            if message["type"] == "http.request":
+                seen[0] += len(message.get("body", b""))
+                if seen[0] > self.limit:
+                    over[0] = True
+                    raise BodyTooLarge
+            return message
+
+        async def guarded(message: Message) -> None:
+            if over[0]:
+                return  # the app's answer to the exception: the 413 below replaces it
+            started[0] = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, guarded)
+        except BodyTooLarge:
+            pass  # answered below
+        if over[0] and not started[0]:
+            await self._too_large(scope, receive, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        detail = (
+            f"the request body is larger than {self.limit} bytes (SCHEDULER_API_MAX_BODY); "
+            "send less (one task or filter per call), or raise the setting"
+        )
+        answer = problems.problem_response(
+            413, "body_too_large", detail, dict(_CLOSE), limit=self.limit
+        )
+        await answer(scope, receive, send)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None

@@ -1,0 +1,363 @@
+"""The HTTP edge under hostile use (issue 25): bodies bounded and refused before they are read,
+the Host allow-list against DNS rebinding, /docs served offline under a CSP, cursors signed and
+range-checked, and a 500 that names a request id instead of an exception's text."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from scheduler.operations import paging
+from tests.integration.api.harness import ADMIN, READ, TARGET, ApiHarness, envelope, poll
+
+PROBLEM = "application/problem+json"
+BIG = 300 << 20  # what the issue sent: 300 MiB
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+async def raw_request(
+    api: ApiHarness, head: str, body_chunks: int = 0, chunk: bytes = b""
+) -> tuple[int, dict[str, str], bytes, int]:
+    """Send `head` (request line and headers, no body) on a fresh socket, then up to
+    `body_chunks` chunks of `chunk` while watching for an answer. Returns the status, headers,
+    body, and how many chunks were written before the answer arrived."""
+    url = urlsplit(api.url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    try:
+        writer.write(head.encode("latin-1"))
+        await writer.drain()
+        answer = asyncio.create_task(_read_answer(reader))
+        sent = 0
+        while sent < body_chunks and not answer.done():
+            try:
+                writer.write(chunk)
+                await writer.drain()
+            except ConnectionError:  # the server hung up after answering: what we want
+                break
+            sent += 1
+            await asyncio.sleep(0)
+        async with asyncio.timeout(5):
+            status, headers, body = await answer
+        return status, headers, body, sent
+    finally:
+        writer.close()
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+def head_of(api: ApiHarness, method: str, path: str, *headers: str) -> str:
+    host = urlsplit(api.url).netloc
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", *headers]
+    return "\r\n".join(lines) + "\r\n\r\n"
+
+
+async def get(api: ApiHarness, path: str, **headers: str) -> tuple[int, dict[str, str], str]:
+    async with asyncio.timeout(10):
+        async with api.http.get(api.url + path, headers=headers) as resp:
+            return resp.status, dict(resp.headers), (await resp.read()).decode(errors="replace")
+
+
+# -- 1. bodies before tokens ----------------------------------------------------------------
+
+
+async def test_a_huge_declared_body_is_refused_413_before_a_byte_is_read(api: ApiHarness) -> None:
+    """`PATCH /v1/delayed/x` declaring 300 MiB with no token is answered 413 naming the limit
+    while the client has sent no body at all, and the connection is closed."""
+    await api.start()
+    head = head_of(
+        api,
+        "PATCH",
+        "/v1/delayed/x",
+        "Content-Type: application/json",
+        f"Content-Length: {BIG}",
+    )
+    status, headers, body, _ = await raw_request(api, head)
+    assert status == 413, body
+    assert headers["content-type"] == PROBLEM and headers["connection"] == "close"
+    problem = json.loads(body)
+    assert problem["code"] == "body_too_large"
+    assert "SCHEDULER_API_MAX_BODY" in problem["detail"] and "1048576" in problem["detail"]
+
+
+async def test_a_write_without_a_token_is_refused_before_its_body_is_read(
+    api: ApiHarness,
+) -> None:
+    """A write declaring a body under the limit with no token, or the read token, is answered
+    401/403 before the client sends a byte of it."""
+    await api.start()
+    for auth, expected in (("", 401), (f"Authorization: Bearer {READ}", 403)):
+        extra = [auth] if auth else []
+        head = head_of(
+            api,
+            "PATCH",
+            "/v1/delayed/x",
+            "Content-Type: application/json",
+            "Content-Length: 900000",
+            *extra,
+        )
+        status, headers, body, _ = await raw_request(api, head)
+        assert status == expected, body
+        assert headers["connection"] == "close"
+
+
+async def test_a_streamed_body_is_counted_and_cut_at_the_limit(api: ApiHarness) -> None:
+    """A chunked body from an admin is counted as it arrives: 413 once it passes the limit,
+    after about 1 MiB was sent, not after all 300 MiB."""
+    await api.start()
+    head = head_of(
+        api,
+        "PATCH",
+        "/v1/delayed/x",
+        "Content-Type: application/json",
+        "Transfer-Encoding: chunked",
+        f"Authorization: Bearer {ADMIN}",
+    )
+    piece = b"x" * 65536
+    chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    status, _, body, sent = await raw_request(api, head, body_chunks=BIG // len(piece), chunk=chunk)
+    assert status == 413, body
+    assert json.loads(body)["code"] == "body_too_large"
+    assert sent < 200, f"{sent} chunks of 64 KiB were sent before the answer"
+
+
+async def test_the_limit_is_a_setting_and_a_body_within_it_is_served(api: ApiHarness) -> None:
+    """With SCHEDULER_API_MAX_BODY=2KB a 3 KB reschedule body is refused 413 and a small one is
+    served as before."""
+    await api.start(api_max_body="2KB")
+    r = await api.call("PATCH", "/v1/delayed/x", data=b" " * 3000 + b"{}")
+    assert r.status == 413 and "2000" in r.body["detail"], r
+    soon = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    r = await api.call("PATCH", "/v1/delayed/x", json_body={"delay_until": soon})
+    assert r.status == 404, r
+
+
+async def test_a_delivery_due_during_a_refused_upload_is_on_time(api: ApiHarness) -> None:
+    """A task due while an unauthenticated client pushes 300 MiB at the API is delivered within
+    300 ms of its due time (before the fix the daemon read every byte first)."""
+    await api.start()
+    due = datetime.now(UTC) + timedelta(seconds=1.5)
+    doc = envelope(due)
+    await api.publish(TARGET, doc)
+    head = head_of(
+        api, "PATCH", "/v1/delayed/x", "Content-Type: application/json", f"Content-Length: {BIG}"
+    )
+    piece = b"x" * (1 << 20)
+    status, _, _, sent = await raw_request(api, head, body_chunks=BIG // len(piece), chunk=piece)
+    assert status == 413 and sent < 32, sent  # MiB: what the socket buffers took
+
+    async def delivered() -> list:
+        msgs = await api.read_stream("TASKS", quiet=0.2, within=5)
+        return [m for m in msgs if m.headers["Nats-Msg-Id"] == doc["id"]]
+
+    (msg,) = await poll(delivered, bool, within=10)
+    fired = datetime.fromisoformat(msg.headers["Mq-Fired-At"].replace("Z", "+00:00"))
+    assert fired - due < timedelta(milliseconds=300), fired - due
+
+
+# -- 8. Host allow-list ---------------------------------------------------------------------
+
+OPEN_READS = ("/v1/delayed", "/v1/dead-letters", "/ui/")
+
+
+async def test_open_mode_refuses_a_foreign_host(api: ApiHarness) -> None:
+    """With no tokens, `Host: attacker.example:8055` gets 400 naming the Host on every read and
+    the console; loopback names with any port and the probes still answer."""
+    daemon = await api.start(admin_token=None, read_token=None)
+    port = urlsplit(api.url).port
+    for path in OPEN_READS:
+        status, headers, text = await get(api, path, Host="attacker.example:8055")
+        assert status == 400, (path, status, text)
+        assert headers["Content-Type"] == PROBLEM
+        problem = json.loads(text)
+        assert problem["code"] == "host_not_allowed"
+        assert "attacker.example" in problem["detail"]
+        assert "SCHEDULER_API_ALLOWED_HOSTS" in problem["detail"]
+    for host in (f"localhost:{port}", "127.0.0.1", "[::1]:1234", "LOCALHOST"):
+        status, _, text = await get(api, "/v1/delayed", Host=host)
+        assert status == 200, (host, text)
+    for path in ("/healthz", "/readyz"):
+        status, _, _ = await get(api, path, Host="10.1.2.3:8055")
+        assert status == 200, path
+    assert daemon.endpoints.api is not None
+
+
+async def test_open_mode_takes_the_configured_list_too(api: ApiHarness) -> None:
+    """SCHEDULER_API_ALLOWED_HOSTS adds names in open mode; anything else is still refused."""
+    await api.start(admin_token=None, read_token=None, api_allowed_hosts="sched.internal")
+    assert (await get(api, "/v1/delayed", Host="sched.internal:8055"))[0] == 200
+    assert (await get(api, "/v1/delayed", Host="attacker.example"))[0] == 400
+
+
+async def test_token_mode_answers_any_host_unless_a_list_is_set(api: ApiHarness) -> None:
+    """With tokens a rebinding page cannot authenticate, so any Host is served by default; a
+    configured list is enforced."""
+    await api.start()
+    auth = {"Authorization": f"Bearer {READ}"}
+    assert (await get(api, "/v1/delayed", Host="sched.example.com", **auth))[0] == 200
+    await api.stop()
+    await api.start(api_allowed_hosts="sched.example.com,*.internal")
+    assert (await get(api, "/v1/delayed", Host="sched.example.com", **auth))[0] == 200
+    assert (await get(api, "/v1/delayed", Host="a.internal:80", **auth))[0] == 200
+    assert (await get(api, "/v1/delayed", Host="attacker.example", **auth))[0] == 400
+
+
+# -- 9. /docs offline -----------------------------------------------------------------------
+
+
+async def test_docs_use_only_same_origin_assets_under_a_csp(api: ApiHarness) -> None:
+    """/docs has a strict CSP, references only same-origin scripts and styles, and each of
+    them answers 200."""
+    await api.start()
+    status, headers, html = await get(api, "/docs")
+    assert status == 200
+    csp = headers["Content-Security-Policy"]
+    assert "default-src 'none'" in csp and "script-src 'self'" in csp
+    assert "http" not in csp and "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert any(a.endswith(".js") for a in assets) and any(a.endswith(".css") for a in assets)
+    for asset in assets:
+        assert asset.startswith("/"), asset
+        assert not asset.startswith("//"), asset
+        status, _, _ = await get(api, asset)
+        assert status == 200, asset
+    assert "<script>" not in html  # no inline script: the CSP would refuse it
+
+
+# -- 10. cursors and 500s -------------------------------------------------------------------
+
+
+def unsigned(kind: str, *key: Any) -> str:
+    text = json.dumps([kind, *key])
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+CRAFTED = [
+    ("/v1/delayed", "delayed", [1, 40000, 1], "priority"),
+    ("/v1/delayed", "delayed", [10**20, 1, 1], "time"),
+    ("/v1/delayed", "delayed", [1, 1, 2**70], "seq"),
+    ("/v1/delayed", "delayed", [1e20, 1, 1], "time"),
+    ("/v1/delayed", "delayed_fired", [1, "a\x00b"], "id"),
+    ("/v1/schedules", "schedules", ["a\x00b"], "name"),
+    ("/v1/dead-letters", "dead-letters", [10**20, "x"], "time"),
+    ("/v1/delayed", None, "Zm9v", ""),  # base64 of "foo"
+    ("/v1/delayed", None, "A", ""),  # not even base64
+]
+
+
+@pytest.mark.parametrize(("path", "kind", "key", "names"), CRAFTED)
+async def test_crafted_cursors_are_refused_400_naming_the_problem(
+    api: ApiHarness, path: str, kind: str | None, key: Any, names: str
+) -> None:
+    """Out-of-range numbers, a NUL, garbage: 400 `bad_cursor` naming what is wrong, never a
+    500 or an exception's text (signed with the daemon's own key, so only the range checks
+    stand between them and the database)."""
+    await api.start()
+    cursor = key if kind is None else paging.encode(kind, key)
+    r = await api.call("GET", path, params={"cursor": cursor})
+    assert r.status == 400, r
+    assert r.body["code"] == "bad_cursor" and r.body["detail"].startswith("cursor:")
+    assert names in r.body["detail"]
+    assert "Error" not in r.body["detail"]
+
+
+async def test_an_edited_or_unsigned_cursor_is_refused(api: ApiHarness) -> None:
+    """A cursor whose key was changed (or one never signed) is refused: the signature names it."""
+    await api.start()
+    for i in range(3):
+        await api.publish(TARGET, envelope(datetime.now(UTC) + timedelta(hours=1, seconds=i)))
+
+    async def page() -> Any:
+        return await api.call("GET", "/v1/delayed", params={"status": "pending", "limit": 1})
+
+    first = await poll(page, lambda r: r.body["next_cursor"] is not None)
+    good = first.body["next_cursor"]
+    assert (await api.call("GET", "/v1/delayed", params={"cursor": good})).status == 200
+    raw = bytearray(base64.urlsafe_b64decode(good + "=" * (-len(good) % 4)))
+    raw[-2] ^= 1  # one bit of the key
+    edited = base64.urlsafe_b64encode(bytes(raw)).decode().rstrip("=")
+    for cursor in (edited, unsigned("delayed", 1, 5, 1)):
+        r = await api.call("GET", "/v1/delayed", params={"cursor": cursor})
+        assert r.status == 400 and r.body["code"] == "bad_cursor", r
+        assert "signature" in r.body["detail"]
+
+
+async def test_another_instances_cursor_is_accepted(api: ApiHarness) -> None:
+    """Cursors are signed with a key kept once in the state bucket: a process that starts with
+    another key refuses the cursor until it loads the deployment's, and a second instance
+    (which loads it at start) continues the list where the first left off."""
+    await api.start()
+    for i in range(3):
+        await api.publish(TARGET, envelope(datetime.now(UTC) + timedelta(hours=1, seconds=i)))
+    params = {"status": "pending", "limit": 1}
+
+    async def page() -> Any:
+        return await api.call("GET", "/v1/delayed", params={**params, "limit": 500})
+
+    await poll(page, lambda r: len(r.body["items"]) == 3)
+    first = await api.call("GET", "/v1/delayed", params=params)
+    cursor = first.body["next_cursor"]
+    second = await api.call("GET", "/v1/delayed", params={**params, "cursor": cursor})
+    raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    kv = await api.js.key_value(api.settings.state_bucket)
+    key = base64.b64decode((await kv.get("api.cursor_key")).value or b"")
+    assert hmac.new(key, raw[16:], hashlib.sha256).digest()[:16] == raw[:16]
+    paging.use_key(b"k" * 32)  # as a process that never loaded the deployment's key
+    r = await api.call("GET", "/v1/delayed", params={**params, "cursor": cursor})
+    assert r.status == 400 and "signature" in r.body["detail"], r
+    other = ApiHarness(api.settings.with_overrides(instance_id="test-2"), api.nc, api.http)
+    try:
+        await other.start()
+        r = await other.call("GET", "/v1/delayed", params={**params, "cursor": cursor})
+        assert r.status == 200 and r.body == second.body, r
+    finally:
+        await other.stop()
+
+
+async def test_a_500_names_a_request_id_and_no_exception_text(
+    api: ApiHarness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unexpected error answers 500 with a request id (body and X-Request-Id), never the
+    exception's text; the log has the exception under the same id."""
+    daemon = await api.start()
+    assert daemon.operations is not None
+
+    async def boom(*_: Any) -> Any:
+        raise RuntimeError("secret internal text /var/lib/x password=hunter2")
+
+    monkeypatch.setattr(daemon.operations.tasks, "list", boom)
+    with caplog.at_level(logging.ERROR, logger="scheduler.api"):
+        r = await api.call("GET", "/v1/delayed")
+    assert r.status == 500 and r.headers["Content-Type"] == PROBLEM, r.headers
+    assert "secret" not in json.dumps(r.body) and "RuntimeError" not in json.dumps(r.body)
+    rid = {k.lower(): v for k, v in r.headers.items()}["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", rid) and r.body["request_id"] == rid
+    assert rid in r.body["detail"]
+    logged = [rec for rec in caplog.records if rid in rec.getMessage()]
+    assert logged and logged[0].exc_info is not None
+    assert "secret internal text" in str(logged[0].exc_info[1])
+    ok = await api.call("GET", "/v1/schedules")
+    ok_rid = {k.lower(): v for k, v in ok.headers.items()}["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", ok_rid) and ok_rid != rid
