@@ -42,12 +42,16 @@ class WriteBacklog:
         self.limit = limit
         self._items: deque[Deferred] = deque()
         self._wake = asyncio.Event()
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._items)
 
     def add(self, what: str, write: Callable[[], Awaitable[None]]) -> bool:
-        """Queue `write`; False (and logged as lost) when the backlog is full."""
+        """Queue `write`; False (and logged as lost) when the backlog is full or closed."""
+        if self._closed:  # the daemon is stopping: no loop will run it
+            log.error("backlog.lost reason=stopping what=%s", what)
+            return False
         if len(self._items) >= self.limit:
             log.error("backlog.lost reason=full limit=%d what=%s", self.limit, what)
             return False
@@ -85,7 +89,9 @@ class WriteBacklog:
         return True
 
     async def close(self) -> None:
-        """Last try within FINAL_BUDGET seconds; whatever is left is logged as lost."""
+        """Last try within FINAL_BUDGET seconds; whatever is left is logged as lost, and so is
+        any write added later."""
+        self._closed = True
         try:
             async with asyncio.timeout(FINAL_BUDGET):
                 await self.drain()

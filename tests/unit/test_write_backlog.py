@@ -16,8 +16,8 @@ async def test_retries_until_written_then_logs_what_is_lost_at_stop(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A write that fails twice with a connection error is written on the third try, before
-    the next one; at stop a write that still fails is logged as lost, and a full backlog
-    refuses a new write at once."""
+    the next one; at stop a write that still fails is logged as lost, and a full or stopped
+    backlog refuses a new write at once, saying so."""
     monkeypatch.setattr(backlog_module, "FIRST_WAIT", 0.01)
     monkeypatch.setattr(backlog_module, "FINAL_BUDGET", 0.2)
     done: list[str] = []
@@ -50,8 +50,10 @@ async def test_retries_until_written_then_logs_what_is_lost_at_stop(
         stop.set()
         async with asyncio.timeout(3):
             await runner
+        assert not backlog.add("row d", write("b"))  # after the loop ended
     lost = [r.getMessage() for r in caplog.records if "backlog.lost" in r.getMessage()]
     assert lost == [
         "backlog.lost reason=full limit=2 what=row c",
         "backlog.lost reason=stopping what=row a again",
+        "backlog.lost reason=stopping what=row d",
     ]
