@@ -82,8 +82,9 @@ async def test_trigger_retried_with_the_same_key_publishes_once(
 
 
 async def test_a_key_reused_on_another_target_or_body_is_refused(api: ApiHarness) -> None:
-    """The same key on another job (pause, trigger) or with another body (reschedule,
-    resolve) answers 422 naming the header, and the second request has no effect."""
+    """The same key on another job, task or dead letter (pause, cancel, replay), on another
+    route (trigger) or with another body (reschedule, resolve, batch replay) answers 422
+    naming the header, and the second request has no effect."""
     await api.start(max_attempts=1)
     await _synced(api)
     paused = await api.call("POST", "/v1/schedules/nightly/pause", headers={KEY: "p"})
@@ -106,13 +107,33 @@ async def test_a_key_reused_on_another_target_or_body_is_refused(api: ApiHarness
     task = (await api.call("GET", path, token=READ)).body
     assert datetime.fromisoformat(task["due_at"]) == datetime.fromisoformat(day2)
 
-    await api.publish("mq.nowhere.x", envelope(None))
-    [dead] = await _dead(api, 1)
+    other = envelope(datetime.now(UTC) + timedelta(days=1))
+    await api.publish(TARGET, other)
+    await _task_stored(api, other["id"])
+    gone = await api.call("DELETE", path, headers={KEY: "c"})
+    assert gone.status == 200, gone
+    _reused(await api.call("DELETE", f"/v1/delayed/{other['id']}", headers={KEY: "c"}))
+    kept = (await api.call("GET", f"/v1/delayed/{other['id']}", token=READ)).body
+    assert kept["status"] == "pending"
+
+    for _ in range(2):
+        await api.publish("mq.nowhere.x", envelope(None))
+    dead, spare = await _dead(api, 2)
     dpath = f"/v1/dead-letters/{dead['id']}"
     done = await api.call("PATCH", dpath, json_body={"resolved": True}, headers={KEY: "d"})
     assert done.status == 200 and done.body["resolved"] is True, done
     _reused(await api.call("PATCH", dpath, json_body={"resolved": False}, headers={KEY: "d"}))
     assert (await api.call("GET", dpath, token=READ)).body["resolved"] is True
+    one = await api.call("POST", f"{dpath}/replay", headers={KEY: "o"})
+    assert one.status == 200, one
+    _reused(await api.call("POST", f"/v1/dead-letters/{spare['id']}/replay", headers={KEY: "o"}))
+    none = {"reason": "no_such_reason", "limit": 1}
+    batch = await api.call("POST", "/v1/dead-letters/replay", json_body=none, headers={KEY: "b"})
+    assert batch.status == 200 and batch.body["replayed"] == 0, batch
+    every = {"limit": 2}
+    _reused(await api.call("POST", "/v1/dead-letters/replay", json_body=every, headers={KEY: "b"}))
+    spared = (await api.call("GET", f"/v1/dead-letters/{spare['id']}", token=READ)).body
+    assert spared["resolved"] is False and spared["replayed_at"] is None
 
 
 async def test_every_mutating_route_replays_its_first_answer(api: ApiHarness) -> None:
