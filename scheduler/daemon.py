@@ -135,13 +135,22 @@ class Daemon:
                         self.leadership.heartbeat(self.state_kv, self._done_leading),
                         name="heartbeat",
                     )
-                    upkeep = fire_log_upkeep(self.store, self.tasks, self.settings, self._stop)
+                    assert self.operations is not None
+                    ops = self.operations
+                    upkeep = fire_log_upkeep(
+                        self.store,
+                        self.tasks,
+                        self.settings,
+                        self._stop,
+                        lambda: ops.idempotency.prune(self.clock.now()),
+                    )
                     tg.create_task(upkeep, name="fire-log-upkeep")
                     dead = DeadLetterStore(self.store)
                     pruning = dead_letter_upkeep(
                         dead, self.settings, self.clock, self.metrics, self._stop
                     )
                     tg.create_task(pruning, name="dead-letter-upkeep")
+                    tg.create_task(ops.backlog.run(self._stop), name="write-backlog")
                     tg.create_task(self._term_loop().run(), name="engine")
                     tg.create_task(loop_lag_probe(self.metrics, self._stop), name="loop-lag")
                     assert self.refresher is not None and self.bus.nc is not None

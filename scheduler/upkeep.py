@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from scheduler.aio import wait_or_stop
 from scheduler.clock import Clock
@@ -25,9 +26,14 @@ PRUNE_BATCHES = 200
 
 
 async def fire_log_upkeep(
-    store: PostgresStore, tasks: TaskStore | None, settings: Settings, stop: asyncio.Event
+    store: PostgresStore,
+    tasks: TaskStore | None,
+    settings: Settings,
+    stop: asyncio.Event,
+    expired_keys: Callable[[], Awaitable[int]] | None = None,
 ) -> None:
-    """Hourly: fire-log partitions two days ahead, expired ones dropped, old tasks purged."""
+    """Hourly: fire-log partitions two days ahead, expired ones dropped, old tasks purged,
+    expired idempotency keys deleted (`expired_keys`)."""
     while not stop.is_set():
         try:
             for change in await store.fire_log_upkeep(settings.fire_log_retention):
@@ -35,6 +41,8 @@ async def fire_log_upkeep(
             if tasks is not None:
                 purged = await tasks.purge_finished(settings.fire_log_retention)
                 log.info("delayed_messages.purged rows=%d", purged)
+            if expired_keys is not None:
+                log.info("api_idempotency.pruned rows=%d", await expired_keys())
         except Exception as exc:  # upkeep must never take the daemon down; retried next hour
             log.warning("fire_log.upkeep_failed error=%r", exc)
         await wait_or_stop(stop, UPKEEP_INTERVAL)

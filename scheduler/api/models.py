@@ -190,11 +190,18 @@ class ScheduleOutcome(BaseModel):
 class TriggerOutcome(BaseModel):
     name: str
     status: Literal["triggered"]
-    msg_id: str = Field(description="the delivery's Nats-Msg-Id: <job>@manual-<instant>")
+    msg_id: str = Field(
+        description="the delivery's Nats-Msg-Id: <job>@manual-<instant>, or "
+        "<job>@manual-key-<digest> under an Idempotency-Key"
+    )
     subject: str
     stream: str
     seq: int
     fired_at: str
+    fire_log: Literal["written", "pending"] = Field(
+        description="the fire-log row: written, or pending (PostgreSQL was unreachable after "
+        "the publish was acknowledged; the daemon writes it once PostgreSQL answers)"
+    )
 
 
 # -- dead letters ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from scheduler.clock import Clock
+from scheduler.operations.backlog import WriteBacklog
 from scheduler.operations.cron_jobs import ScheduleOperations
 from scheduler.operations.dead_letters import DeadLetterOperations
 from scheduler.operations.stats import StatsOperations
@@ -16,6 +17,7 @@ from scheduler.operations.tasks import TaskOperations
 from scheduler.settings import Settings
 from scheduler.store.cron_jobs import ScheduleStore
 from scheduler.store.dead_letters import DeadLetterStore
+from scheduler.store.idempotency import IdempotencyStore
 from scheduler.store.overview import OverviewStore
 from scheduler.store.postgres import PostgresStore
 from scheduler.store.tasks import TaskStore
@@ -27,6 +29,9 @@ class Operations:
     schedules: ScheduleOperations
     dead_letters: DeadLetterOperations
     stats: StatsOperations
+    idempotency: IdempotencyStore  # the API's stored answers (`scheduler.api.idempotency`)
+    backlog: WriteBacklog  # writes retried in the background; the daemon runs its loop
+    clock: Clock
 
 
 def build_operations(
@@ -37,11 +42,14 @@ def build_operations(
     clock: Clock,
     lease: Callable[[], Awaitable[dict[str, Any]]],
 ) -> Operations:
-    overview, dead = OverviewStore(db), DeadLetterStore(db)
+    overview, dead, backlog = OverviewStore(db), DeadLetterStore(db), WriteBacklog()
     task_ops = TaskOperations(nc, settings, tasks, overview, clock)
     return Operations(
         tasks=task_ops,
-        schedules=ScheduleOperations(nc, settings, ScheduleStore(db), overview, clock),
+        schedules=ScheduleOperations(nc, settings, ScheduleStore(db), overview, clock, backlog),
         dead_letters=DeadLetterOperations(nc, settings, dead, task_ops, clock),
         stats=StatsOperations(overview, dead, clock, lease),
+        idempotency=IdempotencyStore(db),
+        backlog=backlog,
+        clock=clock,
     )

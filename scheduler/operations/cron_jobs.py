@@ -10,13 +10,19 @@ definition changes in YAML, or when an operator resumes it (resume clears the fa
 well as an operator's pause: for a fix outside the YAML, such as a larger `max_payload`).
 
 A manual trigger publishes one occurrence now from whichever instance received it, with its own
-`Nats-Msg-Id` `<job>@manual-<instant>` and a `fire_log` row marked `manual`; it moves no cursor,
-so the regular occurrences go on as planned.
+`Nats-Msg-Id` `<job>@manual-<instant>` (`<job>@manual-key-<digest>` under an idempotency key)
+and a `fire_log` row marked `manual`; it moves no cursor, so the regular occurrences go on as
+planned. The row is written before the publish, without a stream, and confirmed with the stream
+and sequence once the PubAck is in: a trigger is never invisible to the audit. Once the PubAck
+is in, the answer is `triggered`; if PostgreSQL cannot take the confirmation then, the daemon's
+write backlog retries it (`fire_log: pending` in the answer).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import json
 import logging
 from datetime import datetime
@@ -26,7 +32,7 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
-from nats.js.errors import NoStreamResponseError
+from nats.js.errors import APIError, NoStreamResponseError
 
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.core import Advance
@@ -34,6 +40,7 @@ from scheduler.cron import occurrences
 from scheduler.engine.cron_message import envelope
 from scheduler.engine.misfire import fire_time
 from scheduler.operations import Outcome
+from scheduler.operations.backlog import TRANSIENT, WriteBacklog
 from scheduler.operations.paging import NAME, Page, decode, page
 from scheduler.schedules import Job, job_from_definition, load_dir, schedule_files
 from scheduler.settings import Settings
@@ -47,6 +54,7 @@ NEXT_COUNT = 10
 FIRES_COUNT = 20
 CHANGED_SUBJECT = "scheduler.v1.internal.schedules"
 PUBLISH_TIMEOUT = 5.0
+CONFIRM_TIMEOUT = 2.0
 _UNREAD = object()
 
 
@@ -58,8 +66,10 @@ class ScheduleOperations:
         store: ScheduleStore,
         overview: OverviewStore,
         clock: Clock,
+        backlog: WriteBacklog,
     ) -> None:
         self.nc = nc
+        self.backlog = backlog
         self.settings = settings
         self.store = store
         self.overview = overview
@@ -117,32 +127,73 @@ class ScheduleOperations:
         await self.nc.publish(CHANGED_SUBJECT, name.encode())
         return Outcome("paused" if who else "resumed", name)
 
-    async def trigger(self, name: str) -> Outcome:
-        """Fire one occurrence of `name` now, once, from this instance."""
+    async def trigger(
+        self, name: str, key: str | None = None, first_at: datetime | None = None
+    ) -> Outcome:
+        """Fire one occurrence of `name` now, once, from this instance. With `key` (the API's
+        idempotency key, scoped to its caller) the message id is derived from job and key, and
+        `first_at` (when that key's first request began) stands for "now", so a retry
+        publishes the same message, which the target stream's duplicate window drops."""
         row = await self.overview.schedule(name)
         if row is None:
             return Outcome("not_found", name, f"no cron job named {name!r}")
         if not row["active"]:
             return Outcome("removed", name, f"job {name!r} is no longer in the YAML files")
         job = _job(row)
-        now = self.clock.now()
-        key = f"{job.name}@manual-{to_rfc3339(now)}"
-        body, headers = manual_envelope(job, now, key)
+        now = first_at or self.clock.now()
+        msg_id = manual_msg_id(job.name, now, key)
+        body, headers = manual_envelope(job, now, msg_id)
+        # Before the publish: whatever happens next, the audit sees this trigger.
+        await self.store.log_manual_intent(job.name, job.subject, now, self.settings.instance_id)
         try:
             ack = await self.nc.jetstream().publish(
                 job.subject, body, timeout=PUBLISH_TIMEOUT, headers=headers
             )
-        except NoStreamResponseError:
-            detail = f"no stream captures {job.subject}: create one, then trigger again"
-            return Outcome("no_stream", name, detail)
-        except (NatsError, TimeoutError) as exc:
-            detail = f"publishing to {job.subject} failed: {exc!r}"
-            log.warning("schedule.trigger_failed job=%s error=%r", name, exc)
-            return Outcome("publish_failed", name, detail)
+        except (NoStreamResponseError, APIError) as exc:  # refused: nothing was stored
+            await self._forget(job.name, now)
+            if isinstance(exc, NoStreamResponseError):
+                detail = f"no stream captures {job.subject}: create one, then trigger again"
+                return Outcome("no_stream", name, detail)
+            return Outcome("publish_failed", name, f"{job.subject} refused the message: {exc}")
+        except (NatsError, TimeoutError) as exc:  # no answer: it may have been stored
+            log.warning("schedule.trigger_failed job=%s msg_id=%s error=%r", name, msg_id, exc)
+            detail = (
+                f"publishing to {job.subject} got no answer ({exc!r}): it may have been "
+                "delivered (its fire_log row stays without a stream); retry with the same "
+                "Idempotency-Key to be sure it fires once"
+            )
+            return Outcome("publish_failed", name, detail, {"msg_id": msg_id})
         fired = Advance(job.name, job.subject, now, self.clock.now(), ack.stream, ack.seq)
-        await self.store.log_manual_fire(fired, self.settings.instance_id)
-        data = {"msg_id": key, "subject": job.subject, "stream": ack.stream, "seq": ack.seq}
-        return Outcome("triggered", name, data={**data, "fired_at": to_rfc3339(now)})
+        logged = await self._confirm(fired, msg_id, ack.duplicate is True)
+        data = {"msg_id": msg_id, "subject": job.subject, "stream": ack.stream, "seq": ack.seq}
+        data |= {"fired_at": to_rfc3339(now), "fire_log": logged}
+        return Outcome("triggered", name, data=data)
+
+    async def _confirm(self, fired: Advance, msg_id: str, duplicate: bool) -> str:
+        """Confirm the fire-log row now (`written`) or, PostgreSQL unreachable, in the
+        background (`pending`): the publish was acknowledged, so the answer is `triggered`.
+        A duplicate publish (a retried key) keeps the first attempt's row if it has one."""
+        write = self.store.settle_duplicate_fire if duplicate else self.store.confirm_manual_fire
+        try:
+            async with asyncio.timeout(CONFIRM_TIMEOUT):
+                await write(fired)
+            return "written"
+        except TRANSIENT as exc:
+            log.warning("schedule.fire_log_deferred msg_id=%s error=%r", msg_id, exc)
+        what = (
+            f"fire_log manual row job={fired.name} scheduled_for={to_rfc3339(fired.scheduled_for)} "
+            f"msg_id={msg_id} stream={fired.stream} seq={fired.stream_seq}"
+        )
+        self.backlog.add(what, functools.partial(write, fired))
+        return "pending"
+
+    async def _forget(self, name: str, at: datetime) -> None:
+        try:
+            await self.store.forget_manual_intent(name, at)
+        except TRANSIENT as exc:
+            log.warning("schedule.fire_log_deferred job=%s error=%r", name, exc)
+            what = f"delete unconfirmed manual row job={name} scheduled_for={to_rfc3339(at)}"
+            self.backlog.add(what, functools.partial(self.store.forget_manual_intent, name, at))
 
     def _summary(self, row: dict[str, Any]) -> dict[str, Any]:
         definition = row["definition"]
@@ -169,6 +220,13 @@ class ScheduleOperations:
             "skipped": row["skipped"] or 0,
             "definition": definition,
         }
+
+
+def manual_msg_id(job: str, now: datetime, key: str | None) -> str:
+    """`<job>@manual-<instant>`, or with an idempotency key `<job>@manual-key-<digest>`."""
+    if key is None:
+        return f"{job}@manual-{to_rfc3339(now)}"
+    return f"{job}@manual-key-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
 
 
 def manual_envelope(job: Job, now: datetime, key: str) -> tuple[bytes, dict[str, str]]:

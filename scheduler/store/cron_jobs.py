@@ -194,18 +194,62 @@ class ScheduleStore:
             rows = await conn.fetch("SELECT name FROM schedules WHERE paused_at IS NOT NULL")
         return frozenset(r["name"] for r in rows)
 
-    async def log_manual_fire(self, fire: Advance, instance: str) -> None:
-        """A manual trigger's `fire_log` row: not fenced (no cursor moves), marked `manual`."""
+    async def log_manual_intent(self, name: str, subject: str, at: datetime, instance: str) -> None:
+        """A manual trigger's `fire_log` row, written before its publish: marked `manual`, not
+        fenced (no cursor moves), with no stream yet (`confirm_manual_fire` adds it after the
+        PubAck). Written once per (job, `at`): a retry of the same trigger finds it there."""
         async with self.db.timed("manual_fire") as conn:
             await conn.execute(
                 "INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, attempt, "
-                "epoch, instance, stream, stream_seq, manual) SELECT 'cron', $1, $2, $3, $4, 1, "
-                "epoch, $5, $6, $7, true FROM leadership WHERE id = 1",
+                "epoch, instance, manual) SELECT 'cron', $1, $2, $3, $3, 1, epoch, $4, true "
+                "FROM leadership WHERE id = 1 AND NOT EXISTS (SELECT 1 FROM fire_log WHERE "
+                "kind = 'cron' AND key = $1 AND scheduled_for = $3 AND manual)",
+                name,
+                subject,
+                at,
+                instance,
+            )
+
+    async def confirm_manual_fire(self, fire: Advance) -> None:
+        """The PubAck of the manual trigger `fire` (at `scheduled_for`): its stream, sequence
+        and acknowledgement time on the row `log_manual_intent` wrote (once: a repeat finds
+        the row confirmed and changes nothing)."""
+        async with self.db.timed("manual_fire") as conn:
+            await conn.execute(
+                "UPDATE fire_log SET fired_at = $3, stream = $4, stream_seq = $5 "
+                "WHERE kind = 'cron' AND key = $1 AND scheduled_for = $2 AND manual "
+                "AND stream IS NULL",
                 fire.name,
-                fire.subject,
                 fire.scheduled_for,
                 fire.fired_at,
-                instance,
                 fire.stream,
                 fire.stream_seq,
+            )
+
+    async def settle_duplicate_fire(self, fire: Advance) -> None:
+        """A manual trigger's publish came back a duplicate (a retry under the same
+        idempotency key): when the first attempt's row already holds that stream sequence,
+        the retry's own unconfirmed row goes (one row per message), else it is confirmed.
+        Only rows of the last two days are searched: a duplicate window is far shorter."""
+        async with self.db.timed("manual_fire") as conn:
+            await conn.execute(
+                "DELETE FROM fire_log WHERE kind = 'cron' AND key = $1 AND scheduled_for = $2 "
+                "AND manual AND stream IS NULL AND EXISTS (SELECT 1 FROM fire_log WHERE "
+                "kind = 'cron' AND key = $1 AND scheduled_for > $2 - interval '2 days' "
+                "AND manual AND stream = $3 AND stream_seq = $4)",
+                fire.name,
+                fire.scheduled_for,
+                fire.stream,
+                fire.stream_seq,
+            )
+        await self.confirm_manual_fire(fire)
+
+    async def forget_manual_intent(self, name: str, at: datetime) -> None:
+        """Delete the unconfirmed row of a manual trigger whose publish was refused."""
+        async with self.db.timed("manual_fire") as conn:
+            await conn.execute(
+                "DELETE FROM fire_log WHERE kind = 'cron' AND key = $1 AND scheduled_for = $2 "
+                "AND manual AND stream IS NULL",
+                name,
+                at,
             )

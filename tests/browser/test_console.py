@@ -12,6 +12,7 @@ import pytest
 from playwright.async_api import Page, expect
 
 from tests.browser.conftest import Console, shot, tab_to
+from tests.browser.test_access import post_form
 from tests.integration.api.harness import READ, TARGET, envelope, poll
 
 pytestmark = pytest.mark.parametrize("servers", ["current"], indirect=True)
@@ -217,3 +218,25 @@ async def test_script_in_payloads_and_inputs_renders_as_text(console: Console) -
     await expect(page.get_by_label("Org id")).to_have_value("<script>window.__xss=1</script>")
     await no_script_ran(page)
     assert await page.locator("script").count() == 1  # console.js, and nothing else
+
+
+async def test_a_trigger_form_sent_twice_fires_once(console: Console) -> None:
+    """The trigger confirmation's form carries its own Idempotency-Key: the same form sent
+    twice (a double click, a resent POST) publishes once, and both answers say `Triggered`
+    with the same message id."""
+    await console.api.start()
+    page = await console.signed_in()
+    await page.goto(console.url + "schedules/nightly/trigger")
+    form = page.locator("form", has=page.get_by_role("button", name="Trigger nightly now"))
+    fields = {}
+    for hidden in await form.locator("input[type=hidden]").all():
+        fields[str(await hidden.get_attribute("name"))] = str(await hidden.get_attribute("value"))
+    sent = []
+    for _ in range(2):
+        sent.append(await post_form(page, "/ui/schedules/nightly/trigger", fields))
+        await page.goto(console.url + "schedules/nightly")
+        sent[-1]["flash"] = await page.get_by_role("status").inner_text()
+    assert [s["status"] for s in sent] == [0, 0], sent  # opaque redirects: 303 both times
+    assert "Triggered nightly" in sent[0]["flash"] and sent[0]["flash"] == sent[1]["flash"]
+    msgs = await console.api.read_stream("SCHEDULED", quiet=0.5, subject="mq.scheduled.nightly")
+    assert len(msgs) == 1, [m.headers["Nats-Msg-Id"] for m in msgs]

@@ -6,9 +6,10 @@ import base64
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from scheduler.api.auth import Admin, Reader
+from scheduler.api.idempotency import IdempotencyKey, once
 from scheduler.api.models import (
     SUBJECT,
     WORD,
@@ -24,9 +25,10 @@ from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Cursor, Limit, Ops, done, log_write
 from scheduler.operations import Outcome
 from scheduler.store.dead_letters import DeadLetterFilter
+from scheduler.store.idempotency import Claim
 
 router = APIRouter(prefix="/v1/dead-letters", tags=["dead letters"])
-WRITE = responses(401, 403, 404, 409, 422, 503)
+WRITE = responses(400, 401, 403, 404, 409, 422, 503)
 
 
 LIST = responses(400, 401, 403, 422, 503) | links(
@@ -62,17 +64,23 @@ async def get_dead_letter(dead_id: uuid.UUID, ops: Ops, _: Reader) -> Any:
     return _detail(await ops.dead_letters.show(dead_id), dead_id)
 
 
-@router.post("/replay", response_model=ReplayBatchResult, responses=WRITE | responses(400))
-async def replay_batch(body: ReplayBatch, ops: Ops, caller: Admin) -> Any:
+@router.post("/replay", response_model=ReplayBatchResult, responses=WRITE)
+async def replay_batch(
+    body: ReplayBatch, ops: Ops, caller: Admin, request: Request, key: IdempotencyKey = None
+) -> Any:
     """Replay up to `limit` unresolved dead letters matching the filter, newest first; each
     result says `replayed` or why not. Never replays one twice."""
-    where = DeadLetterFilter(body.reason, body.subject, body.stage, resolved=False)
-    outcomes = await ops.dead_letters.replay_many(where, body.limit, caller.who)
-    for outcome in outcomes:
-        log_write(caller, "replay", outcome)
-    replayed = sum(o.ok for o in outcomes)
-    results = [_replay_result(o) for o in outcomes]
-    return {"replayed": replayed, "refused": len(outcomes) - replayed, "results": results}
+
+    async def run(_: Claim | None) -> Any:
+        where = DeadLetterFilter(body.reason, body.subject, body.stage, resolved=False)
+        outcomes = await ops.dead_letters.replay_many(where, body.limit, caller.who)
+        for outcome in outcomes:
+            log_write(caller, "replay", outcome)
+        replayed = sum(o.ok for o in outcomes)
+        results = [_replay_result(o) for o in outcomes]
+        return {"replayed": replayed, "refused": len(outcomes) - replayed, "results": results}
+
+    return await once(request, ops, caller, key, "*", body, ReplayBatchResult, run)
 
 
 @router.post(
@@ -81,22 +89,38 @@ async def replay_batch(body: ReplayBatch, ops: Ops, caller: Admin) -> Any:
     response_model_exclude_none=True,
     responses=WRITE,
 )
-async def replay_one(dead_id: uuid.UUID, ops: Ops, caller: Admin) -> Any:
+async def replay_one(
+    dead_id: uuid.UUID, ops: Ops, caller: Admin, request: Request, key: IdempotencyKey = None
+) -> Any:
     """Replay one dead letter through the normal path (see the dead letters guide): a task that
     died firing goes back to pending (same id, attempts from zero); bad intake is validated
     again and re-published to the delay lane. The target is re-checked against the allow-list."""
-    outcome = await ops.dead_letters.replay(dead_id, caller.who)
-    return {"id": str(dead_id), **done(caller, "replay", outcome, "dead letter")}
+
+    async def run(_: Claim | None) -> Any:
+        outcome = await ops.dead_letters.replay(dead_id, caller.who)
+        return {"id": str(dead_id), **done(caller, "replay", outcome, "dead letter")}
+
+    return await once(request, ops, caller, key, str(dead_id), None, ReplayOutcome, run, True)
 
 
-@router.patch("/{dead_id:uuid}", response_model=DeadLetterDetail, responses=WRITE | responses(400))
-async def resolve_dead_letter(dead_id: uuid.UUID, body: Resolve, ops: Ops, caller: Admin) -> Any:
+@router.patch("/{dead_id:uuid}", response_model=DeadLetterDetail, responses=WRITE)
+async def resolve_dead_letter(
+    dead_id: uuid.UUID,
+    body: Resolve,
+    ops: Ops,
+    caller: Admin,
+    request: Request,
+    key: IdempotencyKey = None,
+) -> Any:
     """Mark a dead letter resolved (handled, nothing to replay), or open it again."""
-    doc = await ops.dead_letters.resolve(dead_id, body.resolved, caller.who)
-    status = "resolved" if body.resolved else "reopened"
-    outcome = Outcome(status if doc else "not_found", str(dead_id))
-    log_write(caller, "resolve", outcome)
-    return _detail(doc, dead_id)
+
+    async def run(_: Claim | None) -> Any:
+        doc = await ops.dead_letters.resolve(dead_id, body.resolved, caller.who)
+        status = "resolved" if body.resolved else "reopened"
+        log_write(caller, "resolve", Outcome(status if doc else "not_found", str(dead_id)))
+        return _detail(doc, dead_id)
+
+    return await once(request, ops, caller, key, str(dead_id), body, DeadLetterDetail, run)
 
 
 def _detail(doc: dict[str, Any] | None, dead_id: uuid.UUID) -> dict[str, Any]:

@@ -6,9 +6,10 @@ import base64
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 
 from scheduler.api.auth import Admin, Reader
+from scheduler.api.idempotency import IdempotencyKey, once
 from scheduler.api.models import (
     SUBJECT,
     TASK_ID,
@@ -20,6 +21,7 @@ from scheduler.api.models import (
 )
 from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Cursor, Limit, Ops, done
+from scheduler.store.idempotency import Claim
 from scheduler.store.overview import TaskFilter
 
 router = APIRouter(prefix="/v1/delayed", tags=["delayed tasks"])
@@ -27,7 +29,7 @@ TaskId = Annotated[str, Path(pattern=TASK_ID, description="the envelope id")]
 LIST = responses(400, 401, 403, 422, 503) | links(
     "task_id", "/items/0/id", "get_task", "cancel_task", "reschedule_task"
 )
-WRITE = responses(401, 403, 404, 409, 422, 503)
+WRITE = responses(400, 401, 403, 404, 409, 422, 503)
 
 
 @router.get("", response_model=TaskPage, responses=LIST)
@@ -91,20 +93,37 @@ async def get_task(task_id: TaskId, ops: Ops, _: Reader) -> Any:
 @router.delete(
     "/{task_id}", response_model=TaskOutcome, response_model_exclude_none=True, responses=WRITE
 )
-async def cancel_task(task_id: TaskId, ops: Ops, caller: Admin) -> Any:
+async def cancel_task(
+    task_id: TaskId, ops: Ops, caller: Admin, request: Request, key: IdempotencyKey = None
+) -> Any:
     """Cancel a pending task. 200 `cancelled` guarantees it is never delivered; 409 when it is
     already firing or done (`too_late`) or its publish is in doubt (`in_flight`)."""
-    outcome = await ops.tasks.cancel(task_id)
-    return {"id": task_id, **done(caller, "cancel", outcome, "task")}
+
+    async def run(_: Claim | None) -> Any:
+        outcome = await ops.tasks.cancel(task_id)
+        return {"id": task_id, **done(caller, "cancel", outcome, "task")}
+
+    return await once(request, ops, caller, key, task_id, None, TaskOutcome, run, True)
 
 
 @router.patch(
     "/{task_id}",
     response_model=TaskOutcome,
     response_model_exclude_none=True,
-    responses=WRITE | responses(400),
+    responses=WRITE,
 )
-async def reschedule_task(task_id: TaskId, body: Reschedule, ops: Ops, caller: Admin) -> Any:
+async def reschedule_task(
+    task_id: TaskId,
+    body: Reschedule,
+    ops: Ops,
+    caller: Admin,
+    request: Request,
+    key: IdempotencyKey = None,
+) -> Any:
     """Move a pending task to a new due time (same race rules as cancel)."""
-    outcome = await ops.tasks.reschedule(task_id, body.delay_until)
-    return {"id": task_id, **done(caller, "reschedule", outcome, "task")}
+
+    async def run(_: Claim | None) -> Any:
+        outcome = await ops.tasks.reschedule(task_id, body.delay_until)
+        return {"id": task_id, **done(caller, "reschedule", outcome, "task")}
+
+    return await once(request, ops, caller, key, task_id, body, TaskOutcome, run, True)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 
 from scheduler.api.auth import Admin, Reader
+from scheduler.api.idempotency import IdempotencyKey, once
 from scheduler.api.models import (
     JOB_NAME,
     ScheduleDetail,
@@ -17,10 +18,11 @@ from scheduler.api.models import (
 )
 from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Cursor, Limit, Ops, done
+from scheduler.store.idempotency import Claim
 
 router = APIRouter(prefix="/v1/schedules", tags=["cron jobs"])
 Name = Annotated[str, Path(pattern=JOB_NAME, max_length=100, description="the job's name")]
-WRITE = responses(401, 403, 404, 409, 422, 503)
+WRITE = responses(400, 401, 403, 404, 409, 422, 503)
 
 
 LIST = responses(400, 401, 403, 422, 503) | links(
@@ -59,24 +61,47 @@ async def get_schedule(name: Name, ops: Ops, _: Reader) -> Any:
 
 
 @router.post("/{name}/pause", response_model=ScheduleOutcome, responses=WRITE)
-async def pause_schedule(name: Name, ops: Ops, caller: Admin) -> Any:
+async def pause_schedule(
+    name: Name, ops: Ops, caller: Admin, request: Request, key: IdempotencyKey = None
+) -> Any:
     """Stop firing the job until resumed (kept across reloads and restarts); occurrences
     while paused are skipped, not caught up."""
-    outcome = await ops.schedules.pause(name, caller.who)
-    return {"name": name, **done(caller, "pause", outcome, "job")}
+
+    async def run(_: Claim | None) -> Any:
+        outcome = await ops.schedules.pause(name, caller.who)
+        return {"name": name, **done(caller, "pause", outcome, "job")}
+
+    return await once(request, ops, caller, key, name, None, ScheduleOutcome, run)
 
 
 @router.post("/{name}/resume", response_model=ScheduleOutcome, responses=WRITE)
-async def resume_schedule(name: Name, ops: Ops, caller: Admin) -> Any:
+async def resume_schedule(
+    name: Name, ops: Ops, caller: Admin, request: Request, key: IdempotencyKey = None
+) -> Any:
     """Undo an operator's pause, and clear a failed mark (the job is tried again); 409
     `paused_in_yaml` when YAML itself says paused."""
-    outcome = await ops.schedules.resume(name)
-    return {"name": name, **done(caller, "resume", outcome, "job")}
+
+    async def run(_: Claim | None) -> Any:
+        outcome = await ops.schedules.resume(name)
+        return {"name": name, **done(caller, "resume", outcome, "job")}
+
+    return await once(request, ops, caller, key, name, None, ScheduleOutcome, run)
 
 
 @router.post("/{name}/trigger", response_model=TriggerOutcome, responses=WRITE)
-async def trigger_schedule(name: Name, ops: Ops, caller: Admin) -> Any:
-    """Fire the job once now with `Nats-Msg-Id` `<job>@manual-<instant>` and a fire-log row;
-    its regular occurrences are unaffected."""
-    outcome = await ops.schedules.trigger(name)
-    return {"name": name, **done(caller, "trigger", outcome, "job")}
+async def trigger_schedule(
+    name: Name, ops: Ops, caller: Admin, request: Request, key: IdempotencyKey = None
+) -> Any:
+    """Fire the job once now with `Nats-Msg-Id` `<job>@manual-<instant>` (with an
+    Idempotency-Key: `<job>@manual-key-<digest of the key>`, so a retry's publish is dropped
+    as a duplicate) and a fire-log row; its regular occurrences are unaffected. Once the
+    publish is acknowledged the answer is `triggered`; `fire_log` says whether the log row is
+    written or still `pending` (PostgreSQL unreachable: the daemon retries it)."""
+
+    async def run(claim: Claim | None) -> Any:
+        scoped = None if claim is None else f"{claim.use.scope}:{claim.use.key}"
+        at = None if claim is None else claim.first_at
+        outcome = await ops.schedules.trigger(name, scoped, at)
+        return {"name": name, **done(caller, "trigger", outcome, "job")}
+
+    return await once(request, ops, caller, key, name, None, TriggerOutcome, run)

@@ -65,7 +65,12 @@ class Api:
         return await self.call("GET", path, params=params)
 
     async def call(
-        self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None
+        self,
+        method: str,
+        path: str,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+        key: str | None = None,
     ) -> Answer:
         query = urlencode({k: _text(v) for k, v in (params or {}).items() if v not in (None, "")})
         payload = b"" if body is None else json.dumps(body).encode()
@@ -73,6 +78,8 @@ class Api:
         headers.append((b"accept", b"application/json"))
         if self.token is not None:
             headers.append((b"authorization", f"Bearer {self.token}".encode("latin-1")))
+        if key is not None:  # the API refuses a malformed one (400 naming the header)
+            headers.append((b"idempotency-key", key.encode("latin-1", "replace")))
         if body is not None:
             headers.append((b"content-type", b"application/json"))
             headers.append((b"content-length", str(len(payload)).encode()))

@@ -17,6 +17,7 @@ something carry the session's CSRF token and must come from this origin.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -109,6 +110,11 @@ class View:
     def csrf(self) -> str:
         return self.session.csrf if self.session else ""
 
+    def form_key(self) -> str:
+        """A fresh Idempotency-Key for one rendered action form: submitting that form twice
+        (a double click, a resent POST) acts once and shows the first answer again."""
+        return uuid.uuid4().hex
+
     def flash(self) -> Flash | None:
         return self.signer.read_flash(self.request.cookies.get(FLASH_COOKIE))
 
@@ -178,6 +184,11 @@ class Form:
 
     def get(self, name: str) -> str:
         return self.fields.get(name, "").strip()
+
+    @property
+    def key(self) -> str | None:
+        """The form's Idempotency-Key (`idem`), passed on to the API, which checks it."""
+        return self.get("idem") or None
 
 
 async def actor(request: Request) -> Form:

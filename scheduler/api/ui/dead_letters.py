@@ -73,7 +73,7 @@ async def replay_batch(form: Actor) -> Response:
         return view.render("error.html", 422, title="Not done", message=message, back=back)
     filters = {k: v for k, v in query.items() if k != "resolved" and v}
     answer = await view.api.call(
-        "POST", "/v1/dead-letters/replay", body={**filters, "limit": limit}
+        "POST", "/v1/dead-letters/replay", body={**filters, "limit": limit}, key=form.key
     )
     if not answer.ok:
         return view.failed(answer, back)
@@ -101,7 +101,7 @@ async def confirm_replay(view: Viewer, dead_id: str) -> HTMLResponse:
 async def replay(form: Actor, dead_id: str) -> Response:
     view = form.view
     back = f"/ui/dead-letters/{dead_id}"
-    answer = await view.api.call("POST", f"/v1/dead-letters/{dead_id}/replay")
+    answer = await view.api.call("POST", f"/v1/dead-letters/{dead_id}/replay", key=form.key)
     if not answer.ok:
         return view.failed(answer, back)
     how = "back to pending" if answer.body.get("via") == "firing" else "through the delay lane"
@@ -114,7 +114,7 @@ async def resolve(form: Actor, dead_id: str) -> Response:
     back = f"/ui/dead-letters/{dead_id}"
     resolved = form.get("resolved") != "false"
     body = {"resolved": resolved}
-    answer = await view.api.call("PATCH", f"/v1/dead-letters/{dead_id}", body=body)
+    answer = await view.api.call("PATCH", f"/v1/dead-letters/{dead_id}", body=body, key=form.key)
     if not answer.ok:
         return view.failed(answer, back)
     return view.redirect(back, ("ok", "Resolved." if resolved else "Opened again."))

@@ -65,7 +65,7 @@ async def confirm_cancel(view: Viewer, task_id: str) -> HTMLResponse:
 async def cancel(form: Actor, task_id: str) -> Response:
     view = form.view
     back = f"/ui/delayed/{quote(task_id, safe='')}"
-    answer = await view.api.call("DELETE", f"/v1/delayed/{task_id}")
+    answer = await view.api.call("DELETE", f"/v1/delayed/{task_id}", key=form.key)
     if not answer.ok:
         return view.failed(answer, back)
     return view.redirect(back, ("ok", f"Cancelled {task_id}: it will not be delivered."))

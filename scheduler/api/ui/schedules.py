@@ -69,7 +69,7 @@ async def act(form: Actor, name: str, action: str) -> Response:
     back = _back(form.get("back"), name)
     if action not in ACTIONS:
         return view.render("error.html", 404, title="Not found", message=f"no action {action!r}")
-    answer = await view.api.call("POST", f"/v1/schedules/{name}/{action}")
+    answer = await view.api.call("POST", f"/v1/schedules/{name}/{action}", key=form.key)
     if not answer.ok:
         return view.failed(answer, back)
     message = f"{ACTIONS[action]} {name}."

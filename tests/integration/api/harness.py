@@ -78,8 +78,9 @@ class ApiHarness(DaemonRunner):
         json_body: Any = None,
         data: bytes | None = None,
         params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Reply:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {**({"Authorization": f"Bearer {token}"} if token else {}), **(headers or {})}
         if data is not None:
             headers["Content-Type"] = "application/json"
         async with asyncio.timeout(10):

@@ -20,7 +20,8 @@ COMPAT_EXAMPLES = 5
 
 
 async def test_document_is_generated_from_the_models(api: ApiHarness) -> None:
-    """/openapi.json names every route, the bearer scheme, problem responses and the models."""
+    """/openapi.json names every route, the bearer scheme, problem responses and the models,
+    and declares the optional Idempotency-Key header on every write."""
     await api.start()
     doc = (await api.call("GET", "/openapi.json", token=None)).body
     assert doc["info"]["title"] == "mq-scheduler"
@@ -36,6 +37,20 @@ async def test_document_is_generated_from_the_models(api: ApiHarness) -> None:
     assert cancel["operationId"] == "cancel_task"
     assert "application/problem+json" in cancel["responses"]["409"]["content"]
     assert set(doc["components"]["schemas"]["Problem"]["required"]) >= {"code", "detail"}
+    writes = [
+        (path, method)
+        for path, item in doc["paths"].items()
+        for method in item
+        if method in ("post", "patch", "delete", "put") and path.startswith("/v1/")
+    ]
+    assert len(writes) == 8, (
+        writes
+    )  # pause, resume, trigger, cancel, reschedule, 2 replays, resolve
+    for path, method in writes:
+        params = doc["paths"][path][method]["parameters"]
+        [key] = [p for p in params if p["in"] == "header" and p["name"] == "Idempotency-Key"]
+        assert key["required"] is False and key["schema"]["maxLength"] == 200, (path, key)
+        assert "400" in doc["paths"][path][method]["responses"], path
     reschedule = doc["components"]["schemas"]["Reschedule"]
     assert reschedule["properties"]["delay_until"]["format"] == "date-time"
     assert reschedule["additionalProperties"] is False

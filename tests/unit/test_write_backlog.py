@@ -1,0 +1,59 @@
+"""The write backlog retries a deferred write until it is done, in order, and says what is
+lost when the daemon stops first."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from scheduler.operations import backlog as backlog_module
+from scheduler.operations.backlog import WriteBacklog
+
+
+async def test_retries_until_written_then_logs_what_is_lost_at_stop(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails twice with a connection error is written on the third try, before
+    the next one; at stop a write that still fails is logged as lost, and a full or stopped
+    backlog refuses a new write at once, saying so."""
+    monkeypatch.setattr(backlog_module, "FIRST_WAIT", 0.01)
+    monkeypatch.setattr(backlog_module, "FINAL_BUDGET", 0.2)
+    done: list[str] = []
+    fails = {"a": 2, "b": 0}
+    written = asyncio.Event()
+
+    def write(name: str) -> object:
+        async def attempt() -> None:
+            if fails[name] > 0:
+                fails[name] -= 1
+                raise ConnectionRefusedError("postgres away")
+            done.append(name)
+            if name == "b":
+                written.set()
+
+        return attempt
+
+    backlog, stop = WriteBacklog(limit=2), asyncio.Event()
+    runner = asyncio.create_task(backlog.run(stop))
+    assert backlog.add("row a", write("a")) and backlog.add("row b", write("b"))
+    assert not backlog.add("row c", write("b"))  # full
+    async with asyncio.timeout(3):
+        await written.wait()
+        while len(backlog):  # noqa: ASYNC110 (popped right after the write returns; no event)
+            await asyncio.sleep(0.01)
+    assert done == ["a", "b"] and len(backlog) == 0
+    fails["a"] = 1_000
+    with caplog.at_level(logging.ERROR, logger="scheduler.backlog"):
+        backlog.add("row a again", write("a"))
+        stop.set()
+        async with asyncio.timeout(3):
+            await runner
+        assert not backlog.add("row d", write("b"))  # after the loop ended
+    lost = [r.getMessage() for r in caplog.records if "backlog.lost" in r.getMessage()]
+    assert lost == [
+        "backlog.lost reason=full limit=2 what=row c",
+        "backlog.lost reason=stopping what=row a again",
+        "backlog.lost reason=stopping what=row d",
+    ]
