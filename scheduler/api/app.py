@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler import __version__
 from scheduler.api import problems
+from scheduler.api.gate import QueryGate
 from scheduler.api.routes import (
     audits,
     dead_letters,
@@ -90,6 +91,7 @@ def build_api(backend: ApiBackend) -> FastAPI:
         generate_unique_id_function=lambda route: route.name,  # operationId = handler name
     )
     app.state.backend = backend
+    app.state.query_gate = QueryGate(backend.settings.api_max_concurrent)
     problems.install(app)
     modules = (health, instances, schedules, delayed, dead_letters, stats, audits)
     for module in modules:

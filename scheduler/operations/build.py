@@ -43,5 +43,7 @@ def build_operations(
         tasks=task_ops,
         schedules=ScheduleOperations(nc, settings, ScheduleStore(db), overview, clock),
         dead_letters=DeadLetterOperations(nc, settings, dead, task_ops, clock),
-        stats=StatsOperations(overview, dead, clock, lease),
+        stats=StatsOperations(
+            overview, dead, clock, lease, settings.forecast_interval.total_seconds()
+        ),
     )
