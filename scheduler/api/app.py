@@ -53,6 +53,10 @@ the daemon has none. With no token configured at all, reads are open. Health, re
 
 **Lists** are paged: pass `next_cursor` back as `cursor`; `limit` is 1..500.
 
+**Load.** The API queries PostgreSQL on its own small pool, never the engine's. Past
+`SCHEDULER_API_MAX_CONCURRENT` requests at once the next is answered 503 `overloaded`, and a
+query past `SCHEDULER_API_STATEMENT_TIMEOUT` 503 `query_timeout`, both with `Retry-After`.
+
 Any instance answers, leader or standby: reads come from PostgreSQL, writes take effect through
 PostgreSQL and the leader.
 """
