@@ -29,6 +29,7 @@ FULL = {
     "scale": ["--counts", "1000000"],
     "cron": ["--jobs", "200,1000", "--duration", "20"],
     "nats_task_cost": ["--count", "50000", "--reps", "3"],
+    "read_crowd": ["--pending", "200000", "--rate", "500", "--duration", "30", "--clients", "24"],
 }
 QUICK = {
     "broker_at": ["--rate", "1000", "--duration", "3"],
@@ -39,6 +40,7 @@ QUICK = {
     "scale": ["--counts", "100000", "--seconds", "5"],
     "cron": ["--jobs", "20", "--duration", "4"],
     "nats_task_cost": ["--count", "5000", "--reps", "1"],
+    "read_crowd": ["--pending", "20000", "--rate", "200", "--duration", "5", "--clients", "8"],
 }
 
 Doc = dict[str, Any]

@@ -89,7 +89,8 @@ class Daemon:
         self.state = RunState.STARTING
         self.endpoints = Endpoints()
         self.bus: NatsBus | None = None
-        self.store: PostgresStore | None = None
+        self.store: PostgresStore | None = None  # the engine's pool (and the NATS service's)
+        self.api_store: PostgresStore | None = None  # the management API's own pool
         self.tasks: TaskStore | None = None
         self.office: Office | None = None
         self.leadership: Leadership | None = None
@@ -196,15 +197,20 @@ class Daemon:
         await self.bus.connect(budget)
         self._check_server_version()
         self.store = await self._open_postgres(stack, budget)
+        self.api_store = await self._open_api_pool(stack, budget)
         self._enter("provisioning streams and buckets")
         leader_kv = await self.bus.setup(self._provision())
         self._enter("starting the service and the lease")
         self.tasks = TaskStore(self.store)
+        # The NATS service (producers' cancel/reschedule/get) keeps the engine's pool; the
+        # management API, the console and the CLI over it run on the API's own pool, writes
+        # included, through the same store statements (see docs/operations.md).
+        own = build_operations(self.bus.nc, s, self.store, self.tasks, self.clock, self.leader)
         self.operations = build_operations(
-            self.bus.nc, s, self.store, self.tasks, self.clock, self.leader
+            self.bus.nc, s, self.api_store, TaskStore(self.api_store), self.clock, self.leader
         )
         stack.callback(setattr, self, "operations", None)  # API: 503 before the pool closes
-        service = SchedulerService(self.bus.nc, s, self.operations.tasks, self.clock, self.stats)
+        service = SchedulerService(self.bus.nc, s, own.tasks, self.clock, self.stats)
         await service.start()
         stack.push_async_callback(service.stop)
         self.clock_check = ClockCheck(
@@ -240,8 +246,8 @@ class Daemon:
         )
         self.refresher = Refresher(
             s,
-            self.operations.stats.overview,
-            self.operations.stats.dead_letters,
+            own.stats.overview,
+            own.stats.dead_letters,
             ScheduleStore(self.store),
             self.metrics,
             self.clock,
@@ -293,6 +299,24 @@ class Daemon:
         store = PostgresStore(await create_pool(dsn, budget), self.metrics)
         stack.push_async_callback(store.close)
         self.metrics.connected.labels("postgres").set(1)
+        return store
+
+    async def _open_api_pool(self, stack: AsyncExitStack, budget: float) -> PostgresStore:
+        """The management API's pool: SCHEDULER_API_POOL_SIZE connections whose statements
+        PostgreSQL cuts at SCHEDULER_API_STATEMENT_TIMEOUT, so operator reads never hold or
+        wait for a connection of the engine's."""
+        s = self.settings
+        assert s.database_dsn is not None
+        timeout = s.api_statement_timeout.total_seconds()
+        pool = await create_pool(
+            s.database_dsn,
+            budget,
+            min_size=1,
+            max_size=s.api_pool_size,
+            statement_timeout=timeout,
+        )
+        store = PostgresStore(pool, self.metrics, acquire_timeout=timeout)
+        stack.push_async_callback(store.close)
         return store
 
     async def _provision(self) -> Any:

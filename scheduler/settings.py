@@ -62,6 +62,7 @@ _DURATION_FIELDS = (
     "startup_timeout",
     "forecast_interval",
     "ui_session_ttl",
+    "api_statement_timeout",
 )
 
 
@@ -139,6 +140,10 @@ class Settings(BaseSettings):
     org_metric_labels: int = Field(default=20, ge=0, le=1000)
     fair_firing: bool = False
     forecast_interval: Duration = timedelta(seconds=5)
+    # the management API's own PostgreSQL pool and its bounds (docs/operations.md)
+    api_pool_size: int = Field(default=3, ge=1, le=100)
+    api_statement_timeout: Duration = Field(default=timedelta(seconds=5), gt=timedelta(0))
+    api_max_concurrent: int = Field(default=8, ge=1, le=1000)
     audit_dir: Path | None = None
     ui_session_ttl: Duration = Field(default=timedelta(hours=12), gt=timedelta(0))
     ui_secure_cookie: bool = False
@@ -172,6 +177,13 @@ class Settings(BaseSettings):
     def _dispatch_coalesce(cls, value: timedelta) -> timedelta:
         if value > MAX_DISPATCH_COALESCE:
             raise ValueError("must be at most 100ms (a due task may be held back that long)")
+        return value
+
+    @field_validator("api_statement_timeout", mode="after")
+    @classmethod
+    def _api_statement_timeout(cls, value: timedelta) -> timedelta:
+        if value < timedelta(milliseconds=1):
+            raise ValueError("must be at least 1ms (PostgreSQL counts whole milliseconds)")
         return value
 
     @field_validator("target_allow", mode="before")
@@ -308,6 +320,15 @@ class Settings(BaseSettings):
         if not password:
             raise ValueError(f"SCHEDULER_DATABASE_PASSWORD_FILE: {str(file)!r} is empty")
         self._database_password = SecretStr(password)
+        return self
+
+    @model_validator(mode="after")
+    def _api_bound(self) -> Settings:
+        if self.api_max_concurrent < self.api_pool_size:
+            raise ValueError(
+                "SCHEDULER_API_MAX_CONCURRENT: must be at least SCHEDULER_API_POOL_SIZE "
+                f"({self.api_pool_size}); connections past the bound would never be used"
+            )
         return self
 
     @model_validator(mode="after")

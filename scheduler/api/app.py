@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler import __version__
 from scheduler.api import apidocs, edge, problems
+from scheduler.api.gate import QueryGate
 from scheduler.api.routes import (
     audits,
     dead_letters,
@@ -52,6 +53,10 @@ the daemon has none. With no token configured at all, reads are open. Health, re
 **Errors** are `application/problem+json` (RFC 9457) with a machine `code`.
 
 **Lists** are paged: pass `next_cursor` back as `cursor`; `limit` is 1..500.
+
+**Load.** The API queries PostgreSQL on its own small pool, never the engine's. Past
+`SCHEDULER_API_MAX_CONCURRENT` requests at once the next is answered 503 `overloaded`, and a
+query past `SCHEDULER_API_STATEMENT_TIMEOUT` 503 `query_timeout`, both with `Retry-After`.
 
 Any instance answers, leader or standby: reads come from PostgreSQL, writes take effect through
 PostgreSQL and the leader.
@@ -91,6 +96,7 @@ def build_api(backend: ApiBackend) -> FastAPI:
         generate_unique_id_function=lambda route: route.name,  # operationId = handler name
     )
     app.state.backend = backend
+    app.state.query_gate = QueryGate(backend.settings.api_max_concurrent)
     problems.install(app)
     modules = (health, instances, schedules, delayed, dead_letters, stats, audits)
     for module in modules:

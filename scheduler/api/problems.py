@@ -9,6 +9,7 @@ branches on (`unauthorized`, `forbidden`, `not_found`, `too_late`, `in_flight`, 
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from http import HTTPStatus
 from typing import Any
@@ -128,7 +129,9 @@ _DESCRIBE = {
     404: "No such object.",
     409: "The object's state does not allow it; `code` says why (too_late, in_flight, ...).",
     422: "A parameter or body field is invalid; `errors` lists each one.",
-    503: "The daemon is starting, or PostgreSQL or NATS cannot be reached; retry.",
+    503: "The daemon is starting, PostgreSQL or NATS cannot be reached, too many API requests "
+    "run at once (`overloaded`) or a query outlasted the API's statement timeout "
+    "(`query_timeout`); retry after the `Retry-After` header's seconds.",
 }
 
 
@@ -168,6 +171,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, asyncpg.QueryCanceledError | TimeoutError):
+            return _query_timeout(request, exc)
         # Never the exception's text in the answer (paths, SQL, addresses): the log has it,
         # under the request id the answer names.
         rid = request_id(request.scope)
@@ -180,10 +185,27 @@ def install(app: FastAPI) -> None:
                 "a backing service (PostgreSQL or NATS) is unavailable; retry shortly "
                 f"(request id {rid} in the daemon log)"
             )
-            return problem_response(503, "unavailable", detail, headers, request_id=rid)
+            return problem_response(
+                503, "unavailable", detail, {**headers, "Retry-After": "1"}, request_id=rid
+            )
         log.error("api.error request_id=%s path=%s", rid, request.url.path, exc_info=exc)
         detail = f"unexpected error; the daemon log has it under request id {rid}"
         return problem_response(500, "internal", detail, headers, request_id=rid)
+
+
+def _query_timeout(request: Request, exc: Exception) -> JSONResponse:
+    """A statement cut by SCHEDULER_API_STATEMENT_TIMEOUT (or a wait for a connection or an
+    answer that outlasted it): 503, retry later; nothing it was about changed (a cut statement
+    rolls back)."""
+    limit = request.app.state.backend.settings.api_statement_timeout.total_seconds()
+    log.warning("api.query_timeout path=%s limit=%gs error=%r", request.url.path, limit, exc)
+    detail = (
+        f"the query took longer than {limit:g}s (SCHEDULER_API_STATEMENT_TIMEOUT) and was "
+        "cancelled; nothing was changed. Narrow the request (a subject, a due window, a smaller "
+        "limit) or retry after the Retry-After delay"
+    )
+    retry = {"Retry-After": str(max(1, math.ceil(limit)))}
+    return problem_response(503, "query_timeout", detail, retry)
 
 
 def _allowed(app: FastAPI, request: Request) -> list[str]:

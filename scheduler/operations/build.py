@@ -48,7 +48,9 @@ def build_operations(
         tasks=task_ops,
         schedules=ScheduleOperations(nc, settings, ScheduleStore(db), overview, clock, backlog),
         dead_letters=DeadLetterOperations(nc, settings, dead, task_ops, clock),
-        stats=StatsOperations(overview, dead, clock, lease),
+        stats=StatsOperations(
+            overview, dead, clock, lease, settings.forecast_interval.total_seconds()
+        ),
         idempotency=IdempotencyStore(db),
         backlog=backlog,
         clock=clock,

@@ -2,7 +2,11 @@
 
 `StatsOperations.stats()` is `GET /v1/stats`: pending tasks by subject, what falls due in the
 next minutes, recent lateness, unresolved dead letters and leadership, all read from PostgreSQL
-so a standby answers too.
+so a standby answers too. Counting every pending task is the costly part (a `GROUP BY` over all
+of them), so the figures are read once and shared by every caller for `max_age` seconds
+(`SCHEDULER_FORECAST_INTERVAL`, or ten times as long as the last read took when that is longer):
+however many clients and console tabs poll, one read runs at a time and at most one per
+interval; the answer's `at` says when its figures were read.
 
 `Refresher` runs in every daemon; while it leads it refreshes, every `SCHEDULER_FORECAST_INTERVAL`,
 the forecast `mq_scheduler_due_tasks{subject, within}` (one range read of the pending index,
@@ -19,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from nats.aio.client import Client
@@ -55,6 +60,58 @@ def top_subjects(forecast: dict[str, list[int]], top: int) -> dict[str, list[int
     return shown
 
 
+MAX_TOP = 100  # the most subjects `/v1/stats?top=` may name
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What PostgreSQL answered for one round of `/v1/stats`, shared between callers."""
+
+    at: datetime
+    pending: int
+    by_subject: list[tuple[str, int]]  # the MAX_TOP subjects with most pending tasks
+    due: dict[str, int]
+    lateness: tuple[int, float | None, float | None]
+    dead_letters_unresolved: int
+    leadership: dict[str, Any]
+
+
+class SharedRead:
+    """One value read at a time and kept for `max_age` seconds (or SLOW_FACTOR times as long
+    as the read took): callers meanwhile await the read in flight or take the kept value. A
+    caller that gives up does not cancel the read the others await; a failed read is kept by
+    nobody (every caller waiting on it gets its error, the next caller reads again)."""
+
+    def __init__(self, clock: Clock, max_age: float) -> None:
+        self.clock = clock
+        self.max_age = max_age
+        self.reads = 0  # rounds actually read (for tests and metrics)
+        self._value: Figures | None = None
+        self._fresh_until = 0.0
+        self._pending: asyncio.Future[Figures] | None = None
+
+    async def get(self, read: Callable[[], Awaitable[Figures]]) -> Figures:
+        if self._value is not None and self.clock.monotonic() < self._fresh_until:
+            return self._value
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._read(read))
+            # retrieved here so that a read every caller gave up on logs no "never retrieved"
+            self._pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return await asyncio.shield(self._pending)
+
+    async def _read(self, read: Callable[[], Awaitable[Figures]]) -> Figures:
+        started = self.clock.monotonic()
+        try:
+            value = await read()
+        finally:
+            self._pending = None
+        took = self.clock.monotonic() - started
+        self.reads += 1
+        self._value = value
+        self._fresh_until = self.clock.monotonic() + max(self.max_age, SLOW_FACTOR * took)
+        return value
+
+
 class StatsOperations:
     def __init__(
         self,
@@ -62,30 +119,46 @@ class StatsOperations:
         dead_letters: DeadLetterStore,
         clock: Clock,
         lease: Callable[[], Awaitable[dict[str, Any]]],
+        max_age: float = 5.0,
     ) -> None:
         self.overview = overview
         self.dead_letters = dead_letters
         self.clock = clock
         self.lease = lease
+        self.shared = SharedRead(clock, max_age)
+
+    async def figures(self) -> Figures:
+        """One round of reads (see the module doc for how rounds are shared)."""
+        now = self.clock.now()
+        pending, by_subject = await self.overview.pending_by_subject(MAX_TOP)
+        due = await self.overview.forecast(now)
+        return Figures(
+            at=now,
+            pending=pending,
+            by_subject=by_subject,
+            due={label: sum(c[i] for c in due.values()) for i, (label, _) in enumerate(WINDOWS)},
+            lateness=await self.overview.lateness(now - LATENESS_WINDOW),
+            dead_letters_unresolved=await self.dead_letters.unresolved(),
+            leadership=await self.overview.leadership(),
+        )
 
     async def stats(self, top: int) -> dict[str, Any]:
-        now = self.clock.now()
-        pending, by_subject = await self.overview.pending_by_subject(top)
-        due = await self.overview.forecast(now)
-        samples, p50, p99 = await self.overview.lateness(now - LATENESS_WINDOW)
-        leadership = await self.overview.leadership()
+        f = await self.shared.get(self.figures)
+        leadership = f.leadership
         lease = await self.lease()
-        others = pending - sum(n for _, n in by_subject)
+        by_subject = f.by_subject[:top]
+        others = f.pending - sum(n for _, n in by_subject)
         subjects = [{"subject": s, "pending": n} for s, n in by_subject]
         if others:
             subjects.append({"subject": OTHER, "pending": others})
+        samples, p50, p99 = f.lateness
         return {
-            "at": now,
-            "pending": pending,
+            "at": f.at,
+            "pending": f.pending,
             "pending_by_subject": subjects,
-            "due": {label: sum(c[i] for c in due.values()) for i, (label, _) in enumerate(WINDOWS)},
+            "due": dict(f.due),
             "lateness_ms": {"window_seconds": 300, "samples": samples, "p50": p50, "p99": p99},
-            "dead_letters_unresolved": await self.dead_letters.unresolved(),
+            "dead_letters_unresolved": f.dead_letters_unresolved,
             "leader": {
                 "instance": lease.get("instance"),
                 "epoch": lease.get("epoch"),

@@ -230,11 +230,13 @@ class OverviewStore:
         """All pending tasks (not claimed), and the `top` subjects holding most of them."""
         async with self.db.timed("pending_by_subject") as conn:
             rows = await conn.fetch(
-                "SELECT target, count(*) AS n FROM delayed_messages WHERE status = 'pending' "
-                "AND claimed_epoch IS NULL GROUP BY target ORDER BY n DESC, target"
+                "SELECT target, count(*) AS n, sum(count(*)) OVER () AS total "
+                "FROM delayed_messages WHERE status = 'pending' AND claimed_epoch IS NULL "
+                "GROUP BY target ORDER BY n DESC, target LIMIT $1",
+                top,
             )
-        total = sum(int(r["n"]) for r in rows)
-        return total, [(r["target"], int(r["n"])) for r in rows[:top]]
+        total = int(rows[0]["total"]) if rows else 0
+        return total, [(r["target"], int(r["n"])) for r in rows]
 
     async def lateness(self, since: datetime) -> tuple[int, float | None, float | None]:
         """Deliveries since `since` and their lateness p50 and p99 in milliseconds."""

@@ -42,18 +42,31 @@ async def connect(dsn: str, budget: float = 60.0, **kwargs: Any) -> asyncpg.Conn
 
 
 async def create_pool(
-    dsn: str, budget: float = 60.0, min_size: int = 2, max_size: int = 10
+    dsn: str,
+    budget: float = 60.0,
+    min_size: int = 2,
+    max_size: int = 10,
+    statement_timeout: float | None = None,
 ) -> asyncpg.Pool:
-    """Open a pool, retrying an unreachable server with backoff for `budget` seconds."""
+    """Open a pool, retrying an unreachable server with backoff for `budget` seconds. With
+    `statement_timeout` (seconds) PostgreSQL cancels any statement of the pool's sessions that
+    runs longer (SQLSTATE 57014, asyncpg's QueryCanceledError), and the client gives up a
+    second after that should the cancel not come back."""
+    server_settings = {}
+    command_timeout = 30.0
+    if statement_timeout is not None:
+        server_settings["statement_timeout"] = str(max(1, round(statement_timeout * 1000)))
+        command_timeout = statement_timeout + 1.0
 
     def open_pool(timeout: float) -> Awaitable[asyncpg.Pool]:
         return asyncpg.create_pool(
             dsn,
             min_size=min_size,
             max_size=max_size,
-            command_timeout=30,
+            command_timeout=command_timeout,
             timeout=timeout,
             connection_class=_Connection,
+            server_settings=server_settings or None,
         )
 
     return await _retrying(dsn, budget, open_pool)
@@ -147,15 +160,18 @@ def _tls_required(dsn: str) -> bool:
 class PostgresStore:
     """Statements against the scheduler's tables, timed into the `db_seconds` histogram."""
 
-    def __init__(self, pool: asyncpg.Pool, metrics: Metrics) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, metrics: Metrics, acquire_timeout: float | None = None
+    ) -> None:
         self.pool = pool
         self.metrics = metrics
+        self.acquire_timeout = acquire_timeout  # past it, waiting for a connection: TimeoutError
 
     @asynccontextmanager
     async def timed(self, op: str) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection whose use is recorded as operation `op`."""
         start = time.perf_counter()
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
             yield conn
         self.metrics.db_seconds.labels(op).observe(time.perf_counter() - start)
 

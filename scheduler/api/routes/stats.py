@@ -21,5 +21,6 @@ async def stats(
     top: Annotated[int, Query(ge=1, le=100, description="subjects listed by name")] = 10,
 ) -> Any:
     """Pending tasks by subject (top N plus `other`), due within 1/5/15/60 minutes, lateness
-    p50/p99 of the last 5 minutes, unresolved dead letters, leader and epoch."""
+    p50/p99 of the last 5 minutes, unresolved dead letters, leader and epoch. The figures are
+    read once per SCHEDULER_FORECAST_INTERVAL and shared by every caller; `at` says when."""
     return await ops.stats.stats(top)
