@@ -42,6 +42,7 @@ from scheduler.preflight import check_api_exposure, check_lease_bucket, check_se
 from scheduler.service import SchedulerService
 from scheduler.settings import Settings
 from scheduler.store.cron_jobs import ScheduleStore
+from scheduler.store.intents import IntentLimits
 from scheduler.store.leadership import database_time
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.tasks import TaskStore
@@ -183,7 +184,8 @@ class Daemon:
         self._enter("provisioning streams and buckets")
         leader_kv = await self.bus.setup(self._provision())
         self._enter("starting the service and the lease")
-        self.tasks = TaskStore(self.store)
+        limits = IntentLimits(s.intent_ttl, s.intent_max_per_target)
+        self.tasks = TaskStore(self.store, limits)
         self.operations = build_operations(
             self.bus.nc, s, self.store, self.tasks, self.clock, self.leader
         )

@@ -58,6 +58,7 @@ _DURATION_FIELDS = (
     "startup_timeout",
     "forecast_interval",
     "ui_session_ttl",
+    "intent_ttl",
 )
 
 
@@ -96,6 +97,9 @@ class Settings(BaseSettings):
     intake_consumer: str = "scheduler-intake"
     intake_ack_wait: Duration = timedelta(seconds=10)
     intake_duplicate_window: Duration = timedelta(minutes=2)
+    # cancel/reschedule intents for tasks still on the delay lane (store/intents.py)
+    intent_ttl: Duration = timedelta(hours=24)
+    intent_max_per_target: int = Field(default=10_000, ge=1, le=10_000_000)
     target_allow: CommaList = ["mq.>"]
     provision: bool = True
     horizon: Duration = timedelta(minutes=5)
@@ -161,6 +165,16 @@ class Settings(BaseSettings):
     def _dispatch_coalesce(cls, value: timedelta) -> timedelta:
         if value > MAX_DISPATCH_COALESCE:
             raise ValueError("must be at most 100ms (a due task may be held back that long)")
+        return value
+
+    @field_validator("intent_ttl", mode="after")
+    @classmethod
+    def _intent_ttl(cls, value: timedelta) -> timedelta:
+        if not timedelta(minutes=1) <= value <= timedelta(days=30):
+            raise ValueError(
+                "must be between 1m and 30d (how long a cancel waits for a task still on "
+                "the delay lane)"
+            )
         return value
 
     @field_validator("target_allow", mode="before")
