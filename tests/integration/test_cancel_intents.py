@@ -292,3 +292,38 @@ async def test_cancel_and_reschedule_right_after_the_puback_hold(settings: Setti
     finally:
         await runner.stop()
         await nc.close()
+
+
+# -- issue 25 item 6: no producer's message id suppresses another's task ---------------------
+
+
+async def test_a_producer_cannot_silently_suppress_anothers_task(settings: Settings) -> None:
+    """Producer A publishes id X with `Nats-Msg-Id: X` (bytes 1); producer B then publishes its
+    own task X (bytes 2) with the client library: B's task is not dropped by the lane's
+    duplicate window but reaches the daemon and is visibly refused (`duplicate_id`, dead-
+    lettered), and A's task is delivered once."""
+    nc = await nats.connect(settings.nats_url)
+    js = nc.jetstream()
+    await js.add_stream(name="TASKS", subjects=["mq.tasks.>"], duplicate_window=120)
+    runner = DaemonRunner(settings)
+    try:
+        await runner.start()
+        soon = datetime.now(UTC) + timedelta(milliseconds=500)
+        first = envelope(soon)
+        second = {**first, "data": {"n": 2}}
+        raw_a = json.dumps(first).encode()
+        await js.publish(f"mq.delay.{TARGET[3:]}", raw_a, headers={"Nats-Msg-Id": first["id"]})
+        ack_b = await client.publish_delayed(js, TARGET, second)
+        assert not ack_b.duplicate  # stored on the lane: the daemon sees it
+        got = await delivered(js, within=2)
+        assert list(got) == [first["id"]]
+        async with asyncio.timeout(10):
+            while not await runner.daemon.tasks.db.pool.fetchval(  # type: ignore[union-attr]
+                "SELECT count(*) FROM dead_letters WHERE original_id = $1 AND reason = "
+                "'duplicate_id'",
+                first["id"],
+            ):
+                await asyncio.sleep(0.05)  # noqa: ASYNC110 (the daemon writes it: poll, bounded)
+    finally:
+        await runner.stop()
+        await nc.close()
