@@ -317,13 +317,17 @@ async def test_a_producer_cannot_silently_suppress_anothers_task(settings: Setti
         assert not ack_b.duplicate  # stored on the lane: the daemon sees it
         got = await delivered(js, within=2)
         assert list(got) == [first["id"]]
+        pool = runner.daemon.tasks.db.pool  # type: ignore[union-attr]
+        refused = 0
         async with asyncio.timeout(10):
-            while not await runner.daemon.tasks.db.pool.fetchval(  # type: ignore[union-attr]
-                "SELECT count(*) FROM dead_letters WHERE original_id = $1 AND reason = "
-                "'duplicate_id'",
-                first["id"],
-            ):
-                await asyncio.sleep(0.05)  # noqa: ASYNC110 (the daemon writes it: poll, bounded)
+            while not refused:  # the daemon writes it after the ack: poll, bounded
+                refused = await pool.fetchval(
+                    "SELECT count(*) FROM dead_letters WHERE original_id = $1 AND reason = "
+                    "'duplicate_id'",
+                    first["id"],
+                )
+                await asyncio.sleep(0.05)
+        assert refused == 1
     finally:
         await runner.stop()
         await nc.close()
