@@ -21,10 +21,12 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats.js.errors import NotFoundError
+
 from scheduler import __version__, migrate
 from scheduler.aio import first_of
 from scheduler.api.app import Served, build_api, build_metrics_app
-from scheduler.bus.nats import NatsBus, ProvisionNote, provision
+from scheduler.bus.nats import NatsBus, ProvisionNote, lane_window_warning, provision
 from scheduler.clock import Clock, SystemClock
 from scheduler.embedded import start_missing
 from scheduler.engine.cron_firing import CronEngine
@@ -286,10 +288,29 @@ class Daemon:
         assert self.bus is not None and self.bus.js is not None
         if self.settings.provision:
             self.provisioned = await provision(self.bus, embedded=self.embedded)
+        await self._check_lane_window()
         self._warn(await check_lease_bucket(self.bus, self.settings))
         leader_kv = await self.bus.js.key_value(self.settings.leader_bucket)
         self.state_kv = await self.bus.js.key_value(self.settings.state_bucket)
         return leader_kv
+
+    async def _check_lane_window(self) -> None:
+        """One warning at start when the delay lane keeps a duplicate window (docs/operations.md,
+        "The delay lane's duplicate window"); the lane is checked, never refused: with
+        provisioning off an operator may not have updated it yet, and tasks must still flow."""
+        assert self.bus is not None
+        if "intake_duplicate_window" in self.settings.model_fields_set:
+            log.warning(
+                "settings.ignored SCHEDULER_INTAKE_DUPLICATE_WINDOW: the delay lane keeps no "
+                "duplicate window (nats-server 2.14+) or the shortest one, 100ms"
+            )
+        try:
+            warning = await lane_window_warning(self.bus, self._intake_stream())
+        except NotFoundError:
+            warning = f"the delay lane's stream {self._intake_stream()} does not exist yet"
+        if warning is not None:
+            log.warning("nats.lane_duplicate_window %s", warning)
+        self._warn(warning)
 
     def _intake_stream(self) -> str:
         """The configured intake stream, or the stream found covering the delay lane."""
