@@ -96,6 +96,8 @@ class Settings(BaseSettings):
     intake_subject: str = "mq.delay.>"
     intake_consumer: str = "scheduler-intake"
     intake_ack_wait: Duration = timedelta(seconds=10)
+    # deprecated, ignored (a warning at start when set): the delay lane keeps no duplicate window
+    # on nats-server 2.14+, 100 ms before (scheduler.bus.nats.lane_config)
     intake_duplicate_window: Duration = timedelta(minutes=2)
     # cancel/reschedule intents for tasks still on the delay lane (store/intents.py)
     intent_ttl: Duration = timedelta(hours=24)
