@@ -299,7 +299,7 @@ class Daemon:
         "The delay lane's duplicate window"); the lane is checked, never refused: with
         provisioning off an operator may not have updated it yet, and tasks must still flow."""
         assert self.bus is not None
-        if "intake_duplicate_window" in self.settings.model_fields_set:
+        if self.settings.intake_duplicate_window is not None:
             log.warning(
                 "settings.ignored SCHEDULER_INTAKE_DUPLICATE_WINDOW: the delay lane keeps no "
                 "duplicate window (nats-server 2.14+) or the shortest one, 100ms"

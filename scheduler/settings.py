@@ -98,7 +98,7 @@ class Settings(BaseSettings):
     intake_ack_wait: Duration = timedelta(seconds=10)
     # deprecated, ignored (a warning at start when set): the delay lane keeps no duplicate window
     # on nats-server 2.14+, 100 ms before (scheduler.bus.nats.lane_config)
-    intake_duplicate_window: Duration = timedelta(minutes=2)
+    intake_duplicate_window: Duration | None = None
     # cancel/reschedule intents for tasks still on the delay lane (store/intents.py)
     intent_ttl: Duration = timedelta(hours=24)
     intent_max_per_target: int = Field(default=10_000, ge=1, le=10_000_000)

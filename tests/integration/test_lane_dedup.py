@@ -10,6 +10,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import nats
+import pytest
 from nats.js import api as js_api
 
 from scheduler.bus.nats import (
@@ -150,9 +151,12 @@ async def test_provisioning_turns_an_older_lanes_window_off_in_place(nats_url: s
         await nc.close()
 
 
-async def test_an_unprovisioned_lane_with_a_window_earns_a_warning(settings: Settings) -> None:
+async def test_an_unprovisioned_lane_with_a_window_earns_a_warning(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
     """With SCHEDULER_PROVISION=false the daemon checks the lane an operator made and says,
-    once, what its window exposes (in /readyz's warnings); it still starts and takes tasks."""
+    once, what its window exposes (in /readyz's warnings); it still starts. The deprecated
+    SCHEDULER_INTAKE_DUPLICATE_WINDOW earns a warning that it is ignored."""
     nc = await nats.connect(settings.nats_url)
     js = nc.jetstream()
     runner = DaemonRunner(settings)
@@ -162,8 +166,10 @@ async def test_an_unprovisioned_lane_with_a_window_earns_a_warning(settings: Set
         info = await js.stream_info("MQ_DELAY")
         info.config.duplicate_window, info.config.sources = 120, None
         await js.update_stream(info.config)
-        daemon = await runner.start(provision=False)
+        daemon = await runner.start(provision=False, intake_duplicate_window="5m")
         (warning,) = [w for w in daemon.warnings if "duplicate window" in w]
+        (ignored,) = [r for r in caplog.records if r.msg.startswith("settings.ignored")]
+        assert "SCHEDULER_INTAKE_DUPLICATE_WINDOW" in ignored.getMessage()
         assert "120s" in warning and "MQ_DELAY" in warning
         assert daemon.bus is not None and daemon.bus.server_version in warning
     finally:
