@@ -36,12 +36,16 @@ async def publish_delayed(
     envelope: dict[str, Any] | bytes,
     headers: dict[str, str] | None = None,
 ) -> PubAck:
-    """Publish a task to the delay lane for `target`, with `Nats-Msg-Id` = the envelope id."""
+    """Publish a task to the delay lane for `target`, without `Nats-Msg-Id`.
+
+    The lane is one stream shared by every producer and its duplicate window is per stream:
+    a message id would let whoever published it first make JetStream drop this task before the
+    daemon sees it (nats-server 2.10 cannot turn the window off). The daemon's own id rule
+    makes a retry safe instead: an exact resend is a no-op, other bytes under a taken id are
+    refused `duplicate_id` and dead-lettered."""
     raw = envelope if isinstance(envelope, bytes) else json.dumps(envelope).encode()
-    task_id = json.loads(raw)["id"]
-    return await js.publish(
-        delay_subject(target), raw, headers={**(headers or {}), "Nats-Msg-Id": task_id}
-    )
+    extra = {k: v for k, v in (headers or {}).items() if k.lower() != "nats-msg-id"}
+    return await js.publish(delay_subject(target), raw, headers=extra or None)
 
 
 async def _call(

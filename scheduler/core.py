@@ -120,9 +120,12 @@ class Insertion:
     taken: list[NewTask] = field(default_factory=list)
     # PostgreSQL refused the row itself (the error's text): `unstorable`
     refused: list[tuple[NewTask, str]] = field(default_factory=list)
+    # a cancel intent awaited the task (scheduler.store.intents): stored cancelled, never fired
+    cancelled: list[NewTask] = field(default_factory=list)
 
     def extend(self, other: Insertion) -> Insertion:
         self.stored += other.stored
+        self.cancelled += other.cancelled
         self.resent += other.resent
         self.taken += other.taken
         self.refused += other.refused

@@ -21,10 +21,12 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats.js.errors import NotFoundError
+
 from scheduler import __version__, migrate
 from scheduler.aio import first_of
 from scheduler.api.app import Served, build_api, build_metrics_app
-from scheduler.bus.nats import NatsBus, ProvisionNote, provision
+from scheduler.bus.nats import NatsBus, ProvisionNote, lane_window_warning, provision
 from scheduler.clock import Clock, SystemClock
 from scheduler.embedded import start_missing
 from scheduler.engine.cron_firing import CronEngine
@@ -44,6 +46,7 @@ from scheduler.service import SchedulerService
 from scheduler.settings import Settings
 from scheduler.store.cron_jobs import ScheduleStore
 from scheduler.store.dead_letters import DeadLetterStore
+from scheduler.store.intents import IntentLimits
 from scheduler.store.leadership import database_time
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.tasks import TaskStore
@@ -201,13 +204,19 @@ class Daemon:
         self._enter("provisioning streams and buckets")
         leader_kv = await self.bus.setup(self._provision())
         self._enter("starting the service and the lease")
-        self.tasks = TaskStore(self.store)
+        limits = IntentLimits(s.intent_ttl, s.intent_max_per_target)
+        self.tasks = TaskStore(self.store, limits)
         # The NATS service (producers' cancel/reschedule/get) keeps the engine's pool; the
         # management API, the console and the CLI over it run on the API's own pool, writes
         # included, through the same store statements (see docs/operations.md).
         own = build_operations(self.bus.nc, s, self.store, self.tasks, self.clock, self.leader)
         self.operations = build_operations(
-            self.bus.nc, s, self.api_store, TaskStore(self.api_store), self.clock, self.leader
+            self.bus.nc,
+            s,
+            self.api_store,
+            TaskStore(self.api_store, limits),
+            self.clock,
+            self.leader,
         )
         stack.callback(setattr, self, "operations", None)  # API: 503 before the pool closes
         service = SchedulerService(self.bus.nc, s, own.tasks, self.clock, self.stats)
@@ -324,11 +333,30 @@ class Daemon:
         assert self.bus is not None and self.bus.js is not None
         if self.settings.provision:
             self.provisioned = await provision(self.bus, embedded=self.embedded)
+        await self._check_lane_window()
         self._warn(await check_lease_bucket(self.bus, self.settings))
         leader_kv = await self.bus.js.key_value(self.settings.leader_bucket)
         self.state_kv = await self.bus.js.key_value(self.settings.state_bucket)
         await paging.load_key(self.state_kv)  # cursors signed alike by every instance
         return leader_kv
+
+    async def _check_lane_window(self) -> None:
+        """One warning at start when the delay lane keeps a duplicate window (docs/operations.md,
+        "The delay lane's duplicate window"); the lane is checked, never refused: with
+        provisioning off an operator may not have updated it yet, and tasks must still flow."""
+        assert self.bus is not None
+        if self.settings.intake_duplicate_window is not None:
+            log.warning(
+                "settings.ignored SCHEDULER_INTAKE_DUPLICATE_WINDOW: the delay lane keeps no "
+                "duplicate window (nats-server 2.14+) or the shortest one, 100ms"
+            )
+        try:
+            warning = await lane_window_warning(self.bus, self._intake_stream())
+        except NotFoundError:
+            warning = f"the delay lane's stream {self._intake_stream()} does not exist yet"
+        if warning is not None:
+            log.warning("nats.lane_duplicate_window %s", warning)
+        self._warn(warning)
 
     def _intake_stream(self) -> str:
         """The configured intake stream, or the stream found covering the delay lane."""

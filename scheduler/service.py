@@ -117,7 +117,8 @@ class SchedulerService:
         env = parse_envelope(raw, self.clock.now(), limits)
         check_org(env, target)
         subject = delay_subject(target, delay_lane_prefix(self.settings.intake_subject))
-        await self.nc.jetstream().publish(subject, raw, headers={"Nats-Msg-Id": env.id})
+        # no Nats-Msg-Id: the lane's window is shared by all producers (see client.publish_delayed)
+        await self.nc.jetstream().publish(subject, raw)
         due = env.due_at(self.clock.now())
         return {"status": "scheduled", "id": env.id, "target": target, "due_at": to_rfc3339(due)}
 

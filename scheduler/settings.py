@@ -63,6 +63,7 @@ _DURATION_FIELDS = (
     "forecast_interval",
     "ui_session_ttl",
     "api_statement_timeout",
+    "intent_ttl",
 )
 
 
@@ -103,7 +104,12 @@ class Settings(BaseSettings):
     intake_subject: str = "mq.delay.>"
     intake_consumer: str = "scheduler-intake"
     intake_ack_wait: Duration = timedelta(seconds=10)
-    intake_duplicate_window: Duration = timedelta(minutes=2)
+    # deprecated, ignored (a warning at start when set): the delay lane keeps no duplicate window
+    # on nats-server 2.14+, 100 ms before (scheduler.bus.nats.lane_config)
+    intake_duplicate_window: Duration | None = None
+    # cancel/reschedule intents for tasks still on the delay lane (store/intents.py)
+    intent_ttl: Duration = timedelta(hours=24)
+    intent_max_per_target: int = Field(default=10_000, ge=1, le=10_000_000)
     target_allow: CommaList = ["mq.>"]
     provision: bool = True
     horizon: Duration = timedelta(minutes=5)
@@ -184,6 +190,16 @@ class Settings(BaseSettings):
     def _api_statement_timeout(cls, value: timedelta) -> timedelta:
         if value < timedelta(milliseconds=1):
             raise ValueError("must be at least 1ms (PostgreSQL counts whole milliseconds)")
+        return value
+
+    @field_validator("intent_ttl", mode="after")
+    @classmethod
+    def _intent_ttl(cls, value: timedelta) -> timedelta:
+        if not timedelta(minutes=1) <= value <= timedelta(days=30):
+            raise ValueError(
+                "must be between 1m and 30d (how long a cancel waits for a task still on "
+                "the delay lane)"
+            )
         return value
 
     @field_validator("target_allow", mode="before")

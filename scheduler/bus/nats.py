@@ -35,6 +35,11 @@ from scheduler.settings import Settings, nkey_seed, redact_url
 log = logging.getLogger("scheduler.nats")
 
 MIN_SERVER_VERSION = (2, 10, 23)
+# The first release whose streams accept `duplicate_window: 0` (when they have `sources`,
+# nats-server PR #7651): the delay lane then keeps no duplicate window at all.
+DEDUP_OFF_VERSION = (2, 14, 0)
+# The shortest window older servers accept: the lane's window where it cannot be turned off.
+FALLBACK_WINDOW = 0.1
 
 # What the embedded work stream captures: the platform's registered queues (mq.inference.>,
 # mq.batch.>, mq.scheduled.>, mq.notify.>) and mq.tasks.> for experiments, so a task sent in
@@ -52,6 +57,14 @@ class ProvisionNote:
     name: str
     status: str  # created | exists | covered
     detail: str = ""
+
+
+def parse_version(text: str) -> tuple[int, ...] | None:
+    """`2.14.0-beta.1` -> (2, 14, 0); None when it does not parse."""
+    try:
+        return tuple(int(p) for p in text.split("-")[0].split(".")[:3])
+    except ValueError:
+        return None
 
 
 class NatsBus:
@@ -273,17 +286,17 @@ class NatsBus:
 
     def version_known(self) -> bool:
         """True when the server's version parses (an unknown one only earns a warning)."""
-        try:
-            tuple(int(p) for p in self.server_version.split("-")[0].split(".")[:3])
-        except ValueError:
-            return False
-        return True
+        return parse_version(self.server_version) is not None
+
+    def can_disable_dedup(self) -> bool:
+        """Whether the server lets the delay lane run without a duplicate window (2.14+)."""
+        parts = parse_version(self.server_version)
+        return parts is not None and parts >= DEDUP_OFF_VERSION
 
     def version_problem(self) -> str | None:
         """A warning when the server is older than the oldest version we support."""
-        try:
-            parts = tuple(int(p) for p in self.server_version.split("-")[0].split(".")[:3])
-        except ValueError:
+        parts = parse_version(self.server_version)
+        if parts is None:
             return f"cannot parse nats-server version {self.server_version!r}"
         if parts < MIN_SERVER_VERSION:
             floor = ".".join(map(str, MIN_SERVER_VERSION))
@@ -534,17 +547,33 @@ async def ensure_consumer(
     return ProvisionNote("consumer", name, "updated", f"filter {filter_subject or 'none'}")
 
 
-def stream_configs(settings: Settings, embedded: bool) -> list[js_api.StreamConfig]:
+def nodedup_stream(settings: Settings) -> str:
+    """The empty stream the delay lane sources so its duplicate window may be 0."""
+    return f"{settings.intake_stream}_NODEDUP"
+
+
+def lane_config(settings: Settings, dedup_off: bool) -> js_api.StreamConfig:
+    """The delay lane: a work queue with no duplicate window where the server allows it (a
+    source on the empty `nodedup_stream`), else the shortest window it accepts. A window
+    shared by every producer would let whoever publishes a `Nats-Msg-Id` first make the
+    server drop another producer's task; the daemon's own id rule judges resends instead."""
+    return js_api.StreamConfig(
+        name=settings.intake_stream,
+        subjects=[settings.intake_subject],
+        retention=js_api.RetentionPolicy.WORK_QUEUE,
+        storage=js_api.StorageType.FILE,
+        duplicate_window=0 if dedup_off else FALLBACK_WINDOW,
+        sources=[js_api.StreamSource(name=nodedup_stream(settings))] if dedup_off else None,
+    )
+
+
+def stream_configs(
+    settings: Settings, embedded: bool, dedup_off: bool = False
+) -> list[js_api.StreamConfig]:
     """The streams the daemon provisions: intake, dead letters, and (embedded only) MQ_TASKS."""
     file = js_api.StorageType.FILE
     configs = [
-        js_api.StreamConfig(
-            name=settings.intake_stream,
-            subjects=[settings.intake_subject],
-            retention=js_api.RetentionPolicy.WORK_QUEUE,
-            storage=file,
-            duplicate_window=settings.intake_duplicate_window.total_seconds(),
-        ),
+        lane_config(settings, dedup_off),
         js_api.StreamConfig(
             name=settings.dlq_stream,
             subjects=[settings.dlq_subject_prefix + ".>"],
@@ -567,6 +596,65 @@ def stream_configs(settings: Settings, embedded: bool) -> list[js_api.StreamConf
     return configs
 
 
+async def ensure_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNote:
+    """The empty stream the delay lane sources: its only subject is its own name, and it is
+    sealed (a sealed stream refuses every publish and delete, for good), so it stays empty."""
+    try:
+        info = await js.stream_info(name)
+    except NotFoundError:
+        info = None
+    if info is not None and info.config.sealed:
+        return ProvisionNote("stream", name, "exists")
+    status = "updated" if info is not None else "created"
+    if info is None:
+        config = js_api.StreamConfig(
+            name=name, subjects=[name], storage=js_api.StorageType.FILE, max_msgs=1
+        )
+        info = await js.add_stream(config)  # a stream cannot be created sealed
+    info.config.sealed = True
+    await js.update_stream(info.config)
+    return ProvisionNote("stream", name, status, "sealed, empty")
+
+
+async def ensure_lane_window(js: JetStreamContext, config: js_api.StreamConfig) -> ProvisionNote:
+    """Give an existing delay lane (made by an older version) the window and source of
+    `config`, in place: its messages and consumer stay."""
+    info = await js.stream_info(config.name)
+    window = info.config.duplicate_window or 0
+    have = list(info.config.sources or [])
+    want = [src for src in config.sources or [] if src.name not in {h.name for h in have}]
+    if abs(window - config.duplicate_window) < 0.001 and not want:
+        return ProvisionNote("stream", config.name, "exists")
+    info.config.duplicate_window = config.duplicate_window
+    info.config.sources = [*have, *want] or None
+    await js.update_stream(info.config)
+    detail = f"duplicate window {window:g}s -> {config.duplicate_window:g}s"
+    return ProvisionNote("stream", config.name, "updated", detail)
+
+
+async def lane_window_warning(bus: NatsBus, stream: str) -> str | None:
+    """A warning when the delay lane `stream` keeps a duplicate window (None when it has
+    none): for that long, a publish whose `Nats-Msg-Id` another producer used first is
+    dropped by the server (PubAck `duplicate: true`), never seen by the daemon."""
+    assert bus.js is not None
+    window = (await bus.js.stream_info(stream)).config.duplicate_window or 0
+    if window <= 0:
+        return None
+    version = bus.server_version
+    exposure = (
+        f"the delay lane {stream} keeps a {window:g}s duplicate window: a publish carrying a "
+        "Nats-Msg-Id that another producer used within it is dropped by the server (PubAck "
+        "duplicate: true) and never reaches the scheduler"
+    )
+    if not bus.can_disable_dedup():
+        return f"nats-server {version} cannot turn it off (2.14 and later can): {exposure}"
+    return (
+        f"{exposure}; nats-server {version} can turn it off: let SCHEDULER_PROVISION=true "
+        f"update the lane, or set its duplicate_window to 0 with a source on an empty stream "
+        "(docs/operations.md, 'The delay lane's duplicate window')"
+    )
+
+
 async def ensure_dev_subjects(js: JetStreamContext, config: js_api.StreamConfig) -> None:
     """Add to an existing embedded work stream the subjects a newer version captures (a data
     dir from before keeps working with the docs' examples)."""
@@ -582,10 +670,14 @@ async def provision(bus: NatsBus, embedded: bool) -> list[ProvisionNote]:
     """Create what is missing; report streams that another stream's subjects already cover."""
     assert bus.js is not None
     s = bus.settings
-    configs = stream_configs(s, embedded)
+    dedup_off = bus.can_disable_dedup()
+    configs = stream_configs(s, embedded, dedup_off)
+    first = [await ensure_nodedup_stream(bus.js, nodedup_stream(s))] if dedup_off else []
     notes = [await ensure_stream(bus.js, cfg) for cfg in configs]
     if embedded and notes[-1].status == "exists":
         await ensure_dev_subjects(bus.js, configs[-1])
+    if notes[0].status == "exists":
+        notes[0] = await ensure_lane_window(bus.js, configs[0])
     intake_stream = s.intake_stream
     if notes[0].status == "covered":
         intake_stream = notes[0].detail
@@ -612,6 +704,7 @@ async def provision(bus: NatsBus, embedded: bool) -> list[ProvisionNote]:
     )
     notes.append(await ensure_bucket(bus.js, s.leader_bucket, s.lease_ttl))
     notes.append(await ensure_bucket(bus.js, s.state_bucket, None))
+    notes = [*first, *notes]
     for note in notes:
         log.info(
             "nats.provision kind=%s name=%s status=%s %s",

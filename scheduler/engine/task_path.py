@@ -194,10 +194,14 @@ async def store(intake: Intake, msgs: list[Delivery], tasks: list[NewTask]) -> I
         raise
     if intake.ledger is not None:  # counted at admission, but not new rows
         unstored = [*insertion.resent, *insertion.taken, *(t for t, _ in insertion.refused)]
+        unstored += insertion.cancelled
         intake.ledger.finished(unstored)
     intake.metrics.intake.labels("accepted").inc(len(insertion.stored))
     if insertion.resent:
         intake.metrics.intake.labels("duplicate").inc(len(insertion.resent))
+    if insertion.cancelled:  # a cancel came first: acked, stored cancelled, never delivered
+        intake.metrics.intake.labels("cancelled_on_arrival").inc(len(insertion.cancelled))
+        intake_log.info("intake.cancelled_on_arrival count=%d", len(insertion.cancelled))
     if pushed:
         intake.horizon.wake_up()
     return insertion

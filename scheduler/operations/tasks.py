@@ -1,11 +1,12 @@
 """Delayed tasks: look up, list, cancel and reschedule (NATS service and HTTP API alike).
 
 Cancel and reschedule are single statements on the task's row that succeed only while it is
-`pending` and not claimed: the leader claims a task (reported `claimed`) before publishing it,
-so a `cancelled` answer that committed first guarantees no delivery, and one that comes after
-answers `too_late` (or whatever the store says the task is now). A reschedule also tells the
-leader over NATS so its in-memory heap moves the task at once; a lost notice is caught by the
-leader's sweep.
+`pending` and not claimed (or, for a task still on the delay lane, record an intent that intake
+honours: scheduler.store.intents): the leader claims a task (reported `claimed`) before
+publishing it, so a `cancelled` answer that committed first guarantees no delivery, and one
+that comes after answers `too_late` (or whatever the store says the task is now). A
+reschedule also tells the leader over NATS so its in-memory heap moves the task at once; a
+lost notice is caught by the leader's sweep.
 """
 
 from __future__ import annotations
@@ -167,6 +168,10 @@ _WHY = {
     "too_late": "the task is already firing or done; nothing was changed",
     "in_flight": "the task's publish is in flight (its acknowledgement is in doubt); "
     "it may or may not be delivered, so nothing was changed",
+    "id_contended": "a cancel or reschedule for another target waits for a task with this id "
+    "on the delay lane; nothing was changed: ask again once your task was taken off the lane",
+    "too_many_intents": "this target already has SCHEDULER_INTENT_MAX_PER_TARGET cancels or "
+    "reschedules waiting for tasks not yet taken off the delay lane; nothing was recorded",
 }
 
 

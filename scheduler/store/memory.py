@@ -40,6 +40,7 @@ from scheduler.core import (
     to_ms,
 )
 from scheduler.errors import FencedError
+from scheduler.store.intents import CONTENDED, TOO_MANY, IntentLimits
 
 READY = ("pending", "in_doubt")
 CLAIM_WINDOW = timedelta(minutes=1)  # a claim takes only tasks due within this of now
@@ -87,6 +88,16 @@ class Row:
         )
 
 
+@dataclass(slots=True)
+class Intent:
+    """A cancel or reschedule waiting for a task still on the delay lane (store/intents.py)."""
+
+    target: str
+    kind: str  # cancel | reschedule
+    due: datetime | None
+    expires_at: datetime
+
+
 @dataclass
 class MemoryTaskStore:
     """Delayed tasks, the fire log and the dead letters in dictionaries."""
@@ -97,6 +108,8 @@ class MemoryTaskStore:
     fired: dict[str, Row] = field(default_factory=dict)  # tombstones: deleted rows, by id
     fire_log: list[dict[str, Any]] = field(default_factory=list)
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    intent_limits: IntentLimits = field(default_factory=IntentLimits)
+    intents: dict[str, Intent] = field(default_factory=dict)  # by task id, as PostgreSQL's rows
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # -- leadership (scheduler.store.leadership) ------------------------------------------------
@@ -116,18 +129,35 @@ class MemoryTaskStore:
     # -- intake ---------------------------------------------------------------------------------
 
     async def insert(self, tasks: Sequence[NewTask]) -> list[TaskRef]:
-        refs = []
+        return (await self._insert(tasks))[0]
+
+    async def _insert(self, tasks: Sequence[NewTask]) -> tuple[list[TaskRef], list[NewTask]]:
+        """As TaskStore._insert: a task takes over an intent for its id, honouring it when it
+        is live and names the task's target; the tasks stored cancelled come second."""
+        refs, cancelled = [], []
         for t in tasks:
             if t.id in self.rows or t.id in self.fired:
                 continue
-            row = self.rows[t.id] = Row(replace(t), next(self._seq), self.now())
-            refs.append(row.ref())
-        return refs
+            intent = self.intents.pop(t.id, None)
+            live = intent is not None and intent.target == t.target and self._live(intent)
+            stored = replace(t)
+            if live and intent is not None and intent.kind == "reschedule" and intent.due:
+                stored.due_at = stored.scheduled_for = intent.due
+            row = self.rows[t.id] = Row(stored, next(self._seq), self.now())
+            if live and intent is not None and intent.kind == "cancel":
+                row.status = "cancelled"
+                cancelled.append(t)
+            else:
+                refs.append(row.ref())
+        return refs, cancelled
+
+    def _live(self, intent: Intent) -> bool:
+        return intent.expires_at > self.now()
 
     async def insert_batch(self, tasks: Sequence[NewTask]) -> Insertion:
-        refs = await self.insert(tasks)
-        result = Insertion(stored=refs)
-        fresh = {r.task_id for r in refs}
+        refs, cancelled = await self._insert(tasks)
+        result = Insertion(stored=refs, cancelled=cancelled)
+        fresh = {r.task_id for r in refs} | {t.id for t in cancelled}
         for t in tasks:
             if t.id in fresh:
                 fresh.discard(t.id)
@@ -321,9 +351,39 @@ class MemoryTaskStore:
             row.status = "cancelled"
             return "cancelled"
         status = self._answer_status(task_id, target)
+        if status is None:
+            status = self._intend(task_id, target, "cancel", None)
         if status == "cancelled":
             return "cancelled"
+        if status in (CONTENDED, TOO_MANY):
+            return status
         return {None: "not_found", "in_doubt": "in_flight"}.get(status, "too_late")
+
+    def _intend(self, task_id: str, target: str, kind: str, due: datetime | None) -> str | None:
+        """Record (or renew) an intent for an id with no row of `target`, as
+        scheduler.store.intents does: `cancelled`/`rescheduled`, or why not."""
+        if task_id in self.rows or task_id in self.fired:
+            return None  # another target's task or tombstone holds the id
+        held = self.intents.get(task_id)
+        if held is not None and held.target != target:
+            return CONTENDED if self._live(held) else None
+        if held is not None and kind == "reschedule" and held.kind == "cancel":
+            if self._live(held):
+                return "too_late"  # a live cancel is never turned into a reschedule
+        if held is None:
+            mine = [i for i in self.intents.values() if i.target == target and self._live(i)]
+            if len(mine) >= self.intent_limits.max_per_target:
+                return TOO_MANY
+        expires = self.now() + self.intent_limits.ttl
+        self.intents[task_id] = Intent(target, kind, due, expires)
+        return "cancelled" if kind == "cancel" else "rescheduled"
+
+    async def purge_intents(self) -> int:
+        """Delete the intents past their time (the hourly upkeep's part); how many."""
+        gone = [k for k, i in self.intents.items() if not self._live(i)]
+        for key in gone:
+            del self.intents[key]
+        return len(gone)
 
     async def reschedule(
         self, task_id: str, target: str, due: datetime
@@ -334,6 +394,10 @@ class MemoryTaskStore:
             row.task.due_at = row.task.scheduled_for = due
             return "rescheduled", row.ref()
         status = self._answer_status(task_id, target)
+        if status is None:
+            status = self._intend(task_id, target, "reschedule", due)
+        if status in ("rescheduled", CONTENDED, TOO_MANY):
+            return str(status), None
         return {None: "not_found", "in_doubt": "in_flight"}.get(status, "too_late"), None
 
     async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:

@@ -49,6 +49,8 @@ from scheduler.core import (
 )
 from scheduler.errors import FencedError
 from scheduler.headers import printable
+from scheduler.store import intents
+from scheduler.store.intents import LIVE, IntentLimits
 from scheduler.store.leadership import LEAD, check_epoch
 from scheduler.store.postgres import PostgresStore
 from scheduler.store.values import ROW_ERRORS
@@ -147,6 +149,7 @@ def _ref(row: asyncpg.Record) -> TaskRef:
 
 
 _TOO_LATE: dict[str | None, str] = {None: "not_found", "in_doubt": IN_FLIGHT}
+_INTENT_ANSWERS = (intents.CONTENDED, intents.TOO_MANY)
 
 
 async def _answer_status(conn: asyncpg.Connection, task_id: str, target: str) -> str | None:
@@ -179,6 +182,34 @@ async def _drop_fired(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> l
         return rows
     gone = {r["id"] for r in fired}
     return [r for r in rows if r["id"] not in gone]
+
+
+def _first_of(tasks: Sequence[NewTask], ids: set[str]) -> list[NewTask]:
+    """The first task of `tasks` with each id of `ids`."""
+    left, out = set(ids), []
+    for task in tasks:
+        if task.id in left:
+            left.discard(task.id)
+            out.append(task)
+    return out
+
+
+# What intake's insert does when the id is held: a row that is an intent (never a task) is
+# taken over by the task, honouring the intent when it is live and names the task's target
+# (a cancel stores it `cancelled`, a reschedule at the new time), replaced otherwise; any
+# other row is left alone (the caller judges the conflict).
+_TAKE_INTENT = (
+    "ON CONFLICT (id) DO UPDATE SET target = excluded.target, payload = excluded.payload, "
+    "headers = excluded.headers, priority = excluded.priority, org_id = excluded.org_id, "
+    "expires_at = excluded.expires_at, seq = excluded.seq, created_at = now(), "
+    f"updated_at = now(), status = CASE WHEN {LIVE} AND d.intent = 'cancel' "
+    "THEN 'cancelled' ELSE 'pending' END, "
+    f"due_at = CASE WHEN {LIVE} AND d.intent = 'reschedule' THEN d.due_at "
+    "ELSE excluded.due_at END, "
+    f"scheduled_for = CASE WHEN {LIVE} AND d.intent = 'reschedule' THEN d.scheduled_for "
+    f"ELSE excluded.scheduled_for END, intent = CASE WHEN {LIVE} THEN d.intent END "
+    "WHERE d.status = 'intent'"
+)
 
 
 def _intake_row(r: dict[str, Any], reduced: bool = False) -> tuple[Any, ...]:
@@ -224,8 +255,9 @@ async def fired_task(
 class TaskStore:
     """Statements on `delayed_messages`, `fire_log` and `dead_letters`."""
 
-    def __init__(self, db: PostgresStore) -> None:
+    def __init__(self, db: PostgresStore, intent_limits: IntentLimits | None = None) -> None:
         self.db = db
+        self.intent_limits = intent_limits or IntentLimits()
         self.inserted = 0  # rows this store has inserted (see `analyze_if_stale`)
         self._analyzed_at_rows = 0  # `inserted` at the last ANALYZE, and its row estimate
         self._rows_at_analyze = 0
@@ -240,8 +272,17 @@ class TaskStore:
 
     async def insert(self, tasks: Sequence[NewTask]) -> list[TaskRef]:
         """Store a batch in one round trip; a task id seen before is stored once (no error)."""
+        return (await self._insert(tasks))[0]
+
+    async def _insert(self, tasks: Sequence[NewTask]) -> tuple[list[TaskRef], set[str]]:
+        """Store a batch in one round trip: the refs of the tasks stored to fire, and the ids
+        of those stored cancelled because a cancel intent awaited them (scheduler.store.intents:
+        a task meeting its target's live intent takes over the intent's row, honouring it; a
+        task meeting another target's intent replaces it). Within the batch, the first task
+        with an id is the one offered (ON CONFLICT DO UPDATE may touch a row once)."""
         if not tasks:
-            return []
+            return [], set()
+        tasks = _first_of(tasks, {t.id for t in tasks})
         ids, targets = [t.id for t in tasks], [t.target for t in tasks]
         joined = (_joined(ids), _joined(targets))
         texts: tuple[str | list[str], ...]
@@ -252,14 +293,14 @@ class TaskStore:
             a, b = (f"string_to_array(${n}, {_SEP_SQL})" for n in (1, 2))
         async with self.db.timed("insert") as conn, conn.transaction():
             rows = await conn.fetch(
-                "INSERT INTO delayed_messages (id, target, payload, headers, priority, due_at, "
-                "scheduled_for, expires_at, org_id) SELECT u.id, u.target, u.payload, u.headers, "
-                f"u.priority, {_EPOCH_US} + u.due_us * {_ONE_US}, "
+                "INSERT INTO delayed_messages AS d (id, target, payload, headers, priority, "
+                "due_at, scheduled_for, expires_at, org_id) SELECT u.id, u.target, u.payload, "
+                f"u.headers, u.priority, {_EPOCH_US} + u.due_us * {_ONE_US}, "
                 f"{_EPOCH_US} + u.sched_us * {_ONE_US}, {_EPOCH_US} + u.exp_us * {_ONE_US}, "
                 f"u.org_id FROM unnest({a}, {b}, $3::bytea[], $4::jsonb[], $5::smallint[], "
                 "$6::bigint[], $7::bigint[], $8::bigint[], $9::text[]) "
                 "AS u(id, target, payload, headers, priority, due_us, sched_us, exp_us, org_id) "
-                "ON CONFLICT (id) DO NOTHING RETURNING id, due_at, priority, seq, org_id",
+                f"{_TAKE_INTENT} RETURNING id, due_at, priority, seq, org_id, status",
                 texts[0],
                 texts[1],
                 [t.payload for t in tasks],
@@ -272,14 +313,15 @@ class TaskStore:
             )
             rows = await _drop_fired(conn, rows) if rows else rows
         self.inserted += len(rows)
-        return [_ref(r) for r in rows]
+        cancelled = {r["id"] for r in rows if r["status"] == "cancelled"}
+        return [_ref(r) for r in rows if r["status"] != "cancelled"], cancelled
 
     async def insert_batch(self, tasks: Sequence[NewTask]) -> Insertion:
         """Store a batch, judging each task alone: an id seen before is a no-op when it is the
         same task (same target, same bytes) and `taken` otherwise; a row PostgreSQL refuses is
         split out of the batch (halving it until found) and `refused`, the rest stored."""
         try:
-            refs = await self.insert(tasks)
+            refs, cancelled = await self._insert(tasks)
         except ROW_ERRORS as exc:
             if len(tasks) == 1:
                 log.warning("insert.refused id=%s error=%s", tasks[0].id, exc)
@@ -288,17 +330,20 @@ class TaskStore:
             first = await self.insert_batch(tasks[:half])
             return first.extend(await self.insert_batch(tasks[half:]))
         result = Insertion(stored=refs)
-        if len(refs) < len(tasks):
-            await self._judge_conflicts(tasks, refs, result)
+        fresh = {r.task_id for r in refs} | cancelled
+        if len(fresh) < len(tasks):
+            await self._judge_conflicts(tasks, fresh, result)
+        if cancelled:
+            result.cancelled = _first_of(tasks, cancelled)
         return result
 
     async def _judge_conflicts(
-        self, tasks: Sequence[NewTask], refs: list[TaskRef], result: Insertion
+        self, tasks: Sequence[NewTask], stored: set[str], result: Insertion
     ) -> None:
         """Sort the tasks not stored into exact resends and ids taken by another task, the
         row or, for a task that fired, its tombstone (target and digest of the bytes) being
         the one compared."""
-        fresh = {r.task_id for r in refs}
+        fresh = set(stored)
         conflicts = []
         for task in tasks:  # within a batch, the first task with an id is the one stored
             if task.id in fresh:
@@ -615,13 +660,15 @@ class TaskStore:
             )
 
     async def cancel(self, task_id: str, target: str) -> str:
-        """`cancelled` (now or before), `in_flight` (published, acknowledgement outstanding:
-        it may be delivered), `too_late` (claimed or done), or `not_found`.
+        """`cancelled` (now or before, or an intent recorded for a task not yet taken off the
+        delay lane), `in_flight` (published, acknowledgement outstanding: it may be
+        delivered), `too_late` (claimed or done), `id_contended` or `too_many_intents`
+        (scheduler.store.intents; nothing changed).
 
         A claim racing the cancel either commits first (the cancel then waits on the row lock,
         re-checks its `WHERE` on the claimed row, changes nothing and answers `too_late`) or
         waits for the cancel and skips the cancelled row: `cancelled` is never followed by a
-        delivery."""
+        delivery. Intake racing it: see scheduler.store.intents."""
         async with self.db.timed("cancel") as conn:
             done = await conn.fetchval(
                 "UPDATE delayed_messages SET status = 'cancelled', updated_at = now() "
@@ -633,13 +680,37 @@ class TaskStore:
             if done:
                 return "cancelled"
             status = await _answer_status(conn, task_id, target)
-        return "cancelled" if status == "cancelled" else _TOO_LATE.get(status, "too_late")
+            if status is None or status == intents.INTENT:
+                status = await self._cancel_ahead(conn, task_id, target, status)
+        if status in ("cancelled", intents.INTENT):
+            return "cancelled"
+        return status if status in _INTENT_ANSWERS else _TOO_LATE.get(status, "too_late")
+
+    async def _cancel_ahead(
+        self, conn: asyncpg.Connection, task_id: str, target: str, status: str | None
+    ) -> str | None:
+        """Cancel `task_id` of `target` whatever arrives first, the task or this cancel
+        (scheduler.store.intents); the status to answer from."""
+        limits = self.intent_limits
+        if status is None and await intents.at_limit(conn, target, limits):
+            return intents.TOO_MANY
+        got = await intents.record_cancel(conn, task_id, target, limits)
+        return got or await self._why_not(conn, task_id, target)
+
+    async def _why_not(self, conn: asyncpg.Connection, task_id: str, target: str) -> str | None:
+        """The status of a task an intent could not be recorded for."""
+        status = await _answer_status(conn, task_id, target)
+        if status is None and await intents.contended(conn, task_id, target):
+            return intents.CONTENDED
+        return status
 
     async def reschedule(
         self, task_id: str, target: str, due: datetime
     ) -> tuple[str, TaskRef | None]:
-        """Move a pending task to `due`: `rescheduled` (+ its heap ref), `in_flight` (in doubt:
-        it may have been delivered, so it is never moved), `too_late`, `not_found`."""
+        """Move a pending task to `due`: `rescheduled` (+ its heap ref; no ref when an intent
+        was recorded for a task not yet taken off the lane), `in_flight` (in doubt: it may
+        have been delivered, so it is never moved), `too_late`, `not_found` never, or
+        `id_contended` / `too_many_intents` (see `cancel`)."""
         due = ceil_ms(due)
         async with self.db.timed("reschedule") as conn:
             row = await conn.fetchrow(
@@ -655,7 +726,24 @@ class TaskStore:
                     row["id"], to_ms(row["due_at"]), row["priority"], row["seq"]
                 )
             status = await _answer_status(conn, task_id, target)
+            if status is None or status == intents.INTENT:
+                return await self._reschedule_ahead(conn, task_id, target, due, status)
         return _TOO_LATE.get(status, "too_late"), None
+
+    async def _reschedule_ahead(
+        self, conn: asyncpg.Connection, task_id: str, target: str, due: datetime, status: str | None
+    ) -> tuple[str, TaskRef | None]:
+        """Reschedule `task_id` of `target` whatever arrives first (see `_cancel_ahead`)."""
+        limits = self.intent_limits
+        if status is None and await intents.at_limit(conn, target, limits):
+            return intents.TOO_MANY, None
+        row = await intents.record_reschedule(conn, task_id, target, due, limits)
+        if row is None:
+            why = await self._why_not(conn, task_id, target)
+            return (why if why in _INTENT_ANSWERS else _TOO_LATE.get(why, "too_late")), None
+        if row["status"] == intents.INTENT:
+            return "rescheduled", None
+        return "rescheduled", TaskRef(row["id"], to_ms(row["due_at"]), row["priority"], row["seq"])
 
     async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
         """A task's state for the API (no payload bytes)."""
@@ -742,4 +830,5 @@ class TaskStore:
                 "DELETE FROM fired_tasks WHERE fired_at < now() - make_interval(days => $1)",
                 retention_days,
             )
-        return int(status.split()[-1]) + int(tombs.split()[-1])
+            lapsed = await intents.purge(conn)
+        return int(status.split()[-1]) + int(tombs.split()[-1]) + lapsed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -13,9 +14,11 @@ import pytest
 from scheduler.core import ClaimedTask, Fired, NewTask, to_ms
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
+from scheduler.store.intents import IntentLimits
 from scheduler.store.memory import MemoryTaskStore
 
 NOW = datetime.now(UTC).replace(microsecond=0)
+LIMITS = IntentLimits(ttl=timedelta(minutes=1), max_per_target=3)
 
 
 @dataclass
@@ -28,7 +31,7 @@ class Repo:
 @pytest.fixture
 async def repo(database: str | None) -> AsyncIterator[Repo]:
     if database is None:
-        store = MemoryTaskStore()
+        store = MemoryTaskStore(intent_limits=LIMITS)
 
         async def in_rows(task_id: str) -> bool:
             return task_id in store.rows
@@ -46,7 +49,7 @@ async def repo(database: str | None) -> AsyncIterator[Repo]:
         return bool(await pool.fetchval(sql, task_id))
 
     try:
-        tasks = TaskStore(PostgresStore(pool, Metrics()))
+        tasks = TaskStore(PostgresStore(pool, Metrics()), LIMITS)
         yield Repo(tasks, lambda: take_office(pool, "t"), has_row)
     finally:
         await pool.close()
@@ -284,3 +287,77 @@ async def test_unfinished_tasks_are_counted_per_org(repo: Repo) -> None:
     await repo.tasks.mark_fired(epoch, [Fired(claimed[a3.id], NOW, "S", 1)], "x")
     await repo.tasks.expire(epoch, [b1.id])
     assert await repo.tasks.pending_by_org() == {"a": 3, None: 1}
+
+
+# -- cancel and reschedule intents: a task still on the delay lane (issue 25 item 5) ---------
+
+
+async def test_a_cancel_before_arrival_stores_the_task_cancelled(repo: Repo) -> None:
+    """A cancel for an id not stored answers `cancelled` (again: `cancelled`); the task
+    arriving later is stored cancelled, reported as such, and never loaded to fire."""
+    t = task(0)
+    assert await repo.tasks.cancel(t.id, t.target) == "cancelled"
+    assert await repo.tasks.cancel(t.id, t.target) == "cancelled"
+    got = await repo.tasks.insert_batch([t])
+    assert got.stored == [] and [c.id for c in got.cancelled] == [t.id]
+    assert await status(repo, t) == "cancelled"
+    assert await repo.tasks.load_page((0, 0, 0), NOW + timedelta(hours=1), 10) == []
+    assert await repo.tasks.cancel(t.id, t.target) == "cancelled"
+
+
+async def test_a_reschedule_before_arrival_stores_the_task_at_the_new_time(repo: Repo) -> None:
+    """A reschedule for an id not stored answers `rescheduled` with no heap ref; the task
+    arriving later is stored pending at the new time. A reschedule after a cancel intent is
+    `too_late` (a cancel is never undone)."""
+    t, c = task(0), task(0)
+    later = NOW + timedelta(minutes=5)
+    assert await repo.tasks.reschedule(t.id, t.target, later) == ("rescheduled", None)
+    got = await repo.tasks.insert_batch([t])
+    assert [r.task_id for r in got.stored] == [t.id] and got.cancelled == []
+    assert got.stored[0].due_ms == to_ms(later)
+    assert await status(repo, t) == "pending"
+    assert await repo.tasks.cancel(c.id, c.target) == "cancelled"
+    assert (await repo.tasks.reschedule(c.id, c.target, later))[0] == "too_late"
+
+
+async def test_an_intent_leaves_another_targets_task_alone(repo: Repo) -> None:
+    """An intent acts only on its target's task: a task of another target with that id takes
+    the id and is stored as sent; a cancel of another target meeting a live intent answers
+    `id_contended`; a cancel naming another target than a stored task's is `not_found`."""
+    t = task(0, target="mq.t.mine")
+    assert await repo.tasks.cancel(t.id, "mq.t.other") == "cancelled"
+    assert await repo.tasks.cancel(t.id, t.target) == "id_contended"
+    got = await repo.tasks.insert_batch([t])
+    assert [r.task_id for r in got.stored] == [t.id] and got.cancelled == []
+    assert await status(repo, t) == "pending"
+    assert await repo.tasks.cancel(t.id, "mq.t.other") == "not_found"
+
+
+async def test_intents_are_capped_per_target(repo: Repo) -> None:
+    """Past `max_per_target` live intents a target's cancel of a new id answers
+    `too_many_intents` and records nothing (the task then arrives pending); another target
+    is not affected, and renewing a held intent is not counted again."""
+    held = [task(0) for _ in range(LIMITS.max_per_target)]
+    for t in held:
+        assert await repo.tasks.cancel(t.id, t.target) == "cancelled"
+    extra = task(0)
+    assert await repo.tasks.cancel(extra.id, extra.target) == "too_many_intents"
+    assert (await repo.tasks.reschedule(extra.id, extra.target, NOW))[0] == "too_many_intents"
+    assert await repo.tasks.cancel(held[0].id, held[0].target) == "cancelled"
+    other = task(0, target="mq.t.y")
+    assert await repo.tasks.cancel(other.id, other.target) == "cancelled"
+    got = await repo.tasks.insert_batch([extra])
+    assert [r.task_id for r in got.stored] == [extra.id]
+
+
+async def test_a_lapsed_intent_is_not_honoured(repo: Repo) -> None:
+    """An intent older than its TTL no longer acts: the task arriving after it is stored
+    pending as sent, and the lapsed intent does not count against the cap."""
+    repo.tasks.intent_limits = IntentLimits(ttl=timedelta(milliseconds=200), max_per_target=1)
+    t, u = task(0), task(0)
+    assert await repo.tasks.cancel(t.id, t.target) == "cancelled"
+    await asyncio.sleep(0.3)  # past the TTL on the store's own clock (PostgreSQL's now())
+    assert await repo.tasks.cancel(u.id, u.target) == "cancelled"  # the lapsed one not counted
+    got = await repo.tasks.insert_batch([t])
+    assert [r.task_id for r in got.stored] == [t.id] and got.cancelled == []
+    assert await status(repo, t) == "pending"

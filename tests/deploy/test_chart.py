@@ -182,15 +182,17 @@ def test_config_values_become_scheduler_variables(ha_manifests: Manifests) -> No
     env = env_of(daemon_container(ha_manifests))
     assert env["SCHEDULER_LEASE_TTL"]["value"] == "5"
     assert env["SCHEDULER_TARGET_ALLOW"]["value"] == "mq.>,jobs.>"
-    assert env["SCHEDULER_INTAKE_DUPLICATE_WINDOW"]["value"] == "5m"
+    assert env["SCHEDULER_INTENT_TTL"]["value"] == "12h"
     settings = Settings(
         lease_ttl=env["SCHEDULER_LEASE_TTL"]["value"],
         target_allow=env["SCHEDULER_TARGET_ALLOW"]["value"],
-        intake_duplicate_window=env["SCHEDULER_INTAKE_DUPLICATE_WINDOW"]["value"],
+        intent_ttl=env["SCHEDULER_INTENT_TTL"]["value"],
+        intent_max_per_target=env["SCHEDULER_INTENT_MAX_PER_TARGET"]["value"],
         instance_id="t",
     )
     assert settings.target_allow == ["mq.>", "jobs.>"]
-    assert settings.intake_duplicate_window.total_seconds() == 300
+    assert settings.intent_ttl.total_seconds() == 12 * 3600
+    assert settings.intent_max_per_target == 50_000
 
 
 def test_shutdown_is_bounded_inside_the_pods_grace(default_manifests: Manifests) -> None:

@@ -360,3 +360,24 @@ async def test_an_org_id_other_than_the_subjects_org_is_dead_lettered(tenancy: T
     finally:
         await conn.close()
     assert [(r["original_id"], r["reason"]) for r in rows] == [(claimed["id"], "org_mismatch")]
+
+
+async def test_the_daemon_turns_the_lanes_window_off_under_its_user(tenancy: Tenancy) -> None:
+    """The `scheduler` user may create and seal the lane's empty source stream and give the
+    lane no duplicate window (nats-server 2.14+; older servers keep 100 ms and a warning); a
+    producer can neither publish into that stream nor change the lane."""
+    daemon = tenancy.runner.daemon
+    assert daemon is not None and daemon.bus is not None
+    lane = await tenancy.ops.nc.jetstream().stream_info("MQ_DELAY")
+    if daemon.bus.can_disable_dedup():
+        assert not lane.config.duplicate_window
+        assert [s.name for s in lane.config.sources or []] == ["MQ_DELAY_NODEDUP"]
+        assert not [w for w in daemon.warnings if "duplicate window" in w]
+    else:
+        assert lane.config.duplicate_window == 0.1
+    nc = tenancy.acme.nc
+    await nc.publish("MQ_DELAY_NODEDUP", b"x")
+    await tenancy.acme.wait_denied("MQ_DELAY_NODEDUP")
+    await nc.publish("$JS.API.STREAM.UPDATE.MQ_DELAY", b"{}")
+    await tenancy.acme.wait_denied("$JS.API.STREAM.UPDATE.MQ_DELAY")
+    assert tenancy.server.violations("scheduler") == []

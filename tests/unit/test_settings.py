@@ -43,6 +43,8 @@ def test_defaults_match_the_design() -> None:
     assert s.intake_ack_wait == timedelta(seconds=10)
     assert s.fire_log_retention == 14
     assert s.dispatch_coalesce == timedelta(0)  # every due millisecond
+    assert s.intent_ttl == timedelta(hours=24)
+    assert s.intent_max_per_target == 10_000
 
 
 def test_environment_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,6 +90,12 @@ def test_fence_margin_default_scales_with_ttl(monkeypatch: pytest.MonkeyPatch) -
         ("SCHEDULER_API_MAX_BODY", "lots", "SCHEDULER_API_MAX_BODY"),
         ("SCHEDULER_API_ALLOWED_HOSTS", "ok.example,http://x", "not a host name"),
         ("SCHEDULER_API_ALLOWED_HOSTS", "sched.example:8055", "no scheme, port or path"),
+        ("SCHEDULER_INTENT_TTL", "30s", "must be between 1m and 30d"),
+        ("SCHEDULER_INTENT_TTL", "31d", "must be between 1m and 30d"),
+        ("SCHEDULER_INTENT_TTL", "soon", "is not a duration"),
+        ("SCHEDULER_INTENT_MAX_PER_TARGET", "0", "greater than or equal to 1"),
+        ("SCHEDULER_INTENT_MAX_PER_TARGET", "10000001", "less than or equal to 10000000"),
+        ("SCHEDULER_INTENT_MAX_PER_TARGET", "many", "valid integer"),
     ],
 )
 def test_wrong_values_name_the_variable(
@@ -295,3 +303,13 @@ def test_api_edge_settings_parse_sizes_and_host_lists(monkeypatch: pytest.Monkey
     s = load_settings()
     assert s.api_max_body == 512_000
     assert s.api_allowed_hosts == ["sched.example", "*.internal", "fd00::1", "*"]
+
+
+def test_intent_settings_are_read_at_their_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SCHEDULER_INTENT_TTL accepts 1m and 30d exactly; the cap accepts 1."""
+    monkeypatch.setenv("SCHEDULER_INTENT_TTL", "1m")
+    monkeypatch.setenv("SCHEDULER_INTENT_MAX_PER_TARGET", "1")
+    s = load_settings()
+    assert s.intent_ttl == timedelta(minutes=1) and s.intent_max_per_target == 1
+    monkeypatch.setenv("SCHEDULER_INTENT_TTL", "30d")
+    assert load_settings().intent_ttl == timedelta(days=30)

@@ -21,8 +21,10 @@ from scheduler.api.models import (
 )
 from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Cursor, Limit, Ops, done, streamed_page
+from scheduler.errors import TargetRefusedError
 from scheduler.store.idempotency import Claim
 from scheduler.store.overview import TaskFilter
+from scheduler.subjects import check_target
 
 router = APIRouter(prefix="/v1/delayed", tags=["delayed tasks"])
 TaskId = Annotated[str, Path(pattern=TASK_ID, description="the envelope id")]
@@ -30,6 +32,33 @@ LIST = responses(400, 401, 403, 422, 503) | links(
     "task_id", "/items/0/id", "get_task", "cancel_task", "reschedule_task"
 )
 WRITE = responses(400, 401, 403, 404, 409, 422, 503)
+# A task still on the delay lane has no row yet: naming its target lets a cancel (reschedule)
+# wait for it, as the NATS verb does (scheduler.store.intents).
+Target = Annotated[
+    str | None,
+    Query(
+        pattern=SUBJECT,
+        description="the task's target subject: with it, a task still on the delay lane (not "
+        "yet taken by intake) is cancelled or rescheduled when it arrives",
+    ),
+]
+
+
+def _target(task_id: str, target: str | None, ops: Ops) -> str | None:
+    """`target` if the daemon may deliver there; else 404 naming it: no task can be there
+    (the allow-list is the deployment's, so the schema cannot say it), and nothing is done."""
+    if target is None:
+        return None
+    try:
+        return check_target(target, ops.tasks.settings.target_allow)
+    except TargetRefusedError as exc:
+        detail = f"target: {exc}: no task of id {task_id!r} can be there"
+        raise ApiProblem(404, "not_found", detail, id=task_id) from None
+
+
+def _keyed(task_id: str, target: str | None) -> str:
+    """What an Idempotency-Key is bound to: the task, and the target when one is named."""
+    return task_id if target is None else f"{task_id} {target}"
 
 
 @router.get("", response_model=TaskPage, responses=LIST)
@@ -94,16 +123,24 @@ async def get_task(task_id: TaskId, ops: Ops, _: Reader) -> Any:
     "/{task_id}", response_model=TaskOutcome, response_model_exclude_none=True, responses=WRITE
 )
 async def cancel_task(
-    task_id: TaskId, ops: Ops, caller: Admin, request: Request, key: IdempotencyKey = None
+    task_id: TaskId,
+    ops: Ops,
+    caller: Admin,
+    request: Request,
+    key: IdempotencyKey = None,
+    target: Target = None,
 ) -> Any:
     """Cancel a pending task. 200 `cancelled` guarantees it is never delivered; 409 when it is
-    already firing or done (`too_late`) or its publish is in doubt (`in_flight`)."""
+    already firing or done (`too_late`) or its publish is in doubt (`in_flight`). With
+    `target`, a task still on the delay lane is cancelled too (it is stored cancelled when it
+    arrives); 409 `id_contended` or `too_many_intents` as for the NATS `cancel` verb."""
+    to = _target(task_id, target, ops)
 
     async def run(_: Claim | None) -> Any:
-        outcome = await ops.tasks.cancel(task_id)
+        outcome = await ops.tasks.cancel(task_id, to)
         return {"id": task_id, **done(caller, "cancel", outcome, "task")}
 
-    return await once(request, ops, caller, key, task_id, None, TaskOutcome, run, True)
+    return await once(request, ops, caller, key, _keyed(task_id, to), None, TaskOutcome, run, True)
 
 
 @router.patch(
@@ -119,11 +156,14 @@ async def reschedule_task(
     caller: Admin,
     request: Request,
     key: IdempotencyKey = None,
+    target: Target = None,
 ) -> Any:
-    """Move a pending task to a new due time (same race rules as cancel)."""
+    """Move a pending task to a new due time (same race rules as cancel; `target` as for
+    cancel: a task still on the delay lane arrives at the new time)."""
+    to = _target(task_id, target, ops)
 
     async def run(_: Claim | None) -> Any:
-        outcome = await ops.tasks.reschedule(task_id, body.delay_until)
+        outcome = await ops.tasks.reschedule(task_id, body.delay_until, to)
         return {"id": task_id, **done(caller, "reschedule", outcome, "task")}
 
-    return await once(request, ops, caller, key, task_id, body, TaskOutcome, run, True)
+    return await once(request, ops, caller, key, _keyed(task_id, to), body, TaskOutcome, run, True)

@@ -207,3 +207,42 @@ async def test_fired_tasks_are_listed_from_their_tombstones(api: ApiHarness) -> 
     params = {"status": "fired", "cursor": held.body["next_cursor"]}
     r = await api.call("GET", "/v1/delayed", token=READ, params=params)
     assert r.status == 400 and r.body["code"] == "bad_cursor", r
+
+
+async def test_cancel_and_reschedule_by_target_reach_a_task_still_on_the_lane(
+    api: ApiHarness,
+) -> None:
+    """While intake is held (another instance holds the lease), a task sits on the delay lane:
+    without `target` the API cannot find it (404); with `target` the cancel answers `cancelled`
+    and the reschedule `rescheduled`, and once intake runs the cancelled task never arrives and
+    the moved one arrives at its new time. A target outside SCHEDULER_TARGET_ALLOW is 404
+    naming `target` (no task can be there)."""
+    from tests.integration.test_cancel_intents import hold_lease
+
+    kv = await hold_lease(api.js, api.settings.with_overrides(lease_ttl=30.0))
+    await api.start(lease_ttl=30.0)
+    soon = datetime.now(UTC) + timedelta(seconds=1)
+    drop, move = envelope(soon), envelope(soon)
+    await api.publish(TARGET, drop)
+    await api.publish(TARGET, move)
+    r = await api.call("DELETE", f"/v1/delayed/{drop['id']}")
+    assert r.status == 404
+    r = await api.call("DELETE", f"/v1/delayed/{drop['id']}", params={"target": TARGET})
+    assert r.status == 200 and r.body == {"id": drop["id"], "status": "cancelled"}
+    new_due = datetime.now(UTC) + timedelta(seconds=3)
+    r = await api.call(
+        "PATCH",
+        f"/v1/delayed/{move['id']}",
+        json_body={"delay_until": new_due.isoformat()},
+        params={"target": TARGET},
+    )
+    assert r.status == 200 and r.body["status"] == "rescheduled", r
+    r = await api.call("DELETE", f"/v1/delayed/{drop['id']}", params={"target": "$SYS.x"})
+    assert r.status == 404 and r.body["detail"].startswith("target: target '$SYS.x'"), r
+    await kv.delete("leader")  # the daemon takes office and drains the lane
+    msgs = await api.read_stream("TASKS", quiet=4)
+    assert [m.headers["Nats-Msg-Id"] for m in msgs] == [move["id"]]
+    fired_at = datetime.fromisoformat(msgs[0].headers["Mq-Fired-At"].replace("Z", "+00:00"))
+    assert fired_at >= new_due - timedelta(milliseconds=1)
+    r = await api.call("GET", f"/v1/delayed/{drop['id']}", token=READ)
+    assert r.status == 200 and r.body["status"] == "cancelled"
