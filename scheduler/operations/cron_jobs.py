@@ -158,9 +158,9 @@ class ScheduleOperations:
         except (NatsError, TimeoutError) as exc:  # no answer: it may have been stored
             log.warning("schedule.trigger_failed job=%s msg_id=%s error=%r", name, msg_id, exc)
             detail = (
-                f"publishing to {job.subject} got no answer ({exc!r}): it may have been "
-                "delivered (its fire_log row stays without a stream); retry with the same "
-                "Idempotency-Key to be sure it fires once"
+                f"publishing to {job.subject} got no answer ({type(exc).__name__}): it may "
+                "have been delivered (its fire_log row stays without a stream); retry with the "
+                "same Idempotency-Key to be sure it fires once"
             )
             return Outcome("publish_failed", name, detail, {"msg_id": msg_id})
         fired = Advance(job.name, job.subject, now, self.clock.now(), ack.stream, ack.seq)

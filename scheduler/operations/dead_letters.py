@@ -150,7 +150,8 @@ class DeadLetterOperations:
         except (NatsError, TimeoutError) as exc:
             await self.store.unmark_replayed(dead["id"])
             log.warning("dead_letter.replay_failed id=%s error=%r", ident, exc)
-            return Outcome("publish_failed", ident, f"publishing to {subject} failed: {exc!r}")
+            detail = f"publishing to {subject} failed ({type(exc).__name__}); retry shortly"
+            return Outcome("publish_failed", ident, detail)
         return Outcome("replayed", ident, data={"task_id": env.id, "via": "intake"})
 
     def _truncated(self, dead: dict[str, Any]) -> str:
