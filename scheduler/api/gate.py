@@ -6,11 +6,20 @@ needs. In front of that pool, at most `SCHEDULER_API_MAX_CONCURRENT` requests ar
 time (those beyond the pool's size wait for a connection); one more is answered 503 with
 `Retry-After` at once instead of queueing, so a crowd of readers costs a bounded amount of the
 daemon's event loop and memory however many clients loop.
+
+The bound on concurrency does not bound throughput: eight requests that each take a few
+milliseconds, replaced at once as they finish, still read hundreds of pages a second, and the
+database and the daemon's loop serving them take the cores the firing needs. So listings also
+draw from a budget of `SCHEDULER_API_READ_ROWS_PER_SECOND` rows (a token bucket holding one
+second of it): a page charges its `limit` before it queries, and one the bucket cannot pay is
+answered 503 with `Retry-After` the seconds until it could.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 RETRY_AFTER_SECONDS = 1
@@ -40,3 +49,37 @@ class QueryGate:
             yield
         finally:
             self.admitted -= 1
+
+
+class OutOfBudget(Exception):
+    """The rows budget cannot pay this page now: answer 503 with Retry-After `retry_after`."""
+
+    def __init__(self, per_second: int, retry_after: int) -> None:
+        super().__init__(f"the API's budget of {per_second} rows/s is spent")
+        self.per_second = per_second
+        self.retry_after = retry_after
+
+
+class RowBudget:
+    """A token bucket of rows per second holding one second's worth (at least one page).
+    `take(n)` pays `n` rows or raises OutOfBudget, never waits; 0 rows/s turns it off."""
+
+    def __init__(
+        self, per_second: int, page: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.per_second = per_second
+        self.capacity = float(max(per_second, page))
+        self.tokens = self.capacity
+        self.clock = clock
+        self.at = clock()
+
+    def take(self, rows: int) -> None:
+        if self.per_second <= 0:
+            return
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.per_second)
+        self.at = now
+        if self.tokens < rows:
+            wait = math.ceil((rows - self.tokens) / self.per_second)
+            raise OutOfBudget(self.per_second, max(1, wait))
+        self.tokens -= rows

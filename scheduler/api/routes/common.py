@@ -11,7 +11,7 @@ from fastapi import Depends, Query, Request
 from fastapi.responses import Response
 
 from scheduler.api.auth import Caller, identify
-from scheduler.api.gate import RETRY_AFTER_SECONDS, Overloaded, QueryGate
+from scheduler.api.gate import RETRY_AFTER_SECONDS, OutOfBudget, Overloaded, QueryGate, RowBudget
 from scheduler.api.problems import ApiProblem, from_outcome
 from scheduler.operations import Outcome
 from scheduler.operations.build import Operations
@@ -55,6 +55,28 @@ async def operations(request: Request) -> AsyncIterator[Operations]:
             "(SCHEDULER_API_MAX_CONCURRENT); retry after the Retry-After delay",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         ) from None
+
+
+def rows_budget(request: Request, limit: Limit = 50) -> None:
+    """A listing pays its `limit` from the API's rows budget (`scheduler.api.gate`) before it
+    queries; 503 `overloaded` with Retry-After when the budget cannot pay it now. A request
+    with no valid token pays nothing (its route refuses it before any query)."""
+    if not _may_query(request):
+        return
+    budget: RowBudget = request.app.state.rows_budget
+    try:
+        budget.take(limit)
+    except OutOfBudget as exc:
+        raise ApiProblem(
+            503,
+            "overloaded",
+            f"the management API's listings may read {exc.per_second} rows per second "
+            "(SCHEDULER_API_READ_ROWS_PER_SECOND) and have; retry after the Retry-After delay",
+            headers={"Retry-After": str(exc.retry_after)},
+        ) from None
+
+
+Budgeted = [Depends(rows_budget)]
 
 
 def _may_query(request: Request) -> bool:

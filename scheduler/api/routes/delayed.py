@@ -20,7 +20,7 @@ from scheduler.api.models import (
     TaskPage,
 )
 from scheduler.api.problems import ApiProblem, links, responses
-from scheduler.api.routes.common import Cursor, Limit, Ops, done, json_page
+from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done, json_page
 from scheduler.store.idempotency import Claim
 from scheduler.store.overview import TaskFilter
 
@@ -32,7 +32,7 @@ LIST = responses(400, 401, 403, 422, 503) | links(
 WRITE = responses(400, 401, 403, 404, 409, 422, 503)
 
 
-@router.get("", response_model=TaskPage, responses=LIST)
+@router.get("", response_model=TaskPage, responses=LIST, dependencies=Budgeted)
 async def list_tasks(
     ops: Ops,
     _: Reader,
