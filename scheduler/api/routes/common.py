@@ -57,11 +57,12 @@ async def operations(request: Request) -> AsyncIterator[Operations]:
         ) from None
 
 
-def rows_budget(request: Request, limit: Limit = 50) -> None:
+def rows_budget(request: Request) -> None:
     """A listing pays its `limit` from the API's rows budget (`scheduler.api.gate`) before it
     queries; 503 `overloaded` with Retry-After when the budget cannot pay it now. A request
-    with no valid token pays nothing (its route refuses it before any query)."""
-    if not _may_query(request):
+    with no valid token, or a `limit` its route will refuse 422, pays nothing."""
+    limit = _page_size(request.query_params.get("limit", "50"))
+    if limit is None or not _may_query(request):
         return
     budget: RowBudget = request.app.state.rows_budget
     try:
@@ -77,6 +78,13 @@ def rows_budget(request: Request, limit: Limit = 50) -> None:
 
 
 Budgeted = [Depends(rows_budget)]
+
+
+def _page_size(raw: str) -> int | None:
+    """The page size asked for, when valid (the route's own `Limit` reports it otherwise)."""
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 3):
+        return None
+    return int(raw) if 1 <= int(raw) <= MAX_LIMIT else None
 
 
 def _may_query(request: Request) -> bool:
