@@ -10,9 +10,11 @@ daemon's event loop and memory however many clients loop.
 The bound on concurrency does not bound throughput: eight requests that each take a few
 milliseconds, replaced at once as they finish, still read hundreds of pages a second, and the
 database and the daemon's loop serving them take the cores the firing needs. So listings also
-draw from a budget of `SCHEDULER_API_READ_ROWS_PER_SECOND` rows (a token bucket holding one
-second of it): a page charges its `limit` before it queries, and one the bucket cannot pay is
-answered 503 with `Retry-After` the seconds until it could.
+draw from a budget of `SCHEDULER_API_READ_ROWS_PER_SECOND` rows: a token bucket that holds one
+page (MAX_LIMIT rows) and refills at that rate, so pages are spread over the second instead of
+arriving as a burst that holds the loop for several pages in a row. A page charges its `limit`
+before it queries, and one the bucket cannot pay is answered 503 with `Retry-After` the
+seconds until it could.
 """
 
 from __future__ import annotations
@@ -61,14 +63,14 @@ class OutOfBudget(Exception):
 
 
 class RowBudget:
-    """A token bucket of rows per second holding one second's worth (at least one page).
+    """A token bucket refilled at `per_second` rows and holding one `page` of rows.
     `take(n)` pays `n` rows or raises OutOfBudget, never waits; 0 rows/s turns it off."""
 
     def __init__(
         self, per_second: int, page: int, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.per_second = per_second
-        self.capacity = float(max(per_second, page))
+        self.capacity = float(page)
         self.tokens = self.capacity
         self.clock = clock
         self.at = clock()

@@ -15,12 +15,11 @@ class Clock:
         return self.now
 
 
-def test_a_full_bucket_pays_one_second_then_refuses_with_the_wait() -> None:
-    """A bucket of 1000 rows/s pays 1000 rows at once, refuses the next 500 with Retry-After
-    1 s, and pays them once half a second has passed."""
+def test_a_full_bucket_pays_one_page_then_refuses_with_the_wait() -> None:
+    """At 1000 rows/s the bucket pays one 500-row page at once, refuses the next with
+    Retry-After 1 s, and pays it once half a second has passed."""
     clock = Clock()
     budget = RowBudget(1000, 500, clock)
-    budget.take(500)
     budget.take(500)
     with pytest.raises(OutOfBudget) as refused:
         budget.take(500)
@@ -31,9 +30,9 @@ def test_a_full_bucket_pays_one_second_then_refuses_with_the_wait() -> None:
         budget.take(1)
 
 
-def test_the_wait_covers_the_whole_deficit_and_the_bucket_holds_a_page() -> None:
+def test_the_wait_covers_the_whole_deficit_and_the_bucket_holds_one_page() -> None:
     """At 100 rows/s the bucket still holds one 500-row page; the next page waits 5 s, and an
-    idle hour refills the bucket only to its capacity."""
+    idle hour refills the bucket only to one page."""
     clock = Clock()
     budget = RowBudget(100, 500, clock)
     budget.take(500)
