@@ -13,8 +13,9 @@ database and the daemon's loop serving them take the cores the firing needs. So 
 draw from a budget of `SCHEDULER_API_READ_ROWS_PER_SECOND` rows: a token bucket that holds one
 page (MAX_LIMIT rows) and refills at that rate, so pages are spread over the second instead of
 arriving as a burst that holds the loop for several pages in a row. A page charges its `limit`
-before it queries, and one the bucket cannot pay is answered 503 with `Retry-After` the
-seconds until it could.
+before it queries; when the bucket cannot pay it at once it waits (asleep, holding its
+admission slot) until it can, up to a second; a page that would wait longer is answered 503
+with `Retry-After` the seconds until it could.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class QueryGate:
             self.admitted -= 1
 
 
+MAX_WAIT = 1.0  # seconds a listing may wait for the rows budget before it is refused
+
+
 class OutOfBudget(Exception):
     """The rows budget cannot pay this page now: answer 503 with Retry-After `retry_after`."""
 
@@ -64,7 +68,12 @@ class OutOfBudget(Exception):
 
 class RowBudget:
     """A token bucket refilled at `per_second` rows and holding one `page` of rows.
-    `take(n)` pays `n` rows or raises OutOfBudget, never waits; 0 rows/s turns it off."""
+
+    `reserve(n)` takes `n` rows and says how long to wait before querying (0 when the bucket
+    holds them): the bucket may go into debt by up to `MAX_WAIT` seconds of rows, so pages are
+    served back to back at the rate, each one later than the last, and a lone client paging
+    through a list gets the whole rate. A page that would wait longer raises OutOfBudget and
+    takes nothing. 0 rows/s turns the budget off."""
 
     def __init__(
         self, per_second: int, page: int, clock: Callable[[], float] = time.monotonic
@@ -75,13 +84,14 @@ class RowBudget:
         self.clock = clock
         self.at = clock()
 
-    def take(self, rows: int) -> None:
+    def reserve(self, rows: int) -> float:
         if self.per_second <= 0:
-            return
+            return 0.0
         now = self.clock()
         self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.per_second)
         self.at = now
-        if self.tokens < rows:
-            wait = math.ceil((rows - self.tokens) / self.per_second)
-            raise OutOfBudget(self.per_second, max(1, wait))
+        wait = max(0.0, (rows - self.tokens) / self.per_second)
+        if wait > MAX_WAIT:
+            raise OutOfBudget(self.per_second, max(1, math.ceil(wait)))
         self.tokens -= rows
+        return wait

@@ -15,38 +15,34 @@ class Clock:
         return self.now
 
 
-def test_a_full_bucket_pays_one_page_then_refuses_with_the_wait() -> None:
-    """At 1000 rows/s the bucket pays one 500-row page at once, refuses the next with
-    Retry-After 1 s, and pays it once half a second has passed."""
+def test_pages_wait_their_turn_and_one_past_a_second_is_refused() -> None:
+    """At 1000 rows/s the bucket pays one 500-row page at once; the next two wait 0.5 and 1 s
+    (served back to back at the rate), the fourth would wait 1.5 s and is refused with
+    Retry-After 2 s, taking nothing; half a second later a page waits 0.5 s again."""
     clock = Clock()
     budget = RowBudget(1000, 500, clock)
-    budget.take(500)
+    assert [budget.reserve(500) for _ in range(3)] == [0.0, 0.5, 1.0]
     with pytest.raises(OutOfBudget) as refused:
-        budget.take(500)
-    assert (refused.value.per_second, refused.value.retry_after) == (1000, 1)
-    clock.now += 0.5
-    budget.take(500)
-    with pytest.raises(OutOfBudget):
-        budget.take(1)
+        budget.reserve(500)
+    assert (refused.value.per_second, refused.value.retry_after) == (1000, 2)
+    clock.now += 1.0
+    assert budget.reserve(500) == pytest.approx(0.5)
 
 
-def test_the_wait_covers_the_whole_deficit_and_the_bucket_holds_one_page() -> None:
-    """At 100 rows/s the bucket still holds one 500-row page; the next page waits 5 s, and an
-    idle hour refills the bucket only to one page."""
+def test_the_bucket_holds_one_page_however_long_it_idles() -> None:
+    """At 100 rows/s an idle hour refills the bucket to one 500-row page only: the next page
+    is free, a 50-row one then waits half a second, a second 500-row one is refused."""
     clock = Clock()
     budget = RowBudget(100, 500, clock)
-    budget.take(500)
-    with pytest.raises(OutOfBudget) as refused:
-        budget.take(500)
-    assert refused.value.retry_after == 5
     clock.now += 3600
-    budget.take(500)
-    with pytest.raises(OutOfBudget):
-        budget.take(100)
+    assert budget.reserve(500) == 0.0
+    assert budget.reserve(50) == pytest.approx(0.5)
+    with pytest.raises(OutOfBudget) as refused:
+        budget.reserve(500)
+    assert refused.value.retry_after == 6
 
 
 def test_zero_turns_the_budget_off() -> None:
-    """0 rows/s admits every page."""
+    """0 rows/s admits every page at once."""
     budget = RowBudget(0, 500, Clock())
-    for _ in range(1000):
-        budget.take(500)
+    assert {budget.reserve(500) for _ in range(1000)} == {0.0}

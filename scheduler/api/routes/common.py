@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -57,16 +58,18 @@ async def operations(request: Request) -> AsyncIterator[Operations]:
         ) from None
 
 
-def rows_budget(request: Request) -> None:
+async def rows_budget(request: Request, _: Ops) -> None:
     """A listing pays its `limit` from the API's rows budget (`scheduler.api.gate`) before it
-    queries; 503 `overloaded` with Retry-After when the budget cannot pay it now. A request
-    with no valid token, or a `limit` its route will refuse 422, pays nothing."""
+    queries, waiting (up to a second, inside its admission slot: `Ops` is the same slot the
+    route uses) until the budget has it; 503 `overloaded` with
+    Retry-After when it would wait longer. A request with no valid token, or a `limit` its
+    route will refuse 422, pays nothing."""
     limit = _page_size(request.query_params.get("limit", "50"))
     if limit is None or not _may_query(request):
         return
     budget: RowBudget = request.app.state.rows_budget
     try:
-        budget.take(limit)
+        wait = budget.reserve(limit)
     except OutOfBudget as exc:
         raise ApiProblem(
             503,
@@ -75,9 +78,8 @@ def rows_budget(request: Request) -> None:
             "(SCHEDULER_API_READ_ROWS_PER_SECOND) and have; retry after the Retry-After delay",
             headers={"Retry-After": str(exc.retry_after)},
         ) from None
-
-
-Budgeted = [Depends(rows_budget)]
+    if wait:
+        await asyncio.sleep(wait)
 
 
 def _page_size(raw: str) -> int | None:
@@ -123,3 +125,6 @@ def json_page(docs: list[str], next_cursor: str | None) -> Response:
     microseconds instead of decoding and re-encoding 5,000 values."""
     body = '{"items":[' + ",".join(docs) + '],"next_cursor":' + json.dumps(next_cursor) + "}"
     return Response(body.encode(), media_type="application/json")
+
+
+Budgeted = [Depends(rows_budget)]
