@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler import __version__
 from scheduler.api import apidocs, edge, problems
-from scheduler.api.gate import QueryGate
+from scheduler.api.gate import QueryGate, RowBudget
 from scheduler.api.routes import (
     audits,
     dead_letters,
@@ -32,6 +32,7 @@ from scheduler.api.routes import (
     schedules,
     stats,
 )
+from scheduler.api.routes.common import MAX_LIMIT
 from scheduler.api.server import Served, serve
 from scheduler.api.ui import console
 from scheduler.metrics import Metrics
@@ -97,6 +98,7 @@ def build_api(backend: ApiBackend) -> FastAPI:
     )
     app.state.backend = backend
     app.state.query_gate = QueryGate(backend.settings.api_max_concurrent)
+    app.state.rows_budget = RowBudget(backend.settings.api_read_rows_per_second, MAX_LIMIT)
     problems.install(app)
     modules = (health, instances, schedules, delayed, dead_letters, stats, audits)
     for module in modules:

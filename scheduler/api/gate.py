@@ -6,11 +6,23 @@ needs. In front of that pool, at most `SCHEDULER_API_MAX_CONCURRENT` requests ar
 time (those beyond the pool's size wait for a connection); one more is answered 503 with
 `Retry-After` at once instead of queueing, so a crowd of readers costs a bounded amount of the
 daemon's event loop and memory however many clients loop.
+
+The bound on concurrency does not bound throughput: eight requests that each take a few
+milliseconds, replaced at once as they finish, still read hundreds of pages a second, and the
+database and the daemon's loop serving them take the cores the firing needs. So listings also
+draw from a budget of `SCHEDULER_API_READ_ROWS_PER_SECOND` rows: a token bucket that holds one
+page (MAX_LIMIT rows) and refills at that rate, so pages are spread over the second instead of
+arriving as a burst that holds the loop for several pages in a row. A page charges its `limit`
+before it queries; when the bucket cannot pay it at once it waits (asleep, holding its
+admission slot) until it can, up to a second; a page that would wait longer is answered 503
+with `Retry-After` the seconds until it could.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 RETRY_AFTER_SECONDS = 1
@@ -40,3 +52,46 @@ class QueryGate:
             yield
         finally:
             self.admitted -= 1
+
+
+MAX_WAIT = 1.0  # seconds a listing may wait for the rows budget before it is refused
+
+
+class OutOfBudget(Exception):
+    """The rows budget cannot pay this page now: answer 503 with Retry-After `retry_after`."""
+
+    def __init__(self, per_second: int, retry_after: int) -> None:
+        super().__init__(f"the API's budget of {per_second} rows/s is spent")
+        self.per_second = per_second
+        self.retry_after = retry_after
+
+
+class RowBudget:
+    """A token bucket refilled at `per_second` rows and holding one `page` of rows.
+
+    `reserve(n)` takes `n` rows and says how long to wait before querying (0 when the bucket
+    holds them): the bucket may go into debt by up to `MAX_WAIT` seconds of rows, so pages are
+    served back to back at the rate, each one later than the last, and a lone client paging
+    through a list gets the whole rate. A page that would wait longer raises OutOfBudget and
+    takes nothing. 0 rows/s turns the budget off."""
+
+    def __init__(
+        self, per_second: int, page: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.per_second = per_second
+        self.capacity = float(page)
+        self.tokens = self.capacity
+        self.clock = clock
+        self.at = clock()
+
+    def reserve(self, rows: int) -> float:
+        if self.per_second <= 0:
+            return 0.0
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.per_second)
+        self.at = now
+        wait = max(0.0, (rows - self.tokens) / self.per_second)
+        if wait > MAX_WAIT:
+            raise OutOfBudget(self.per_second, max(1, math.ceil(wait)))
+        self.tokens -= rows
+        return wait

@@ -31,13 +31,12 @@ from scheduler.operations.paging import (
     Page,
     bad_cursor,
     decode,
+    encode,
     from_us,
     kind_of,
-    page,
-    us,
 )
 from scheduler.settings import Settings
-from scheduler.store.overview import OverviewStore, TaskFilter
+from scheduler.store.overview import Listed, OverviewStore, TaskFilter
 from scheduler.store.tasks import TaskStore
 
 CURSOR = "delayed"
@@ -86,10 +85,11 @@ class TaskOperations:
         """A task with its envelope, headers and deliveries."""
         return await self.overview.task(task_id)
 
-    async def list(self, where: TaskFilter, cursor: str | None, limit: int) -> Page[dict]:
+    async def list(self, where: TaskFilter, cursor: str | None, limit: int) -> Page[str]:
         """Tasks still held (any status but fired) in firing order, or fired tasks in the
         order they fired; without a status, the held ones and then the fired ones (a fired
-        task keeps no `org_id`, so that filter lists held tasks only, and refuses `fired`)."""
+        task keeps no `org_id`, so that filter lists held tasks only, and refuses `fired`).
+        Each item is the task's summary as JSON text, written by PostgreSQL."""
         fired_key = _fired_key(cursor)
         if where.status == "fired" and where.org_id is not None:
             raise RequestError(
@@ -100,7 +100,7 @@ class TaskOperations:
             )
         held = where.status != "fired"
         with_fired = where.status in (None, "fired") and where.org_id is None
-        rows: list[dict] = []
+        rows: list[Listed] = []
         if held and fired_key is None:
             key = decode(CURSOR, cursor, (TIME, PRIORITY, SEQ))
             after = None if key is None else (from_us(key[0]), key[1], key[2])
@@ -110,9 +110,11 @@ class TaskOperations:
         if with_fired and len(rows) <= limit:
             after_fired = None if fired_key is None else (from_us(fired_key[0]), fired_key[1])
             rows += await self.overview.fired(where, after_fired, limit + 1 - len(rows))
-        if len(rows) > limit and "seq" not in rows[limit - 1]:  # the page ends among fired
-            return page(rows, limit, lambda r: (us(r["fired_at"]), r["id"]), FIRED_CURSOR)
-        return page(rows, limit, lambda r: (us(r["due_at"]), r["priority"], r["seq"]), CURSOR)
+        docs = [row.doc for row in rows]
+        if len(rows) <= limit:
+            return Page(docs, None)
+        last = rows[limit - 1].key  # three parts for a held task, two for a fired one
+        return Page(docs[:limit], encode(CURSOR if len(last) == 3 else FIRED_CURSOR, last))
 
     async def cancel(self, task_id: str, target: str | None = None) -> Outcome:
         """`cancelled` (no delivery will happen), `too_late`, `not_found`, or the store's word."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from scheduler.store.dead_letters import subject_clause
 from scheduler.store.postgres import PostgresStore
@@ -19,6 +19,57 @@ _TASK_SUMMARY = (
     f"id, target, {STATUS} AS status, priority, due_at, scheduled_for, expires_at, attempts, "
     "created_at, fired_at, seq"
 )
+
+
+def iso_text(column: str) -> str:
+    """SQL writing an instant as the API writes one (pydantic's form, `TaskSummary`): UTC,
+    `Z`, the microseconds only when there are any, e.g. `2026-11-22T06:00:00.120000Z`."""
+    utc = f"({column} AT TIME ZONE 'UTC')"
+    return (
+        f"to_char({utc}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN "
+        f"date_part('microseconds', {utc})::int % 1000000 = 0 THEN '' "
+        f"ELSE to_char({utc}, '.US') END || 'Z'"
+    )
+
+
+def micros(column: str) -> str:
+    """SQL for an instant as integer microseconds since the epoch (a cursor's key part)."""
+    return f"(extract(epoch FROM {column}) * 1000000)::bigint"
+
+
+# One task of a listing as JSON text, built by PostgreSQL from a summary row `s`: the fields,
+# their order and formats of `scheduler.api.models.TaskSummary` (a test holds the two equal),
+# so the daemon writes the page's bytes without decoding a row into Python objects.
+_SUMMARY_TIMES = ("due_at", "scheduled_for", "expires_at", "created_at", "fired_at")
+SUMMARY_JSON = (
+    "json_build_object("
+    + ", ".join(
+        f"'{name}', " + (iso_text(f"s.{name}") if name in _SUMMARY_TIMES else f"s.{name}")
+        for name in (
+            "id",
+            "target",
+            "status",
+            "priority",
+            "due_at",
+            "scheduled_for",
+            "expires_at",
+            "attempts",
+            "created_at",
+            "fired_at",
+        )
+    )
+    + ")::text"
+)
+
+
+class Listed(NamedTuple):
+    """One task of a listing: its JSON text and its sort key (the cursor's parts: due time in
+    microseconds, priority, intake sequence for a held task; fired time and id for a fired one)."""
+
+    doc: str
+    key: tuple[Any, ...]
+
+
 # The filter for a reported status (see `tasks.STATUS`): a claimed task keeps its ready
 # status, so `pending` and `in_doubt` mean not claimed. Spelled out per status so that
 # `pending` still reads the pending index.
@@ -105,23 +156,27 @@ class OverviewStore:
     # -- delayed tasks ------------------------------------------------------------------------
     async def tasks(
         self, where: TaskFilter, after: tuple[datetime, int, int] | None, limit: int
-    ) -> list[dict[str, Any]]:
+    ) -> list[Listed]:
         """Tasks in firing order (due, priority, intake order) after the keyset `after`.
 
         With `status=pending` this reads the pending index in order; `org_id` compares the
         column the intake fills from the envelope (migration 0009, indexed for unfinished
         tasks): a plain comparison, so any plan works, parallel ones included."""
         status = _STATUS_FILTER.get(where.status, "status = $2")
+        held = (
+            f"SELECT {_TASK_SUMMARY} FROM delayed_messages WHERE "
+            f"($1::text IS NULL OR {subject_clause('target', '$1')}) "
+            f"AND {status} "
+            "AND ($3::timestamptz IS NULL OR due_at < $3) "
+            "AND ($4::timestamptz IS NULL OR due_at >= $4) "
+            "AND ($5::text IS NULL OR org_id = $5) "
+            "AND ($6::timestamptz IS NULL OR (due_at, priority, seq) > ($6, $7, $8)) "
+            "ORDER BY due_at, priority, seq LIMIT $9"
+        )
         async with self.db.timed("tasks_list") as conn:
             rows = await conn.fetch(
-                f"SELECT {_TASK_SUMMARY} FROM delayed_messages WHERE "
-                f"($1::text IS NULL OR {subject_clause('target', '$1')}) "
-                f"AND {status} "
-                "AND ($3::timestamptz IS NULL OR due_at < $3) "
-                "AND ($4::timestamptz IS NULL OR due_at >= $4) "
-                "AND ($5::text IS NULL OR org_id = $5) "
-                "AND ($6::timestamptz IS NULL OR (due_at, priority, seq) > ($6, $7, $8)) "
-                "ORDER BY due_at, priority, seq LIMIT $9",
+                f"SELECT {SUMMARY_JSON}, {micros('s.due_at')}, s.priority, s.seq "
+                f"FROM ({held}) s ORDER BY s.due_at, s.priority, s.seq",
                 where.subject,
                 where.status,
                 where.due_before,
@@ -132,11 +187,11 @@ class OverviewStore:
                 after[2] if after else 0,
                 limit,
             )
-        return [dict(r) for r in rows]
+        return [Listed(r[0], r[1:]) for r in rows]
 
     async def fired(
         self, where: TaskFilter, after: tuple[datetime, str] | None, limit: int
-    ) -> list[dict[str, Any]]:
+    ) -> list[Listed]:
         """Fired tasks in the order they fired (`fired_at`, then id) after the keyset `after`.
 
         Their rows are gone (migration 0010): each is the `fire_log` delivery that fired it,
@@ -146,7 +201,8 @@ class OverviewStore:
         and `scheduled_for`; the tombstone keeps no `org_id` (callers refuse that filter)."""
         async with self.db.timed("fired_list") as conn:
             rows = await conn.fetch(
-                FIRED_SQL,
+                f"SELECT {SUMMARY_JSON}, {micros('s.fired_at')}, s.id "
+                f"FROM ({FIRED_SQL}) s ORDER BY s.fired_at, s.id",
                 where.subject,
                 where.due_before,
                 where.due_after,
@@ -154,7 +210,7 @@ class OverviewStore:
                 after[1] if after else "",
                 limit,
             )
-        return [dict(r) for r in rows]
+        return [Listed(r[0], r[1:]) for r in rows]
 
     async def task(self, task_id: str) -> dict[str, Any] | None:
         """One task with its envelope bytes, headers and every delivery in the fire log. A

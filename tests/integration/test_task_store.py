@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -292,7 +293,9 @@ async def test_listings_and_counts_report_claimed_tasks_as_before(database_url: 
         assert await tasks.cancel(doubted_claim.id, doubted_claim.target) == "in_flight"
 
         async def listed(status: str | None) -> dict[str, str]:
-            rows = await overview.tasks(TaskFilter(status=status), None, 10)
+            rows = [
+                json.loads(r.doc) for r in await overview.tasks(TaskFilter(status=status), None, 10)
+            ]
             return {r["id"]: r["status"] for r in rows}
 
         assert await listed(None) == {

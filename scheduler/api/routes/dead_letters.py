@@ -22,7 +22,7 @@ from scheduler.api.models import (
     Stage,
 )
 from scheduler.api.problems import ApiProblem, links, responses
-from scheduler.api.routes.common import Cursor, Limit, Ops, done, log_write
+from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done, log_write
 from scheduler.operations import Outcome
 from scheduler.store.dead_letters import DeadLetterFilter
 from scheduler.store.idempotency import Claim
@@ -36,7 +36,7 @@ LIST = responses(400, 401, 403, 422, 503) | links(
 )
 
 
-@router.get("", response_model=DeadLetterPage, responses=LIST)
+@router.get("", response_model=DeadLetterPage, responses=LIST, dependencies=Budgeted)
 async def list_dead_letters(
     ops: Ops,
     _: Reader,

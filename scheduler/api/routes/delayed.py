@@ -20,7 +20,7 @@ from scheduler.api.models import (
     TaskPage,
 )
 from scheduler.api.problems import ApiProblem, links, responses
-from scheduler.api.routes.common import Cursor, Limit, Ops, done, streamed_page
+from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done, json_page
 from scheduler.errors import TargetRefusedError
 from scheduler.store.idempotency import Claim
 from scheduler.store.overview import TaskFilter
@@ -61,7 +61,7 @@ def _keyed(task_id: str, target: str | None) -> str:
     return task_id if target is None else f"{task_id} {target}"
 
 
-@router.get("", response_model=TaskPage, responses=LIST)
+@router.get("", response_model=TaskPage, responses=LIST, dependencies=Budgeted)
 async def list_tasks(
     ops: Ops,
     _: Reader,
@@ -96,7 +96,7 @@ async def list_tasks(
     column) lists no fired task: their envelopes are deleted."""
     where = TaskFilter(subject, org_id, status, due_before, due_after)
     got = await ops.tasks.list(where, cursor, limit)
-    return streamed_page(got.items, ("seq",), next_cursor=got.next_cursor)
+    return json_page(got.items, got.next_cursor)
 
 
 @router.get("/{task_id}", response_model=TaskDetail, responses=responses(401, 403, 404, 422, 503))

@@ -17,7 +17,7 @@ from scheduler.api.models import (
     TriggerOutcome,
 )
 from scheduler.api.problems import ApiProblem, links, responses
-from scheduler.api.routes.common import Cursor, Limit, Ops, done
+from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done
 from scheduler.store.idempotency import Claim
 
 router = APIRouter(prefix="/v1/schedules", tags=["cron jobs"])
@@ -35,7 +35,7 @@ LIST = responses(400, 401, 403, 422, 503) | links(
 )
 
 
-@router.get("", response_model=SchedulePage, responses=LIST)
+@router.get("", response_model=SchedulePage, responses=LIST, dependencies=Budgeted)
 async def list_schedules(
     ops: Ops,
     _: Reader,

@@ -144,3 +144,32 @@ async def test_stats_are_counted_once_for_a_crowd_and_stay_correct(
     fresh = await poll(stats, lambda s: s["pending"] == 3, within=8)
     assert fresh["due"]["1h"] == 3 and fresh["at"] > crowd[0]["at"]
     assert len(counts) <= 3, f"{len(counts)} counts in a few seconds of polling"
+
+
+async def test_listings_past_the_rows_budget_get_503_with_retry_after(
+    api: ApiHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With SCHEDULER_API_READ_ROWS_PER_SECOND at 1000 (the bucket holds one page), of four
+    500-task pages asked at once three are served, spaced at the rate (the last about a second
+    after the first), and the fourth, which would wait longer, is answered 503 `overloaded`
+    with Retry-After at once, before any query; requests without a token spend none of it."""
+    await api.start(api_read_rows_per_second=1000)
+    begun = slow_task_lists(monkeypatch, 0.0)
+    refused = [await api.call("GET", "/v1/delayed", token=None, params=PENDING) for _ in range(5)]
+    assert {r.status for r in refused} == {401}
+
+    async def timed() -> tuple[Reply, float]:
+        started = time.monotonic()
+        reply = await list_pending(api)
+        return reply, time.monotonic() - started
+
+    answers = sorted(await asyncio.gather(*(timed() for _ in range(4))), key=lambda a: a[1])
+    assert [reply.status for reply, _ in answers] == [503, 200, 200, 200], answers
+    extra, took = answers[0]
+    assert took < 0.4, f"the refusal took {took:.2f}s"
+    assert extra.body["code"] == "overloaded"
+    assert "SCHEDULER_API_READ_ROWS_PER_SECOND" in extra.body["detail"]
+    assert int(extra.headers["Retry-After"]) == 2
+    assert len(begun) == 3, "the refused page ran its query anyway"
+    waits = [round(took, 2) for _, took in answers[1:]]
+    assert waits[1] >= 0.45 and waits[2] >= 0.95, f"served after {waits} s at 1000 rows/s"
