@@ -598,11 +598,33 @@ def stream_configs(
 
 async def ensure_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNote:
     """The empty stream the delay lane sources: its only subject is its own name, and it is
-    sealed (a sealed stream refuses every publish and delete, for good), so it stays empty."""
+    sealed (a sealed stream refuses every publish and delete, for good), so it stays empty.
+
+    Instances starting together race here: one may seal the stream between another's read and
+    its update (nats-server then refuses the update: 10052, a seal cannot be undone) or create
+    it first. A refused step is judged by reading the stream again: sealed by another is done."""
+    for attempt in range(3):
+        try:
+            return await _seal_nodedup_stream(js, name)
+        except js_errors.APIError:
+            info = await _stream_or_none(js, name)
+            if info is not None and info.config.sealed:
+                return ProvisionNote("stream", name, "exists")
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+async def _stream_or_none(js: JetStreamContext, name: str) -> js_api.StreamInfo | None:
     try:
-        info = await js.stream_info(name)
+        return await js.stream_info(name)
     except NotFoundError:
-        info = None
+        return None
+
+
+async def _seal_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNote:
+    """Create `name` if missing, then seal it (a stream cannot be created sealed)."""
+    info = await _stream_or_none(js, name)
     if info is not None and info.config.sealed:
         return ProvisionNote("stream", name, "exists")
     status = "updated" if info is not None else "created"
@@ -610,7 +632,7 @@ async def ensure_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNot
         config = js_api.StreamConfig(
             name=name, subjects=[name], storage=js_api.StorageType.FILE, max_msgs=1
         )
-        info = await js.add_stream(config)  # a stream cannot be created sealed
+        info = await js.add_stream(config)
     info.config.sealed = True
     await js.update_stream(info.config)
     return ProvisionNote("stream", name, status, "sealed, empty")

@@ -175,3 +175,36 @@ async def test_an_unprovisioned_lane_with_a_window_earns_a_warning(
     finally:
         await runner.stop()
         await nc.close()
+
+
+async def test_instances_provisioning_together_all_start(nats_url: str) -> None:
+    """Instances starting at once race to create and seal the empty stream: one seals it between
+    another's read and update (nats-server refuses that update, 10052) or creates it first
+    (10058); every instance's provisioning still succeeds and the stream ends sealed and empty
+    (on a server without a zero window, the lane ends with the shortest one)."""
+    settings = Settings(nats_url=nats_url, instance_id="t")
+    buses = [NatsBus(settings, Metrics()) for _ in range(4)]
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    try:
+        for bus in buses:
+            await bus.connect()
+        async with asyncio.timeout(20):
+            for _ in range(3):  # a fresh race each round
+                results = await asyncio.gather(*(provision(b, embedded=False) for b in buses))
+                assert all(results)
+                lane = await js.stream_info("MQ_DELAY")
+                if buses[0].can_disable_dedup():
+                    empty = await js.stream_info(nodedup_stream(settings))
+                    assert empty.config.sealed and empty.state.messages == 0
+                    assert not lane.config.duplicate_window
+                else:
+                    assert lane.config.duplicate_window == FALLBACK_WINDOW
+                for info in await js.streams_info():
+                    await js.delete_stream(info.config.name)
+    finally:
+        for bus in buses:
+            await bus.close()
+        for info in await js.streams_info():
+            await js.delete_stream(info.config.name)
+        await nc.close()
