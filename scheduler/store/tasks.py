@@ -282,7 +282,9 @@ class TaskStore:
         with an id is the one offered (ON CONFLICT DO UPDATE may touch a row once)."""
         if not tasks:
             return [], set()
-        tasks = _first_of(tasks, {t.id for t in tasks})
+        unique = {t.id for t in tasks}
+        if len(unique) < len(tasks):  # rare (a producer's resend in the same batch): copy only then
+            tasks = _first_of(tasks, unique)
         ids, targets = [t.id for t in tasks], [t.target for t in tasks]
         joined = (_joined(ids), _joined(targets))
         texts: tuple[str | list[str], ...]
