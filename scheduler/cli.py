@@ -53,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if in_main else None
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # inside the try: a reader gone early is found here, not at exit
+        return code
+    except BrokenPipeError:  # `scheduler dlq list | head`: stop quietly
+        from scheduler.commands.apiclient import stdout_closed
+
+        return stdout_closed()
     except ConfigError as exc:
         print(f"scheduler: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -17,9 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.commands.render import text
+
 URL_ENV = "SCHEDULER_API_URL"
 DEFAULT_URL = "http://127.0.0.1:8055"
 OK, REFUSED, USAGE, UNAVAILABLE = 0, 1, 2, 3
+CLOSED_STDOUT = 141  # 128 + SIGPIPE: what a shell reports for a tool that SIGPIPE stopped
 
 
 class ApiFailure(Exception):
@@ -105,31 +108,49 @@ def _failure(err: urllib.error.HTTPError, method: str) -> ApiFailure:
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
-    """A plain left-aligned table; None prints as '-'."""
-    cells = [[_cell(v) for v in row] for row in rows]
+    """A plain table: None prints as '-', booleans yes/no, floats with one decimal; columns of
+    numbers are right-aligned, the others left-aligned; control characters are escaped."""
+    cells = [[text(v) for v in row] for row in rows]
     widths = [len(h) for h in header]
     for row in cells:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
-    for row in cells:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    numeric = [_numeric([row[i] for row in rows]) for i in range(len(header))]
+    lines = [_line(header, widths, numeric)]
+    lines += [_line(row, widths, numeric) for row in cells]
     return "\n".join(lines)
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
+def _numeric(column: Sequence[Any]) -> bool:
+    values = [v for v in column if v is not None]
+    return bool(values) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in values
+    )
+
+
+def _line(cells: Sequence[str], widths: Sequence[int], right: Sequence[bool]) -> str:
+    padded = (c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True))
+    return "  ".join(padded).rstrip()
 
 
 def emit(doc: Any, as_json: bool, text: str) -> None:
-    print(json.dumps(doc, indent=2, sort_keys=True) if as_json else text)
+    """Print the answer (its JSON with --json) and flush, so a closed stdout is found here."""
+    print(json.dumps(doc, indent=2, sort_keys=True) if as_json else text, flush=True)
 
 
 def fail(exc: ApiFailure, as_json: bool) -> int:
     if as_json and exc.body is not None:
-        print(json.dumps(exc.body, indent=2, sort_keys=True))
+        print(json.dumps(exc.body, indent=2, sort_keys=True), flush=True)
     print(f"scheduler: {exc}", file=sys.stderr)
     return exc.exit_code
+
+
+def stdout_closed() -> int:
+    """The reader of stdout went away (`scheduler dlq list | head`): stop quietly, as a tool
+    killed by SIGPIPE does. stdout is pointed at /dev/null so the interpreter's last flush
+    finds nowhere to fail (the recipe of the Python docs' note on SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (stdout replaced by a test): nothing to do
+        pass
+    return CLOSED_STDOUT

@@ -2,7 +2,10 @@
 
 Every verb takes `--url` (or `SCHEDULER_API_URL`, default http://127.0.0.1:8055), `--token` (or
 `SCHEDULER_ADMIN_TOKEN`, then `SCHEDULER_READ_TOKEN`) and `--json` (the API's JSON, for scripts);
-without `--json` it prints a table for a person. Exit codes: see `scheduler.commands.apiclient`.
+without `--json` it prints a table for a person. Exit codes: see `scheduler.commands.apiclient`;
+besides, `status` exits 1 when the daemon reports errors in the schedules YAML (as `scheduler
+validate` does for the same errors), and every verb exits 141 when stdout is closed early.
+Text output writes times, durations and missing values one way (`scheduler.commands.render`).
 """
 
 from __future__ import annotations
@@ -14,9 +17,22 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.commands.apiclient import OK, REFUSED, ApiClient, ApiFailure, emit, fail, table
+from scheduler.commands.render import (
+    fields,
+    header_lines,
+    ms,
+    next_run,
+    payload_lines,
+    printable,
+    problems_block,
+    text,
+    when,
+)
 from scheduler.durations import parse_duration
 
 Verb = Callable[[ApiClient, argparse.Namespace], tuple[Any, str, int]]
+YAML_ERRORS = REFUSED  # `status` when the daemon reports schedule YAML errors: as `validate`
+DLQ_STATES = {"unresolved": False, "resolved": True, "all": None}
 
 
 def register(sub: Any) -> None:
@@ -79,8 +95,8 @@ def _pages(client: ApiClient, path: str, args: argparse.Namespace, query: dict) 
         got = client.call("GET", path, {**query, "limit": args.limit, "cursor": cursor})
         items += got["items"]
         cursor = got["next_cursor"]
-        if not (args.all and cursor):
-            return {"items": items, "next_cursor": cursor}
+        if not (args.all and cursor):  # other keys (`problems`) as the last page says
+            return {**got, "items": items, "next_cursor": cursor}
 
 
 def _listing(doc: dict, columns: dict[str, Callable[[dict], Any]]) -> tuple[Any, str, int]:
@@ -97,27 +113,44 @@ def _field(name: str) -> Callable[[dict], Any]:
 # -- status ------------------------------------------------------------------------------------
 def _status(client: ApiClient, _: argparse.Namespace) -> tuple[Any, str, int]:
     s = client.call("GET", "/v1/stats")
+    problems = _problems(client)
     leader = s["leader"]
-    who = f"{leader['instance']} (epoch {leader['epoch']}, since {leader['since']})"
     late = s["lateness_ms"]
     due = "  ".join(f"{k}: {v}" for k, v in s["due"].items())
-    lines = [
-        f"leader        {who if leader['instance'] else 'none'}",
-        f"epoch         {s['epoch']}",
-        f"pending       {s['pending']}",
-        f"due within    {due}",
-        f"lateness      p50 {_ms(late['p50'])}  p99 {_ms(late['p99'])}  "
-        f"({late['samples']} deliveries, last 5 min)",
-        f"dead letters  {s['dead_letters_unresolved']} unresolved",
-    ]
+    lines = fields(
+        [
+            ("leader", _leader(leader)),
+            ("epoch", text(s["epoch"])),
+            ("pending", s["pending"]),
+            ("due within", due),
+            (
+                "lateness",
+                f"p50 {ms(late['p50'])}  p99 {ms(late['p99'])}  "
+                f"({late['samples']} deliveries, last 5 min)",
+            ),
+            ("dead letters", f"{s['dead_letters_unresolved']} unresolved"),
+            ("schedule YAML", f"{len(problems)} errors (below)" if problems else "ok"),
+            ("as of", when(s.get("at"))),
+        ]
+    )
     if s["pending_by_subject"]:
         rows = [(r["subject"], r["pending"]) for r in s["pending_by_subject"]]
         lines += ["", table(rows, ["SUBJECT", "PENDING"])]
-    return s, "\n".join(lines), OK
+    if problems:
+        lines += ["", *problems_block(problems)]
+    return {**s, "problems": problems}, "\n".join(lines), YAML_ERRORS if problems else OK
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} ms"
+def _problems(client: ApiClient) -> list[dict[str, Any]]:
+    """The schedule YAML errors the daemon reports (the list answer carries them)."""
+    return list(client.call("GET", "/v1/schedules", {"limit": 1}).get("problems") or [])
+
+
+def _leader(leader: dict[str, Any]) -> str:
+    if not leader.get("instance"):
+        return "none"
+    since = f", since {when(leader['since'])}" if leader.get("since") else ""
+    return f"{printable(leader['instance'])} (epoch {text(leader.get('epoch'))}{since})"
 
 
 # -- schedules ---------------------------------------------------------------------------------
@@ -141,41 +174,92 @@ def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def _schedules_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
     doc = _pages(client, "/v1/schedules", args, {"active": not args.removed})
-    keys = {"NAME": "name", "CRON": "cron", "TZ": "timezone", "SUBJECT": "subject"}
-    keys |= {"PAUSED": "paused", "FAILED": "failed_reason", "LAST FIRED": "last_fired_at"}
-    return _listing(doc, {header: _field(key) for header, key in keys.items()})
+    now = datetime.now(UTC)
+    columns = {h: _field(k) for h, k in (("NAME", "name"), ("CRON", "cron"), ("TZ", "timezone"))}
+    columns["SUBJECT"] = _field("subject")
+    columns["STATE"] = _schedule_state
+    columns["NEXT RUN"] = lambda j: next_run(j, now)
+    columns["LAST FIRED"] = lambda j: when(j["last_fired_at"])
+    listed, listing, code = _listing(doc, columns)
+    found = problems_block(doc.get("problems") or [])
+    return listed, "\n".join([listing, *([""] if found else []), *found]), code
+
+
+def _schedule_state(job: dict[str, Any]) -> str:
+    """removed, failed (with its reason), paused, or active: what stops a job from firing."""
+    if not job.get("active", True):
+        return "removed"
+    if job.get("failed"):
+        return f"failed ({text(job.get('failed_reason'))})"
+    return "paused" if job.get("paused") else "active"
 
 
 def _schedule_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
     j = client.call("GET", f"/v1/schedules/{_quote(args.name)}")
-    paused = "no"
-    if j["paused"]:
-        paused = "in YAML" if j["paused_in_yaml"] else f"by {j['paused_by']} at {j['paused_at']}"
+    head = f"{j['name']}  {j['cron']}  ({j['timezone']}) -> {j['subject']}"
     lines = [
-        f"{j['name']}  {j['cron']}  ({j['timezone']}) -> {j['subject']}",
-        f"defined at   {j['file']}:{j['line']}",
-        f"paused       {paused}",
-        f"failed       {_failed(j)}",
-        f"last         {j['last_scheduled_for']} (fired {j['last_fired_at']})",
+        printable(head),
+        *fields(
+            [
+                ("defined at", f"{j['file']}:{j['line']}" if j.get("file") else "-"),
+                ("paused", _paused(j)),
+                ("failed", _failed(j)),
+                ("last", _last(j)),
+            ]
+        ),
         "",
         "next occurrences:",
-        *(f"  {o['scheduled_for']}" for o in j["next"]),
+        *(_occurrence(o) for o in j["next"]),
+        *([] if j["next"] else ["  none"]),
         "",
-        table(
-            [
-                (f["scheduled_for"], f["fired_at"], f["lateness_ms"], f["manual"], f["instance"])
-                for f in j["fires"]
-            ],
-            ["SCHEDULED FOR", "FIRED AT", "LATE MS", "MANUAL", "INSTANCE"],
-        ),
+        _fires(j["fires"]),
     ]
     return j, "\n".join(lines), OK
+
+
+def _paused(job: dict[str, Any]) -> str:
+    if not job["paused"]:
+        return "no"
+    if job["paused_in_yaml"]:
+        return "in YAML"
+    return f"by {text(job.get('paused_by'))} at {when(job.get('paused_at'))}"
 
 
 def _failed(job: dict[str, Any]) -> str:
     if not job.get("failed"):
         return "no"
-    return f"{job['failed_reason']} at {job['failed_at']}: {job['failed_error']}"
+    error = text(job.get("failed_error"))
+    return f"{text(job.get('failed_reason'))} at {when(job.get('failed_at'))}: {error}"
+
+
+def _last(job: dict[str, Any]) -> str:
+    """The occurrence last handled and when it fired (a skipped one never did)."""
+    if job.get("last_scheduled_for") is None:
+        return "never fired"
+    fired = job.get("last_fired_at")
+    how = f"fired {when(fired)}" if fired is not None else "not fired"
+    return f"{when(job['last_scheduled_for'])} ({how})"
+
+
+def _occurrence(o: dict[str, Any]) -> str:
+    at, fire_at = when(o["scheduled_for"]), when(o.get("fire_at"))
+    return f"  {at}" + (f"  (fires {fire_at}: jitter)" if fire_at not in (at, "-") else "")
+
+
+def _fires(fires: list[dict[str, Any]]) -> str:
+    if not fires:
+        return "no fires yet"
+    rows = [
+        (
+            when(f["scheduled_for"]),
+            when(f["fired_at"]),
+            f["lateness_ms"],
+            f["manual"],
+            f["instance"],
+        )
+        for f in fires
+    ]
+    return table(rows, ["SCHEDULED FOR", "FIRED AT", "LATE MS", "MANUAL", "INSTANCE"])
 
 
 def _schedule_action(action: str) -> Verb:
@@ -228,19 +312,22 @@ def _delayed_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str
         "due_after": args.due_after,
     }
     doc = _pages(client, "/v1/delayed", args, query)
-    keys = {"ID": "id", "TARGET": "target", "STATUS": "status", "DUE AT": "due_at"}
-    keys |= {"PRIO": "priority", "ATTEMPTS": "attempts"}
-    return _listing(doc, {header: _field(key) for header, key in keys.items()})
+    columns = {h: _field(k) for h, k in (("ID", "id"), ("TARGET", "target"), ("STATUS", "status"))}
+    columns["DUE AT"] = lambda t: when(t["due_at"])
+    columns |= {"PRIO": _field("priority"), "ATTEMPTS": _field("attempts")}
+    return _listing(doc, columns)
 
 
 def _delayed_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
     t = client.call("GET", f"/v1/delayed/{_quote(args.id)}")
-    fields = ("id", "target", "status", "priority", "due_at", "scheduled_for", "expires_at")
-    lines = [f"{k:<14}{t[k] if t[k] is not None else '-'}" for k in fields]
-    lines += [f"{'attempts':<14}{t['attempts']}", f"{'last error':<14}{t['last_error'] or '-'}"]
+    pairs = [(k, text(t.get(k))) for k in ("id", "target", "status", "priority")]
+    pairs += [(k, when(t.get(k))) for k in ("due_at", "scheduled_for", "expires_at", "fired_at")]
+    pairs += [("attempts", text(t.get("attempts"))), ("last error", text(t.get("last_error")))]
+    lines = fields(pairs)
     if t["deliveries"]:
         rows = [
-            (d["fired_at"], d["attempt"], d["stream"], d["stream_seq"]) for d in t["deliveries"]
+            (when(d["fired_at"]), d["attempt"], d["stream"], d["stream_seq"])
+            for d in t["deliveries"]
         ]
         lines += ["", table(rows, ["FIRED AT", "ATTEMPT", "STREAM", "SEQ"])]
     return t, "\n".join(lines), OK
@@ -254,7 +341,7 @@ def _delayed_cancel(client: ApiClient, args: argparse.Namespace) -> tuple[Any, s
 def _delayed_reschedule(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
     at = args.at or (datetime.now(UTC) + args.in_).isoformat()
     doc = client.call("PATCH", f"/v1/delayed/{_quote(args.id)}", body={"delay_until": at})
-    return doc, f"{args.id}: {doc['status']}, due at {doc.get('due_at')}", OK
+    return doc, f"{args.id}: {doc['status']}, due at {when(doc.get('due_at'))}", OK
 
 
 # -- dead letters ------------------------------------------------------------------------------
@@ -264,8 +351,11 @@ def _dlq(sub: Any, common: argparse.ArgumentParser) -> None:
     ls = verbs.add_parser("list", parents=[common], help="dead letters, newest first")
     _dlq_filter(ls)
     state = ls.add_mutually_exclusive_group()
-    state.add_argument("--resolved", dest="resolved", action="store_true", default=None)
-    state.add_argument("--unresolved", dest="resolved", action="store_false")
+    state.add_argument(
+        "--state", choices=list(DLQ_STATES), default="unresolved", help="default: unresolved"
+    )
+    state.add_argument("--resolved", dest="state", action="store_const", const="resolved")
+    state.add_argument("--unresolved", dest="state", action="store_const", const="unresolved")
     _paging(ls)
     ls.set_defaults(func=_runner(_dlq_list))
     show = verbs.add_parser("show", parents=[common], help="one dead letter and its message")
@@ -293,26 +383,44 @@ def _dlq_filter(p: argparse.ArgumentParser) -> None:
 
 def _dlq_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
     query = {"reason": args.reason, "subject": args.subject, "stage": args.stage}
-    doc = _pages(client, "/v1/dead-letters", args, {**query, "resolved": args.resolved})
-    columns = {header: _field(key) for header, key in (("ID", "id"), ("STAGE", "stage"))}
+    doc = _pages(client, "/v1/dead-letters", args, {**query, "resolved": DLQ_STATES[args.state]})
+    if not doc["items"] and args.state != "all" and not args.cursor:
+        return doc, f"no {args.state} dead letters (--state all lists every one)", OK
+    columns = {"ID": _field("id"), "STATE": _dlq_state, "STAGE": _field("stage")}
     columns["REASON"] = _field("reason")
     columns["SUBJECT"] = lambda d: d["target"] or d["subject"]
-    columns["LAST FAILED"] = _field("last_failed")
+    columns["ATTEMPTS"] = _field("attempts")
+    columns["LAST FAILED"] = lambda d: when(d["last_failed"])
     return _listing(doc, columns)
+
+
+def _dlq_state(d: dict[str, Any]) -> str:
+    """replayed (which resolves it), resolved by hand, or unresolved."""
+    if d.get("replayed_at"):
+        return "replayed"
+    return "resolved" if d.get("resolved") else "unresolved"
 
 
 def _dlq_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
     d = client.call("GET", f"/v1/dead-letters/{_quote(args.id)}")
-    fields = ("id", "original_id", "stage", "reason", "subject", "target", "attempts")
-    lines = [f"{k:<13}{d[k] if d[k] is not None else '-'}" for k in fields]
-    lines += [
-        f"{'error':<13}{d['error']}",
-        f"{'last failed':<13}{d['last_failed']}",
-        f"{'resolved':<13}{'yes by ' + str(d['resolved_by']) if d['resolved'] else 'no'}",
-        f"{'replayed':<13}{d['replayed_at'] or 'no'}",
-        f"{'size':<13}{_dlq_size(d)}",
-    ]
+    pairs = [(k, text(d.get(k))) for k in ("id", "original_id", "stage", "reason", "subject")]
+    pairs += [("target", text(d.get("target"))), ("attempts", text(d.get("attempts")))]
+    pairs += [("error", text(d.get("error"))), ("first seen", when(d.get("first_seen")))]
+    pairs += [("last failed", when(d.get("last_failed"))), ("state", _dlq_state(d))]
+    pairs += [("resolved", _resolved(d)), ("replayed", when(d.get("replayed_at")))]
+    pairs += [("size", _dlq_size(d))]
+    lines = [*fields(pairs), "", "headers:"]
+    lines += [f"  {line}" for line in header_lines(d.get("headers") or {})]
+    lines += ["", "payload:"]
+    cut = bool(d.get("raw_truncated"))
+    lines += [f"  {line}" for line in payload_lines(d.get("raw_base64"), d.get("payload"), cut)]
     return d, "\n".join(lines), OK
+
+
+def _resolved(d: dict[str, Any]) -> str:
+    if not d.get("resolved"):
+        return "no"
+    return f"by {text(d.get('resolved_by'))} at {when(d.get('resolved_at'))}"
 
 
 def _dlq_size(d: dict[str, Any]) -> str:
@@ -354,5 +462,5 @@ def _replay_one(client: ApiClient, dead_id: str) -> dict[str, Any]:
 def _dlq_resolve(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
     body = {"resolved": not args.reopen}
     d = client.call("PATCH", f"/v1/dead-letters/{_quote(args.id)}", body=body)
-    state = f"resolved by {d['resolved_by']}" if d["resolved"] else "open"
+    state = f"resolved by {text(d.get('resolved_by'))}" if d["resolved"] else "open"
     return d, f"{args.id}: {state}", OK

@@ -96,6 +96,6 @@ def test_schedule_show_prints_a_failed_jobs_reason_and_error() -> None:
     args = argparse.Namespace(name="big")
     _, text, code = ops._schedule_show(_Api(doc), args)  # type: ignore[arg-type]
     assert code == 0
-    assert "failed       too_large at 2026-11-25T15:00:00Z: data: envelope of 2000000" in text
+    assert "failed         too_large at 2026-11-25T15:00:00.000Z: data: envelope of 2000000" in text
     _, text, _ = ops._schedule_show(_Api({**doc, "failed": False}), args)  # type: ignore[arg-type]
-    assert "\nfailed       no\n" in text
+    assert "\nfailed         no\n" in text

@@ -168,10 +168,11 @@ def test_cli_exit_codes_follow_the_answer(status: int, method: str, code: int, w
 
 
 def test_table_aligns_and_prints_none_as_dash() -> None:
-    """Columns are as wide as their widest cell; None is '-' and booleans yes/no."""
+    """Columns are as wide as their widest cell (numbers right-aligned); None is '-' and
+    booleans yes/no."""
     assert table([("a", None, True), ("bbb", 12, False)], ["X", "Y", "Z"]).splitlines() == [
-        "X    Y   Z",
-        "a    -   yes",
+        "X     Y  Z",
+        "a     -  yes",
         "bbb  12  no",
     ]
 
