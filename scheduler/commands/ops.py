@@ -23,6 +23,7 @@ from scheduler.commands.render import (
     ms,
     next_run,
     payload_lines,
+    plural,
     printable,
     problems_block,
     text,
@@ -129,7 +130,7 @@ def _status(client: ApiClient, _: argparse.Namespace) -> tuple[Any, str, int]:
                 f"({late['samples']} deliveries, last 5 min)",
             ),
             ("dead letters", f"{s['dead_letters_unresolved']} unresolved"),
-            ("schedule YAML", f"{len(problems)} errors (below)" if problems else "ok"),
+            ("schedule YAML", f"{plural(len(problems), 'error')} (below)" if problems else "ok"),
             ("as of", when(s.get("at"))),
         ]
     )
@@ -190,7 +191,8 @@ def _schedule_state(job: dict[str, Any]) -> str:
     if not job.get("active", True):
         return "removed"
     if job.get("failed"):
-        return f"failed ({text(job.get('failed_reason'))})"
+        reason = job.get("failed_reason")
+        return f"failed ({printable(reason)})" if reason else "failed"
     return "paused" if job.get("paused") else "active"
 
 
@@ -407,7 +409,7 @@ def _dlq_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, in
     pairs += [("target", text(d.get("target"))), ("attempts", text(d.get("attempts")))]
     pairs += [("error", text(d.get("error"))), ("first seen", when(d.get("first_seen")))]
     pairs += [("last failed", when(d.get("last_failed"))), ("state", _dlq_state(d))]
-    pairs += [("resolved", _resolved(d)), ("replayed", when(d.get("replayed_at")))]
+    pairs += [("resolved", _resolved(d)), ("replayed", _replayed(d))]
     pairs += [("size", _dlq_size(d))]
     lines = [*fields(pairs), "", "headers:"]
     lines += [f"  {line}" for line in header_lines(d.get("headers") or {})]
@@ -415,6 +417,10 @@ def _dlq_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, in
     cut = bool(d.get("raw_truncated"))
     lines += [f"  {line}" for line in payload_lines(d.get("raw_base64"), d.get("payload"), cut)]
     return d, "\n".join(lines), OK
+
+
+def _replayed(d: dict[str, Any]) -> str:
+    return when(d["replayed_at"]) if d.get("replayed_at") else "no"
 
 
 def _resolved(d: dict[str, Any]) -> str:

@@ -109,13 +109,17 @@ def problems_block(problems: list[dict[str, Any]]) -> list[str]:
     `scheduler validate` prints them); nothing when there are none."""
     if not problems:
         return []
-    count = f"{len(problems)} problem{'' if len(problems) == 1 else 's'}"
+    count = plural(len(problems), "error")
     lines = [f"schedule YAML: {count}; the jobs named are not loaded and do not fire:"]
     for p in problems:
         where = p["file"] if p.get("line") is None else f"{p['file']}:{p['line']}"
         job = f"job {p['job']}: " if p.get("job") else ""
         lines.append(printable(f"  {where}: {job}{p['message']}"))
     return lines
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def payload_lines(

@@ -253,7 +253,13 @@ def test_schedules_list_has_state_and_next_run_columns() -> None:
         "NAME", "CRON", "TZ", "SUBJECT", "STATE", "NEXT RUN", "LAST FIRED",
     ]  # fmt: skip
     assert TIME.search(tick) and " active " in tick and code == 0
-    assert " failed (-)  -  " in report
+    assert " failed  -  " in report
+    _, out, _ = run(ops._schedules_list, {"/v1/schedules": {**page, "items": [
+        {**JOB, "failed_reason": "too_large"}, {**RUNNING, "paused": True},
+        {**RUNNING, "active": False}]}}, "schedules", "list")  # fmt: skip
+    assert [re.split(r"\s{2,}", line)[4:6] for line in out.splitlines()[1:]] == [
+        ["failed (too_large)", "-"], ["paused", "-"], ["removed", "-"],
+    ]  # fmt: skip
 
 
 def test_schedule_yaml_problems_show_in_schedules_list_and_fail_status() -> None:
@@ -268,6 +274,10 @@ def test_schedule_yaml_problems_show_in_schedules_list_and_fail_status() -> None
     doc, out, code = run(ops._status, answers, "status")
     assert code == 1 and doc["problems"] == page["problems"]
     assert "schedule YAML  2 errors (below)" in out and line in out
+    doc, out, code = run(
+        ops._status, {**answers, "/v1/schedules": {**page, "problems": [PROBLEM]}}, "status"
+    )
+    assert code == 1 and "schedule YAML  1 error (below)" in out
     doc, out, code = run(ops._status, ANSWERS, "status")
     assert code == 0 and doc["problems"] == [] and "schedule YAML  ok" in out
 
