@@ -43,15 +43,15 @@ async def test_status_and_schedule_verbs(api: ApiHarness, cli: Cli) -> None:
     listed = await poll(lambda: cli.json("schedules", "list"), lambda d: len(d["items"]) == 3)
     assert [j["name"] for j in listed["items"]] == ["every-second", "frozen", "nightly"]
     code, out, _ = await cli("status")
-    assert code == 0 and "leader        test-1" in out and "dead letters  0 unresolved" in out
+    assert code == 0 and "leader         test-1" in out and "dead letters   0 unresolved" in out
     code, out, _ = await cli("schedules", "list", token=READ)
     assert code == 0 and out.splitlines()[0].split() == [
-        "NAME", "CRON", "TZ", "SUBJECT", "PAUSED", "FAILED", "LAST", "FIRED",
+        "NAME", "CRON", "TZ", "SUBJECT", "STATE", "NEXT", "RUN", "LAST", "FIRED",
     ]  # fmt: skip
-    assert any(line.startswith("frozen") and " yes " in line for line in out.splitlines())
+    assert any(line.startswith("frozen") and " paused " in line for line in out.splitlines())
     code, out, _ = await cli("schedules", "show", "nightly")
     assert code == 0 and "next occurrences:" in out and "(Europe/Berlin)" in out
-    assert "\nfailed       no\n" in out
+    assert "\nfailed         no\n" in out
     assert (await cli("schedules", "pause", "nightly"))[1].strip() == "nightly: paused"
     shown = await cli.json("schedules", "show", "nightly")
     assert isinstance(shown, dict) and shown["paused"] and shown["paused_by"].startswith("admin")
@@ -73,7 +73,7 @@ async def test_delayed_verbs(api: ApiHarness, cli: Cli) -> None:
     code, out, _ = await cli("delayed", "list", "--limit", "1", "--all")
     assert a["id"] in out and b["id"] in out and "more:" not in out
     code, out, _ = await cli("delayed", "show", a["id"])
-    assert code == 0 and "status        pending" in out
+    assert code == 0 and "status         pending" in out
     assert (await cli("delayed", "cancel", a["id"]))[1].strip() == f"{a['id']}: cancelled"
     code, out, _ = await cli("delayed", "reschedule", b["id"], "--in", "10m")
     assert code == 0 and f"{b['id']}: rescheduled" in out
@@ -95,11 +95,12 @@ async def test_dlq_verbs(api: ApiHarness, cli: Cli) -> None:
     code, out, _ = await cli("dlq", "list", "--unresolved", "--reason", "publish_failed")
     assert code == 0 and all(i in out for i in ids)
     code, out, _ = await cli("dlq", "show", ids[0])
-    assert code == 0 and "reason       publish_failed" in out and "no stream" in out
+    assert code == 0 and "reason         publish_failed" in out and "no stream" in out
     shown = await cli.json("dlq", "show", ids[0])  # a firing dead letter keeps its task whole
     assert isinstance(shown, dict) and not shown["raw_truncated"]
     assert shown["raw_size"] == len(base64.b64decode(shown["raw_base64"])) > 0
-    assert f"size         {shown['raw_size']} bytes\n" in out + "\n"
+    assert f"size           {shown['raw_size']} bytes\n" in out
+    assert f"\npayload:\n  {base64.b64decode(shown['raw_base64']).decode()}\n" in out + "\n"
     code, out, _ = await cli("dlq", "resolve", ids[2])
     assert code == 0 and "resolved by admin" in out
     assert (await cli("dlq", "resolve", ids[2], "--reopen"))[1].strip() == f"{ids[2]}: open"
@@ -112,6 +113,10 @@ async def test_dlq_verbs(api: ApiHarness, cli: Cli) -> None:
     assert code == 0 and ids[2] in out
     msgs = await api.read_stream("NOWHERE", quiet=1.0)
     assert sorted(m.headers["Nats-Msg-Id"] for m in msgs) == sorted(d["id"] for d in docs)
+    code, out, _ = await cli("dlq", "list")  # unresolved ones only, by default
+    assert code == 0 and out.strip() == "no unresolved dead letters (--state all lists every one)"
+    code, out, _ = await cli("dlq", "list", "--state", "all")
+    assert [line.split()[1] for line in out.splitlines()[1:]] == ["replayed"] * 3
 
 
 async def test_exit_codes_and_messages_say_what_to_do(api: ApiHarness, cli: Cli) -> None:
