@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime
 from itertools import islice
 
-from scheduler.clock import rfc3339
+from scheduler.clock import rfc3339, to_rfc3339
 from scheduler.cron import occurrences
 from scheduler.schedules import Job, ScheduleSet, load_dir
 
@@ -120,4 +120,4 @@ def _print_job(job: Job, times: list[datetime]) -> None:
     print(f"{job.name}  {job.cron.text}  ({job.timezone.key}) -> {job.subject}{paused}")
     for instant in times:
         local = instant.astimezone(job.timezone)
-        print(f"  {local:%Y-%m-%d %H:%M:%S %Z (%z)}   {rfc3339(instant)}")
+        print(f"  {local:%Y-%m-%d %H:%M:%S %Z (%z)}   {to_rfc3339(instant)}")

@@ -119,7 +119,7 @@ def test_next_plain_shows_local_and_utc(good_dir: Path, capsys: pytest.CaptureFi
     assert (
         lines[0] == "ny-open  30 9 * * mon-fri  (America/New_York) -> mq.scheduled.open  [paused]"
     )
-    assert lines[1] == "  2026-11-20 09:30:00 EST (-0500)   2026-11-20T14:30:00Z"
+    assert lines[1] == "  2026-11-20 09:30:00 EST (-0500)   2026-11-20T14:30:00.000Z"
     assert len(lines) == 6
 
 
