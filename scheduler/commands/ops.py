@@ -39,7 +39,11 @@ DLQ_STATES = {"unresolved": False, "resolved": True, "all": None}
 def register(sub: Any) -> None:
     """Add the operator verbs to the top-level `scheduler` parser."""
     common = _common()
-    status = sub.add_parser("status", parents=[common], help="leader, pending, due, dead letters")
+    status = sub.add_parser(
+        "status",
+        parents=[common],
+        help="leader, pending, due, dead letters, YAML errors (exit 1 while there are any)",
+    )
     status.set_defaults(func=_runner(_status))
     _schedules(sub, common)
     _delayed(sub, common)
@@ -203,7 +207,7 @@ def _schedule_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, st
         printable(head),
         *fields(
             [
-                ("defined at", f"{j['file']}:{j['line']}" if j.get("file") else "-"),
+                ("defined at", _defined_at(j)),
                 ("paused", _paused(j)),
                 ("failed", _failed(j)),
                 ("last", _last(j)),
@@ -217,6 +221,12 @@ def _schedule_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, st
         _fires(j["fires"]),
     ]
     return j, "\n".join(lines), OK
+
+
+def _defined_at(job: dict[str, Any]) -> str:
+    if not job.get("file"):
+        return "-"
+    return printable(job["file"] if job.get("line") is None else f"{job['file']}:{job['line']}")
 
 
 def _paused(job: dict[str, Any]) -> str:
@@ -356,11 +366,17 @@ def _dlq(sub: Any, common: argparse.ArgumentParser) -> None:
     state.add_argument(
         "--state", choices=list(DLQ_STATES), default="unresolved", help="default: unresolved"
     )
-    state.add_argument("--resolved", dest="state", action="store_const", const="resolved")
-    state.add_argument("--unresolved", dest="state", action="store_const", const="unresolved")
+    state.add_argument(
+        "--resolved", dest="state", action="store_const", const="resolved", help="--state resolved"
+    )
+    state.add_argument(
+        "--unresolved", dest="state", action="store_const", const="unresolved", help="the default"
+    )
     _paging(ls)
     ls.set_defaults(func=_runner(_dlq_list))
-    show = verbs.add_parser("show", parents=[common], help="one dead letter and its message")
+    show = verbs.add_parser(
+        "show", parents=[common], help="one dead letter: error, headers and payload"
+    )
     show.add_argument("id")
     show.set_defaults(func=_runner(_dlq_show))
     replay = verbs.add_parser(

@@ -138,7 +138,10 @@ def test_schedule_show_says_never_fired_and_formats_times_and_lateness() -> None
     assert "2026-11-25T02:00:00.003Z      3.8  no" in fires[1]
     never = {**ANSWERS["/v1/schedules/report"], "last_scheduled_for": None}
     _, out, _ = run(ops._schedule_show, {"/v1/schedules/report": never}, *SHOW)
-    assert "\nlast           never fired\n" in out
+    assert "\nlast           never fired\n" in out and "\ndefined at     -\n" in out
+    placed = {**never, "file": "jobs.yaml", "line": None}
+    _, out, _ = run(ops._schedule_show, {"/v1/schedules/report": placed}, *SHOW)
+    assert "\ndefined at     jobs.yaml\n" in out
 
 
 def test_render_when_and_ms() -> None:
