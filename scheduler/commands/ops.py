@@ -245,12 +245,12 @@ def _failed(job: dict[str, Any]) -> str:
 
 
 def _last(job: dict[str, Any]) -> str:
-    """The occurrence last handled and when it fired (a skipped one never did)."""
-    if job.get("last_scheduled_for") is None:
-        return "never fired"
-    fired = job.get("last_fired_at")
-    how = f"fired {when(fired)}" if fired is not None else "not fired"
-    return f"{when(job['last_scheduled_for'])} ({how})"
+    """The occurrence last handled and when it fired; a job that never fired says so, with
+    the cursor it counts from (a new job's cursor is when it was loaded, not an occurrence)."""
+    cursor, fired = job.get("last_scheduled_for"), job.get("last_fired_at")
+    if fired is None:
+        return "never fired" + (f" (occurrences after {when(cursor)})" if cursor else "")
+    return f"{when(cursor)} (fired {when(fired)})"
 
 
 def _occurrence(o: dict[str, Any]) -> str:

@@ -128,10 +128,10 @@ def test_every_time_in_text_output_is_rfc3339_utc_with_milliseconds(
 
 
 def test_schedule_show_says_never_fired_and_formats_times_and_lateness() -> None:
-    """`schedules show` writes `fired -`-free lines: the last occurrence with `not fired`, a
-    job never handled as `never fired`, and lateness with one decimal, right-aligned."""
+    """`schedules show` says `never fired` (with the cursor it counts from, if any) instead of
+    `fired None`, `-` for a missing file, and lateness with one decimal, right-aligned."""
     _, out, _ = run(ops._schedule_show, ANSWERS, *SHOW)
-    assert "last           2026-11-25T02:00:00.000Z (not fired)" in out
+    assert "last           never fired (occurrences after 2026-11-25T02:00:00.000Z)" in out
     assert "paused         by - at -" in out
     fires = out.splitlines()[-2:]
     assert fires[0].split()[:3] == ["SCHEDULED", "FOR", "FIRED"]
@@ -142,6 +142,9 @@ def test_schedule_show_says_never_fired_and_formats_times_and_lateness() -> None
     placed = {**never, "file": "jobs.yaml", "line": None}
     _, out, _ = run(ops._schedule_show, {"/v1/schedules/report": placed}, *SHOW)
     assert "\ndefined at     jobs.yaml\n" in out
+    fired = {**ANSWERS["/v1/schedules/report"], "last_fired_at": "2026-11-25T02:00:00.0035Z"}
+    _, out, _ = run(ops._schedule_show, {"/v1/schedules/report": fired}, *SHOW)
+    assert "\nlast           2026-11-25T02:00:00.000Z (fired 2026-11-25T02:00:00.003Z)\n" in out
 
 
 def test_render_when_and_ms() -> None:
