@@ -104,8 +104,13 @@ def _pages(client: ApiClient, path: str, args: argparse.Namespace, query: dict) 
             return {**got, "items": items, "next_cursor": cursor}
 
 
-def _listing(doc: dict, columns: dict[str, Callable[[dict], Any]]) -> tuple[Any, str, int]:
-    """A page as a table of `columns` (header -> cell of an item), and how to get the next."""
+def _listing(
+    doc: dict, columns: dict[str, Callable[[dict], Any]], empty: str = ""
+) -> tuple[Any, str, int]:
+    """A page as a table of `columns` (header -> cell of an item), and how to get the next;
+    `empty` instead of a bare header when nothing matched."""
+    if empty and not doc["items"] and not doc["next_cursor"]:
+        return doc, empty, OK
     rows = [[cell(item) for cell in columns.values()] for item in doc["items"]]
     more = f"\nmore: --cursor {doc['next_cursor']}" if doc["next_cursor"] else ""
     return doc, table(rows, list(columns)) + more, OK
@@ -185,7 +190,8 @@ def _schedules_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, s
     columns["STATE"] = _schedule_state
     columns["NEXT RUN"] = lambda j: next_run(j, now)
     columns["LAST FIRED"] = lambda j: when(j["last_fired_at"])
-    listed, listing, code = _listing(doc, columns)
+    none = "no removed cron jobs" if args.removed else "no cron jobs loaded"
+    listed, listing, code = _listing(doc, columns, none)
     found = problems_block(doc.get("problems") or [])
     return listed, "\n".join([listing, *([""] if found else []), *found]), code
 
@@ -327,7 +333,7 @@ def _delayed_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str
     columns = {h: _field(k) for h, k in (("ID", "id"), ("TARGET", "target"), ("STATUS", "status"))}
     columns["DUE AT"] = lambda t: when(t["due_at"])
     columns |= {"PRIO": _field("priority"), "ATTEMPTS": _field("attempts")}
-    return _listing(doc, columns)
+    return _listing(doc, columns, "no delayed tasks match")
 
 
 def _delayed_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:

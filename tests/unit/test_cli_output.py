@@ -268,6 +268,17 @@ def test_schedules_list_has_state_and_next_run_columns() -> None:
     ]  # fmt: skip
 
 
+def test_empty_lists_say_so() -> None:
+    """A list with nothing in it says what is missing instead of printing a bare header."""
+    empty = {"items": [], "next_cursor": None, "problems": []}
+    got = run(ops._schedules_list, {"/v1/schedules": empty}, "schedules", "list")[1]
+    assert got == "no cron jobs loaded"
+    got = run(ops._schedules_list, {"/v1/schedules": empty}, "schedules", "list", "--removed")[1]
+    assert got == "no removed cron jobs"
+    got = run(ops._delayed_list, {"/v1/delayed": empty}, "delayed", "list")[1]
+    assert got == "no delayed tasks match"
+
+
 def test_schedule_yaml_problems_show_in_schedules_list_and_fail_status() -> None:
     """The daemon's YAML errors print as `file:line: job: message` under `schedules list` and
     `status`; `status` then exits 1 (as `scheduler validate`), and its JSON carries them."""
