@@ -1,4 +1,4 @@
-"""Operator verbs over the management API: `status`, `schedules`, `delayed`, `dlq`.
+"""Operator verbs over the management API: `status`, `schedules`, `delayed`, `dlq`, `activity`.
 
 Every verb takes `--url` (or `SCHEDULER_API_URL`, default http://127.0.0.1:8055), `--token` (or
 `SCHEDULER_ADMIN_TOKEN`, then `SCHEDULER_READ_TOKEN`) and `--json` (the API's JSON, for scripts);
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from scheduler.commands import activity
 from scheduler.commands.apiclient import OK, REFUSED, ApiClient, ApiFailure, emit, fail, table
 from scheduler.durations import parse_duration
 
@@ -27,6 +28,7 @@ def register(sub: Any) -> None:
     _schedules(sub, common)
     _delayed(sub, common)
     _dlq(sub, common)
+    activity.register(sub, common, _runner)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -137,13 +139,23 @@ def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
         p = verbs.add_parser(name, parents=[common], help=what)
         p.add_argument("name", help="the job's name")
         p.set_defaults(func=_runner(verb))
+        if name == "pause":
+            p.add_argument("--note", help="why (kept with the job until resumed; 500 chars)")
 
 
 def _schedules_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
     doc = _pages(client, "/v1/schedules", args, {"active": not args.removed})
     keys = {"NAME": "name", "CRON": "cron", "TZ": "timezone", "SUBJECT": "subject"}
     keys |= {"PAUSED": "paused", "FAILED": "failed_reason", "LAST FIRED": "last_fired_at"}
-    return _listing(doc, {header: _field(key) for header, key in keys.items()})
+    columns = {header: _field(key) for header, key in keys.items()}
+    columns["PAUSED"] = _paused
+    return _listing(doc, columns)
+
+
+def _paused(job: dict[str, Any]) -> Any:
+    """yes / no, and an operator's note (why) after it: `yes: waiting for the vendor`."""
+    note = job.get("pause_note")
+    return f"yes: {note}" if job["paused"] and note else job["paused"]
 
 
 def _schedule_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
@@ -151,6 +163,8 @@ def _schedule_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, st
     paused = "no"
     if j["paused"]:
         paused = "in YAML" if j["paused_in_yaml"] else f"by {j['paused_by']} at {j['paused_at']}"
+        if j.get("pause_note"):
+            paused += f": {j['pause_note']}"
     lines = [
         f"{j['name']}  {j['cron']}  ({j['timezone']}) -> {j['subject']}",
         f"defined at   {j['file']}:{j['line']}",
@@ -180,7 +194,9 @@ def _failed(job: dict[str, Any]) -> str:
 
 def _schedule_action(action: str) -> Verb:
     def run(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
-        doc = client.call("POST", f"/v1/schedules/{_quote(args.name)}/{action}")
+        note = getattr(args, "note", None)
+        body = {"note": note} if note else None
+        doc = client.call("POST", f"/v1/schedules/{_quote(args.name)}/{action}", body=body)
         extra = f" as {doc['msg_id']} ({doc['stream']} #{doc['seq']})" if "msg_id" in doc else ""
         return doc, f"{args.name}: {doc['status']}{extra}", OK
 
