@@ -94,8 +94,9 @@ async def test_every_write_leaves_one_row_done_or_refused(
     assert "paused in YAML" in rows["resume paused_in_yaml"]["detail"]
     assert '"reason": "publish_failed"' in rows["replay done"]["detail"]
     trigger = rows["trigger triggered"]
-    assert trigger["idempotency_key"] == "t-1" and '"msg_id": "frozen@manual-key-' in (
-        trigger["detail"]
+    assert (
+        trigger["idempotency_key"] == "t-1"
+        and '"msg_id": "frozen@manual-key-' in (trigger["detail"])
     )
 
     before = len(await _rows(database_url))
