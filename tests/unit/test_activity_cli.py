@@ -3,6 +3,7 @@ log as a table; the activity log's detail is bounded whatever a request carried.
 
 from __future__ import annotations
 
+import argparse
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from scheduler.cli import main
+from scheduler.commands import ops
 from scheduler.commands.apiclient import ApiClient
 from scheduler.operations.activity import DETAIL_KEYS, DETAIL_TEXT, bounded
 
@@ -102,6 +104,33 @@ def test_pause_with_a_note_sends_it(calls: list, capsys: pytest.CaptureFixture[s
         ("/v1/schedules/nightly/pause", None),
     ]
     assert capsys.readouterr().out.splitlines() == ["nightly: paused", "nightly: paused"]
+
+
+def test_schedules_show_and_list_print_the_pause_note() -> None:
+    """`schedules show` prints who, when and the note; `schedules list` puts the note after
+    `yes` in PAUSED, and a job paused in YAML (no note) stays `yes`."""
+    job = {
+        "name": "nightly", "cron": "30 2 * * *", "timezone": "UTC", "subject": "mq.n",
+        "file": "jobs.yaml", "line": 3, "paused": True, "paused_in_yaml": False,
+        "paused_by": "admin@10.0.0.7", "paused_at": "2026-11-26T14:00:00Z",
+        "pause_note": "vendor down", "failed": False, "last_scheduled_for": None,
+        "last_fired_at": None, "next": [], "fires": [], "failed_reason": None,
+    }  # fmt: skip
+
+    class Api:
+        def call(self, method: str, path: str, query: Any = None) -> Any:
+            if path == "/v1/schedules":
+                frozen = {**job, "name": "frozen", "pause_note": None, "paused_in_yaml": True}
+                return {"items": [job, frozen], "next_cursor": None}
+            return job
+
+    args = argparse.Namespace(name="nightly", removed=False, limit=50, cursor=None, all=False)
+    _, text, _ = ops._schedule_show(Api(), args)  # type: ignore[arg-type]
+    assert "paused       by admin@10.0.0.7 at 2026-11-26T14:00:00Z: vendor down" in text
+    _, text, _ = ops._schedules_list(Api(), args)  # type: ignore[arg-type]
+    lines = text.splitlines()
+    assert " yes: vendor down " in lines[1] and lines[2].startswith("frozen")
+    assert " yes " in lines[2]
 
 
 def test_the_detail_is_bounded() -> None:
