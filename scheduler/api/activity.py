@@ -111,7 +111,11 @@ class Entry:
         return "done" if 200 <= status < 300 else "error"
 
     def _detail(self) -> dict[str, Any]:
-        query = dict(self.request.query_params)
+        route = self.request.scope.get("route")
+        declared = getattr(getattr(route, "dependant", None), "query_params", ())
+        # only the parameters the route reads: an undeclared `?note=` must not pose as one
+        names = {p.alias for p in declared}
+        query = {k: v for k, v in self.request.query_params.items() if k in names}
         body = {} if self.body is None else dict(self.body)
         data = self.last.data if self.last is not None and len(self.outcomes) == 1 else {}
         detail = bounded(query, body, data)

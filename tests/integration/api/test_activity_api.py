@@ -69,7 +69,7 @@ async def test_every_write_leaves_one_row_done_or_refused(
          ("trigger", "frozen", "triggered", 200)),
         ("PATCH", f"/v1/delayed/{task['id']}", {"json_body": {"delay_until": due.isoformat()}},
          ("reschedule", task["id"], "rescheduled", 200)),
-        ("DELETE", f"/v1/delayed/{task['id']}", {"params": {"target": TARGET}},
+        ("DELETE", f"/v1/delayed/{task['id']}", {"params": {"target": TARGET, "note": "x"}},
          ("cancel", task["id"], "cancelled", 200)),
         ("DELETE", "/v1/delayed/no-such-task", {}, ("cancel", "no-such-task", "not_found", 404)),
         ("POST", f"/v1/dead-letters/{dead}/replay", {}, ("replay", dead, "not_found", 404)),
@@ -90,7 +90,8 @@ async def test_every_write_leaves_one_row_done_or_refused(
     assert pause["route"] == "POST /v1/schedules/{name}/pause"
     assert '"note": "vendor down"' in pause["detail"]
     assert '"delay_until": "' + due.isoformat() in rows["reschedule rescheduled"]["detail"]
-    assert f'"target": "{TARGET}"' in rows["cancel cancelled"]["detail"]
+    cancelled = rows["cancel cancelled"]["detail"]
+    assert f'"target": "{TARGET}"' in cancelled and "note" not in cancelled
     assert "paused in YAML" in rows["resume paused_in_yaml"]["detail"]
     assert '"reason": "publish_failed"' in rows["replay done"]["detail"]
     trigger = rows["trigger triggered"]
