@@ -51,7 +51,12 @@ from scheduler.store.leadership import database_time
 from scheduler.store.postgres import PostgresStore, create_pool
 from scheduler.store.tasks import TaskStore
 from scheduler.terms import TermLoop
-from scheduler.upkeep import dead_letter_upkeep, fire_log_upkeep, loop_lag_probe
+from scheduler.upkeep import (
+    activity_upkeep,
+    dead_letter_upkeep,
+    fire_log_upkeep,
+    loop_lag_probe,
+)
 
 log = logging.getLogger("scheduler.daemon")
 
@@ -154,6 +159,8 @@ class Daemon:
                         dead, self.settings, self.clock, self.metrics, self._stop
                     )
                     tg.create_task(pruning, name="dead-letter-upkeep")
+                    pruned = activity_upkeep(ops.activity, self.settings, self.metrics, self._stop)
+                    tg.create_task(pruned, name="activity-upkeep")
                     tg.create_task(ops.backlog.run(self._stop), name="write-backlog")
                     tg.create_task(self._term_loop().run(), name="engine")
                     tg.create_task(loop_lag_probe(self.metrics, self._stop), name="loop-lag")

@@ -201,6 +201,18 @@ class Metrics:
             ["route", "method", "status"],
             registry=r,
         )
+        self.activity_unrecorded = Counter(
+            _P + "activity_unrecorded_total",
+            "Operator actions the activity log could not record (PostgreSQL unreachable or "
+            "slow); the action itself was done and answered, and logged as "
+            "api.activity_unrecorded.",
+            registry=r,
+        )
+        self.activity_pruned = Counter(
+            _P + "activity_pruned_total",
+            "Activity-log rows deleted past SCHEDULER_ACTIVITY_RETENTION.",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -64,6 +64,7 @@ _DURATION_FIELDS = (
     "ui_session_ttl",
     "api_statement_timeout",
     "intent_ttl",
+    "activity_retention",
 )
 
 
@@ -153,6 +154,8 @@ class Settings(BaseSettings):
     api_read_rows_per_second: int = Field(default=20_000, ge=0, le=10_000_000)
     audit_dir: Path | None = None
     ui_session_ttl: Duration = Field(default=timedelta(hours=12), gt=timedelta(0))
+    # operator actions in `activity_log` (scheduler/api/activity.py), pruned hourly past this
+    activity_retention: Duration = Field(default=timedelta(days=90), gt=timedelta(0))
     ui_secure_cookie: bool = False
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")

@@ -1,5 +1,6 @@
 """The daemon's housekeeping loops, on every instance: fire-log partitions and old rows, dead
-letters past their retention, and the event loop's lag (CPU starvation shows there first)."""
+letters and activity-log rows past their retention, and the event loop's lag (CPU starvation
+shows there first)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from scheduler.aio import wait_or_stop
 from scheduler.clock import Clock
 from scheduler.metrics import Metrics
+from scheduler.operations.activity import ActivityOperations
 from scheduler.settings import Settings
 from scheduler.store.dead_letters import DeadLetterStore
 from scheduler.store.postgres import PostgresStore
@@ -74,6 +76,21 @@ async def dead_letter_upkeep(
             log.info("dead_letters.pruned rows=%d", pruned)
         except Exception as exc:  # upkeep must never take the daemon down; retried next hour
             log.warning("dead_letters.upkeep_failed error=%r", exc)
+        await wait_or_stop(stop, UPKEEP_INTERVAL)
+
+
+async def activity_upkeep(
+    activity: ActivityOperations, settings: Settings, metrics: Metrics, stop: asyncio.Event
+) -> None:
+    """Hourly: activity-log rows older than SCHEDULER_ACTIVITY_RETENTION deleted (on the
+    API's pool; instances skip each other's rows)."""
+    while not stop.is_set():
+        try:
+            pruned = await activity.prune(settings.activity_retention)
+            metrics.activity_pruned.inc(pruned)
+            log.info("activity_log.pruned rows=%d", pruned)
+        except Exception as exc:  # upkeep must never take the daemon down; retried next hour
+            log.warning("activity_log.upkeep_failed error=%r", exc)
         await wait_or_stop(stop, UPKEEP_INTERVAL)
 
 

@@ -24,6 +24,7 @@ from scheduler import __version__
 from scheduler.api import apidocs, edge, problems
 from scheduler.api.gate import QueryGate, RowBudget
 from scheduler.api.routes import (
+    activity,
     audits,
     dead_letters,
     delayed,
@@ -100,7 +101,7 @@ def build_api(backend: ApiBackend) -> FastAPI:
     app.state.query_gate = QueryGate(backend.settings.api_max_concurrent)
     app.state.rows_budget = RowBudget(backend.settings.api_read_rows_per_second, MAX_LIMIT)
     problems.install(app)
-    modules = (health, instances, schedules, delayed, dead_letters, stats, audits)
+    modules = (health, instances, schedules, delayed, dead_letters, stats, audits, activity)
     for module in modules:
         app.include_router(module.router)
     app.state.api_routes = [r for m in modules for r in m.router.routes if hasattr(r, "methods")]

@@ -39,6 +39,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.responses import Response
 
+from scheduler.api import activity
 from scheduler.api.auth import Caller
 from scheduler.api.problems import ApiProblem, problem_response
 from scheduler.operations.backlog import TRANSIENT
@@ -82,7 +83,48 @@ async def once(
     run: Run,
     exclude_none: bool = False,
 ) -> Any:
-    """Run `run` once per key: its answer (validated as `answer`) is stored and replayed."""
+    """Run `run` once per key: its answer (validated as `answer`) is stored and replayed.
+    Every call is recorded in the activity log (`scheduler.api.activity`), except a replay."""
+    entry = activity.Entry(request, caller, key, target, body, ops.clock.now())
+
+    async def watched(claim: Claim | None) -> Any:
+        try:
+            return await run(claim)
+        except ApiProblem as problem:
+            entry.refused(problem.code, problem.detail)
+            raise
+
+    with activity.recording(entry):
+        try:
+            result = await _once(
+                request, ops, caller, key, target, body, answer, watched, exclude_none
+            )
+        except ApiProblem as problem:
+            if problem.code not in activity.NOT_RECORDED:
+                entry.refused(problem.code, problem.detail)
+                await activity.record(ops, entry, problem.status)
+            raise
+        except Exception:
+            entry.refused("error", "the request failed with an unexpected error")
+            await activity.record(ops, entry, 500)
+            raise
+    if not (isinstance(result, Response) and result.headers.get(REPLAYED)):
+        status = result.status_code if isinstance(result, Response) else 200
+        await activity.record(ops, entry, status)
+    return result
+
+
+async def _once(
+    request: Request,
+    ops: Operations,
+    caller: Caller,
+    key: str | None,
+    target: str,
+    body: BaseModel | None,
+    answer: type[BaseModel],
+    run: Run,
+    exclude_none: bool,
+) -> Any:
     if key is None:
         return await run(None)
     use = _use(request, caller, _checked(key), target, body)

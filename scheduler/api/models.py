@@ -8,7 +8,15 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    field_validator,
+)
 
 TASK_ID = r"^[\x21-\x7e]{1,200}$"  # the envelope's id rule: printable ASCII, no spaces
 JOB_NAME = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
@@ -128,7 +136,8 @@ class ScheduleSummary(BaseModel):
     paused: bool = Field(description="paused in YAML or by an operator")
     paused_in_yaml: bool
     paused_at: datetime | None = Field(description="when an operator paused it")
-    paused_by: str | None
+    paused_by: str | None = Field(description="who paused it: token kind and address")
+    pause_note: str | None = Field(default=None, description="why, as the operator wrote it")
     failed: bool = Field(
         description="stopped by a permanent publish error (failed_error says why); fires again "
         "once its definition changes or an operator resumes it"
@@ -180,6 +189,25 @@ class SchedulePage(BaseModel):
         description="errors in the schedules YAML as this instance reads it now; the jobs they "
         "name are not loaded (a job that was valid before stops firing)"
     )
+
+
+NOTE_LENGTH = 500
+
+
+class PauseRequest(Body):
+    note: str | None = Field(
+        default=None,
+        max_length=NOTE_LENGTH,
+        description=f"why it is paused, shown with the job until it is resumed (1..{NOTE_LENGTH} "
+        "printable characters, no control characters)",
+    )
+
+    @field_validator("note")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or not value.isprintable()):
+            raise ValueError("must be printable text, not blank, without control characters")
+        return value
 
 
 class ScheduleOutcome(BaseModel):
@@ -335,3 +363,27 @@ class AuditSummary(BaseModel):
     run: str
     has_report: bool
     summary: dict[str, Any] = Field(description="the run's summary.json (docs/drift-audit.md)")
+
+
+# -- activity log ------------------------------------------------------------------------------
+class ActivityEntry(BaseModel):
+    id: int
+    at: datetime = Field(description="when the request was taken")
+    who: str = Field(description="the token kind and the client's address, e.g. admin@10.0.0.7")
+    via: Literal["api", "console"] = Field(description="a direct API call, or the web console")
+    session: str | None = Field(description="the console session's tag (via console only)")
+    action: str = Field(description="pause, resume, trigger, cancel, reschedule, replay, ...")
+    route: str = Field(description="method and route, e.g. POST /v1/schedules/{name}/pause")
+    target: str = Field(description="job name, task id, dead-letter id; `*` for a filter")
+    detail: dict[str, Any] = Field(
+        description="bounded: the note, the new due time, the filter, counts, the refusal"
+    )
+    http_status: int
+    outcome: str = Field(description="the operation's status (paused, ...) or the problem's code")
+    request_id: str = Field(description="the answer's X-Request-Id (and the log line's)")
+    idempotency_key: str | None
+
+
+class ActivityPage(BaseModel):
+    items: list[ActivityEntry]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page")

@@ -1,4 +1,4 @@
-"""Operator verbs over the management API: `status`, `schedules`, `delayed`, `dlq`.
+"""Operator verbs over the management API: `status`, `schedules`, `delayed`, `dlq`, `activity`.
 
 Every verb takes `--url` (or `SCHEDULER_API_URL`, default http://127.0.0.1:8055), `--token` (or
 `SCHEDULER_ADMIN_TOKEN`, then `SCHEDULER_READ_TOKEN`) and `--json` (the API's JSON, for scripts);
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from scheduler.commands import activity
 from scheduler.commands.apiclient import OK, REFUSED, ApiClient, ApiFailure, emit, fail, table
 from scheduler.commands.render import (
     fields,
@@ -48,6 +49,7 @@ def register(sub: Any) -> None:
     _schedules(sub, common)
     _delayed(sub, common)
     _dlq(sub, common)
+    activity.register(sub, common, _runner)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -180,6 +182,8 @@ def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
         p = verbs.add_parser(name, parents=[common], help=what)
         p.add_argument("name", help="the job's name")
         p.set_defaults(func=_runner(verb))
+        if name == "pause":
+            p.add_argument("--note", help="why (kept with the job until resumed; 500 chars)")
 
 
 def _schedules_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
@@ -203,7 +207,10 @@ def _schedule_state(job: dict[str, Any]) -> str:
     if job.get("failed"):
         reason = job.get("failed_reason")
         return f"failed ({printable(reason)})" if reason else "failed"
-    return "paused" if job.get("paused") else "active"
+    if not job.get("paused"):
+        return "active"
+    note = job.get("pause_note")
+    return f"paused: {printable(note)}" if note else "paused"
 
 
 def _schedule_show(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
@@ -240,7 +247,9 @@ def _paused(job: dict[str, Any]) -> str:
         return "no"
     if job["paused_in_yaml"]:
         return "in YAML"
-    return f"by {text(job.get('paused_by'))} at {when(job.get('paused_at'))}"
+    by = f"by {text(job.get('paused_by'))} at {when(job.get('paused_at'))}"
+    note = job.get("pause_note")
+    return f"{by}: {printable(note)}" if note else by
 
 
 def _failed(job: dict[str, Any]) -> str:
@@ -282,7 +291,9 @@ def _fires(fires: list[dict[str, Any]]) -> str:
 
 def _schedule_action(action: str) -> Verb:
     def run(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
-        doc = client.call("POST", f"/v1/schedules/{_quote(args.name)}/{action}")
+        note = getattr(args, "note", None)
+        body = {"note": note} if note else None
+        doc = client.call("POST", f"/v1/schedules/{_quote(args.name)}/{action}", body=body)
         extra = f" as {doc['msg_id']} ({doc['stream']} #{doc['seq']})" if "msg_id" in doc else ""
         return doc, f"{args.name}: {doc['status']}{extra}", OK
 

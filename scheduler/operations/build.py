@@ -9,12 +9,14 @@ from typing import Any
 from nats.aio.client import Client
 
 from scheduler.clock import Clock
+from scheduler.operations.activity import ActivityOperations
 from scheduler.operations.backlog import WriteBacklog
 from scheduler.operations.cron_jobs import ScheduleOperations
 from scheduler.operations.dead_letters import DeadLetterOperations
 from scheduler.operations.stats import StatsOperations
 from scheduler.operations.tasks import TaskOperations
 from scheduler.settings import Settings
+from scheduler.store.activity import ActivityStore
 from scheduler.store.cron_jobs import ScheduleStore
 from scheduler.store.dead_letters import DeadLetterStore
 from scheduler.store.idempotency import IdempotencyStore
@@ -32,6 +34,7 @@ class Operations:
     idempotency: IdempotencyStore  # the API's stored answers (`scheduler.api.idempotency`)
     backlog: WriteBacklog  # writes retried in the background; the daemon runs its loop
     clock: Clock
+    activity: ActivityOperations  # the operator actions' log (`scheduler.api.activity`)
 
 
 def build_operations(
@@ -54,4 +57,5 @@ def build_operations(
         idempotency=IdempotencyStore(db),
         backlog=backlog,
         clock=clock,
+        activity=ActivityOperations(ActivityStore(db), clock),
     )

@@ -1,9 +1,10 @@
 """Cron jobs for operators: list, show (next occurrences, last fires), pause, resume, trigger.
 
 YAML stays the source of truth for what a job is. An operator's pause is stored beside it in
-PostgreSQL (`schedules.paused_at`/`paused_by`), survives reloads and restarts, and is applied by
-the leader at its next sync: at once through a NATS notice, at the latest within a few seconds
-through the daemon's periodic check. A job paused in YAML can only be resumed by editing YAML.
+PostgreSQL (`schedules.paused_at`/`paused_by`/`pause_note`: when, who and why), survives
+reloads and restarts, and is applied by the leader at its next sync: at once through a NATS
+notice, at the latest within a few seconds through the daemon's periodic check. A job paused
+in YAML can only be resumed by editing YAML.
 
 A job stopped by a permanent publish error (`failed`, see docs/cron.md) fires again once its
 definition changes in YAML, or when an operator resumes it (resume clears the failed mark as
@@ -107,8 +108,9 @@ class ScheduleOperations:
         doc["fires"] = [_fire(f) for f in await self.overview.fires(name, FIRES_COUNT)]
         return doc
 
-    async def pause(self, name: str, who: str) -> Outcome:
-        return await self._set_paused(name, who)
+    async def pause(self, name: str, who: str, note: str | None = None) -> Outcome:
+        """Pause for `who`, with the operator's `note` (why) kept beside it until resumed."""
+        return await self._set_paused(name, who, note)
 
     async def resume(self, name: str) -> Outcome:
         row = await self.overview.schedule(name)
@@ -121,8 +123,8 @@ class ScheduleOperations:
             )
         return await self._set_paused(name, None)
 
-    async def _set_paused(self, name: str, who: str | None) -> Outcome:
-        if not await self.store.set_paused(name, who):
+    async def _set_paused(self, name: str, who: str | None, note: str | None = None) -> Outcome:
+        if not await self.store.set_paused(name, who, note):
             return Outcome("not_found", name, f"no cron job named {name!r}")
         await self.nc.publish(CHANGED_SUBJECT, name.encode())
         return Outcome("paused" if who else "resumed", name)
@@ -209,6 +211,7 @@ class ScheduleOperations:
             "paused_in_yaml": in_yaml,
             "paused_at": row["paused_at"],
             "paused_by": row["paused_by"],
+            "pause_note": row.get("pause_note"),
             "failed": row["failed_at"] is not None,
             "failed_at": row["failed_at"],
             "failed_reason": row["failed_reason"],

@@ -160,8 +160,10 @@ class ScheduleStore:
         return frozenset(r["name"] for r in rows)
 
     # -- operator actions (management API) ----------------------------------------------------
-    async def set_paused(self, name: str, who: str | None) -> bool:
-        """Pause a job for `who`, or resume it (`who` None); False when no job has that name.
+    async def set_paused(self, name: str, who: str | None, note: str | None = None) -> bool:
+        """Pause a job for `who` with the operator's `note` (why), or resume it (`who` None:
+        the note goes too); False when no job has that name. Pausing a paused job keeps its
+        `paused_at` and takes the new `who` and `note`.
 
         Resuming also clears a failed mark (see `fail`): the job is tried again. A change of
         pause state also starts a new `schedule_history` version (paused or not) now."""
@@ -173,10 +175,11 @@ class ScheduleStore:
                 return False
             await conn.execute(
                 "UPDATE schedules SET paused_at = CASE WHEN $2::text IS NULL THEN NULL "
-                "ELSE coalesce(paused_at, now()) END, paused_by = $2, updated_at = now() "
-                "WHERE name = $1",
+                "ELSE coalesce(paused_at, now()) END, paused_by = $2, pause_note = CASE WHEN "
+                "$2::text IS NULL THEN NULL ELSE $3::text END, updated_at = now() WHERE name = $1",
                 name,
                 who,
+                note,
             )
             if who is None:
                 await conn.execute(

@@ -112,7 +112,7 @@ _TASK_DETAIL = (
 )
 _SCHEDULE = (
     "s.name, s.definition::text AS definition, s.file, s.line, s.active, s.paused_at, "
-    "s.paused_by, s.failed_at, s.failed_reason, s.failed_error, s.updated_at, "
+    "s.paused_by, s.pause_note, s.failed_at, s.failed_reason, s.failed_error, s.updated_at, "
     "st.last_scheduled_for, st.last_fired_at, st.skipped"
 )
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Query, Request
 from fastapi.responses import Response
 
+from scheduler.api import activity
 from scheduler.api.auth import Caller, identify
 from scheduler.api.gate import RETRY_AFTER_SECONDS, OutOfBudget, Overloaded, QueryGate, RowBudget
 from scheduler.api.problems import ApiProblem, from_outcome
@@ -101,7 +102,9 @@ Ops = Annotated[Operations, Depends(operations)]
 
 
 def log_write(caller: Caller, action: str, outcome: Outcome) -> None:
-    """Every write is logged: who (token kind and address), what, which id, the result."""
+    """Every write is logged: who (token kind and address), what, which id, the result; and
+    noted for the request's activity-log row (`scheduler.api.activity`)."""
+    activity.noted(action, outcome)
     log.info(
         "api.write who=%s action=%s id=%s outcome=%s",
         caller.who,

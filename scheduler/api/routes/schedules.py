@@ -11,6 +11,7 @@ from scheduler.api.auth import Admin, Reader
 from scheduler.api.idempotency import IdempotencyKey, once
 from scheduler.api.models import (
     JOB_NAME,
+    PauseRequest,
     ScheduleDetail,
     ScheduleOutcome,
     SchedulePage,
@@ -62,16 +63,23 @@ async def get_schedule(name: Name, ops: Ops, _: Reader) -> Any:
 
 @router.post("/{name}/pause", response_model=ScheduleOutcome, responses=WRITE)
 async def pause_schedule(
-    name: Name, ops: Ops, caller: Admin, request: Request, key: IdempotencyKey = None
+    name: Name,
+    ops: Ops,
+    caller: Admin,
+    request: Request,
+    key: IdempotencyKey = None,
+    body: PauseRequest | None = None,
 ) -> Any:
     """Stop firing the job until resumed (kept across reloads and restarts); occurrences
-    while paused are skipped, not caught up."""
+    while paused are skipped, not caught up. An optional body `{"note": "why"}` is kept with
+    the job (`pause_note`, beside `paused_by` and `paused_at`) until it is resumed."""
+    note = body.note if body is not None else None
 
     async def run(_: Claim | None) -> Any:
-        outcome = await ops.schedules.pause(name, caller.who)
+        outcome = await ops.schedules.pause(name, caller.who, note)
         return {"name": name, **done(caller, "pause", outcome, "job")}
 
-    return await once(request, ops, caller, key, name, None, ScheduleOutcome, run)
+    return await once(request, ops, caller, key, name, body, ScheduleOutcome, run)
 
 
 @router.post("/{name}/resume", response_model=ScheduleOutcome, responses=WRITE)

@@ -3,7 +3,9 @@
 The console never reads PostgreSQL or NATS itself. Each page asks the API's routes, sending the
 token its session stands for and the browser's address, so tokens, validation, race guarantees,
 problem details and the `api.write who=... action=...` log line are exactly those of any other
-client (the CLI, a script), without a network hop.
+client (the CLI, a script), without a network hop. Each call also carries the session's tag in
+its ASGI scope, so the activity log records console actions as `via: console` with the session
+(`scheduler.api.activity`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 from starlette.types import Message
+
+from scheduler.api.activity import CONSOLE_SCOPE
 
 MAX_BODY = 64 << 20
 
@@ -57,9 +61,10 @@ class Answer:
 class Api:
     """Management API calls on behalf of one console request."""
 
-    def __init__(self, request: Request, token: str | None) -> None:
+    def __init__(self, request: Request, token: str | None, session: str | None = None) -> None:
         self.request = request
         self.token = token
+        self.session = session  # the console session's tag, for the activity log
 
     async def get(self, path: str, **params: Any) -> Answer:
         return await self.call("GET", path, params=params)
@@ -97,6 +102,8 @@ class Api:
             "client": self.request.scope.get("client"),
             "server": self.request.scope.get("server"),
         }
+        if self.session is not None:  # a scope key, not a header: no network client sets it
+            scope[CONSOLE_SCOPE] = self.session
         return await _exchange(self.request.app, scope, payload)
 
 

@@ -16,6 +16,7 @@ something carry the session's CSRF token and must come from this origin.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ NAV = (
     ("delayed", "/ui/delayed", "Delayed tasks"),
     ("dead-letters", "/ui/dead-letters", "Dead letters"),
     ("drift", "/ui/drift", "Drift"),
+    ("activity", "/ui/activity", "Activity"),
 )
 STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
 
@@ -169,9 +171,14 @@ async def viewer(request: Request) -> View:
         token = settings.admin_token if session.kind == "admin" else settings.read_token
     if session is None or token is None:
         raise SignInRequired
-    return View(
-        request, settings, session.kind, session, signer, Api(request, token.get_secret_value())
-    )
+    api = Api(request, token.get_secret_value(), session_tag(session))
+    return View(request, settings, session.kind, session, signer, api)
+
+
+def session_tag(session: Session) -> str:
+    """A short tag naming one console session in the activity log: a digest of its CSRF
+    token (which it never reveals), the same on every request of that session."""
+    return f"{session.kind}-{hashlib.sha256(session.csrf.encode()).hexdigest()[:12]}"
 
 
 Viewer = Annotated[View, Depends(viewer)]
@@ -338,9 +345,9 @@ async def static(name: str) -> Response:
 # -- mounting -----------------------------------------------------------------------------------
 def mount(app: FastAPI) -> None:
     """Add the console's routes and its error pages to the API's app."""
-    from scheduler.api.ui import dead_letters, delayed, drift, overview, schedules
+    from scheduler.api.ui import activity, dead_letters, delayed, drift, overview, schedules
 
-    for module in (overview, schedules, delayed, dead_letters, drift):
+    for module in (overview, schedules, delayed, dead_letters, drift, activity):
         app.include_router(module.router)
     app.include_router(router)
     app.include_router(fallback)

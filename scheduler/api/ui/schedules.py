@@ -69,7 +69,9 @@ async def act(form: Actor, name: str, action: str) -> Response:
     back = _back(form.get("back"), name)
     if action not in ACTIONS:
         return view.render("error.html", 404, title="Not found", message=f"no action {action!r}")
-    answer = await view.api.call("POST", f"/v1/schedules/{name}/{action}", key=form.key)
+    note = form.get("note") if action == "pause" else ""
+    body = {"note": note} if note else None  # the API bounds it (422 naming `note`)
+    answer = await view.api.call("POST", f"/v1/schedules/{name}/{action}", body=body, key=form.key)
     if not answer.ok:
         return view.failed(answer, back)
     message = f"{ACTIONS[action]} {name}."
