@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 from scheduler.api.ui.cron_words import describe
 
@@ -130,8 +130,14 @@ def seg(value: Any) -> str:
 
 
 def subject_breaks(value: Any) -> Markup:
-    """A NATS subject that a narrow column may wrap after its dots, never inside a token."""
-    return Markup(".<wbr>").join(escape(part) for part in str(value).split("."))
+    """A NATS subject that a narrow column wraps between its tokens, never inside one (a
+    hyphen is no break either): each token with its dot is an unbreakable box (`span.tok`,
+    console.css), broken inside only when it alone is wider than the column."""
+    parts = str(value).split(".")
+    tokens = [part + "." for part in parts[:-1]] + parts[-1:]
+    return Markup("<wbr>").join(
+        Markup('<span class="tok">{}</span>').format(token) for token in tokens
+    )
 
 
 def count(value: Any) -> str:
