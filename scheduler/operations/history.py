@@ -67,7 +67,7 @@ def cause(fire: dict[str, Any], epochs: list[dict[str, Any]], office: dict[str, 
     if took is not None and took > due:
         return (
             f"leader change: epoch {fire['epoch']} ({fire['instance']}) took office at "
-            f"{took.isoformat()}, after this was due"
+            f"{_shown(took)}, after this was due"
         )
     mine = next((e for e in epochs if e["epoch"] == fire["epoch"]), None)
     before = [e for e in epochs if e["epoch"] < fire["epoch"]]
@@ -75,10 +75,15 @@ def cause(fire: dict[str, Any], epochs: list[dict[str, Any]], office: dict[str, 
         last = max(before, key=lambda e: e["epoch"])
         return (
             f"leader change: epoch {last['epoch']} ({last['instance']}) delivered last at "
-            f"{_at(last['last_at']).isoformat()}, epoch {fire['epoch']} ({fire['instance']}) "
-            f"first at {_at(mine['first_at']).isoformat()}"
+            f"{_shown(_at(last['last_at']))}, epoch {fire['epoch']} ({fire['instance']}) "
+            f"first at {_shown(_at(mine['first_at']))}"
         )
     return None
+
+
+def _shown(at: datetime) -> str:
+    """`2026-11-26 14:08:00.003 UTC`: an instant as an operator reads it in a sentence."""
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
 def _at(value: Any) -> datetime:

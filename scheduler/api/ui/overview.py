@@ -20,7 +20,7 @@ REFRESH_SECONDS = 5
 SUMMARY_PAGE = 500  # the API's largest page
 SUMMARY_PAGES = 4  # jobs counted at most: SUMMARY_PAGE * SUMMARY_PAGES (the rest: "partial")
 SUMMARY_MAX_AGE = 5.0  # every open tab polls: the summary is read once per this for all of them
-_kept: dict[str, tuple[float, Summary]] = {}
+_kept: dict[str, tuple[float, tuple[list[dict[str, Any]], bool]]] = {}
 
 
 @router.get("/")
@@ -59,21 +59,22 @@ async def overview(view: Viewer, window: str = "1h") -> HTMLResponse:
 
 
 async def schedule_summary(view: View) -> Summary | None:
-    """Active, paused and failed jobs and the next occurrence, read at most every few
-    seconds for every tab (the same for every reader), over at most SUMMARY_PAGES pages."""
-    kept = _kept.get("summary")
-    if kept is not None and time.monotonic() - kept[0] < SUMMARY_MAX_AGE:
-        return kept[1]
-    jobs: list[dict[str, Any]] = []
-    cursor = None
-    for _ in range(SUMMARY_PAGES):
-        page = await view.api.get("/v1/schedules", limit=SUMMARY_PAGE, cursor=cursor)
-        if not page.ok:
-            return None
-        jobs += page.body["items"]
-        cursor = page.body["next_cursor"]
-        if cursor is None:
-            break
-    summary = summarize(jobs, datetime.now(UTC), partial=cursor is not None)
-    _kept["summary"] = (time.monotonic(), summary)
-    return summary
+    """Active, paused and failed jobs and the next occurrence. The jobs are read at most every
+    few seconds for every tab (the same for every reader), over at most SUMMARY_PAGES pages;
+    the next occurrence is worked out at each render, so it is never in the past."""
+    kept = _kept.get("jobs")
+    if kept is None or time.monotonic() - kept[0] >= SUMMARY_MAX_AGE:
+        jobs: list[dict[str, Any]] = []
+        cursor = None
+        for _ in range(SUMMARY_PAGES):
+            page = await view.api.get("/v1/schedules", limit=SUMMARY_PAGE, cursor=cursor)
+            if not page.ok:
+                return None
+            jobs += page.body["items"]
+            cursor = page.body["next_cursor"]
+            if cursor is None:
+                break
+        kept = (time.monotonic(), (jobs, cursor is not None))
+        _kept["jobs"] = kept
+    jobs, partial = kept[1]
+    return summarize(jobs, datetime.now(UTC), partial=partial)
