@@ -4,11 +4,13 @@ the lease."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from scheduler.daemon import Daemon
-from scheduler.operations.history import bucket_start
+from scheduler.operations.history import bucket_start, window_of
+from scheduler.store.history import FIRES_SQL, JOB_FIRES_SQL
 from tests.integration.api.harness import READ, ApiHarness, envelope, poll
 
 INSERT = (
@@ -115,3 +117,25 @@ async def test_health_reports_nats_postgres_clock_and_lease(api: ApiHarness) -> 
     assert h["clock_skew_ok"] is True and abs(h["clock_skew_ms"]) < h["clock_skew_bound_ms"]
     assert h["lease"]["instance"] == daemon.settings.instance_id
     assert h["lease"]["age_seconds"] >= 0
+
+
+async def test_history_reads_the_fire_log_over_its_indexes(api: ApiHarness) -> None:
+    """Both history statements read the fire log through an index (`fired_at` for all
+    deliveries, the key index for one job), never by scanning a whole partition."""
+    daemon = await api.start()
+    now = datetime.now(UTC)
+    async with daemon.store.pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, attempt, epoch, "
+            "instance) SELECT 'delayed', 't-' || i, 'mq.tasks.work', "
+            "$1::timestamptz - i * interval '1 s', $1::timestamptz - i * interval '1 s', 1, 1, "
+            "'x' FROM generate_series(1, 20000) i",
+            now,
+        )
+        await conn.execute("ANALYZE fire_log")
+        window = window_of("1h", now)
+        args = (window.since, window.until, 60.0, window.cap, window.abnormal_ms)
+        for sql, job in ((FIRES_SQL, None), (JOB_FIRES_SQL, "nightly")):
+            plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *args, job)
+            scans = re.findall(r'"Node Type": "([^"]+)",[^{}]*?"Relation Name": "fire_log', plan)
+            assert scans and all("Index" in s for s in scans), (job, scans)
