@@ -331,6 +331,87 @@ class Stats(BaseModel):
     instance: dict[str, Any] = Field(description="how the answering instance sees itself")
 
 
+class HistoryLateness(BaseModel):
+    p50: float | None
+    p99: float | None
+    max: float | None
+
+
+class HistoryBucket(BaseModel):
+    start: datetime
+    deliveries: int | None = Field(description="null: before `covered_since` (not read)")
+    per_minute: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    abnormal: bool = Field(description="a delivery in it was at least `abnormal_ms` late")
+    dead_letters: int | None = Field(description="dead letters that last failed in it (all jobs)")
+
+
+class LateFire(BaseModel):
+    kind: Literal["cron", "delayed"]
+    key: str = Field(description="the cron job's name or the delayed task's id")
+    subject: str
+    scheduled_for: datetime
+    fired_at: datetime
+    lateness_ms: float
+    attempt: int
+    epoch: int
+    instance: str
+    cause: str | None = Field(description="why it was late, when the fire log tells it")
+
+
+class EpochSeen(BaseModel):
+    epoch: int
+    instance: str
+    first_fired_at: datetime
+    last_fired_at: datetime
+
+
+class History(BaseModel):
+    at: datetime = Field(description="when these figures were read (shared for a few seconds)")
+    window: Literal["1h", "1d"]
+    job: str | None
+    since: datetime
+    until: datetime
+    bucket_seconds: int
+    deliveries: int
+    truncated: bool = Field(description="more deliveries than one read takes: see covered_since")
+    covered_since: datetime | None
+    abnormal_ms: float
+    lateness_ms: HistoryLateness
+    buckets: list[HistoryBucket]
+    late: list[LateFire] = Field(
+        description="up to 10 deliveries at least abnormal_ms late, the latest first"
+    )
+    epochs: list[EpochSeen] = Field(description="the epochs that delivered in the window")
+
+
+class PostgresHealth(BaseModel):
+    reachable: bool
+    round_trip_ms: float | None
+    migrated: bool
+
+
+class LeaseAge(BaseModel):
+    instance: str | None
+    epoch: int | None
+    since: str | None
+    age_seconds: float | None
+
+
+class PartsHealth(BaseModel):
+    at: datetime
+    instance: str | None
+    role: str | None
+    nats: str = Field(description="connected, disconnected or closed")
+    postgres: PostgresHealth
+    clock_skew_ms: float | None = Field(description="this host's clock minus PostgreSQL's")
+    clock_skew_bound_ms: float
+    clock_skew_ok: bool | None
+    lease: LeaseAge
+
+
 # -- instances ---------------------------------------------------------------------------------
 class Instance(BaseModel):
     instance: str

@@ -35,16 +35,18 @@ from scheduler.clock import Clock
 from scheduler.engine.cron_firing import CronEngine
 from scheduler.metrics import Metrics
 from scheduler.operations.cron_jobs import CHANGED_SUBJECT
+from scheduler.operations.history import HealthCheck, HistoryReads
+from scheduler.operations.shared import SLOW_FACTOR, SharedRead
 from scheduler.settings import Settings
 from scheduler.store.cron_jobs import ScheduleStore
 from scheduler.store.dead_letters import DeadLetterStore
+from scheduler.store.history import HistoryStore
 from scheduler.store.overview import WINDOWS, OverviewStore
 
 log = logging.getLogger("scheduler.stats")
 
 OTHER = "other"
 LATENESS_WINDOW = timedelta(minutes=5)
-SLOW_FACTOR = 10.0
 
 
 def top_subjects(forecast: dict[str, list[int]], top: int) -> dict[str, list[int]]:
@@ -76,42 +78,6 @@ class Figures:
     leadership: dict[str, Any]
 
 
-class SharedRead:
-    """One value read at a time and kept for `max_age` seconds (or SLOW_FACTOR times as long
-    as the read took): callers meanwhile await the read in flight or take the kept value. A
-    caller that gives up does not cancel the read the others await; a failed read is kept by
-    nobody (every caller waiting on it gets its error, the next caller reads again)."""
-
-    def __init__(self, clock: Clock, max_age: float) -> None:
-        self.clock = clock
-        self.max_age = max_age
-        self.reads = 0  # rounds actually read (for tests and metrics)
-        self._value: Figures | None = None
-        self._fresh_until = 0.0
-        self._pending: asyncio.Future[Figures] | None = None
-
-    async def get(self, read: Callable[[], Awaitable[Figures]]) -> Figures:
-        if self._value is not None and self.clock.monotonic() < self._fresh_until:
-            return self._value
-        if self._pending is None:
-            self._pending = asyncio.ensure_future(self._read(read))
-            # retrieved here so that a read every caller gave up on logs no "never retrieved"
-            self._pending.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return await asyncio.shield(self._pending)
-
-    async def _read(self, read: Callable[[], Awaitable[Figures]]) -> Figures:
-        started = self.clock.monotonic()
-        try:
-            value = await read()
-        finally:
-            self._pending = None
-        took = self.clock.monotonic() - started
-        self.reads += 1
-        self._value = value
-        self._fresh_until = self.clock.monotonic() + max(self.max_age, SLOW_FACTOR * took)
-        return value
-
-
 class StatsOperations:
     def __init__(
         self,
@@ -125,7 +91,9 @@ class StatsOperations:
         self.dead_letters = dead_letters
         self.clock = clock
         self.lease = lease
-        self.shared = SharedRead(clock, max_age)
+        self.shared: SharedRead[Figures] = SharedRead(clock, max_age)
+        self.history = HistoryReads(HistoryStore(overview.db), overview, clock)
+        self.health = HealthCheck(overview.db, clock)
 
     async def figures(self) -> Figures:
         """One round of reads (see the module doc for how rounds are shared)."""

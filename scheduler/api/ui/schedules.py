@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from scheduler.api.models import JOB_NAME
 from scheduler.api.ui.console import Actor, View, Viewer, page_url, shown
+from scheduler.api.ui.trends import WINDOWS, charts, state_of
 
 router = APIRouter(prefix="/ui/schedules", include_in_schema=False)
 PAGE_SIZE = 25
@@ -19,25 +20,75 @@ NEXT_SHOWN = 5
 FIRES_SHOWN = 3
 DETAIL_CALLS = 8  # job details fetched at once for a page of the list
 ACTIONS = {"pause": "Paused", "resume": "Resumed", "trigger": "Triggered"}
+STATES = ("", "active", "paused", "failed")  # "" is any
+SEARCH_MAX = 100
+SCAN_MAX = 500  # jobs read at most for one page of a search (the next page goes on from there)
 
 
 @router.get("")
-async def schedules(view: Viewer, cursor: str = "") -> HTMLResponse:
-    listed = await view.api.get("/v1/schedules", limit=PAGE_SIZE, cursor=cursor or None)
-    if not listed.ok:
-        return view.failed(listed)
-    jobs = await _details(view, [item["name"] for item in listed.body["items"]])
+async def schedules(view: Viewer, cursor: str = "", q: str = "", state: str = "") -> HTMLResponse:
+    query = {"q": q.strip(), "state": state}
+    errors = _check(query)
+    if errors:
+        return _page(view, 422, query=query, errors=errors, jobs=[], yaml_problems=[])
+    found = await _find(view, query, cursor)
+    if isinstance(found, HTMLResponse):
+        return found
+    listed, problems, next_cursor, scanned = found
+    jobs = await _details(view, [item["name"] for item in listed])
+    return _page(
+        view, 200, query=query, errors={}, jobs=jobs, yaml_problems=problems, scanned=scanned,
+        next_page=page_url("/ui/schedules", cursor=next_cursor, **query) if next_cursor else None,
+    )  # fmt: skip
+
+
+def _page(view: View, status: int, **context: Any) -> HTMLResponse:
+    context.setdefault("next_page", None)
+    context.setdefault("scanned", 0)
     return view.render(
-        "schedules.html",
-        active="schedules",
-        jobs=jobs,
-        yaml_problems=listed.body.get("problems", []),
-        next_page=page_url("/ui/schedules", cursor=listed.body["next_cursor"])
-        if listed.body["next_cursor"]
-        else None,
-        next_shown=NEXT_SHOWN,
-        fires_shown=FIRES_SHOWN,
-    )
+        "schedules.html", status, active="schedules", states=STATES, next_shown=NEXT_SHOWN,
+        fires_shown=FIRES_SHOWN, **context,
+    )  # fmt: skip
+
+
+def _check(query: dict[str, str]) -> dict[str, str]:
+    """The search form's problems, by field (bounded before anything is read)."""
+    errors = {}
+    if len(query["q"]) > SEARCH_MAX:
+        errors["q"] = f"q: at most {SEARCH_MAX} characters (got {len(query['q'])})"
+    if query["state"] not in STATES:
+        errors["state"] = f"state: one of {', '.join(s or 'any' for s in STATES)}"
+    return errors
+
+
+def matches(job: dict[str, Any], query: dict[str, str]) -> bool:
+    """The job's name, subject or description holds `q` (any case), and it is in `state`."""
+    text = query["q"].casefold()
+    fields = (job["name"], job["subject"], job.get("description") or "")
+    if text and not any(text in f.casefold() for f in fields):
+        return False
+    return not query["state"] or state_of(job) == query["state"]
+
+
+async def _find(
+    view: View, query: dict[str, str], cursor: str
+) -> tuple[list[dict[str, Any]], list[Any], str | None, int] | HTMLResponse:
+    """One page of matching jobs: the API's pages read in name order until PAGE_SIZE match or
+    SCAN_MAX jobs were read (the next page then continues the search from there)."""
+    found: list[dict[str, Any]] = []
+    problems: list[Any] = []
+    scanned, next_cursor = 0, cursor or None
+    filtered = any(query.values())
+    while True:
+        listed = await view.api.get("/v1/schedules", limit=PAGE_SIZE, cursor=next_cursor)
+        if not listed.ok:
+            return view.failed(listed)
+        problems = listed.body.get("problems", [])
+        scanned += len(listed.body["items"])
+        found += [job for job in listed.body["items"] if matches(job, query)]
+        next_cursor = listed.body["next_cursor"]
+        if not filtered or next_cursor is None or len(found) >= PAGE_SIZE or scanned >= SCAN_MAX:
+            return found, problems, next_cursor, scanned
 
 
 async def _details(view: View, names: list[str]) -> list[dict[str, Any]]:
@@ -53,8 +104,19 @@ async def _details(view: View, names: list[str]) -> list[dict[str, Any]]:
 
 
 @router.get("/{name}")
-async def schedule(view: Viewer, name: str) -> HTMLResponse:
-    return await shown(view, f"/v1/schedules/{name}", "schedule.html", "job", "schedules")
+async def schedule(view: Viewer, name: str, window: str = "1h") -> HTMLResponse:
+    window = window if window in WINDOWS else "1h"
+    job, history = await asyncio.gather(
+        view.api.get(f"/v1/schedules/{name}"),
+        view.api.get("/v1/stats/history", window=window, job=name),
+    )
+    if not job.ok:
+        return view.failed(job)
+    return view.render(
+        "schedule.html", active="schedules", job=job.body, window=window, windows=WINDOWS,
+        history=history.body if history.ok else None,
+        charts=charts(history.body) if history.ok else None,
+    )  # fmt: skip
 
 
 @router.get("/{name}/trigger")

@@ -31,6 +31,8 @@ async def test_document_is_generated_from_the_models(api: ApiHarness) -> None:
         "/v1/dead-letters/replay",
         "/v1/dead-letters/{dead_id}/replay",
         "/v1/stats",
+        "/v1/stats/history",
+        "/v1/stats/health",
     }
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     cancel = doc["paths"]["/v1/delayed/{task_id}"]["delete"]
