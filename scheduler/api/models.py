@@ -346,7 +346,6 @@ class AuditSummary(BaseModel):
 
 
 # -- authoring: a delayed task over HTTP, a backfill of a cron job ------------------------------
-MAX_BACKFILL = 1000  # occurrences one backfill may fire (docs/operations.md)
 DURATION = r"^(?:\d{1,9}(?:\.\d{1,6})?(?:ms|s|m|h|d|w))+$"  # scheduler.durations, bounded
 
 
@@ -407,7 +406,8 @@ class DelayedScheduled(BaseModel):
 
 
 class BackfillWindow(Body):
-    """`[from, to)`: the occurrences in it, in the job's time zone, each fired once."""
+    """`[from, to)`: its occurrences (the daemon's cron code, in the job's time zone), each
+    fired once; at most 1,000 of them."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=False)
 
@@ -428,9 +428,9 @@ class BackfillItem(BaseModel):
 
 class BackfillOutcome(BaseModel):
     name: str
-    status: Literal["backfilled", "planned"]
-    from_: datetime = Field(serialization_alias="from")
-    to: datetime
+    status: Literal["backfilled", "planned"] = Field(
+        description="backfilled, or planned (dry_run: nothing fired)"
+    )
     occurrences: int = Field(description="occurrences in the window")
     fired: int = Field(description="published by this request")
     already_fired: int = Field(description="fired by an earlier backfill: not published again")

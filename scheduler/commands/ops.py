@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from scheduler.commands import authoring
 from scheduler.commands.apiclient import OK, REFUSED, ApiClient, ApiFailure, emit, fail, table
 from scheduler.durations import parse_duration
 
@@ -137,6 +138,7 @@ def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
         p = verbs.add_parser(name, parents=[common], help=what)
         p.add_argument("name", help="the job's name")
         p.set_defaults(func=_runner(verb))
+    authoring.register_schedules(verbs, common)
 
 
 def _schedules_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
@@ -217,6 +219,7 @@ def _delayed(sub: Any, common: argparse.ArgumentParser) -> None:
         "--in", dest="in_", type=parse_duration, metavar="DURATION", help="from now: 90s, 5m"
     )
     move.set_defaults(func=_runner(_delayed_reschedule))
+    authoring.register_delayed(verbs, common)
 
 
 def _delayed_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
