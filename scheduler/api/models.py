@@ -421,7 +421,10 @@ class BackfillWindow(Body):
 class BackfillItem(BaseModel):
     scheduled_for: datetime
     msg_id: str = Field(description="the delivery's Nats-Msg-Id: <job>@backfill-<occurrence>")
-    status: Literal["fired", "already_fired", "planned"]
+    status: Literal["fired", "already_fired", "in_flight", "planned"] = Field(
+        description="fired now; fired by an earlier backfill; being published by another "
+        "backfill (or its publish got no answer less than a minute ago); planned (dry_run)"
+    )
     stream: str | None = None
     seq: int | None = None
 
@@ -434,4 +437,7 @@ class BackfillOutcome(BaseModel):
     occurrences: int = Field(description="occurrences in the window")
     fired: int = Field(description="published by this request")
     already_fired: int = Field(description="fired by an earlier backfill: not published again")
+    in_flight: int = Field(
+        default=0, description="claimed by another backfill still publishing: not published"
+    )
     items: list[BackfillItem]

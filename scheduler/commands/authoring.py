@@ -165,6 +165,8 @@ def _backfill(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, in
         f"{args.name}: {doc['occurrences']} occurrences in [{args.from_}, {args.to}); "
         f"{'would fire' if planned else 'fired'} {fires}, already fired {doc['already_fired']}"
     )
+    if doc.get("in_flight"):
+        head += f", in flight elsewhere {doc['in_flight']} (not fired: retry in a minute)"
     rows = [(i["scheduled_for"], i["status"], i["msg_id"], i.get("seq")) for i in doc["items"]]
     if rows:
         head += "\n\n" + table(rows, ["OCCURRENCE", "STATUS", "MSG ID", "SEQ"])

@@ -7,7 +7,8 @@ cron envelope of that occurrence (`Mq-Scheduled-For` the occurrence, `Mq-Manual`
 `Mq-Backfill: true`) with its own `Nats-Msg-Id` `<job>@backfill-<occurrence>`, so a retry
 inside the stream's duplicate window is dropped there; what makes it once for good is
 `backfill_fires` in PostgreSQL (`scheduler.store.backfill`): an occurrence a backfill already
-fired (or another backfill is firing right now) is not published again (`already_fired`).
+fired is not published again (`already_fired`), nor one another backfill is publishing now
+(`in_flight`).
 Each publish writes a `fire_log` row marked manual whose `scheduled_for` is the occurrence:
 the drift audit counts it under `manual`, never as doubled, early or late.
 
@@ -124,23 +125,27 @@ class Backfiller:
         mine = await self.store.claim(
             job.name, found, ids, self.settings.instance_id, now, now - STALE
         )
-        run, todo = Run(), [at for at in found if at in mine]
-        problem: Outcome | None = None
-        for i, at in enumerate(todo):
-            problem = await self._one(job, at, run)
-            if problem is not None:
-                await self._release(job.name, todo[i + (problem.status != "publish_failed") :])
-                break
-            if (i + 1) % PACE_EVERY == 0:
-                await asyncio.sleep(PACE_EVERY / RATE)  # real seconds: a bound on wire load
-        fired = {item["scheduled_for"] for item in run.items}
-        for at in found:
-            if at not in fired and at not in mine:
-                run.items.append(_item(job, at, "already_fired"))
+        others = [at for at in found if at not in mine]
+        done = await self.store.fired(job.name, others) if others else set()
+        run = Run([_item(job, at, "already_fired" if at in done else "in_flight") for at in others])
+        problem = await self._publish(job, [at for at in found if at in mine], run)
         run.items.sort(key=lambda item: item["scheduled_for"])
         if problem is not None:
             return Outcome(problem.status, job.name, problem.detail, {"fired": run.fired})
-        return _outcome("backfilled", job, found, run, len(found) - len(mine))
+        return _outcome("backfilled", job, found, run, len(done))
+
+    async def _publish(self, job: Job, todo: list[datetime], run: Run) -> Outcome | None:
+        """Publish the claimed `todo` in order, paced; on a refusal give back the claims not
+        published (an unanswered publish keeps its own: it may have been stored)."""
+        for i, at in enumerate(todo):
+            problem = await self._one(job, at, run)
+            if problem is not None:
+                kept = 1 if problem.status == "publish_failed" else 0  # in doubt: keep its claim
+                await self._release(job.name, todo[i + kept :])
+                return problem
+            if (i + 1) % PACE_EVERY == 0:
+                await asyncio.sleep(PACE_EVERY / RATE)  # real seconds: a bound on wire load
+        return None
 
     async def _one(self, job: Job, at: datetime, run: Run) -> Outcome | None:
         """Publish one occurrence and confirm it; an Outcome says why the backfill stops."""
@@ -238,6 +243,7 @@ def _outcome(status: str, job: Job, found: list[datetime], run: Run, already: in
         "occurrences": len(found),
         "fired": run.fired,
         "already_fired": already,
+        "in_flight": sum(item["status"] == "in_flight" for item in run.items),
         "items": run.items,
     }
     return Outcome(status, job.name, data=data)

@@ -42,13 +42,18 @@ scheduled_jobs:
     concurrency: forbid
     paused: true
     data: {}
+  - name: nowhere
+    subject: mq.nowhere.job
+    cron: "0 * * * *"
+    paused: true
+    data: {}
   - name: quick
     subject: mq.quick.job
     cron: "0 * * * *"
     paused: true
     data: {}
 """
-NAMES = 5
+NAMES = 6
 
 
 @pytest.fixture
@@ -194,3 +199,44 @@ async def test_a_second_backfill_an_hour_later_fires_nothing_again(api: ApiHarne
     msgs = await api.read_stream("QUICK", quiet=0.3)
     assert len(msgs) == 7
     assert len({m.headers["Nats-Msg-Id"] for m in msgs}) == 7
+
+
+async def test_an_unconfirmed_claim_is_in_flight_then_taken_again_after_a_minute(
+    api: ApiHarness,
+) -> None:
+    """An occurrence another backfill claimed and never confirmed (its publish got no answer,
+    or its instance died) is reported `in_flight` and not published; a minute later a backfill
+    takes it over and publishes it under the same message id."""
+    await api.js.add_stream(name="QUICK", subjects=["mq.quick.>"], duplicate_window=0.1)
+    assert api.daemon is not None and api.daemon.operations is not None
+    store = api.daemon.operations.schedules.backfiller.store
+    [job] = [j for j in load_text(JOBS).jobs if j.name == "quick"]
+    clock = FakeClock(datetime(2026, 11, 20, 12, 0, tzinfo=UTC))
+    filler = Backfiller(api.nc, api.settings, store, clock, WriteBacklog())
+    window = filler.window(job, datetime(2026, 11, 20, 9, tzinfo=UTC), clock.now())
+    stuck = window[1]
+    claimed = await store.claim(
+        job.name, [stuck], ["x"], "dead-instance", clock.now(), clock.now() - timedelta(hours=1)
+    )
+    assert claimed == {stuck}
+    first = await filler.fire(job, window)
+    statuses = {i["scheduled_for"]: i["status"] for i in first.data["items"]}
+    assert statuses[stuck] == "in_flight" and first.data["in_flight"] == 1
+    assert first.data["fired"] == 2 and first.data["already_fired"] == 0
+    clock.advance(61)
+    second = await filler.fire(job, window)
+    assert (second.data["fired"], second.data["already_fired"]) == (1, 2)
+    msgs = await api.read_stream("QUICK", quiet=0.3)
+    assert [m.headers["Nats-Msg-Id"] for m in msgs][-1] == f"quick@backfill-{rfc3339(stuck)}"
+    assert len(msgs) == 3
+
+
+async def test_a_refused_publish_gives_the_occurrences_back(api: ApiHarness) -> None:
+    """A subject no stream captures answers 409 `no_stream` with nothing fired, and claims
+    nothing: once a stream exists, the same backfill fires every occurrence."""
+    start, end = _hours_ago(2), _hours_ago(0)
+    refused = await _fill(api, "nowhere", start, end)
+    assert (refused.status, refused.body["code"], refused.body["fired"]) == (409, "no_stream", 0)
+    await api.js.add_stream(name="NOWHERE", subjects=["mq.nowhere.>"])
+    ok = await _fill(api, "nowhere", start, end)
+    assert (ok.status, ok.body["fired"], ok.body["already_fired"]) == (200, 2, 0), ok
