@@ -123,7 +123,9 @@ def _ms(value: float | None) -> str:
 
 # -- schedules ---------------------------------------------------------------------------------
 def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
-    group = sub.add_parser("schedules", help="cron jobs: list, show, pause, resume, trigger")
+    group = sub.add_parser(
+        "schedules", help="cron jobs: list, show, pause, resume, trigger, backfill"
+    )
     verbs = group.add_subparsers(title="verbs", metavar="VERB", required=True)
     ls = verbs.add_parser("list", parents=[common], help="cron jobs with their state")
     ls.add_argument("--removed", action="store_true", help="jobs removed from YAML instead")
@@ -191,7 +193,7 @@ def _schedule_action(action: str) -> Verb:
 
 # -- delayed tasks -----------------------------------------------------------------------------
 def _delayed(sub: Any, common: argparse.ArgumentParser) -> None:
-    group = sub.add_parser("delayed", help="delayed tasks: list, show, cancel, reschedule")
+    group = sub.add_parser("delayed", help="delayed tasks: add, list, show, cancel, reschedule")
     verbs = group.add_subparsers(title="verbs", metavar="VERB", required=True)
     ls = verbs.add_parser("list", parents=[common], help="tasks in firing order")
     ls.add_argument("--subject", help="target subject (`mq.x.>`: a prefix)")
