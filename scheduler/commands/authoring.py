@@ -24,8 +24,6 @@ from scheduler.commands.apiclient import (
     USAGE,
     ApiClient,
     ApiFailure,
-    emit,
-    fail,
     table,
 )
 from scheduler.durations import parse_duration
@@ -35,10 +33,12 @@ ATTEMPTS = 3
 RETRY_PAUSE = 1.0  # seconds between attempts
 MAX_DATA_BYTES = 1024 * 1024  # --data (or its file): the API refuses larger bodies anyway
 Verb = Callable[[ApiClient, argparse.Namespace], tuple[Any, str, int]]
+Runner = Callable[[Verb], Callable[[argparse.Namespace], int]]
 
 
-def register_delayed(verbs: Any, common: argparse.ArgumentParser) -> None:
-    """`scheduler delayed add`."""
+def register_delayed(verbs: Any, common: argparse.ArgumentParser, runner: Runner) -> None:
+    """`scheduler delayed add`; `runner` turns a verb into the command (ops.py's, shared by
+    every operator verb: client, errors, output)."""
     add = verbs.add_parser(
         "add", parents=[common], help="schedule a delayed task (POST /v1/delayed)"
     )
@@ -51,11 +51,11 @@ def register_delayed(verbs: Any, common: argparse.ArgumentParser) -> None:
     add.add_argument("--data", type=_data, default={}, help="a JSON object, or @FILE holding one")
     add.add_argument("--org-id", help="the envelope's org_id")
     add.add_argument("--id", help="the envelope id (default: made by the daemon)")
-    add.set_defaults(func=_runner(_delayed_add))
+    add.set_defaults(func=runner(_delayed_add))
 
 
-def register_schedules(verbs: Any, common: argparse.ArgumentParser) -> None:
-    """`scheduler schedules backfill`."""
+def register_schedules(verbs: Any, common: argparse.ArgumentParser, runner: Runner) -> None:
+    """`scheduler schedules backfill` (`runner` as for `register_delayed`)."""
     fill = verbs.add_parser(
         "backfill",
         parents=[common],
@@ -69,20 +69,7 @@ def register_schedules(verbs: Any, common: argparse.ArgumentParser) -> None:
         "--to", metavar="T", required=True, type=_instant, help="RFC 3339, not in the future"
     )
     fill.add_argument("--dry-run", action="store_true", help="count the occurrences, fire none")
-    fill.set_defaults(func=_runner(_backfill))
-
-
-def _runner(verb: Verb) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            client = ApiClient.from_args(args.url, args.token, args.timeout)
-            doc, text, code = verb(client, args)
-        except ApiFailure as exc:
-            return fail(exc, args.json)
-        emit(doc, args.json, text)
-        return code
-
-    return run
+    fill.set_defaults(func=runner(_backfill))
 
 
 def _instant(text: str) -> str:

@@ -140,7 +140,7 @@ def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
         p = verbs.add_parser(name, parents=[common], help=what)
         p.add_argument("name", help="the job's name")
         p.set_defaults(func=_runner(verb))
-    authoring.register_schedules(verbs, common)
+    authoring.register_schedules(verbs, common, _runner)
 
 
 def _schedules_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
@@ -221,7 +221,7 @@ def _delayed(sub: Any, common: argparse.ArgumentParser) -> None:
         "--in", dest="in_", type=parse_duration, metavar="DURATION", help="from now: 90s, 5m"
     )
     move.set_defaults(func=_runner(_delayed_reschedule))
-    authoring.register_delayed(verbs, common)
+    authoring.register_delayed(verbs, common, _runner)
 
 
 def _delayed_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
