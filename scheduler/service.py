@@ -20,11 +20,10 @@ from nats.micro.service import Service
 
 from scheduler import __version__
 from scheduler.clock import Clock, to_rfc3339
-from scheduler.envelope import Limits, check_org, parse_envelope
 from scheduler.errors import EnvelopeError, RequestError, TargetRefusedError
 from scheduler.operations.tasks import TaskOperations, parse_due
 from scheduler.settings import Settings
-from scheduler.subjects import check_target, delay_lane_prefix, delay_subject, target_from_rest
+from scheduler.subjects import check_target, target_from_rest
 
 log = logging.getLogger("scheduler.service")
 
@@ -113,14 +112,7 @@ class SchedulerService:
 
     async def schedule(self, target: str, _: dict[str, Any], raw: bytes) -> dict[str, Any]:
         """Validate and put the envelope on the delay lane; it is durable once this returns."""
-        limits = Limits(max_payload=self.nc.max_payload, max_delay=self.settings.max_delay)
-        env = parse_envelope(raw, self.clock.now(), limits)
-        check_org(env, target)
-        subject = delay_subject(target, delay_lane_prefix(self.settings.intake_subject))
-        # no Nats-Msg-Id: the lane's window is shared by all producers (see client.publish_delayed)
-        await self.nc.jetstream().publish(subject, raw)
-        due = env.due_at(self.clock.now())
-        return {"status": "scheduled", "id": env.id, "target": target, "due_at": to_rfc3339(due)}
+        return await self.tasks.schedule(target, raw)
 
     async def cancel(self, target: str, body: dict[str, Any], _: bytes) -> dict[str, Any]:
         return (await self.tasks.cancel(_task_id(body), target)).as_reply()

@@ -14,7 +14,7 @@ writes (a previous version's pause leaves the note as it was; its resume does no
 and the next pause overwrites it). Downgrade drops both.
 
 Revision ID: 0018
-Revises: 0016
+Revises: 0017
 Create Date: 2026-11-26
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0018"
-down_revision = "0016"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 

@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     StrictBool,
     field_validator,
+    model_validator,
 )
 
 TASK_ID = r"^[\x21-\x7e]{1,200}$"  # the envelope's id rule: printable ASCII, no spaces
@@ -468,3 +469,101 @@ class ActivityEntry(BaseModel):
 class ActivityPage(BaseModel):
     items: list[ActivityEntry]
     next_cursor: str | None = Field(description="pass as `cursor` for the next page")
+
+
+# -- authoring: a delayed task over HTTP, a backfill of a cron job ------------------------------
+DURATION = r"^(?:\d{1,9}(?:\.\d{1,6})?(?:ms|s|m|h|d|w))+$"  # scheduler.durations, bounded
+
+
+class DelayedShort(Body):
+    """The short form of `POST /v1/delayed`: the daemon writes the `hanzo.mq.v1` envelope
+    (`schema`, `id`, `type`, `source: scheduler-api`, `timestamp`, `priority`, `org_id`,
+    `delay_until`, `data`). Exactly one of `at` and `in`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=False)
+
+    subject: str = Field(
+        pattern=SUBJECT, description="the target subject the task is delivered to: mq.tasks.work"
+    )
+    at: Instant | None = Field(
+        default=None, strict=False, description="due time, RFC 3339 with an offset"
+    )
+    in_: str | None = Field(
+        default=None,
+        alias="in",
+        max_length=64,
+        pattern=DURATION,
+        description="due in this long from now: 90s, 5m, 1h30m, 2d (500ms..SCHEDULER_MAX_DELAY)",
+    )
+    data: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the task's data (a JSON object); the whole envelope must fit the NATS "
+        "server's max_payload minus 4 KiB",
+    )
+    org_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[^\x00]+$")
+    id: str | None = Field(
+        default=None,
+        pattern=TASK_ID,
+        description="the envelope id (default: a new one, derived from the Idempotency-Key "
+        "when one is sent, so a retry makes the same task)",
+    )
+    type: str | None = Field(
+        default=None,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$",
+        description="the envelope's type (default `delayed`)",
+    )
+    priority: int = Field(default=5, ge=1, le=10, description="1 (highest) .. 10")
+
+    @model_validator(mode="after")
+    def _one_time(self) -> DelayedShort:
+        if (self.at is None) == (self.in_ is None):
+            raise ValueError("give exactly one of `at` (RFC 3339) and `in` (a duration)")
+        return self
+
+
+class DelayedScheduled(BaseModel):
+    """The NATS `schedule` verb's answer: the task is on the delay lane (durable)."""
+
+    status: Literal["scheduled"]
+    id: str
+    target: str
+    due_at: str = Field(description="when it fires, RFC 3339 UTC (now if due or past)")
+
+
+class BackfillWindow(Body):
+    """`[from, to)`: its occurrences (the daemon's cron code, in the job's time zone), each
+    fired once; at most 1,000 of them."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=False)
+
+    from_: Instant = Field(alias="from", description="first instant (inclusive), RFC 3339")
+    to: Instant = Field(description="end (exclusive), RFC 3339; not in the future")
+    dry_run: StrictBool = Field(
+        default=False, description="count the occurrences and fire none (the console's preview)"
+    )
+
+
+class BackfillItem(BaseModel):
+    scheduled_for: datetime
+    msg_id: str = Field(description="the delivery's Nats-Msg-Id: <job>@backfill-<occurrence>")
+    status: Literal["fired", "already_fired", "in_flight", "planned"] = Field(
+        description="fired now; fired by an earlier backfill; being published by another "
+        "backfill (or its publish got no answer less than a minute ago); planned (dry_run)"
+    )
+    stream: str | None = None
+    seq: int | None = None
+
+
+class BackfillOutcome(BaseModel):
+    name: str
+    status: Literal["backfilled", "planned"] = Field(
+        description="backfilled, or planned (dry_run: nothing fired)"
+    )
+    occurrences: int = Field(description="occurrences in the window")
+    fired: int = Field(description="published by this request")
+    already_fired: int = Field(description="fired by an earlier backfill: not published again")
+    in_flight: int = Field(
+        default=0, description="claimed by another backfill still publishing: not published"
+    )
+    items: list[BackfillItem]

@@ -58,12 +58,14 @@ class ApiClient:
         path: str,
         query: dict[str, Any] | None = None,
         body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Any:
-        """The decoded JSON answer of a 2xx, else ApiFailure with a message saying what to do."""
+        """The decoded JSON answer of a 2xx, else ApiFailure with a message saying what to do.
+        `headers` are sent as well (an Idempotency-Key)."""
         params = {k: _text(v) for k, v in (query or {}).items() if v is not None}
         url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
         data = json.dumps(body).encode() if body is not None else None
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **(headers or {})}
         if data is not None:
             headers["Content-Type"] = "application/json"
         if self.token:

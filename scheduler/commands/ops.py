@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.commands import activity
+from scheduler.commands import authoring
 from scheduler.commands.apiclient import OK, REFUSED, ApiClient, ApiFailure, emit, fail, table
 from scheduler.commands.render import (
     fields,
@@ -167,7 +168,9 @@ def _leader(leader: dict[str, Any]) -> str:
 
 # -- schedules ---------------------------------------------------------------------------------
 def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
-    group = sub.add_parser("schedules", help="cron jobs: list, show, pause, resume, trigger")
+    group = sub.add_parser(
+        "schedules", help="cron jobs: list, show, pause, resume, trigger, backfill"
+    )
     verbs = group.add_subparsers(title="verbs", metavar="VERB", required=True)
     ls = verbs.add_parser("list", parents=[common], help="cron jobs with their state")
     ls.add_argument("--removed", action="store_true", help="jobs removed from YAML instead")
@@ -184,6 +187,7 @@ def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
         p.set_defaults(func=_runner(verb))
         if name == "pause":
             p.add_argument("--note", help="why (kept with the job until resumed; 500 chars)")
+    authoring.register_schedules(verbs, common, _runner)
 
 
 def _schedules_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:
@@ -302,7 +306,7 @@ def _schedule_action(action: str) -> Verb:
 
 # -- delayed tasks -----------------------------------------------------------------------------
 def _delayed(sub: Any, common: argparse.ArgumentParser) -> None:
-    group = sub.add_parser("delayed", help="delayed tasks: list, show, cancel, reschedule")
+    group = sub.add_parser("delayed", help="delayed tasks: add, list, show, cancel, reschedule")
     verbs = group.add_subparsers(title="verbs", metavar="VERB", required=True)
     ls = verbs.add_parser("list", parents=[common], help="tasks in firing order")
     ls.add_argument("--subject", help="target subject (`mq.x.>`: a prefix)")
@@ -330,6 +334,7 @@ def _delayed(sub: Any, common: argparse.ArgumentParser) -> None:
         "--in", dest="in_", type=parse_duration, metavar="DURATION", help="from now: 90s, 5m"
     )
     move.set_defaults(func=_runner(_delayed_reschedule))
+    authoring.register_delayed(verbs, common, _runner)
 
 
 def _delayed_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:

@@ -15,7 +15,19 @@ from typing import Any
 
 # Statuses that mean "done as asked" (an HTTP 200); `not_found` is a 404, anything else a 409.
 SUCCESS = frozenset(
-    {"cancelled", "rescheduled", "paused", "resumed", "triggered", "replayed", "resolved", "found"}
+    {
+        "cancelled",
+        "rescheduled",
+        "paused",
+        "resumed",
+        "triggered",
+        "replayed",
+        "resolved",
+        "found",
+        "scheduled",
+        "backfilled",
+        "planned",
+    }
 )
 
 

@@ -41,10 +41,12 @@ from scheduler.cron import occurrences
 from scheduler.engine.cron_message import envelope
 from scheduler.engine.misfire import fire_time
 from scheduler.operations import Outcome
+from scheduler.operations.backfill import Backfiller
 from scheduler.operations.backlog import TRANSIENT, WriteBacklog
 from scheduler.operations.paging import NAME, Page, decode, page
 from scheduler.schedules import Job, job_from_definition, load_dir, schedule_files
 from scheduler.settings import Settings
+from scheduler.store.backfill import BackfillStore
 from scheduler.store.cron_jobs import ScheduleStore
 from scheduler.store.overview import OverviewStore
 
@@ -76,6 +78,7 @@ class ScheduleOperations:
         self.overview = overview
         self.clock = clock
         self._problems: tuple[object, list[dict[str, Any]]] = (_UNREAD, [])
+        self.backfiller = Backfiller(nc, settings, BackfillStore(store.db), clock, backlog)
 
     async def list(self, active: bool | None, cursor: str | None, limit: int) -> Page[dict]:
         key = decode(CURSOR, cursor, (NAME,))
@@ -170,6 +173,22 @@ class ScheduleOperations:
         data = {"msg_id": msg_id, "subject": job.subject, "stream": ack.stream, "seq": ack.seq}
         data |= {"fired_at": to_rfc3339(now), "fire_log": logged}
         return Outcome("triggered", name, data=data)
+
+    async def backfill(
+        self, name: str, start: datetime, end: datetime, dry_run: bool = False
+    ) -> Outcome:
+        """Fire each occurrence of `name` in `[start, end)` once (`scheduler.operations.backfill`),
+        or with `dry_run` say what that would fire."""
+        row = await self.overview.schedule(name)
+        if row is None:
+            return Outcome("not_found", name, f"no cron job named {name!r}")
+        if not row["active"]:
+            return Outcome("removed", name, f"job {name!r} is no longer in the YAML files")
+        job = _job(row)
+        found = self.backfiller.window(job, start, end)
+        if dry_run:
+            return await self.backfiller.plan(job, found)
+        return await self.backfiller.fire(job, found)
 
     async def _confirm(self, fired: Advance, msg_id: str, duplicate: bool) -> str:
         """Confirm the fire-log row now (`written`) or, PostgreSQL unreachable, in the

@@ -12,6 +12,7 @@ lost notice is caught by the leader's sweep.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from datetime import datetime
 from typing import Any
 
@@ -20,7 +21,7 @@ from nats.aio.client import Client
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.core import TaskRef
 from scheduler.engine.leader_loop import RESCHEDULED_SUBJECT
-from scheduler.envelope import bounded_instant
+from scheduler.envelope import Limits, bounded_instant, check_org, parse_envelope
 from scheduler.errors import RequestError
 from scheduler.operations import Outcome
 from scheduler.operations.paging import (
@@ -38,9 +39,14 @@ from scheduler.operations.paging import (
 from scheduler.settings import Settings
 from scheduler.store.overview import Listed, OverviewStore, TaskFilter
 from scheduler.store.tasks import TaskStore
+from scheduler.subjects import delay_lane_prefix, delay_subject
 
 CURSOR = "delayed"
 FIRED_CURSOR = "delayed_fired"  # continues among fired tasks (`fired_at`, id)
+# Tasks this instance put on the delay lane, id -> target, newest last: a cancel or reschedule
+# that names no target, sent right after the `scheduled` answer, finds the target here while
+# the task is still on the lane (so it records an intent instead of answering not_found).
+RECENT_MAX = 10_000
 
 
 def parse_due(raw: Any) -> datetime:
@@ -76,6 +82,32 @@ class TaskOperations:
         self.tasks = tasks
         self.overview = overview
         self.clock = clock
+        self._recent: OrderedDict[str, str] = OrderedDict()
+
+    async def schedule(self, target: str, raw: bytes, now: datetime | None = None) -> dict:
+        """Validate the envelope `raw` for the checked `target` (envelope rules, size against
+        the server's max_payload, max delay, org rule) and put it on the delay lane; the task is
+        durable once this returns (the lane's PubAck). The NATS `schedule` verb and
+        `POST /v1/delayed` both answer with this. The organisation quota is judged later, at
+        intake: a task over it is dead-lettered `quota_exceeded`, never delivered.
+
+        `now` is the instant the envelope is judged at (the API passes an idempotent request's
+        first instant, so a retry judges the same bytes the same way)."""
+        limits = Limits(max_payload=self.nc.max_payload, max_delay=self.settings.max_delay)
+        env = parse_envelope(raw, now or self.clock.now(), limits)
+        check_org(env, target)
+        subject = delay_subject(target, delay_lane_prefix(self.settings.intake_subject))
+        # no Nats-Msg-Id: the lane's window is shared by all producers (see client.publish_delayed)
+        await self.nc.jetstream().publish(subject, raw)
+        self._remember(env.id, target)
+        due = env.due_at(now or self.clock.now())
+        return {"status": "scheduled", "id": env.id, "target": target, "due_at": to_rfc3339(due)}
+
+    def _remember(self, task_id: str, target: str) -> None:
+        self._recent[task_id] = target
+        self._recent.move_to_end(task_id)
+        while len(self._recent) > RECENT_MAX:
+            self._recent.popitem(last=False)
 
     async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
         """A task's state (no payload), only if it targets `target` when one is given."""
@@ -155,8 +187,9 @@ class TaskOperations:
         await self.nc.publish(RESCHEDULED_SUBJECT, json.dumps(notice).encode())
 
     async def _target_of(self, task_id: str) -> str | None:
+        """The stored task's target, else the target this instance just scheduled it for."""
         task = await self.tasks.get(task_id)
-        return None if task is None else str(task["target"])
+        return self._recent.get(task_id) if task is None else str(task["target"])
 
 
 def _fired_key(cursor: str | None) -> list | None:

@@ -55,9 +55,9 @@ async def test_rows_past_the_retention_are_pruned_by_the_clock(store: ActivitySt
 
 
 async def test_migration_0018_adds_and_removes_the_log_and_the_note(database_url: str) -> None:
-    """From 0016, 0018 adds `activity_log` and `schedules.pause_note`; the downgrade drops
-    both and leaves a schema 0016 reads; upgrading again works."""
-    await asyncio.to_thread(migrate.downgrade, database_url, "0016")
+    """From 0017, 0018 adds `activity_log` and `schedules.pause_note`; the downgrade drops
+    both and leaves a schema 0017 reads; upgrading again works."""
+    await asyncio.to_thread(migrate.downgrade, database_url, "0017")
     conn = await asyncpg.connect(database_url)
     try:
 
@@ -89,7 +89,7 @@ async def test_migration_0018_adds_and_removes_the_log_and_the_note(database_url
                 "INSERT INTO activity_log (at, who, via, action, route, target, http_status, "
                 "outcome, request_id) VALUES (now(), 'a', 'nats', 'p', 'r', 't', 200, 'o', 'r')"
             )
-        await asyncio.to_thread(migrate.downgrade, database_url, "0016")
+        await asyncio.to_thread(migrate.downgrade, database_url, "0017")
         assert await present() == (False, False)
         assert await conn.fetchval("SELECT paused_by FROM schedules") == "admin"
         await asyncio.to_thread(migrate.upgrade, database_url)

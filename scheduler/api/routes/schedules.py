@@ -1,5 +1,5 @@
 """`/v1/schedules`: cron jobs with their next occurrences and latest fires; pause, resume,
-trigger."""
+trigger, backfill."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from scheduler.api.idempotency import IdempotencyKey, once
 from scheduler.api.models import (
     JOB_NAME,
     PauseRequest,
+    BackfillOutcome,
+    BackfillWindow,
     ScheduleDetail,
     ScheduleOutcome,
     SchedulePage,
@@ -33,6 +35,7 @@ LIST = responses(400, 401, 403, 422, 503) | links(
     "pause_schedule",
     "resume_schedule",
     "trigger_schedule",
+    "backfill_schedule",
 )
 
 
@@ -113,3 +116,27 @@ async def trigger_schedule(
         return {"name": name, **done(caller, "trigger", outcome, "job")}
 
     return await once(request, ops, caller, key, name, None, TriggerOutcome, run)
+
+
+@router.post("/{name}/backfill", response_model=BackfillOutcome, responses=WRITE)
+async def backfill_schedule(
+    name: Name,
+    body: BackfillWindow,
+    ops: Ops,
+    caller: Admin,
+    request: Request,
+    key: IdempotencyKey = None,
+) -> Any:
+    """Fire each occurrence of the job in `[from, to)` once (the daemon's cron code, in the
+    job's time zone), as `<job>@backfill-<occurrence>` with a manual fire-log row; an
+    occurrence an earlier backfill fired is not fired again (`already_fired`). 422 when `to`
+    is in the future or the window holds more than 1,000 occurrences; 409
+    `previous_run_held` for a `concurrency: forbid` job whose subject still holds a message.
+    `dry_run` counts and lists, firing nothing."""
+
+    async def run(_: Claim | None) -> Any:
+        outcome = await ops.schedules.backfill(name, body.from_, body.to, body.dry_run)
+        action = "backfill_dry_run" if body.dry_run else "backfill"
+        return {"name": name, **done(caller, action, outcome, "job")}
+
+    return await once(request, ops, caller, key, name, body, BackfillOutcome, run)

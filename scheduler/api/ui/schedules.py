@@ -1,10 +1,11 @@
-"""Schedules: every cron job with its next occurrences and last fires; pause, resume and
-trigger (after a confirmation); the YAML's errors as a banner."""
+"""Schedules: every cron job with its next occurrences and last fires; pause, resume,
+trigger and backfill (after a confirmation); the YAML's errors as a banner."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter
@@ -123,6 +124,63 @@ async def schedule(view: Viewer, name: str, window: str = "1h") -> HTMLResponse:
 async def confirm_trigger(view: Viewer, name: str) -> HTMLResponse:
     path = f"/v1/schedules/{name}"
     return await shown(view, path, "confirm_trigger.html", "job", "schedules", "/ui/schedules")
+
+
+@router.get("/{name}/backfill")
+async def confirm_backfill(view: Viewer, name: str, start: str = "", end: str = "") -> Response:
+    """The backfill form (from, to: UTC) and, once both are given, how many occurrences the
+    window holds and how many an earlier backfill already fired (the API's dry run)."""
+    job = await view.api.get(f"/v1/schedules/{name}")
+    if not job.ok:
+        return view.failed(job, "/ui/schedules")
+    start, end = start[:64], end[:64]
+    window = {"start": start or _default(timedelta(days=1)), "end": end or _default(None)}
+    plan = None
+    if start and end:
+        body = {"from": _utc(start), "to": _utc(end), "dry_run": True}
+        plan = await view.api.call("POST", f"/v1/schedules/{name}/backfill", body=body)
+        if not plan.ok:
+            return view.failed(plan, f"/ui/schedules/{name}/backfill")
+    return view.render(
+        "confirm_backfill.html",
+        active="schedules",
+        job=job.body,
+        window=window,
+        plan=plan.body if plan else None,
+    )
+
+
+@router.post("/{name}/backfill")
+async def backfill(form: Actor, name: str) -> Response:
+    view = form.view
+    back = _back("detail", name)
+    body = {"from": _utc(form.get("start")), "to": _utc(form.get("end"))}
+    answer = await view.api.call("POST", f"/v1/schedules/{name}/backfill", body=body, key=form.key)
+    if not answer.ok:
+        return view.failed(answer, back)
+    done = answer.body
+    message = (
+        f"Backfilled {name}: {done['fired']} occurrences fired, "
+        f"{done['already_fired']} already fired before."
+    )
+    return view.redirect(back, ("ok", message))
+
+
+def _default(ago: timedelta | None) -> str:
+    """A form's default instant (UTC, minutes): now, or `ago` before the hour."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    if ago is not None:
+        now = now.replace(minute=0) - ago
+    return now.strftime("%Y-%m-%dT%H:%M")
+
+
+def _utc(text: str) -> str:
+    """A form's instant as RFC 3339: a `datetime-local` value (no offset) is UTC; anything
+    else goes to the API as typed, which names what is wrong with it."""
+    text = text[:64]
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2})?", text):
+        return text + ("Z" if text.count(":") == 2 else ":00Z")
+    return text
 
 
 @router.post("/{name}/{action}")

@@ -45,9 +45,8 @@ async def test_document_is_generated_from_the_models(api: ApiHarness) -> None:
         for method in item
         if method in ("post", "patch", "delete", "put") and path.startswith("/v1/")
     ]
-    assert len(writes) == 8, (
-        writes
-    )  # pause, resume, trigger, cancel, reschedule, 2 replays, resolve
+    # pause, resume, trigger, backfill, schedule, cancel, reschedule, 2 replays, resolve
+    assert len(writes) == 10, writes
     for path, method in writes:
         params = doc["paths"][path][method]["parameters"]
         [key] = [p for p in params if p["in"] == "header" and p["name"] == "Idempotency-Key"]
