@@ -56,11 +56,13 @@ def test_run_embedded_with_default_ports_taken_prints_urls_and_ctrl_c_leaves_not
     nats_urls = []
     for _ in range(2):  # the second start reuses the data dir
         with scheduler(["run", "--embedded", "--data-dir", str(tmp_path / "data")], env) as proc:
-            exports = proc.wait_for(r"export NATS_URL=", within=30, stream="out")
-            found = re.search(r"NATS_URL=(nats://127\.0\.0\.1:\d+) SCHEDULER_API=(\S+)", exports)
+            exports = proc.wait_for(r"^  export ", within=30, stream="out")
+            found = re.search(
+                r"SCHEDULER_API_URL=(\S+) .*NATS_URL=(nats://127\.0\.0\.1:\d+)", exports
+            )
             assert found is not None, exports
-            nats_urls.append(found.group(1))
-            api = found.group(2)
+            nats_urls.append(found.group(2))
+            api = found.group(1)
             metrics = proc.wait_for(r"^  metrics ", within=1, stream="out").split()[-1]
             for url in (api, metrics):
                 assert int(url.split(":")[-1].split("/")[0]) not in default_ports_taken
