@@ -1,7 +1,7 @@
 """The `scheduler` command line. Only this module configures logging.
 
-Exit statuses, one list for every verb (README "Commands", docs/operations.md "Exit
-statuses"): 0 done, or stopped by a signal; 1 failed (an operator verb: refused or not found);
+Exit statuses, one list for every verb (README "Commands", docs/operations.md "Start-up
+errors"): 0 done, or stopped by a signal; 1 failed (an operator verb: refused or not found);
 2 a setting or an argument is wrong; 3 an operator verb (`status`, `schedules`, `delayed`, `dlq`)
 got no answer from mq-scheduler's management API (unreachable, another program answering, or a
 5xx); 4 NATS or PostgreSQL unreachable for SCHEDULER_STARTUP_TIMEOUT; 130 interrupted.
@@ -44,7 +44,8 @@ does this from a checkout); the operator verbs then find it by themselves from t
 (.scheduler-data/api.json). Settings are SCHEDULER_* environment variables or --config FILE.
 `scheduler COMMAND --help` describes a command. Read more in the README ("Quick start",
 "Commands", "Configuration") and docs/: producers.md (publishing delayed tasks), cron.md (cron
-jobs), operations.md (running it, exit statuses, metrics), leadership.md (high availability).
+jobs), operations.md (running it, "Start-up errors" and exit statuses, metrics),
+leadership.md (high availability).
 
 Exit status: 0 done or stopped by a signal; 1 failed (operator verbs: refused or not found);
 2 a setting or an argument is wrong (the message names it); 3 the management API could not be
