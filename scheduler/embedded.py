@@ -30,6 +30,8 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 from scheduler import dev_access
 from scheduler.dev_access import DevAccess
 from scheduler.errors import ConfigError, SchedulerError
@@ -305,12 +307,12 @@ def with_dev_tokens(settings: Settings) -> tuple[Settings, DevAccess | None]:
     if settings.admin_token is not None or settings.read_token is not None:
         return settings, None
     previous = dev_access.read(dev_access.access_file(settings.data_dir))
-    tokens = DevAccess(
-        admin_token=(previous and previous.admin_token) or dev_access.new_token("admin"),
-        read_token=(previous and previous.read_token) or dev_access.new_token("read"),
-    )
-    changed = settings.with_overrides(admin_token=tokens.admin_token, read_token=tokens.read_token)
-    return changed, tokens
+    admin = (previous and previous.admin_token) or dev_access.new_token("admin")
+    read = (previous and previous.read_token) or dev_access.new_token("read")
+    # model_copy, not with_overrides: the copy must keep which fields the user set (a default
+    # port taken is moved to a free one; a port the user chose is not: scheduler.listeners).
+    update = {"admin_token": SecretStr(admin), "read_token": SecretStr(read)}
+    return settings.model_copy(update=update), DevAccess(admin_token=admin, read_token=read)
 
 
 def publish_dev_access(data_dir: Path, api_url: str, tokens: DevAccess | None) -> Path:
