@@ -113,31 +113,7 @@ class ApiClient:
     def _failure(self, err: urllib.error.HTTPError, method: str) -> ApiFailure:
         if err.headers.get_content_type() != PROBLEM_TYPE:
             return ApiFailure(UNAVAILABLE, self._foreign(err.code, err.headers.get_content_type()))
-        failure = _failure(err)
-        hint = self._token_hint(err.code, failure.body, method)
-        if hint:
-            failure = ApiFailure(failure.exit_code, f"{failure}; {hint}", failure.body)
-        return failure
-
-    def _token_hint(self, status: int, body: Any, method: str) -> str | None:
-        """What to do about a 401 or 403: which variable or flag, and which token was sent."""
-        code = body.get("code") if isinstance(body, dict) else None
-        write = method != "GET"
-        if status == 401 and self.token_from is None:
-            wanted = ADMIN_ENV if write else f"{READ_ENV} (or {ADMIN_ENV})"
-            return f"set {wanted} or pass --token"
-        if status == 401:
-            wanted = ADMIN_ENV if write else f"{READ_ENV} or {ADMIN_ENV}"
-            return (
-                f"the token from {self.token_from} is not one of this daemon's: "
-                f"set {wanted} or pass --token with the daemon's token"
-            )
-        if status == 403 and code == "forbidden":
-            return (
-                f"the token from {self.token_from} is the read token: set {ADMIN_ENV} "
-                "or pass --token with the admin token"
-            )
-        return None
+        return _failure(err, method, self.token_from)
 
 
 def _url(given: str | None) -> tuple[str, str, dev_access.DevAccess | None]:
@@ -183,7 +159,9 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _failure(err: urllib.error.HTTPError) -> ApiFailure:
+def _failure(err: urllib.error.HTTPError, method: str, token_from: str | None = None) -> ApiFailure:
+    """The failure for an error answer; `token_from` says where the token sent came from
+    (None: none was sent), for the hint on a 401 or 403."""
     try:
         body = json.loads(err.read() or b"{}")
     except ValueError:
@@ -191,11 +169,35 @@ def _failure(err: urllib.error.HTTPError) -> ApiFailure:
     detail = body.get("detail") if isinstance(body, dict) else None
     status = err.code
     message = f"{status}: {detail or err.reason}"
+    hint = _token_hint(status, body, method, token_from)
+    if hint:
+        message += f"; {hint}"
     if status in (400, 422):
         return ApiFailure(USAGE, message, body)
     if status >= 500:
         return ApiFailure(UNAVAILABLE, message, body)
     return ApiFailure(REFUSED, message, body)
+
+
+def _token_hint(status: int, body: Any, method: str, token_from: str | None) -> str | None:
+    """What to do about a 401 or 403: which variable or flag, and which token was sent."""
+    code = body.get("code") if isinstance(body, dict) else None
+    write = method != "GET"
+    if status == 401 and token_from is None:
+        wanted = ADMIN_ENV if write else f"{READ_ENV} (or {ADMIN_ENV})"
+        return f"set {wanted} or pass --token"
+    if status == 401:
+        wanted = ADMIN_ENV if write else f"{READ_ENV} or {ADMIN_ENV}"
+        return (
+            f"the token from {token_from} is not one of this daemon's: "
+            f"set {wanted} or pass --token with the daemon's token"
+        )
+    if status == 403 and code == "forbidden":
+        return (
+            f"the token from {token_from} is the read token: set {ADMIN_ENV} "
+            "or pass --token with the admin token"
+        )
+    return None
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
