@@ -11,11 +11,12 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from scheduler import dev_access
-from scheduler.cli import main
+from scheduler.cli import main, print_banner
 from scheduler.commands.apiclient import DEFAULT_URL, UNAVAILABLE, ApiClient, ApiFailure
 from scheduler.dev_access import DevAccess
 from scheduler.embedded import free_port, publish_dev_access, with_dev_tokens
@@ -201,3 +202,42 @@ def _ended_pid() -> int:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait(10)
     return child.pid
+
+
+def _daemon(settings: Settings) -> SimpleNamespace:
+    served = SimpleNamespace(url="http://127.0.0.1:41234")
+    endpoints = SimpleNamespace(
+        nats_url="nats://127.0.0.1:4333",
+        database_url="postgresql://x",
+        api=served,
+        metrics=SimpleNamespace(url="http://127.0.0.1:9999"),
+        embedded=["nats", "postgres"],
+    )
+    return SimpleNamespace(endpoints=endpoints, settings=settings)
+
+
+def test_dev_banner_has_one_export_line_and_the_console(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The dev banner names the console's URL and how to sign in, and one export line sets
+    SCHEDULER_API_URL (the variable the CLI reads), the dev admin token and NATS_URL."""
+    tokens = DevAccess(admin_token=ADMIN, read_token=READ)
+    print_banner(_daemon(Settings()), tokens, Path(".scheduler-data/api.json"))
+    out = capsys.readouterr().out
+    exports = [line for line in out.splitlines() if line.lstrip().startswith("export ")]
+    assert len(exports) == 1
+    words = dict(word.split("=", 1) for word in exports[0].split()[1:])
+    assert words["SCHEDULER_API_URL"] == "http://127.0.0.1:41234"
+    assert words["SCHEDULER_ADMIN_TOKEN"] == ADMIN and READ not in out
+    assert words["NATS_URL"] == "nats://127.0.0.1:4333"
+    assert "SCHEDULER_API=" not in out
+    assert "console     http://127.0.0.1:41234/ui/  (sign in with SCHEDULER_ADMIN_TOKEN" in out
+    assert "(.scheduler-data/api.json)" in out
+
+
+def test_a_banner_never_prints_tokens_the_user_set(capsys: pytest.CaptureFixture[str]) -> None:
+    """Outside dev mode (or with tokens of the user's own) no token is printed."""
+    print_banner(_daemon(Settings(admin_token="mine-mine-mine-mine")))
+    out = capsys.readouterr().out
+    assert "mine" not in out and "SCHEDULER_ADMIN_TOKEN=" not in out
+    assert "sign in with SCHEDULER_ADMIN_TOKEN or SCHEDULER_READ_TOKEN" in out
