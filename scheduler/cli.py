@@ -1,8 +1,11 @@
 """The `scheduler` command line. Only this module configures logging.
 
-Exit statuses (docs/operations.md, "Start-up errors"): 0 done or stopped by a signal, 1 failed,
-2 a setting is wrong, 3 verb not built yet, 4 NATS or PostgreSQL unreachable for
-SCHEDULER_STARTUP_TIMEOUT, 130 a one-shot command interrupted.
+Exit statuses, one list for every verb (README "Commands", docs/operations.md "Start-up
+errors"): 0 done, or stopped by a signal; 1 failed (an operator verb: refused or not found);
+2 a setting or an argument is wrong; 3 an operator verb (`status`, `schedules`, `delayed`, `dlq`, `activity`)
+got no answer from mq-scheduler's management API (unreachable, another program answering, or a
+5xx); 4 NATS or PostgreSQL unreachable for SCHEDULER_STARTUP_TIMEOUT; 130 interrupted; 141 output cut short (a closed pipe, as
+`scheduler dlq list | head`). `scheduler status` exits 1 while the schedules YAML has errors.
 """
 
 from __future__ import annotations
@@ -11,14 +14,21 @@ import argparse
 import asyncio
 import json
 import logging
+import shlex
+import shutil
 import signal
 import sys
 import threading
 from collections.abc import Coroutine
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from scheduler import __version__
+from scheduler.commands.apiclient import URL_ENV
 from scheduler.errors import ConfigError, SchedulerError, ServiceUnavailableError
+
+if TYPE_CHECKING:
+    from scheduler.dev_access import DevAccess
 
 EXIT_FAILED, EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 1, 2, 4, 130
 
@@ -31,13 +41,17 @@ jobs come from scheduled_jobs YAML files. Several instances run as one leader an
 
 EPILOG = """\
 Try it: `scheduler run --embedded` starts a local nats-server and PostgreSQL (scripts/dev
-does this from a checkout). Settings are SCHEDULER_* environment variables or --config FILE.
-`scheduler COMMAND --help` describes a command. Read more in the README (quick start and
-configuration) and docs/: producers.md (publishing delayed tasks), cron.md (cron jobs),
-operations.md (running it, start-up errors, metrics), leadership.md (high availability).
+does this from a checkout); the operator verbs then find it by themselves from the same folder
+(.scheduler-data/api.json). Settings are SCHEDULER_* environment variables or --config FILE.
+`scheduler COMMAND --help` describes a command. Read more in the README ("Quick start",
+"Commands", "Configuration") and docs/: producers.md (publishing delayed tasks), cron.md (cron
+jobs), operations.md (running it, "Start-up errors" and exit statuses, metrics),
+leadership.md (high availability).
 
-Exit status: 0 done or stopped by a signal, 1 failed, 2 a setting is wrong (the message names
-it), 4 NATS or PostgreSQL unreachable for SCHEDULER_STARTUP_TIMEOUT, 130 interrupted.
+Exit status: 0 done or stopped by a signal; 1 failed (operator verbs: refused or not found);
+2 a setting or an argument is wrong (the message names it); 3 the management API could not be
+reached, was not mq-scheduler's, or failed (operator verbs); 4 NATS or PostgreSQL unreachable
+for SCHEDULER_STARTUP_TIMEOUT; 130 interrupted.
 """
 
 
@@ -150,8 +164,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_format)
     from scheduler.daemon import Daemon
 
+    tokens = None
+    if args.embedded:  # dev mode: the CLI and the console work without setting anything
+        from scheduler.embedded import with_dev_tokens
+
+        settings, tokens = with_dev_tokens(settings)
     daemon = Daemon(settings, embedded=args.embedded)
-    code = _run_async(_run_daemon(daemon))
+    code = _run_async(_run_daemon(daemon, tokens))
     if daemon.stopped_during_start is not None:
         print(
             f"scheduler: stopped during start-up (while {daemon.stopped_during_start})",
@@ -160,7 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-async def _run_daemon(daemon: Any) -> int:
+async def _run_daemon(daemon: Any, tokens: DevAccess | None = None) -> int:
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     signals = {"count": 0}
@@ -179,7 +198,12 @@ async def _run_daemon(daemon: Any) -> int:
     started = asyncio.create_task(daemon.started.wait(), name="started")
     await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
     if started.done() and not runner.done():
-        print_banner(daemon)
+        access = None
+        if daemon.embedded:
+            from scheduler.embedded import publish_dev_access
+
+            access = publish_dev_access(daemon.settings.data_dir, daemon.endpoints.api.url, tokens)
+        print_banner(daemon, tokens, access)
         from scheduler.daemon import tune_gc
 
         tune_gc()
@@ -192,24 +216,55 @@ async def _run_daemon(daemon: Any) -> int:
     return 0
 
 
-def print_banner(daemon: Any) -> None:
-    """Where everything listens, and the variables the docs' examples read (NATS_URL is also
-    the `nats` CLI's), ready to paste into another shell."""
+def print_banner(
+    daemon: Any, tokens: DevAccess | None = None, access_file: Path | None = None
+) -> None:
+    """Where everything listens, how to sign in to the console, and one `export` line for
+    another shell: `scheduler` on PATH, the API's URL (and the dev admin token), NATS_URL
+    (the docs' examples and the `nats` CLI read it)."""
     e = daemon.endpoints
     tag = {k: " (embedded)" if k in e.embedded else "" for k in ("nats", "postgres")}
     lines = [
         f"mq-scheduler {__version__} running as {daemon.settings.instance_id}",
         f"  NATS        {e.nats_url}{tag['nats']}",
         f"  PostgreSQL  {e.database_url}{tag['postgres']}",
-        f"  API         {e.api.url}  (/healthz, /readyz, /v1/leader)",
+        f"  API         {e.api.url}  (/healthz, /readyz, /v1/leader; reference at /docs)",
+        f"  console     {e.api.url}/ui/  ({_sign_in(daemon.settings, tokens)})",
         f"  metrics     {e.metrics.url}/metrics",
         f"  schedules   {daemon.settings.schedules_dir}",
         "  delay lane  publish to mq.delay.<rest>: delivered to mq.<rest> (docs/producers.md)",
-        "For producers and the examples in docs/, in another shell:",
-        f"  export NATS_URL={e.nats_url} SCHEDULER_API={e.api.url}",
-        "Press Ctrl-C to stop.",
     ]
+    if access_file is not None:
+        lines.append(
+            f"`scheduler` run from this folder finds this daemon by itself ({access_file}); "
+            "elsewhere, and for producers and the examples in docs/, in another shell:"
+        )
+    else:
+        lines.append("For the CLI, producers and the examples in docs/, in another shell:")
+    lines += ["  export " + " ".join(_exports(e, tokens)), "Press Ctrl-C to stop."]
     print("\n".join(lines), flush=True)
+
+
+def _sign_in(settings: Any, tokens: DevAccess | None) -> str:
+    if tokens is not None:
+        return "sign in with SCHEDULER_ADMIN_TOKEN below; it stays the same for this data dir"
+    if settings.admin_token is None and settings.read_token is None:
+        return "open for reading: no token is set"
+    return "sign in with SCHEDULER_ADMIN_TOKEN or SCHEDULER_READ_TOKEN"
+
+
+def _exports(endpoints: Any, tokens: DevAccess | None) -> list[str]:
+    """NAME=value words for the banner's `export` line, quoted for a POSIX shell."""
+    words = []
+    venv_bin = Path(sys.executable).parent
+    on_path = shutil.which("scheduler")
+    if (venv_bin / "scheduler").exists() and (on_path is None or Path(on_path).parent != venv_bin):
+        words.append(f'PATH={shlex.quote(str(venv_bin))}:"$PATH"')
+    words.append(f"{URL_ENV}={shlex.quote(endpoints.api.url)}")
+    if tokens is not None and tokens.admin_token is not None:
+        words.append(f"SCHEDULER_ADMIN_TOKEN={shlex.quote(tokens.admin_token)}")
+    words.append(f"NATS_URL={shlex.quote(endpoints.nats_url)}")
+    return words
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

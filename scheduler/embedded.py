@@ -5,6 +5,11 @@ a free port (PostgreSQL on a unix socket) so nothing already running on the mach
 nats-server keeps its port across restarts while that port is free (`nats/port` in the data
 dir), so a producer's NATS_URL stays valid. Both starts can be cancelled at any moment (a
 signal during start-up) without leaving a server behind.
+
+Embedded mode also makes the management API usable at once: without tokens of the user's own it
+runs with a throwaway admin and read token for the data dir, and once the API listens it writes
+`api.json` there (0600) with the API's real URL and those tokens, where the operator CLI finds
+them (`scheduler.dev_access`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
+from scheduler import dev_access
+from scheduler.dev_access import DevAccess
 from scheduler.errors import ConfigError, SchedulerError
 from scheduler.settings import Settings
 
@@ -288,3 +297,35 @@ async def start_missing(
         changes["database_url"] = pg.url
         started.append("postgres")
     return (s.with_overrides(**changes) if changes else s), started
+
+
+def with_dev_tokens(settings: Settings) -> tuple[Settings, DevAccess | None]:
+    """Embedded mode's tokens: when neither SCHEDULER_ADMIN_TOKEN nor SCHEDULER_READ_TOKEN is
+    set, the settings with a throwaway pair for this data dir (those of the last start when its
+    `api.json` holds them, so exported tokens and console sessions survive a restart) and that
+    pair; settings with tokens of their own are returned as they are, with None."""
+    if settings.admin_token is not None or settings.read_token is not None:
+        return settings, None
+    previous = dev_access.read(dev_access.access_file(settings.data_dir))
+    admin = (previous and previous.admin_token) or dev_access.new_token("admin")
+    read = (previous and previous.read_token) or dev_access.new_token("read")
+    # model_copy, not with_overrides: the copy must keep which fields the user set (a default
+    # port taken is moved to a free one; a port the user chose is not: scheduler.listeners).
+    update = {"admin_token": SecretStr(admin), "read_token": SecretStr(read)}
+    return settings.model_copy(update=update), DevAccess(admin_token=admin, read_token=read)
+
+
+def publish_dev_access(data_dir: Path, api_url: str, tokens: DevAccess | None) -> Path:
+    """Write `api.json` for the CLI: the API's URL, this process's id and the dev tokens (none
+    when the user set tokens: theirs stay theirs). Returns the file's path."""
+    path = dev_access.access_file(data_dir)
+    dev_access.write(
+        path,
+        DevAccess(
+            url=api_url,
+            admin_token=tokens.admin_token if tokens else None,
+            read_token=tokens.read_token if tokens else None,
+            pid=os.getpid(),
+        ),
+    )
+    return path

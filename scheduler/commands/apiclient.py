@@ -1,8 +1,14 @@
 """The operator CLI's side of the management API: requests, error messages, tables.
 
+Where the API is: `--url`, else `SCHEDULER_API_URL`, else the URL a development daemon
+(`scheduler run --embedded`, `scripts/dev`) wrote in `.scheduler-data/api.json` (or under
+`SCHEDULER_DATA_DIR`), else http://127.0.0.1:8055. The token: `--token`, else
+`SCHEDULER_ADMIN_TOKEN`, else `SCHEDULER_READ_TOKEN`, else that file's dev token, sent only to
+the URL written beside it (however the URL was given).
+
 Exit codes a script can branch on: 0 done, 1 refused or not found (401, 403, 404, 409), 2 usage
-or invalid input (argparse, 400, 422), 3 the daemon is unreachable or failing (connection
-refused, 5xx).
+or invalid input (argparse, 400, 422), 3 no answer from mq-scheduler's API (connection refused,
+another program answering, 5xx).
 """
 
 from __future__ import annotations
@@ -17,12 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler import dev_access
 from scheduler.commands.render import text
 
 URL_ENV = "SCHEDULER_API_URL"
+ADMIN_ENV, READ_ENV = "SCHEDULER_ADMIN_TOKEN", "SCHEDULER_READ_TOKEN"
 DEFAULT_URL = "http://127.0.0.1:8055"
 OK, REFUSED, USAGE, UNAVAILABLE = 0, 1, 2, 3
 CLOSED_STDOUT = 141  # 128 + SIGPIPE: what a shell reports for a tool that SIGPIPE stopped
+PROBLEM_TYPE = "application/problem+json"  # every error the API answers has this type
 
 
 class ApiFailure(Exception):
@@ -39,18 +48,17 @@ class ApiClient:
     url: str
     token: str | None
     timeout: float = 10.0
+    url_from: str = "--url"  # where the URL came from, for the messages
+    token_from: str | None = None  # where the token came from (None: no token)
 
     @classmethod
     def from_args(cls, url: str | None, token: str | None, timeout: float) -> ApiClient:
-        base = (url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+        """The client the command line and the environment describe (module docstring)."""
+        base, url_from, local = _url(url)
         if not base.startswith(("http://", "https://")):
-            raise ApiFailure(USAGE, f"--url / {URL_ENV}: {base!r} must start with http(s)://")
-        chosen = (
-            token
-            or os.environ.get("SCHEDULER_ADMIN_TOKEN")
-            or os.environ.get("SCHEDULER_READ_TOKEN")
-        )
-        return cls(base, chosen or None, timeout)
+            raise ApiFailure(USAGE, f"{url_from}: {base!r} must start with http(s)://")
+        chosen, token_from = _token(token, base, local)
+        return cls(base, chosen, timeout, url_from, token_from)
 
     def call(
         self,
@@ -73,16 +81,80 @@ class ApiClient:
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read() or b"null")
+                raw = resp.read()
+                kind = resp.headers.get_content_type()
         except urllib.error.HTTPError as err:
-            raise _failure(err, method) from None
+            raise self._failure(err, method) from None
         except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            raise ApiFailure(
-                UNAVAILABLE,
-                f"cannot reach {self.url} ({reason}): is the daemon running? "
-                f"Set {URL_ENV} or --url to its management API",
-            ) from None
+            raise ApiFailure(UNAVAILABLE, self._unreachable(getattr(err, "reason", err))) from None
+        try:
+            return json.loads(raw or b"null")
+        except ValueError:
+            raise ApiFailure(UNAVAILABLE, self._foreign(resp.status, kind)) from None
+
+    def _unreachable(self, reason: object) -> str:
+        where = f"cannot reach {self.url} ({reason}, URL from {self.url_from})"
+        local = dev_access.access_file()
+        if self.url_from == str(local):
+            gone = _stale_pid(local)
+            if gone is not None:
+                return (
+                    f"{where}: the daemon that wrote it (pid {gone}) has stopped; start it "
+                    "again (scripts/dev)"
+                )
+        return (
+            f"{where}: is the daemon running? Set {URL_ENV} or --url to its management API "
+            "(the `API` line of its start banner)"
+        )
+
+    def _foreign(self, status: int, kind: str) -> str:
+        return (
+            f"{self.url} answered HTTP {status} ({kind or 'no content type'}), which is not "
+            f"mq-scheduler's management API (URL from {self.url_from}): another program "
+            f"listens there. Set {URL_ENV} or --url to the `API` line of the daemon's banner"
+        )
+
+    def _failure(self, err: urllib.error.HTTPError, method: str) -> ApiFailure:
+        if err.headers.get_content_type() != PROBLEM_TYPE:
+            return ApiFailure(UNAVAILABLE, self._foreign(err.code, err.headers.get_content_type()))
+        return _failure(err, method, self.token_from)
+
+
+def _url(given: str | None) -> tuple[str, str, dev_access.DevAccess | None]:
+    """(URL, where it came from, the dev daemon's file: its token may go to its own URL)."""
+    path = dev_access.access_file()
+    local = dev_access.read(path)
+    if given:
+        return given.rstrip("/"), "--url", local
+    if os.environ.get(URL_ENV):
+        return os.environ[URL_ENV].rstrip("/"), URL_ENV, local
+    if local is not None and local.url is not None:
+        return local.url.rstrip("/"), str(path), local
+    return DEFAULT_URL, f"the default (no {URL_ENV}, no {path})", None
+
+
+def _token(
+    given: str | None, base: str, local: dev_access.DevAccess | None
+) -> tuple[str | None, str | None]:
+    """(token, where it came from); a dev file's token goes only to the URL it came with."""
+    if given:
+        return given, "--token"
+    for name in (ADMIN_ENV, READ_ENV):
+        if os.environ.get(name):
+            return os.environ[name], name
+    if local is not None and local.url is not None and local.url.rstrip("/") == base:
+        chosen = local.admin_token or local.read_token
+        if chosen:
+            return chosen, str(dev_access.access_file())
+    return None, None
+
+
+def _stale_pid(path: Any) -> int | None:
+    """The pid in the dev daemon's file when that process no longer runs, else None."""
+    local = dev_access.read(path)
+    if local is None or local.pid is None or dev_access.pid_running(local.pid):
+        return None
+    return local.pid
 
 
 def _text(value: Any) -> str:
@@ -91,7 +163,9 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _failure(err: urllib.error.HTTPError, method: str) -> ApiFailure:
+def _failure(err: urllib.error.HTTPError, method: str, token_from: str | None = None) -> ApiFailure:
+    """The failure for an error answer; `token_from` says where the token sent came from
+    (None: none was sent), for the hint on a 401 or 403."""
     try:
         body = json.loads(err.read() or b"{}")
     except ValueError:
@@ -99,14 +173,35 @@ def _failure(err: urllib.error.HTTPError, method: str) -> ApiFailure:
     detail = body.get("detail") if isinstance(body, dict) else None
     status = err.code
     message = f"{status}: {detail or err.reason}"
-    if status == 401:
-        wanted = "SCHEDULER_ADMIN_TOKEN" if method != "GET" else "SCHEDULER_READ_TOKEN"
-        message += f" (set {wanted} or pass --token)"
+    hint = _token_hint(status, body, method, token_from)
+    if hint:
+        message += f"; {hint}"
     if status in (400, 422):
         return ApiFailure(USAGE, message, body)
     if status >= 500:
         return ApiFailure(UNAVAILABLE, message, body)
     return ApiFailure(REFUSED, message, body)
+
+
+def _token_hint(status: int, body: Any, method: str, token_from: str | None) -> str | None:
+    """What to do about a 401 or 403: which variable or flag, and which token was sent."""
+    code = body.get("code") if isinstance(body, dict) else None
+    write = method != "GET"
+    if status == 401 and token_from is None:
+        wanted = ADMIN_ENV if write else f"{READ_ENV} (or {ADMIN_ENV})"
+        return f"set {wanted} or pass --token"
+    if status == 401:
+        wanted = ADMIN_ENV if write else f"{READ_ENV} or {ADMIN_ENV}"
+        return (
+            f"the token from {token_from} is not one of this daemon's: "
+            f"set {wanted} or pass --token with the daemon's token"
+        )
+    if status == 403 and code == "forbidden":
+        return (
+            f"the token from {token_from} is the read token: set {ADMIN_ENV} "
+            "or pass --token with the admin token"
+        )
+    return None
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from scheduler.commands import activity
-from scheduler.commands import authoring
+from scheduler.commands import activity, authoring
 from scheduler.commands.apiclient import OK, REFUSED, ApiClient, ApiFailure, emit, fail, table
 from scheduler.commands.render import (
     fields,

@@ -1,6 +1,7 @@
 """Every example in README.md and docs/ works as written: each page's code blocks run in
 order, in a scratch directory holding a copy of `schedules/`, against a daemon started as
-`scripts/dev` starts it, with NATS_URL and SCHEDULER_API set as its banner says."""
+`scripts/dev` starts it, with the variables of its banner's `export` line set (NATS_URL,
+SCHEDULER_API_URL, SCHEDULER_ADMIN_TOKEN) and `scheduler` on PATH."""
 
 from __future__ import annotations
 
@@ -70,14 +71,15 @@ asyncio.run(main(parse(sys.argv[1:])))
 @pytest.fixture(scope="module")
 def dev_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """`scheduler run --embedded` with the repo's schedules, as scripts/dev runs it; yields the
-    variables its banner tells the user to export."""
+    variables its banner tells the user to export (PATH aside: `_env` sets it)."""
     workdir = tmp_path_factory.mktemp("dev")
     env = cli_env(workdir, SCHEDULER_SCHEDULES_DIR=str(ROOT / "schedules"))
     with scheduler(["run", "--embedded"], env, cwd=workdir) as proc:
-        line = proc.wait_for(r"export NATS_URL=", within=60, stream="out")
-        found = re.search(r"export (NATS_URL=\S+) (SCHEDULER_API=\S+)", line)
-        assert found is not None, line
-        yield dict(part.split("=", 1) for part in found.groups())
+        line = proc.wait_for(r"^  export ", within=60, stream="out")
+        exported = dict(re.findall(r"(\w+)=(\S+)", line))
+        exported.pop("PATH", None)
+        assert {"NATS_URL", "SCHEDULER_API_URL", "SCHEDULER_ADMIN_TOKEN"} <= set(exported), line
+        yield exported
         proc.signal(signal.SIGINT)
         assert proc.wait_exit(within=30) == 0, proc.transcript()
 

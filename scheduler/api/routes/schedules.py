@@ -11,9 +11,9 @@ from scheduler.api.auth import Admin, Reader
 from scheduler.api.idempotency import IdempotencyKey, once
 from scheduler.api.models import (
     JOB_NAME,
-    PauseRequest,
     BackfillOutcome,
     BackfillWindow,
+    PauseRequest,
     ScheduleDetail,
     ScheduleOutcome,
     SchedulePage,
