@@ -1,11 +1,12 @@
 """The `scheduler` command line. Only this module configures logging.
 
 Exit statuses, one list for every verb (README "Commands", docs/operations.md "Start-up
-errors"): 0 done, or stopped by a signal; 1 failed (an operator verb: refused or not found);
-2 a setting or an argument is wrong; 3 an operator verb (`status`, `schedules`, `delayed`, `dlq`, `activity`)
-got no answer from mq-scheduler's management API (unreachable, another program answering, or a
-5xx); 4 NATS or PostgreSQL unreachable for SCHEDULER_STARTUP_TIMEOUT; 130 interrupted; 141 output cut short (a closed pipe, as
-`scheduler dlq list | head`). `scheduler status` exits 1 while the schedules YAML has errors.
+errors"): 0 done, or stopped by a signal; 1 failed (an operator verb: refused or not found;
+`status`: errors in the schedules YAML); 2 a setting or an argument is wrong; 3 an operator
+verb (`status`, `schedules`, `delayed`, `dlq`, `activity`) got no answer from mq-scheduler's
+management API (unreachable, another program answering, or a 5xx); 4 NATS or PostgreSQL
+unreachable for SCHEDULER_STARTUP_TIMEOUT; 130 interrupted; 141 stdout closed early (a pipe
+such as `scheduler dlq list | head`: SIGPIPE's status).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ leadership.md (high availability).
 Exit status: 0 done or stopped by a signal; 1 failed (operator verbs: refused or not found);
 2 a setting or an argument is wrong (the message names it); 3 the management API could not be
 reached, was not mq-scheduler's, or failed (operator verbs); 4 NATS or PostgreSQL unreachable
-for SCHEDULER_STARTUP_TIMEOUT; 130 interrupted.
+for SCHEDULER_STARTUP_TIMEOUT; 130 interrupted; 141 output cut short (`... | head`).
+`scheduler status` exits 1 while the schedules YAML has errors.
 """
 
 
