@@ -122,9 +122,7 @@ class CronEngine:
             try:
                 await self.tick(epoch, publisher, cursors)
             except FencedError:
-                depose = getattr(self.office, "depose", None)
-                if depose is not None:
-                    depose()
+                self.office.depose()
                 return
             except Exception as exc:  # PostgreSQL or NATS trouble: cursors unchanged, retry soon
                 log.warning("cron.tick_failed error=%r", exc)

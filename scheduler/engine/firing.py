@@ -133,9 +133,7 @@ class Firing:
 
     def _deposed(self, epoch: int) -> None:  # also the claimer's `on_fenced`
         log.error("engine.fenced epoch=%d: a newer leader exists; stepping down", epoch)
-        depose = getattr(self.office, "depose", None)
-        if depose is not None:
-            depose()
+        self.office.depose()
 
     def arm(self, claimed: Sequence[ClaimedTask]) -> None:
         """Hand claimed tasks to the dispatcher, which publishes each at its due millisecond

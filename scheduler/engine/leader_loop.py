@@ -233,9 +233,7 @@ class LeaderEngine:
                 return
             if current != epoch:
                 log.error("engine.fenced epoch=%d current=%d after reconnect", epoch, current)
-                depose = getattr(self.office, "depose", None)
-                if depose is not None:
-                    depose()
+                self.office.depose()
                 return
             publisher.release()
             firing.armed_event.set()

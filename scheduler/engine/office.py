@@ -34,6 +34,13 @@ class Office(Protocol):
         """Set when office is lost (renew failed, deadline passed, fenced); cleared on taking it."""
         ...
 
+    def depose(self) -> None:
+        """End the term at once: a fenced write (or the epoch read back after a reconnect)
+        showed that a newer leader exists. Afterwards `may_act()` is false, `epoch` is None and
+        `lost` is set, so every loop of the term stops and nothing more is published. Calling
+        it when not in office does nothing harmful; it never raises."""
+        ...
+
 
 class FixedOffice:
     """Always in office with one epoch, taken from PostgreSQL at start (single instance)."""

@@ -88,6 +88,9 @@ class _Office:
     async def wait_for_office(self) -> int:
         return self.epoch
 
+    def depose(self) -> None:
+        self.lost.set()
+
 
 class _Publisher:
     """Acknowledges every publish at once and remembers the message ids."""

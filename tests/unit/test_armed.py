@@ -46,6 +46,9 @@ class Office:
     def may_act(self) -> bool:
         return True
 
+    def depose(self) -> None:
+        self.lost.set()
+
 
 class CapturingPublisher:
     """Takes the batches the dispatcher hands over, with the clock's time at hand-over."""
