@@ -469,22 +469,30 @@ async def _close_quietly(nc: Client) -> None:
 # -- provisioning ---------------------------------------------------------------------------------
 
 
+def _stream_name(config: js_api.StreamConfig) -> str:
+    """The name of a stream config built here (nats-py types the field optional)."""
+    if config.name is None:
+        raise ValueError("a stream config needs a name")
+    return config.name
+
+
 async def ensure_stream(js: JetStreamContext, config: js_api.StreamConfig) -> ProvisionNote:
     """Create `config` unless it exists or another stream covers its subjects (named in detail)."""
+    name = _stream_name(config)
     try:
-        await js.stream_info(config.name)
-        return ProvisionNote("stream", config.name, "exists")
+        await js.stream_info(name)
+        return ProvisionNote("stream", name, "exists")
     except NotFoundError:
         pass
     try:
         await js.add_stream(config)
-        return ProvisionNote("stream", config.name, "created")
+        return ProvisionNote("stream", name, "created")
     except BadRequestError as exc:
         owner = await _covering_stream(js, config.subjects or [])
         if owner is None:
             raise
-        log.warning("nats.stream_covered stream=%s owner=%s error=%s", config.name, owner, exc)
-        return ProvisionNote("stream", config.name, "covered", owner)
+        log.warning("nats.stream_covered stream=%s owner=%s error=%s", name, owner, exc)
+        return ProvisionNote("stream", name, "covered", owner)
 
 
 async def _covering_stream(js: JetStreamContext, subjects: list[str]) -> str | None:
@@ -641,17 +649,18 @@ async def _seal_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNote
 async def ensure_lane_window(js: JetStreamContext, config: js_api.StreamConfig) -> ProvisionNote:
     """Give an existing delay lane (made by an older version) the window and source of
     `config`, in place: its messages and consumer stay."""
-    info = await js.stream_info(config.name)
+    name = _stream_name(config)
+    info = await js.stream_info(name)
     window = info.config.duplicate_window or 0
     have = list(info.config.sources or [])
     want = [src for src in config.sources or [] if src.name not in {h.name for h in have}]
     if abs(window - config.duplicate_window) < 0.001 and not want:
-        return ProvisionNote("stream", config.name, "exists")
+        return ProvisionNote("stream", name, "exists")
     info.config.duplicate_window = config.duplicate_window
     info.config.sources = [*have, *want] or None
     await js.update_stream(info.config)
     detail = f"duplicate window {window:g}s -> {config.duplicate_window:g}s"
-    return ProvisionNote("stream", config.name, "updated", detail)
+    return ProvisionNote("stream", name, "updated", detail)
 
 
 async def lane_window_warning(bus: NatsBus, stream: str) -> str | None:
@@ -680,7 +689,7 @@ async def lane_window_warning(bus: NatsBus, stream: str) -> str | None:
 async def ensure_dev_subjects(js: JetStreamContext, config: js_api.StreamConfig) -> None:
     """Add to an existing embedded work stream the subjects a newer version captures (a data
     dir from before keeps working with the docs' examples)."""
-    info = await js.stream_info(config.name)
+    info = await js.stream_info(_stream_name(config))
     missing = [x for x in config.subjects or [] if x not in (info.config.subjects or [])]
     if missing:
         info.config.subjects = [*(info.config.subjects or []), *missing]

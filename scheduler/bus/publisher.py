@@ -204,7 +204,7 @@ class Publisher:
             self._fail(token, "publisher closed before the acknowledgement", in_doubt=True)
 
     async def publish(
-        self, subject: str, payload: bytes, headers: dict[str, str]
+        self, subject: str, payload: bytes, headers: Mapping[str, str]
     ) -> asyncio.Future[PubAck]:
         """Send one message; the returned future resolves with its PubAck or a PublishError."""
         await self._slots.acquire()
@@ -331,7 +331,7 @@ class Publisher:
             token = str(self._next)
             reply = f"{self._prefix}.{token}"
             pending[token] = (done, subject, deadline)
-            if type(headers) is bytes:
+            if isinstance(headers, bytes):
                 frame: bytes | None = wire.frame_block(subject, payload, reply, headers)
                 if not wire.raw:
                     frame, headers = None, _parse_block(headers)
@@ -353,7 +353,7 @@ class Publisher:
                 self._refuse([token], why)
                 continue
             try:
-                hdrs = _parse_block(headers) if type(headers) is bytes else dict(headers)
+                hdrs = _parse_block(headers) if isinstance(headers, bytes) else dict(headers)
                 await wire.publish(subject, payload, reply, hdrs)
             except MaxPayloadError:
                 self._too_large(token, subject, len(payload))

@@ -243,8 +243,8 @@ async def raw_subscribe(nc: Client, subject: str, handler: RawHandler) -> Any:
     async def fallback(msg: Msg) -> None:
         raw = None
         if msg.headers:
-            raw = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in msg.headers.items())
-            raw = raw.encode()
+            block = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in msg.headers.items())
+            raw = block.encode()
         handler(msg.subject.encode(), (msg.reply or "").encode(), msg.data, raw)
 
     sub = await nc.subscribe(subject, cb=fallback)
@@ -253,12 +253,14 @@ async def raw_subscribe(nc: Client, subject: str, handler: RawHandler) -> Any:
         table = {}
         original = nc._process_msg
 
-        async def process(sid: int, subj: bytes, reply: bytes, data: bytes, hdr: Any) -> None:
+        async def process(
+            sid: int, subject: bytes, reply: bytes, data: bytes, headers: Any
+        ) -> None:
             raw = table.get(sid)
             if raw is None:
-                await original(sid, subj, reply, data, hdr)
+                await original(sid, subject, reply, data, headers)
             else:
-                raw(subj, reply, data, hdr or None)
+                raw(subject, reply, data, headers or None)
 
         nc._process_msg = process  # type: ignore[method-assign]
         nc._mqs_raw = table  # type: ignore[attr-defined]
