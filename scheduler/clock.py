@@ -30,7 +30,7 @@ class Clock(Protocol):
 
 
 class Cancellable(Protocol):
-    def cancel(self) -> None: ...
+    def cancel(self) -> object: ...  # a TimerHandle's gives None, a Future's a bool
 
 
 async def wait_event(clock: Clock, event: asyncio.Event, seconds: float) -> None:

@@ -151,7 +151,19 @@ class CronExpr:
         sets = [_parse_field(field, part) for field, part in zip(_FIELDS, parts, strict=True)]
         day_or = not (parts[3].startswith("*") or parts[5].startswith("*"))
         fixed = not (parts[1].startswith("*") or parts[2].startswith("*"))
-        expr = cls(stripped, *sets, day_or=day_or, fixed_time=fixed, has_seconds=has_seconds)
+        seconds, minutes, hours, days, months, weekdays = sets
+        expr = cls(
+            stripped,
+            seconds,
+            minutes,
+            hours,
+            days,
+            months,
+            weekdays,
+            day_or=day_or,
+            fixed_time=fixed,
+            has_seconds=has_seconds,
+        )
         _check_possible(expr, parts)
         return expr
 

@@ -164,7 +164,8 @@ class Daemon:
                     tg.create_task(ops.backlog.run(self._stop), name="write-backlog")
                     tg.create_task(self._term_loop().run(), name="engine")
                     tg.create_task(loop_lag_probe(self.metrics, self._stop), name="loop-lag")
-                    assert self.refresher is not None and self.bus.nc is not None
+                    assert self.refresher is not None and self.bus is not None
+                    assert self.bus.nc is not None
                     tg.create_task(self.refresher.run(self.bus.nc, self._stop), name="refresher")
                     assert self.clock_check is not None
                     tg.create_task(self.clock_check.run(self._done_leading), name="clock-check")
@@ -205,6 +206,8 @@ class Daemon:
         self.bus = NatsBus(s, self.metrics)
         stack.push_async_callback(self.bus.close)
         await self.bus.connect(budget)
+        nc = self.bus.nc
+        assert nc is not None  # connect() returned: connected
         self._check_server_version()
         self.store = await self._open_postgres(stack, budget)
         self.api_store = await self._open_api_pool(stack, budget)
@@ -216,9 +219,9 @@ class Daemon:
         # The NATS service (producers' cancel/reschedule/get) keeps the engine's pool; the
         # management API, the console and the CLI over it run on the API's own pool, writes
         # included, through the same store statements (see docs/operations.md).
-        own = build_operations(self.bus.nc, s, self.store, self.tasks, self.clock, self.leader)
+        own = build_operations(nc, s, self.store, self.tasks, self.clock, self.leader)
         self.operations = build_operations(
-            self.bus.nc,
+            nc,
             s,
             self.api_store,
             TaskStore(self.api_store, limits),
@@ -226,7 +229,7 @@ class Daemon:
             self.leader,
         )
         stack.callback(setattr, self, "operations", None)  # API: 503 before the pool closes
-        service = SchedulerService(self.bus.nc, s, own.tasks, self.clock, self.stats)
+        service = SchedulerService(nc, s, own.tasks, self.clock, self.stats)
         await service.start()
         stack.push_async_callback(service.stop)
         self.clock_check = ClockCheck(

@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
@@ -36,6 +36,9 @@ from scheduler import dev_access
 from scheduler.dev_access import DevAccess
 from scheduler.errors import ConfigError, SchedulerError
 from scheduler.settings import Settings
+
+if TYPE_CHECKING:  # pgserver is the embedded extra's: imported when a server starts
+    from pgserver.postgres_server import PostgresServer
 
 log = logging.getLogger("scheduler.embedded")
 
@@ -185,7 +188,7 @@ class Postgres:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir)
-        self._server: object | None = None
+        self._server: PostgresServer | None = None
 
     def start(self) -> Postgres:
         try:
@@ -193,14 +196,14 @@ class Postgres:
                 # platformdirs, imported by pgserver, warns on a machine without a login
                 # session; pgserver then keeps its lock file under /tmp, which is fine.
                 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
-                import pgserver
+                from pgserver import postgres_server
         except ImportError as exc:
             raise EmbeddedError(
                 "pgserver not installed: pip install 'mq-scheduler[embedded]'"
             ) from exc
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # cleanup_mode "stop": pgserver's atexit hook also stops it if we die before stop().
-        self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        self._server = postgres_server.get_server(self.data_dir, cleanup_mode="stop")
         log.info("embedded.postgres_started dir=%s", self.data_dir)
         return self
 
@@ -235,12 +238,12 @@ class Postgres:
     def url(self) -> str:
         if self._server is None:
             raise EmbeddedError("PostgreSQL not started")
-        return str(self._server.get_uri())  # type: ignore[attr-defined]
+        return str(self._server.get_uri())
 
     def stop(self) -> None:
         """Stop the server (pg_ctl stop) and forget pgserver's cached handle for the dir."""
         if self._server is not None:
-            self._server.cleanup()  # type: ignore[attr-defined]
+            self._server.cleanup()
             self._server = None
 
 

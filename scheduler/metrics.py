@@ -226,12 +226,12 @@ def observe_many(histogram: Histogram, amount: float, count: int) -> None:
         histogram.observe(amount)
         return
     try:
-        buckets, bounds, total = histogram._buckets, histogram._upper_bounds, histogram._sum  # type: ignore[attr-defined]
+        buckets, bounds, total = histogram._buckets, histogram._upper_bounds, histogram._sum
     except AttributeError:  # another client version: the slow, public way
         for _ in range(count):
             histogram.observe(amount)
         return
-    histogram._raise_if_not_observable()  # type: ignore[attr-defined]
+    histogram._raise_if_not_observable()
     total.inc(amount * count)
     for i, bound in enumerate(bounds):
         if amount <= bound:

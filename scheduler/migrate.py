@@ -91,7 +91,8 @@ async def current_revision(dsn: str, budget: float = 60.0) -> str | None:
     try:
         if not await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL"):
             return None
-        return await conn.fetchval("SELECT version_num FROM alembic_version")
+        revision: str | None = await conn.fetchval("SELECT version_num FROM alembic_version")
+        return revision
     finally:
         await conn.close()
 

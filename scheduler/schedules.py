@@ -132,7 +132,8 @@ class JobSpec(BaseModel):
     @classmethod
     def _json_data(cls, value: dict[str, Any]) -> dict[str, Any]:
         try:
-            return json.loads(json.dumps(value, allow_nan=False))
+            copy: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
+            return copy
         except (TypeError, ValueError) as exc:
             raise ValueError(f"must be plain JSON ({exc}); quote dates and times") from exc
 
@@ -315,15 +316,15 @@ def _read_yaml(text: str, filename: str, out: _FileResult) -> tuple[Any, _LineLo
         return None
     try:
         node = loader.get_single_node()
-        if node is not None and (problem := _too_big(node)) is not None:
-            out.errors.append(ScheduleError(filename, node.start_mark.line + 1, None, problem))
+        if node is not None and (too_big := _too_big(node)) is not None:
+            out.errors.append(ScheduleError(filename, node.start_mark.line + 1, None, too_big))
             return None
         return (loader.construct_document(node) if node is not None else None), loader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
+        where = mark.line + 1 if mark is not None else None
         problem = getattr(exc, "problem", None) or str(exc)
-        out.errors.append(ScheduleError(filename, line, None, f"YAML syntax error: {problem}"))
+        out.errors.append(ScheduleError(filename, where, None, f"YAML syntax error: {problem}"))
         return None
     except RecursionError:
         problem = f"YAML nesting is deeper than the loader can read (at most {MAX_YAML_DEPTH})"

@@ -99,7 +99,7 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     read_token: SecretStr | None = None
     # the HTTP edge (api/edge.py): request bodies at most this big; Host names served
-    api_max_body: ByteSize = Field(default=1024 * 1024, ge=1)
+    api_max_body: ByteSize = Field(default=ByteSize(1024 * 1024), ge=1)
     api_allowed_hosts: CommaList = []
     intake_stream: str = Field(default="MQ_DELAY", min_length=1)
     intake_subject: str = "mq.delay.>"
@@ -121,7 +121,7 @@ class Settings(BaseSettings):
     fence_margin: Duration | None = None
     fire_log_retention: int = Field(default=14, ge=1)
     armed_max: int = Field(default=20_000, ge=1)
-    armed_max_bytes: ByteSize = 64 * 1024 * 1024
+    armed_max_bytes: ByteSize = ByteSize(64 * 1024 * 1024)
     max_clock_skew: Duration = timedelta(milliseconds=100)
     # publishes of due tasks at least this far apart (engine/firing.py: `Firing._dispatch`)
     dispatch_coalesce: Duration = timedelta(0)
@@ -131,7 +131,9 @@ class Settings(BaseSettings):
     dlq_max_age: Duration = timedelta(days=14)
     # dead letters in PostgreSQL (engine/dead_budget.py): the bytes kept of an intake refusal,
     # and the refusals one organisation (or subject) may add per minute (0: no bound)
-    dead_letter_payload_cap: ByteSize = Field(default=64 * 1024, ge=0, le=16 * 1024 * 1024)
+    dead_letter_payload_cap: ByteSize = Field(
+        default=ByteSize(64 * 1024), ge=0, le=16 * 1024 * 1024
+    )
     dead_letter_rate: int = Field(default=60, ge=0, le=1_000_000)
     tasks_stream: str = "MQ_TASKS"
     leader_bucket: str = "scheduler_leader"

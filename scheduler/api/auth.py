@@ -80,7 +80,8 @@ def token_kind(token: str, settings: Settings) -> str | None:
 
 
 def _settings(request: Request) -> Settings:
-    return request.app.state.backend.settings  # type: ignore[no-any-return]
+    settings: Settings = request.app.state.backend.settings
+    return settings
 
 
 def reader(request: Request, _: Credentials) -> Caller:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -71,7 +72,7 @@ async def export(dsn: str, window: AuditWindow, out: str, fmt: str) -> int:
 
 
 @contextmanager
-def _opened(out: str):  # -> Iterator[IO[str]]
+def _opened(out: str) -> Iterator[IO[str]]:
     if out == "-":
         yield sys.stdout
         return

@@ -14,6 +14,9 @@ from typing import Any
 PERCENTILE_METHOD = "exact (linear interpolation between closest ranks, whole milliseconds)"
 # Lateness histogram bucket edges, ms (a bucket holds [edge, next edge)); -1 holds early ones.
 BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
+SCHEDULE_COUNTS: tuple[str, ...]
+SUBJECT_COUNTS: tuple[str, ...]
+KIND_COUNTS: tuple[str, ...]
 SCHEDULE_COUNTS = ("expected", "fired", "missed", "doubled", "early", "late", "unexpected")
 SCHEDULE_COUNTS += ("manual",)
 SUBJECT_COUNTS = ("fired", "early", "late", "missed", "doubled", "overdue", "dead", "expired")

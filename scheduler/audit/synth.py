@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -213,7 +213,7 @@ def _js(value: Any) -> str:
 
 
 def _rfc3339(us: np.ndarray) -> list[str]:
-    unit = "ms" if len(us) == 0 or not (us % _MS).any() else "us"
+    unit: Literal["ms", "us"] = "ms" if len(us) == 0 or not (us % _MS).any() else "us"
     text = np.datetime_as_string(us.astype("datetime64[us]"), unit=unit)
     return [t + "Z" for t in text.tolist()]
 
@@ -347,7 +347,9 @@ def _deliveries(
     return np.concatenate([index, twice]), np.concatenate([fired, again])
 
 
-def _summary_counts(states: np.ndarray, late: np.ndarray, late_ms: int, rows: int) -> dict:
+def _summary_counts(
+    states: np.ndarray, late: np.ndarray, late_ms: int, rows: int
+) -> dict[str, Any]:
     sent = states != MISSED
     return {
         "fired": rows,
@@ -462,7 +464,7 @@ def _at(us: int) -> datetime:
     return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
 
 
-def _plant_edges(plans: list[JobPlan], start_us: int, end_us: int, cols: Columns) -> dict:
+def _plant_edges(plans: list[JobPlan], start_us: int, end_us: int, cols: Columns) -> dict[str, Any]:
     """Records the audit must leave out: outside the window, or invalid."""
     name = plans[0].name if plans else "job-edge"
     subject = plans[0].subject if plans else "mq.scheduled.s0"

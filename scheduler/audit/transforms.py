@@ -85,7 +85,7 @@ def occurrences(log: Any, expected: Any, unfired: Any | None) -> Any:
         )
     stacked = functools.reduce(lambda a, b: a.unionByName(b), parts)
     codes = F.coalesce(
-        *(F.when(F.col("state") == name, F.lit(i)) for i, name in enumerate(STATES) if i),
+        *(F.when(F.col("state") == name, F.lit(i)) for i, name in enumerate(STATES[1:], 1)),
         F.lit(0),
     )
     grouped = (
@@ -190,6 +190,7 @@ def per_schedule(occ: Any) -> Any:
     return _spread(cron.agg(F.min("subject").alias("subject"), *_counts(), *_lateness()))
 
 
+COUNT_COLUMNS: tuple[str, ...]
 COUNT_COLUMNS = ("expected", "fired", "manual", "delivered", "missed", "doubled", "early", "late")
 COUNT_COLUMNS += ("unexpected", "overdue", "dead", "expired")
 

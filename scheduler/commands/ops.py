@@ -94,7 +94,9 @@ def _instant(text: str) -> str:
     return value.isoformat()
 
 
-def _pages(client: ApiClient, path: str, args: argparse.Namespace, query: dict) -> dict:
+def _pages(
+    client: ApiClient, path: str, args: argparse.Namespace, query: dict[str, Any]
+) -> dict[str, Any]:
     """One page, or every page with --all; `next_cursor` is that of the last page read."""
     items: list[Any] = []
     cursor = args.cursor
@@ -107,7 +109,7 @@ def _pages(client: ApiClient, path: str, args: argparse.Namespace, query: dict) 
 
 
 def _listing(
-    doc: dict, columns: dict[str, Callable[[dict], Any]], empty: str = ""
+    doc: dict[str, Any], columns: dict[str, Callable[[dict[str, Any]], Any]], empty: str = ""
 ) -> tuple[Any, str, int]:
     """A page as a table of `columns` (header -> cell of an item), and how to get the next;
     `empty` instead of a bare header when nothing matched."""
@@ -118,7 +120,7 @@ def _listing(
     return doc, table(rows, list(columns)) + more, OK
 
 
-def _field(name: str) -> Callable[[dict], Any]:
+def _field(name: str) -> Callable[[dict[str, Any]], Any]:
     return lambda item: item[name]
 
 

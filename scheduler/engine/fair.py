@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from scheduler.core import ClaimedTask, Entry, TaskRef, to_ms
 from scheduler.engine.armed import _AFTER_PRIORITIES, _LAST, Armed, Slot
@@ -107,7 +107,7 @@ class FairHeap(HorizonHeap):
 
     def _current(self, due: int, org: str) -> bool:
         heap = self._orgs.get(org)
-        return bool(heap) and heap[0][0] == due  # type: ignore[index]
+        return bool(heap and heap[0][0] == due)
 
     def offer(self, ref: TaskRef) -> bool:
         if ref.key <= self.cursor:
@@ -246,7 +246,7 @@ class FairArmed(Armed):
             return min((s[0][0] for s in orgs.values() if s), default=None)
         return min((orgs[o][0][0] for o in allow if orgs.get(o)), default=None)
 
-    def orgs(self) -> Iterable[str]:
+    def orgs(self) -> Collection[str]:
         """The organisations with tasks armed."""
         return self._orgs.keys()
 
@@ -275,7 +275,7 @@ class FairArmed(Armed):
             return out
         order = sorted(due, key=lambda o: self._orgs[o][0])
         taken = dict.fromkeys(order, 0)
-        out: list[Slot] = []
+        out = []  # list[Slot], as in the one-organisation case above
         while len(out) < self.chunk:
             before = len(out)
             for org in order:
@@ -347,10 +347,11 @@ class Throttles:
 
     def __init__(self, settings: Settings, heap: HorizonHeap, armed: Armed) -> None:
         self.batch = settings.batch
-        fair = isinstance(heap, FairHeap) and isinstance(armed, FairArmed)
-        self.fair = fair
-        self._heap = heap if fair else None
-        self._armed = armed if fair else None
+        self._heap: FairHeap | None = None
+        self._armed: FairArmed | None = None
+        if isinstance(heap, FairHeap) and isinstance(armed, FairArmed):
+            self._heap, self._armed = heap, armed
+        self.fair = self._heap is not None
         self.contended = False
         self._at_ms: int | None = None
         self._set(False)

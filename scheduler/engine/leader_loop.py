@@ -171,7 +171,7 @@ class LeaderEngine:
     def failover_span(self) -> float:
         """Seconds within which a task can be published twice: a failover plus every retry."""
         s = self.settings
-        backoffs = sum(
+        backoffs: float = sum(
             min(s.backoff.total_seconds() * 2**i, 60.0) * 1.2 for i in range(s.max_attempts - 1)
         )
         return s.lease_ttl * 2 + backoffs + s.max_attempts * PUBLISH_TIMEOUT

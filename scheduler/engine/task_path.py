@@ -30,9 +30,10 @@ import asyncio
 import functools
 import json
 import logging
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduler.backoff import backoff_seconds
 from scheduler.core import (
@@ -68,6 +69,8 @@ Intake = Any  # engine.intake.Intake: the lane loop
 Claimer = Any  # engine.claims.Claimer: claims in flight, parked payloads, orphans
 Firing = Any  # engine.firing.Firing: the claim, dispatch and bookkeeping loops
 
+T = TypeVar("T")
+
 intake_log = logging.getLogger("scheduler.intake")
 firing_log = logging.getLogger("scheduler.firing")  # claims and firing alike
 
@@ -96,7 +99,7 @@ class Rejected:
     error: str
 
 
-async def validate_all(intake: Intake, msgs: list[Delivery]) -> list[NewTask | Rejected]:
+async def validate_all(intake: Intake, msgs: Sequence[Delivery]) -> list[NewTask | Rejected]:
     now = intake.clock.now()
     results: list[NewTask | Rejected] = []
     for i, msg in enumerate(msgs):
@@ -138,7 +141,9 @@ def validate(intake: Intake, msg: Delivery, now: datetime) -> NewTask | Rejected
     )
 
 
-async def accept(intake: Intake, msgs: list[Delivery], results: list[NewTask | Rejected]) -> None:
+async def accept(
+    intake: Intake, msgs: Sequence[Delivery], results: list[NewTask | Rejected]
+) -> None:
     """Insert the good tasks, dead-letter the bad ones, then ack: never ack before commit."""
     if not intake._may_act():  # self-fenced: leave the batch unacked for the next leader
         raise RuntimeError("office lost before the commit")
@@ -179,9 +184,10 @@ def over_quota(
     ]
 
 
-async def store(intake: Intake, msgs: list[Delivery], tasks: list[NewTask]) -> Insertion:
+async def store(intake: Intake, msgs: Sequence[Delivery], tasks: list[NewTask]) -> Insertion:
     """`insert_batch` under the horizon's lock: stored tasks the loader has passed go onto the
     heap at once (`Horizon.arm`)."""
+    insertion: Insertion
     try:
         insertion, pushed = await intake.horizon.arm(
             with_progress(intake, intake.tasks.insert_batch(tasks), msgs),
@@ -207,7 +213,7 @@ async def store(intake: Intake, msgs: list[Delivery], tasks: list[NewTask]) -> I
     return insertion
 
 
-async def with_progress(intake: Intake, work: Any, msgs: list[Delivery]) -> Any:
+async def with_progress(intake: Intake, work: Awaitable[T], msgs: Sequence[Delivery]) -> T:
     """Await `work`, telling JetStream the batch is in progress while a slow commit runs."""
     task = asyncio.ensure_future(work)
     interval = max(intake.settings.intake_ack_wait.total_seconds() / 3, 0.5)
@@ -446,7 +452,12 @@ async def publish_due(firing: Firing, allow: dict[str, int] | None = None) -> No
 # 4. Book the outcomes
 
 
-async def book(firing: Firing, epoch: int, outcomes: list, expired: list[ClaimedTask]) -> None:
+async def book(
+    firing: Firing,
+    epoch: int,
+    outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]],
+    expired: list[ClaimedTask],
+) -> None:
     """Record a flush of outcomes, fenced by `epoch`: the fired (`mark_fired`), the expired,
     then the failed (retried or dead); a newer leader's epoch deposes this one."""
     fired = [Fired(t, at, r.stream, r.seq) for t, r, at in outcomes if isinstance(r, PubAck)]

@@ -22,6 +22,7 @@ write backlog retries it (`fire_log: pending` in the answer).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import hashlib
 import json
@@ -80,13 +81,15 @@ class ScheduleOperations:
         self._problems: tuple[object, list[dict[str, Any]]] = (_UNREAD, [])
         self.backfiller = Backfiller(nc, settings, BackfillStore(store.db), clock, backlog)
 
-    async def list(self, active: bool | None, cursor: str | None, limit: int) -> Page[dict]:
+    async def list(
+        self, active: bool | None, cursor: str | None, limit: int
+    ) -> Page[dict[str, Any]]:
         key = decode(CURSOR, cursor, (NAME,))
         rows = await self.overview.schedules(active, key[0] if key else None, limit + 1)
         listed = page(rows, limit, lambda r: (r["name"],), CURSOR)
         return Page([self._summary(r) for r in listed.items], listed.next_cursor)
 
-    async def problems(self) -> list[dict[str, Any]]:
+    async def problems(self) -> builtins.list[dict[str, Any]]:  # `list` is the method above
         """Errors in the YAML files as this instance reads them now (the jobs they name are not
         loaded, so not fired): `{file, line, job, message}`. Read again only when a file was
         added, removed or changed."""

@@ -19,6 +19,7 @@ not replayed (`payload_truncated`, naming the DLQ stream subject that holds the 
 
 from __future__ import annotations
 
+import builtins
 import logging
 import uuid
 from typing import Any
@@ -66,7 +67,9 @@ class DeadLetterOperations:
         self.tasks = tasks
         self.clock = clock
 
-    async def list(self, where: DeadLetterFilter, cursor: str | None, limit: int) -> Page[dict]:
+    async def list(
+        self, where: DeadLetterFilter, cursor: str | None, limit: int
+    ) -> Page[dict[str, Any]]:
         key = decode(CURSOR, cursor, (TIME, DEAD_ID))
         after = None
         if key is not None:
@@ -97,7 +100,9 @@ class DeadLetterOperations:
             return await self._through_intake(dead, target, who)
         return await self._requeue(dead, who)
 
-    async def replay_many(self, where: DeadLetterFilter, limit: int, who: str) -> list[Outcome]:
+    async def replay_many(
+        self, where: DeadLetterFilter, limit: int, who: str
+    ) -> builtins.list[Outcome]:  # `list` is the method above
         """Replay up to `limit` unresolved dead letters matching `where`, newest first."""
         unresolved = DeadLetterFilter(where.reason, where.subject, where.stage, resolved=False)
         rows = await self.store.list(unresolved, None, limit)

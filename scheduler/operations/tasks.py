@@ -84,7 +84,9 @@ class TaskOperations:
         self.clock = clock
         self._recent: OrderedDict[str, str] = OrderedDict()
 
-    async def schedule(self, target: str, raw: bytes, now: datetime | None = None) -> dict:
+    async def schedule(
+        self, target: str, raw: bytes, now: datetime | None = None
+    ) -> dict[str, Any]:
         """Validate the envelope `raw` for the checked `target` (envelope rules, size against
         the server's max_payload, max delay, org rule) and put it on the delay lane; the task is
         durable once this returns (the lane's PubAck). The NATS `schedule` verb and
@@ -192,7 +194,7 @@ class TaskOperations:
         return self._recent.get(task_id) if task is None else str(task["target"])
 
 
-def _fired_key(cursor: str | None) -> list | None:
+def _fired_key(cursor: str | None) -> list[Any] | None:
     """The key of a cursor that continues among fired tasks, None for any other cursor."""
     if cursor is None or kind_of(cursor) != FIRED_CURSOR:
         return None

@@ -90,6 +90,7 @@ class HistoryStore:
             sql = FIRES_SQL if window.job is None else JOB_FIRES_SQL
             row = await conn.fetchrow(sql, *args, window.abnormal_ms, window.job)
             dead = [] if window.job is not None else await conn.fetch(DEAD_SQL, *args)
+        assert row is not None  # a SELECT of scalar subqueries, no FROM: exactly one row
         quantiles = row["q"] or [None, None]
         return {
             "deliveries": int(row["n"]),

@@ -92,10 +92,10 @@ async def record_cancel(
     statement; the row's status after it (`cancelled` or `intent`), None if it changed
     nothing. Run inside a transaction (see `drop_if_fired`)."""
     async with conn.transaction():
-        status = await conn.fetchval(_CANCEL, task_id, target, limits.ttl)
+        status: str | None = await conn.fetchval(_CANCEL, task_id, target, limits.ttl)
         if status == INTENT and await drop_if_fired(conn, task_id):
             return None
-    return status  # type: ignore[no-any-return]
+    return status
 
 
 async def record_reschedule(

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+import asyncpg
+
 from scheduler.store.dead_letters import subject_clause
 from scheduler.store.postgres import PostgresStore
 from scheduler.store.tasks import STATUS, fired_task
@@ -217,7 +219,7 @@ class OverviewStore:
         fired task's row is gone (migration 0010): its state comes from its tombstone and the
         fire log, without envelope bytes or headers."""
         async with self.db.timed("task_detail") as conn:
-            row = await conn.fetchrow(
+            row: asyncpg.Record | dict[str, Any] | None = await conn.fetchrow(
                 f"SELECT {_TASK_DETAIL} FROM delayed_messages WHERE id = $1", task_id
             )
             if row is None:
@@ -303,6 +305,7 @@ class OverviewStore:
                 "FROM fire_log WHERE fired_at >= $1 AND NOT manual",
                 since,
             )
+        assert row is not None  # an aggregate without GROUP BY returns exactly one row
         quantiles = row["q"] or [None, None]
         return int(row["n"]), quantiles[0], quantiles[1]
 

@@ -172,14 +172,17 @@ class PostgresStore:
         """A pooled connection whose use is recorded as operation `op`."""
         start = time.perf_counter()
         async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
-            yield conn
+            # asyncpg-stubs types the pool's PoolConnectionProxy apart from Connection, though it
+            # forwards every Connection method; the store's helpers all take a Connection
+            yield conn  # type: ignore[misc]
         self.metrics.db_seconds.labels(op).observe(time.perf_counter() - start)
 
     async def ping(self) -> bool:
         """True when PostgreSQL answers within two seconds."""
         try:
             async with self.timed("ping") as conn:
-                return await conn.fetchval("SELECT 1", timeout=2) == 1
+                answer: int | None = await conn.fetchval("SELECT 1", timeout=2)
+                return answer == 1
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             log.warning("postgres.ping_failed error=%r", exc)
             return False
@@ -190,7 +193,8 @@ class PostgresStore:
             exists = await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL")
             if not exists:
                 return None
-            return await conn.fetchval("SELECT version_num FROM alembic_version")
+            revision: str | None = await conn.fetchval("SELECT version_num FROM alembic_version")
+            return revision
 
     async def fire_log_upkeep(self, retention_days: int, ahead_days: int = 2) -> list[str]:
         """Create the fire log's daily partitions ahead and drop those past the retention."""

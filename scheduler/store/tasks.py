@@ -534,8 +534,11 @@ class TaskStore:
         and the unique index `fire_log_once` drops an exact repeat of a row (migration 0006)."""
         if not fired:
             return
-        columns = ([f.task.id for f in fired], [f.task.target for f in fired])
-        columns += ([f.stream for f in fired],)
+        columns = (
+            [f.task.id for f in fired],
+            [f.task.target for f in fired],
+            [f.stream for f in fired],
+        )
         joined = [_joined(c) for c in columns]
         texts: tuple[str | list[str], ...]
         if None in joined:  # a separator or an empty value inside: plain arrays

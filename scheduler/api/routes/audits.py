@@ -19,6 +19,9 @@ Run = Annotated[str, Path(pattern=RUN_NAME, description="the run's folder name")
 # loaded from anywhere but itself), so it can never act as the console or the API.
 REPORT_CSP = "sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 READ = responses(401, 403, 404, 409, 422)
+REPORT_PAGE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/html": {}}, "description": "the report page"}
+}
 
 
 def _reports(request: Request) -> AuditReports:
@@ -47,7 +50,7 @@ async def get_audit(run: Run, request: Request, _: Reader) -> Any:
 @router.get(
     "/{run}/report",
     response_class=Response,
-    responses={200: {"content": {"text/html": {}}, "description": "the report page"}} | READ,
+    responses=REPORT_PAGE | READ,
 )
 async def get_audit_report(run: Run, request: Request, _: Reader) -> Response:
     """A run's `report.html`, served in a sandbox (no script runs, nothing else loads)."""

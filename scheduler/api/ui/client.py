@@ -109,7 +109,9 @@ class Api:
 
 async def _exchange(app: Any, scope: dict[str, Any], payload: bytes) -> Answer:
     sent = asyncio.Event()
-    status, headers, chunks = [500], {}, []
+    status = [500]
+    headers: dict[str, str] = {}
+    chunks: list[bytes] = []
     request_read = [False]
 
     async def receive() -> Message:

@@ -148,7 +148,8 @@ class View:
 
 
 def settings_of(request: Request) -> Settings:
-    return request.app.state.backend.settings  # type: ignore[no-any-return]
+    settings: Settings = request.app.state.backend.settings
+    return settings
 
 
 def tokens_configured(settings: Settings) -> bool:

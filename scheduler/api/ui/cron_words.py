@@ -65,7 +65,7 @@ def _words(expr: CronExpr, fields: list[str]) -> str:
     time = library.get_time_of_day_description()
     days = _days(expr, library.get_day_of_month_description())
     text = f"{time}{days}{library.get_month_description()}"
-    text = library.transform_verbosity(text, use_verbose_format=False)  # no ", every hour"
+    text = str(library.transform_verbosity(text, use_verbose_format=False))  # no ", every hour"
     return text[:1].upper() + text[1:]
 
 

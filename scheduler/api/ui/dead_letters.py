@@ -125,7 +125,7 @@ def _query(reason: str, subject: str, stage: str, resolved: str) -> dict[str, st
     return {"reason": reason.strip(), "subject": subject.strip(), "stage": stage, "resolved": state}
 
 
-async def _count(view: View, query: dict[str, str]) -> int | Response:
+async def _count(view: View, query: dict[str, str]) -> int | HTMLResponse:
     """Unresolved dead letters matching `query`, counted through the list, up to a batch."""
     matched, cursor = 0, None
     while matched < BATCH_MAX:

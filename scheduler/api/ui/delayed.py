@@ -4,6 +4,7 @@ as text, never as markup); cancel (after a confirmation) and reschedule."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter
@@ -31,7 +32,12 @@ async def search(
 ) -> Response:
     query = {"id": id.strip(), "subject": subject.strip(), "org_id": org_id.strip()}
     query |= {"status": status, "due_after": due_after.strip(), "due_before": due_before.strip()}
-    context = {"active": "delayed", "query": query, "statuses": STATUSES, "tasks": None}
+    context: dict[str, Any] = {
+        "active": "delayed",
+        "query": query,
+        "statuses": STATUSES,
+        "tasks": None,
+    }
     if query["id"]:
         found = await view.api.get(f"/v1/delayed/{query['id']}")
         if found.ok:
