@@ -1,0 +1,60 @@
+"""Every adapter and in-memory twin held to its port by the type checker, not at run time.
+
+The contract suites beside this module test what each implementation does; this module makes a
+signature that drifts from its port (`scheduler.engine.ports`, `scheduler.engine.office`) an
+error before any test runs. mypy reads it with the package (`files` in `[tool.mypy]`,
+pyproject.toml; `scripts/test` runs it). Nothing imports it and pytest collects nothing here.
+"""
+
+from __future__ import annotations
+
+from nats.aio.msg import Msg
+
+from scheduler.bus.memory import MemoryBroker, MemoryBus
+from scheduler.bus.nats import NatsBus
+from scheduler.bus.publisher import Publisher
+from scheduler.bus.puller import Puller
+from scheduler.bus.wire import RawMsg
+from scheduler.engine.office import FixedOffice, Office
+from scheduler.engine.ports import (
+    Broker,
+    Bus,
+    Delivery,
+    ScheduleRepository,
+    Source,
+    TaskRepository,
+)
+from scheduler.leadership import Leadership
+from scheduler.store.cron_jobs import ScheduleStore
+from scheduler.store.memory import MemoryScheduleStore, MemoryTaskStore
+from scheduler.store.tasks import TaskStore
+
+
+def brokers(real: Publisher, twin: MemoryBroker) -> list[Broker]:
+    return [real, twin]
+
+
+def buses(real: NatsBus, twin: MemoryBus) -> list[Bus]:
+    return [real, twin]
+
+
+def sources(real: Puller) -> list[Source]:
+    return [real]  # the twins' source is the test's own (tests/unit/engine_twins.py)
+
+
+def deliveries(parsed: Msg, raw: RawMsg) -> list[Delivery]:
+    return [parsed, raw]
+
+
+def task_repositories(real: TaskStore, twin: MemoryTaskStore) -> list[TaskRepository]:
+    return [real, twin]
+
+
+def schedule_repositories(
+    real: ScheduleStore, twin: MemoryScheduleStore
+) -> list[ScheduleRepository]:
+    return [real, twin]
+
+
+def offices(real: Leadership, twin: FixedOffice) -> list[Office]:
+    return [real, twin]
