@@ -150,6 +150,10 @@ def _ref(row: asyncpg.Record) -> TaskRef:
 
 _TOO_LATE: dict[str | None, str] = {None: "not_found", "in_doubt": IN_FLIGHT}
 _INTENT_ANSWERS = (intents.CONTENDED, intents.TOO_MANY)
+# A cancel's or reschedule's UPDATE can miss a task intake commits just after it, which the
+# status read then sees `pending`: the UPDATE runs again (once is enough unless intake commits
+# the same id again, which it cannot: the id is the key).
+RACE_RETRIES = 3
 
 
 async def _answer_status(conn: asyncpg.Connection, task_id: str, target: str) -> str | None:
@@ -672,16 +676,19 @@ class TaskStore:
         waits for the cancel and skips the cancelled row: `cancelled` is never followed by a
         delivery. Intake racing it: see scheduler.store.intents."""
         async with self.db.timed("cancel") as conn:
-            done = await conn.fetchval(
-                "UPDATE delayed_messages SET status = 'cancelled', updated_at = now() "
-                "WHERE id = $1 AND target = $2 AND status = 'pending' AND claimed_epoch IS NULL "
-                "RETURNING id",
-                task_id,
-                target,
-            )
-            if done:
-                return "cancelled"
-            status = await _answer_status(conn, task_id, target)
+            for _ in range(RACE_RETRIES):
+                done = await conn.fetchval(
+                    "UPDATE delayed_messages SET status = 'cancelled', updated_at = now() "
+                    "WHERE id = $1 AND target = $2 AND status = 'pending' "
+                    "AND claimed_epoch IS NULL RETURNING id",
+                    task_id,
+                    target,
+                )
+                if done:
+                    return "cancelled"
+                status = await _answer_status(conn, task_id, target)
+                if status != "pending":  # pending: intake stored it since the UPDATE; again
+                    break
             if status is None or status == intents.INTENT:
                 status = await self._cancel_ahead(conn, task_id, target, status)
         if status in ("cancelled", intents.INTENT):
@@ -715,19 +722,22 @@ class TaskStore:
         `id_contended` / `too_many_intents` (see `cancel`)."""
         due = ceil_ms(due)
         async with self.db.timed("reschedule") as conn:
-            row = await conn.fetchrow(
-                "UPDATE delayed_messages SET due_at = $3, scheduled_for = $3, updated_at = now() "
-                "WHERE id = $1 AND target = $2 AND status = 'pending' AND claimed_epoch IS NULL "
-                "RETURNING id, due_at, priority, seq",
-                task_id,
-                target,
-                due,
-            )
-            if row:
-                return "rescheduled", TaskRef(
-                    row["id"], to_ms(row["due_at"]), row["priority"], row["seq"]
+            for _ in range(RACE_RETRIES):
+                row = await conn.fetchrow(
+                    "UPDATE delayed_messages SET due_at = $3, scheduled_for = $3, "
+                    "updated_at = now() WHERE id = $1 AND target = $2 AND status = 'pending' "
+                    "AND claimed_epoch IS NULL RETURNING id, due_at, priority, seq",
+                    task_id,
+                    target,
+                    due,
                 )
-            status = await _answer_status(conn, task_id, target)
+                if row:
+                    return "rescheduled", TaskRef(
+                        row["id"], to_ms(row["due_at"]), row["priority"], row["seq"]
+                    )
+                status = await _answer_status(conn, task_id, target)
+                if status != "pending":  # pending: intake stored it since the UPDATE; again
+                    break
             if status is None or status == intents.INTENT:
                 return await self._reschedule_ahead(conn, task_id, target, due, status)
         return _TOO_LATE.get(status, "too_late"), None
