@@ -116,7 +116,7 @@ class DeadLetterStore:
                     f"UPDATE delayed_messages SET {states.REQUEUED}, due_at = $2, "
                     "scheduled_for = $2, attempts = 0, last_error = NULL, "
                     "updated_at = now() WHERE id = $1 AND status = 'dead' "
-                    "RETURNING id, due_at, priority, seq",
+                    "RETURNING id, due_at, priority, seq, org_id",
                     task_id,
                     due,
                 )
@@ -132,7 +132,7 @@ class DeadLetterStore:
                     raise _Abort(Requeued(kind, task_status=status))
         except _Abort as abort:
             return abort.outcome
-        ref = TaskRef(row["id"], to_ms(row["due_at"]), row["priority"], row["seq"])
+        ref = TaskRef(row["id"], to_ms(row["due_at"]), row["priority"], row["seq"], row["org_id"])
         return Requeued("replayed", ref)
 
     async def mark_replayed(self, dead_id: uuid.UUID, who: str) -> bool:

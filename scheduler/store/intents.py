@@ -73,7 +73,7 @@ _RESCHEDULE = _INSERT.format(due="$4::timestamptz", kind="reschedule") + (
     "expires_at = CASE WHEN d.status = 'intent' THEN excluded.expires_at ELSE d.expires_at END, "
     f"updated_at = now() WHERE d.target = excluded.target AND ({_PENDING} OR "
     "d.status = 'intent' AND (d.intent = 'reschedule' OR "
-    "d.expires_at <= now())) RETURNING d.id, d.due_at, d.priority, d.seq, d.status"
+    "d.expires_at <= now())) RETURNING d.id, d.due_at, d.priority, d.seq, d.org_id, d.status"
 )
 
 

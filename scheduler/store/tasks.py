@@ -714,15 +714,13 @@ class TaskStore:
             row = await conn.fetchrow(
                 "UPDATE delayed_messages SET due_at = $3, scheduled_for = $3, updated_at = now() "
                 f"WHERE id = $1 AND target = $2 AND {states.unclaimed(states.PENDING)} "
-                "RETURNING id, due_at, priority, seq",
+                "RETURNING id, due_at, priority, seq, org_id",
                 task_id,
                 target,
                 due,
             )
             if row:
-                return "rescheduled", TaskRef(
-                    row["id"], to_ms(row["due_at"]), row["priority"], row["seq"]
-                )
+                return "rescheduled", _ref(row)
             status = await _answer_status(conn, task_id, target)
             if status is None or status == intents.INTENT:
                 return await self._reschedule_ahead(conn, task_id, target, due, status)
@@ -741,7 +739,7 @@ class TaskStore:
             return (why if why in _INTENT_ANSWERS else _TOO_LATE.get(why, "too_late")), None
         if row["status"] == intents.INTENT:
             return "rescheduled", None
-        return "rescheduled", TaskRef(row["id"], to_ms(row["due_at"]), row["priority"], row["seq"])
+        return "rescheduled", _ref(row)
 
     async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
         """A task's state for the API (no payload bytes)."""
