@@ -87,7 +87,8 @@ class ApiBackend(Protocol):
         ...
 
 
-def build_api(backend: ApiBackend) -> FastAPI:
+def build_api(backend: ApiBackend, console_base: str = "/ui") -> FastAPI:
+    """The API's app, with the operator console mounted at `console_base`."""
     app = FastAPI(
         title="mq-scheduler",
         version=__version__,
@@ -106,7 +107,7 @@ def build_api(backend: ApiBackend) -> FastAPI:
         app.include_router(module.router)
     app.state.api_routes = [r for m in modules for r in m.router.routes if hasattr(r, "methods")]
     app.include_router(apidocs.router)
-    console.mount(app)
+    console.mount(app, console_base)
     # Added innermost first: a request meets RequestId, then HostGuard, then BodyGuard, all
     # before FastAPI parses a body or a dependency checks a token (scheduler.api.edge).
     app.add_middleware(edge.BodyGuard, settings=lambda: backend.settings)

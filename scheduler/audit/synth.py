@@ -23,6 +23,7 @@ import numpy as np
 
 from scheduler.audit.expected import JobVersion, expand, to_us
 from scheduler.audit.window import AuditWindow
+from scheduler.store import task_states as states
 
 # (cron, time zone): DST-sensitive zones and both kinds of job (fixed-time and real-time)
 TEMPLATES = (
@@ -513,11 +514,12 @@ async def load_postgres(dsn: str, synth: Synth, invalid: bool = False) -> None:
         columns = ["kind", "key", "subject", "scheduled_for", "fired_at", "attempt", "epoch"]
         columns += ["instance", "stream", "stream_seq", "manual"]
         await conn.copy_records_to_table("fire_log", records=rows, columns=columns)
-        # a claimed task keeps its ready status and has a `claimed_epoch` (migration 0013)
+        # a row that reads as the planted state: a claimed one keeps its ready status and
+        # has a `claimed_epoch` (scheduler.store.task_states)
         await conn.executemany(
             "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for, status, "
-            "claimed_epoch) VALUES ($1, $2, '\\x7b7d'::bytea, $3, $3, CASE WHEN $4 = 'claimed' "
-            "THEN 'pending' ELSE $4 END, CASE WHEN $4 = 'claimed' THEN 7 END)",
+            "claimed_epoch) VALUES ($1, $2, '\\x7b7d'::bytea, $3, $3, "
+            f"{states.stored('$4', '7')})",
             synth.unfired,
         )
         await conn.executemany(

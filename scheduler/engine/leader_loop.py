@@ -10,13 +10,13 @@ adapters, the engine's unit tests the in-memory twins.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from datetime import timedelta
 
 from scheduler.aio import first_of, wait_or_stop
 from scheduler.clock import Clock
-from scheduler.core import TaskRef, from_ms, to_ms
+from scheduler.core import from_ms, to_ms
+from scheduler.engine import rescheduled
 from scheduler.engine.cron_firing import CronEngine
 from scheduler.engine.deadletter import DeadLetterCopies
 from scheduler.engine.fair import horizon_heap
@@ -40,7 +40,6 @@ ANALYZE_EVERY = 5.0  # at most; see TaskStore.analyze_if_stale
 STALE_CLAIM = timedelta(seconds=30)
 PUBLISH_TIMEOUT = 5.0
 DLQ_DRAIN = 1.0
-RESCHEDULED_SUBJECT = "scheduler.v1.internal.rescheduled"
 
 
 class OfficeLost(Exception):
@@ -93,7 +92,7 @@ class LeaderEngine:
                 publisher.on_link_lost()
 
         self.bus.link_listeners.append(on_link)
-        sub = await self.bus.listen(RESCHEDULED_SUBJECT, self._on_rescheduled)
+        sub = await self.bus.listen(rescheduled.SUBJECT, self._on_rescheduled)
         dead = DeadLetterCopies(publisher, self.settings.dlq_subject_prefix, self.metrics)
         firing = Firing(
             self.settings,
@@ -289,9 +288,8 @@ class LeaderEngine:
 
     async def _on_rescheduled(self, data: bytes) -> None:
         try:
-            doc = json.loads(data)
-            ref = TaskRef(str(doc["id"]), int(doc["due_ms"]), int(doc["priority"]), int(doc["seq"]))
-        except (ValueError, KeyError, TypeError):
-            log.warning("engine.bad_reschedule_notice data=%r", data[:200])
+            ref = rescheduled.decode(data)
+        except ValueError as exc:
+            log.warning("engine.bad_reschedule_notice error=%s data=%r", exc, data[:200])
             return
         await self.horizon.offer(ref)  # under its lock: never race the loader's cursor

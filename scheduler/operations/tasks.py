@@ -11,7 +11,6 @@ lost notice is caught by the leader's sweep.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from datetime import datetime
 from typing import Any
@@ -20,7 +19,7 @@ from nats.aio.client import Client
 
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.core import TaskRef
-from scheduler.engine.leader_loop import RESCHEDULED_SUBJECT
+from scheduler.engine import rescheduled
 from scheduler.envelope import Limits, bounded_instant, check_org, parse_envelope
 from scheduler.errors import RequestError
 from scheduler.operations import Outcome
@@ -184,9 +183,9 @@ class TaskOperations:
             )
 
     async def notify_leader(self, ref: TaskRef) -> None:
-        """Offer a task to the leader's heap at once (whichever instance leads)."""
-        notice = {"id": ref.task_id, "due_ms": ref.due_ms, "priority": ref.priority, "seq": ref.seq}
-        await self.nc.publish(RESCHEDULED_SUBJECT, json.dumps(notice).encode())
+        """Offer a task to the leader's heap at once (whichever instance leads), under its
+        organisation (scheduler.engine.rescheduled)."""
+        await self.nc.publish(rescheduled.SUBJECT, rescheduled.encode(ref))
 
     async def _target_of(self, task_id: str) -> str | None:
         """The stored task's target, else the target this instance just scheduled it for."""

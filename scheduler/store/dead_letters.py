@@ -17,8 +17,8 @@ from typing import Any
 import asyncpg
 
 from scheduler.core import TaskRef, to_ms
+from scheduler.store import task_states as states
 from scheduler.store.postgres import PostgresStore
-from scheduler.store.tasks import STATUS
 from scheduler.store.values import jsonb_text
 
 _COLUMNS = (
@@ -113,17 +113,18 @@ class DeadLetterStore:
                 # The task's row first, then the dead letter's (whose trigger locks the
                 # `dead_letter_counts` row): the order `kill` takes them in, so no deadlock.
                 row = await conn.fetchrow(
-                    "UPDATE delayed_messages SET status = 'pending', due_at = $2, "
-                    "scheduled_for = $2, attempts = 0, last_error = NULL, claimed_epoch = NULL, "
-                    "claimed_at = NULL, updated_at = now() WHERE id = $1 AND status = 'dead' "
-                    "RETURNING id, due_at, priority, seq",
+                    f"UPDATE delayed_messages SET {states.REQUEUED}, due_at = $2, "
+                    "scheduled_for = $2, attempts = 0, last_error = NULL, "
+                    "updated_at = now() WHERE id = $1 AND status = 'dead' "
+                    "RETURNING id, due_at, priority, seq, org_id",
                     task_id,
                     due,
                 )
                 await _mark_replayed(conn, dead_id, who)
                 if row is None:
                     status = await conn.fetchval(
-                        f"SELECT coalesce((SELECT {STATUS} FROM delayed_messages WHERE id = $1), "
+                        f"SELECT coalesce((SELECT {states.reported()} FROM delayed_messages "
+                        "WHERE id = $1), "
                         "(SELECT 'fired' FROM fired_tasks WHERE id = $1))",
                         task_id,
                     )
@@ -131,7 +132,7 @@ class DeadLetterStore:
                     raise _Abort(Requeued(kind, task_status=status))
         except _Abort as abort:
             return abort.outcome
-        ref = TaskRef(row["id"], to_ms(row["due_at"]), row["priority"], row["seq"])
+        ref = TaskRef(row["id"], to_ms(row["due_at"]), row["priority"], row["seq"], row["org_id"])
         return Requeued("replayed", ref)
 
     async def mark_replayed(self, dead_id: uuid.UUID, who: str) -> bool:

@@ -34,6 +34,8 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from scheduler.store import task_states as states
+
 INTENT = "intent"
 CONTENDED = "id_contended"
 TOO_MANY = "too_many_intents"
@@ -50,6 +52,7 @@ class IntentLimits:
     max_per_target: int = 10_000
 
 
+_PENDING = states.unclaimed(states.PENDING, "d")  # a task a cancel or reschedule may still change
 # The intent row: no payload, due at its expiry (a cancel) or at the new time (a reschedule).
 _INSERT = (
     "INSERT INTO delayed_messages AS d (id, target, payload, due_at, scheduled_for, "
@@ -61,16 +64,16 @@ _CANCEL = _INSERT.format(due="now() + $3::interval", kind="cancel") + (
     "status = CASE WHEN d.status = 'intent' THEN 'intent' ELSE 'cancelled' END, "
     "intent = CASE WHEN d.status = 'intent' THEN 'cancel' ELSE d.intent END, "
     "expires_at = CASE WHEN d.status = 'intent' THEN excluded.expires_at ELSE d.expires_at END, "
-    "updated_at = now() WHERE d.target = excluded.target AND (d.status = 'pending' AND "
-    "d.claimed_epoch IS NULL OR d.status = 'intent') RETURNING d.status"
+    f"updated_at = now() WHERE d.target = excluded.target AND ({_PENDING} OR "
+    "d.status = 'intent') RETURNING d.status"
 )
 _RESCHEDULE = _INSERT.format(due="$4::timestamptz", kind="reschedule") + (
     "due_at = excluded.due_at, scheduled_for = excluded.scheduled_for, "
     "intent = CASE WHEN d.status = 'intent' THEN 'reschedule' ELSE d.intent END, "
     "expires_at = CASE WHEN d.status = 'intent' THEN excluded.expires_at ELSE d.expires_at END, "
-    "updated_at = now() WHERE d.target = excluded.target AND (d.status = 'pending' AND "
-    "d.claimed_epoch IS NULL OR d.status = 'intent' AND (d.intent = 'reschedule' OR "
-    "d.expires_at <= now())) RETURNING d.id, d.due_at, d.priority, d.seq, d.status"
+    f"updated_at = now() WHERE d.target = excluded.target AND ({_PENDING} OR "
+    "d.status = 'intent' AND (d.intent = 'reschedule' OR "
+    "d.expires_at <= now())) RETURNING d.id, d.due_at, d.priority, d.seq, d.org_id, d.status"
 )
 
 

@@ -13,13 +13,14 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
+from scheduler.store import task_states as states
 from scheduler.store.dead_letters import subject_clause
 from scheduler.store.postgres import PostgresStore
-from scheduler.store.tasks import STATUS, fired_task
+from scheduler.store.tasks import fired_task
 
 _TASK_SUMMARY = (
-    f"id, target, {STATUS} AS status, priority, due_at, scheduled_for, expires_at, attempts, "
-    "created_at, fired_at, seq"
+    f"id, target, {states.reported()} AS status, priority, due_at, scheduled_for, expires_at, "
+    "attempts, created_at, fired_at, seq"
 )
 
 
@@ -72,15 +73,13 @@ class Listed(NamedTuple):
     key: tuple[Any, ...]
 
 
-# The filter for a reported status (see `tasks.STATUS`): a claimed task keeps its ready
-# status, so `pending` and `in_doubt` mean not claimed. Spelled out per status so that
-# `pending` still reads the pending index.
-_STATUS_FILTER = {
+# The filter for a reported status (scheduler.store.task_states): a claimed task keeps its
+# ready status, so `pending` and `in_doubt` mean not claimed. Each a literal predicate, so
+# that `pending` still reads the pending index. `$2` is always named, so its type is known.
+_STATUS_FILTER: dict[str | None, str] = {
     None: "$2::text IS NULL",
-    "claimed": "($2::text IS NOT NULL AND (status = 'claimed' OR status IN ('pending', "
-    "'in_doubt') AND claimed_epoch IS NOT NULL))",
-    "pending": "status = $2 AND claimed_epoch IS NULL",
-    "in_doubt": "status = $2 AND claimed_epoch IS NULL",
+    states.CLAIMED: f"($2::text IS NOT NULL AND {states.claimed()})",
+    **{s: f"($2::text IS NOT NULL AND {states.unclaimed(s)})" for s in states.READY_STATUSES},
 }
 # A fired task in a listing, from its delivery `f` and tombstone `t`: the fields only its
 # deleted row held (priority, expiry, creation) are unknown (NULL).
@@ -126,7 +125,7 @@ WINDOWS: tuple[tuple[str, timedelta], ...] = (
     ("1h", timedelta(hours=1)),
 )
 
-# One range read of the pending index (status = 'pending', due_at <= now + widest window),
+# One range read of the pending index (pending not claimed, due_at <= now + widest window),
 # counted per subject and window; tasks already overdue count in every window, claimed ones
 # (being published) in none.
 FORECAST_SQL = (
@@ -135,7 +134,7 @@ FORECAST_SQL = (
         f"count(*) FILTER (WHERE due_at <= $1::timestamptz + ${i + 2}::interval) AS w{i}"
         for i in range(len(WINDOWS))
     )
-    + " FROM delayed_messages WHERE status = 'pending' AND claimed_epoch IS NULL "
+    + f" FROM delayed_messages WHERE {states.unclaimed(states.PENDING)} "
     f"AND due_at <= $1::timestamptz + ${len(WINDOWS) + 1}::interval GROUP BY target"
 )
 
@@ -289,7 +288,7 @@ class OverviewStore:
         async with self.db.timed("pending_by_subject") as conn:
             rows = await conn.fetch(
                 "SELECT target, count(*) AS n, sum(count(*)) OVER () AS total "
-                "FROM delayed_messages WHERE status = 'pending' AND claimed_epoch IS NULL "
+                f"FROM delayed_messages WHERE {states.unclaimed(states.PENDING)} "
                 "GROUP BY target ORDER BY n DESC, target LIMIT $1",
                 top,
             )

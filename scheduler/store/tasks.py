@@ -10,7 +10,8 @@ A claim leaves `status` alone (migration 0013): a `pending` or `in_doubt` row is
 predicate, and PostgreSQL updates the row in place on its page (a heap-only tuple, no index
 entry; the table keeps room for it, `fillfactor = 45`). Readers report such a row as `claimed`
 (`STATUS`). `status = 'claimed'` is left only on rows a daemon older than 0013 claimed (while an
-upgrade rolls): `reclaim_orphans` takes them over like any orphan.
+upgrade rolls): `reclaim_orphans` takes them over like any orphan. That rule, and every
+predicate built on it, lives in scheduler.store.task_states.
 
 A task whose publish went out but was never acknowledged is `in_doubt`: JetStream may hold it.
 It is due again after a backoff (the leader republishes it with the same `Nats-Msg-Id`, which
@@ -50,6 +51,7 @@ from scheduler.core import (
 from scheduler.errors import FencedError
 from scheduler.headers import printable
 from scheduler.store import intents
+from scheduler.store import task_states as states
 from scheduler.store.intents import LIVE, IntentLimits
 from scheduler.store.leadership import LEAD, check_epoch
 from scheduler.store.postgres import PostgresStore
@@ -62,11 +64,10 @@ _TASK_COLUMNS = (
     "id, target, payload, headers, priority, due_at, scheduled_for, expires_at, attempts, seq, "
     "doubted, org_id"
 )
-READY = "('pending', 'in_doubt')"  # statuses a claim takes; each has its partial index
-# A row claimed by a leader (`claimed_epoch`), or by a daemon older than migration 0013, and
-# the status every reader reports for a row.
-CLAIMED = "(status = 'claimed' OR status IN ('pending', 'in_doubt') AND claimed_epoch IS NOT NULL)"
-STATUS = f"CASE WHEN {CLAIMED} THEN 'claimed' ELSE status END"
+# The status rule (scheduler.store.task_states), under the names this module always had:
+READY = states.READY  # statuses a claim takes; each has its partial index
+CLAIMED = states.claimed()  # a row claimed by a leader, or by a daemon older than 0013
+STATUS = states.reported()  # the status every reader reports for a row
 # A claim takes only tasks due within this much of PostgreSQL's now(), so every claimed row
 # falls due before now() + CLAIM_WINDOW and `reclaim_orphans` reads the ready indexes up to
 # there only (the engine claims 80-250 ms ahead).
@@ -150,6 +151,10 @@ def _ref(row: asyncpg.Record) -> TaskRef:
 
 _TOO_LATE: dict[str | None, str] = {None: "not_found", "in_doubt": IN_FLIGHT}
 _INTENT_ANSWERS = (intents.CONTENDED, intents.TOO_MANY)
+# A cancel's or reschedule's UPDATE can miss a task intake commits just after it, which the
+# status read then sees `pending`: the UPDATE runs again (once is enough unless intake commits
+# the same id again, which it cannot: the id is the key).
+RACE_RETRIES = 3
 
 
 async def _answer_status(conn: asyncpg.Connection, task_id: str, target: str) -> str | None:
@@ -376,14 +381,15 @@ class TaskStore:
         order (each status from its partial index, merged)."""
         due_ms, priority, seq = after
         page = (
-            "(SELECT id, due_at, priority, seq, org_id FROM delayed_messages WHERE status = '{}' "
-            "AND claimed_epoch IS NULL AND (due_at, priority, seq) > ($1, $2, $3) "
+            "(SELECT id, due_at, priority, seq, org_id FROM delayed_messages WHERE {} "
+            "AND (due_at, priority, seq) > ($1, $2, $3) "
             "AND due_at <= $4 ORDER BY due_at, priority, seq LIMIT $5)"
         )
+        pending, doubted = (page.format(states.unclaimed(s)) for s in states.READY_STATUSES)
         async with self.db.timed("load") as conn:
             rows = await conn.fetch(
-                f"SELECT * FROM ({page.format('pending')} UNION ALL "
-                f"{page.format('in_doubt')}) AS p ORDER BY due_at, priority, seq LIMIT $5",
+                f"SELECT * FROM ({pending} UNION ALL "
+                f"{doubted}) AS p ORDER BY due_at, priority, seq LIMIT $5",
                 from_ms(max(due_ms, 0)) if due_ms >= 0 else datetime(1970, 1, 1, tzinfo=UTC),
                 priority,
                 min(seq, 2**62),
@@ -397,13 +403,14 @@ class TaskStore:
         missed. Each status from its partial index, merged (`status IN (...)` in one query
         read the whole table: 70 ms at 300,000 tasks, every sweep)."""
         page = (
-            "(SELECT id, due_at, priority, seq, org_id FROM delayed_messages WHERE status = '{}' "
-            "AND claimed_epoch IS NULL AND due_at < $1 ORDER BY due_at, priority, seq LIMIT $2)"
+            "(SELECT id, due_at, priority, seq, org_id FROM delayed_messages WHERE {} "
+            "AND due_at < $1 ORDER BY due_at, priority, seq LIMIT $2)"
         )
+        pending, doubted = (page.format(states.unclaimed(s)) for s in states.READY_STATUSES)
         async with self.db.timed("sweep") as conn:
             rows = await conn.fetch(
-                f"SELECT * FROM ({page.format('pending')} UNION ALL "
-                f"{page.format('in_doubt')}) AS p ORDER BY due_at, priority, seq LIMIT $2",
+                f"SELECT * FROM ({pending} UNION ALL "
+                f"{doubted}) AS p ORDER BY due_at, priority, seq LIMIT $2",
                 before,
                 limit,
             )
@@ -427,9 +434,9 @@ class TaskStore:
         async with self.db.timed("claim") as conn:
             rows = await conn.fetch(
                 f"WITH {LEAD}, "
-                "upd AS (UPDATE delayed_messages SET claimed_epoch = $1, claimed_at = now(), "
+                f"upd AS (UPDATE delayed_messages SET {states.claim('$1')}, "
                 "attempts = attempts + 1, updated_at = now() FROM lead WHERE id = ANY($2::text[]) "
-                f"AND status IN {READY} AND claimed_epoch IS NULL AND due_at <= least($3, now() "
+                f"AND {states.ready_unclaimed()} AND due_at <= least($3, now() "
                 f"+ {CLAIM_WINDOW}) RETURNING {_TASK_COLUMNS}, "
                 "octet_length(payload) AS size) "
                 "SELECT (SELECT count(*) FROM lead) AS in_office, b.* "
@@ -467,31 +474,25 @@ class TaskStore:
         page against the claimed rows cost 38,000 x 1,000 comparisons per call during a
         200,000-task burst (seconds of PostgreSQL CPU, every sweep)."""
         budgeted = _BUDGETED.format(budget="$4")
-        orphan = (
-            "(claimed_epoch <> $1 OR ($2::interval IS NOT NULL AND claimed_at < now() - "
-            "$2::interval))"
-        )
+        orphan = states.orphaned("$1", "$2::interval")
         branch = (
             "(SELECT id, due_at, priority, seq FROM delayed_messages WHERE {} AND "
             f"{orphan} ORDER BY due_at, priority, seq LIMIT $3)"
         )
-        window = f"claimed_epoch IS NOT NULL AND due_at <= now() + {CLAIM_WINDOW}"
+        window = f"due_at <= now() + {CLAIM_WINDOW}"
         picks = " UNION ALL ".join(
             branch.format(where)
             for where in (
-                f"status = 'pending' AND {window}",
-                f"status = 'in_doubt' AND {window}",
-                "status = 'claimed'",  # left by a daemon older than migration 0013
+                *(f"{states.claimed_as(s)} AND {window}" for s in states.READY_STATUSES),
+                states.legacy_claimed(),  # left by a daemon older than migration 0013
             )
         )
         async with self.fenced(epoch, "reclaim") as conn:
             rows = await conn.fetch(
                 f"WITH pick AS (SELECT id FROM ({picks}) AS p ORDER BY due_at, priority, seq "
-                "LIMIT $3), upd AS (UPDATE delayed_messages d SET status = CASE WHEN "
-                "d.status <> 'claimed' THEN d.status WHEN d.doubted THEN 'in_doubt' ELSE "
-                "'pending' END, claimed_epoch = $1, claimed_at = now(), updated_at = now() "
-                "WHERE d.id = ANY(ARRAY(SELECT id FROM pick)) AND (d.status = 'claimed' OR "
-                f"d.status IN {READY} AND d.claimed_epoch IS NOT NULL) RETURNING "
+                f"LIMIT $3), upd AS (UPDATE delayed_messages d SET status = {states.reclaimed('d')}"
+                f", {states.claim('$1')}, updated_at = now() "
+                f"WHERE d.id = ANY(ARRAY(SELECT id FROM pick)) AND {states.claimed('d')} RETURNING "
                 f"d.id, d.target, d.payload, d.headers, d.priority, d.due_at, d.scheduled_for, "
                 "d.expires_at, d.attempts, d.seq, d.doubted, d.org_id, "
                 "octet_length(d.payload) AS size) "
@@ -511,8 +512,8 @@ class TaskStore:
         async with self.db.timed("load_claimed") as conn:
             rows = await conn.fetch(
                 f"WITH upd AS (SELECT {_TASK_COLUMNS}, octet_length(payload) AS size FROM "
-                f"delayed_messages WHERE id = ANY($2::text[]) AND status IN {READY} AND "
-                f"claimed_epoch = $1) {budgeted}",
+                f"delayed_messages WHERE id = ANY($2::text[]) AND {states.claimed_by('$1')}) "
+                f"{budgeted}",
                 epoch,
                 list(ids),
                 budget,
@@ -555,7 +556,7 @@ class TaskStore:
                 f"$6::bigint[], $7::int[], {c}, $9::bigint[]) "
                 "AS u(id, subject, sched_us, fired_us, attempt, stream, seq)), "
                 "upd AS (DELETE FROM delayed_messages d USING u, lead WHERE d.id = u.id AND "
-                f"d.status IN {READY} AND d.claimed_epoch = $1 RETURNING d.id, d.target, "
+                f"{states.claimed_by('$1', 'd')} RETURNING d.id, d.target, "
                 "md5(d.payload)::uuid AS digest, u.fired_at), "
                 "tomb AS (INSERT INTO fired_tasks (id, target, digest, fired_at) SELECT id, "
                 "target, digest, fired_at FROM upd ON CONFLICT (id) DO NOTHING), "
@@ -587,12 +588,11 @@ class TaskStore:
             return
         async with self.fenced(epoch, "retry") as conn:
             await conn.execute(
-                "UPDATE delayed_messages d SET status = CASE WHEN d.doubted OR u.doubt THEN "
-                "'in_doubt' ELSE 'pending' END, doubted = d.doubted OR u.doubt, due_at = u.due, "
-                "claimed_epoch = NULL, last_error = u.err, updated_at = now() FROM "
+                "UPDATE delayed_messages d SET status = "
+                f"{states.ready_again('d.doubted OR u.doubt')}, doubted = d.doubted OR u.doubt, "
+                f"due_at = u.due, {states.UNCLAIM}, last_error = u.err, updated_at = now() FROM "
                 "unnest($2::text[], $3::timestamptz[], $4::text[], $5::boolean[]) "
-                f"AS u(id, due, err, doubt) WHERE d.id = u.id AND d.status IN {READY} "
-                "AND d.claimed_epoch = $1",
+                f"AS u(id, due, err, doubt) WHERE d.id = u.id AND {states.claimed_by('$1', 'd')}",
                 epoch,
                 [t.id for t, _, _, _ in items],
                 [d for _, d, _, _ in items],
@@ -607,7 +607,7 @@ class TaskStore:
         async with self.fenced(epoch, "expire") as conn:
             await conn.execute(
                 "UPDATE delayed_messages SET status = 'expired', updated_at = now() "
-                f"WHERE id = ANY($2::text[]) AND status IN {READY} AND claimed_epoch = $1",
+                f"WHERE id = ANY($2::text[]) AND {states.claimed_by('$1')}",
                 epoch,
                 list(ids),
             )
@@ -621,7 +621,7 @@ class TaskStore:
                 "WITH u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[]) "
                 "AS u(id, err, reason)), d AS (UPDATE delayed_messages m "
                 "SET status = 'dead', last_error = u.err, updated_at = now() FROM u "
-                f"WHERE m.id = u.id AND m.status IN {READY} AND m.claimed_epoch = $1 "
+                f"WHERE m.id = u.id AND {states.claimed_by('$1', 'm')} "
                 "RETURNING m.*, u.err, u.reason) "
                 # the task's bytes once, whole (a task fits max_payload), in `raw`
                 "INSERT INTO dead_letters (original_id, subject, payload, error, attempts, "
@@ -675,16 +675,19 @@ class TaskStore:
         waits for the cancel and skips the cancelled row: `cancelled` is never followed by a
         delivery. Intake racing it: see scheduler.store.intents."""
         async with self.db.timed("cancel") as conn:
-            done = await conn.fetchval(
-                "UPDATE delayed_messages SET status = 'cancelled', updated_at = now() "
-                "WHERE id = $1 AND target = $2 AND status = 'pending' AND claimed_epoch IS NULL "
-                "RETURNING id",
-                task_id,
-                target,
-            )
-            if done:
-                return "cancelled"
-            status = await _answer_status(conn, task_id, target)
+            for _ in range(RACE_RETRIES):
+                done = await conn.fetchval(
+                    "UPDATE delayed_messages SET status = 'cancelled', updated_at = now() "
+                    f"WHERE id = $1 AND target = $2 AND {states.unclaimed(states.PENDING)} "
+                    "RETURNING id",
+                    task_id,
+                    target,
+                )
+                if done:
+                    return "cancelled"
+                status = await _answer_status(conn, task_id, target)
+                if status != "pending":  # pending: intake stored it since the UPDATE; again
+                    break
             if status is None or status == intents.INTENT:
                 status = await self._cancel_ahead(conn, task_id, target, status)
         if status in ("cancelled", intents.INTENT):
@@ -718,19 +721,21 @@ class TaskStore:
         `id_contended` / `too_many_intents` (see `cancel`)."""
         due = ceil_ms(due)
         async with self.db.timed("reschedule") as conn:
-            row = await conn.fetchrow(
-                "UPDATE delayed_messages SET due_at = $3, scheduled_for = $3, updated_at = now() "
-                "WHERE id = $1 AND target = $2 AND status = 'pending' AND claimed_epoch IS NULL "
-                "RETURNING id, due_at, priority, seq",
-                task_id,
-                target,
-                due,
-            )
-            if row:
-                return "rescheduled", TaskRef(
-                    row["id"], to_ms(row["due_at"]), row["priority"], row["seq"]
+            for _ in range(RACE_RETRIES):
+                row = await conn.fetchrow(
+                    "UPDATE delayed_messages SET due_at = $3, scheduled_for = $3, "
+                    "updated_at = now() WHERE id = $1 AND target = $2 AND "
+                    f"{states.unclaimed(states.PENDING)} "
+                    "RETURNING id, due_at, priority, seq, org_id",
+                    task_id,
+                    target,
+                    due,
                 )
-            status = await _answer_status(conn, task_id, target)
+                if row:
+                    return "rescheduled", _ref(row)
+                status = await _answer_status(conn, task_id, target)
+                if status != "pending":  # pending: intake stored it since the UPDATE; again
+                    break
             if status is None or status == intents.INTENT:
                 return await self._reschedule_ahead(conn, task_id, target, due, status)
         return _TOO_LATE.get(status, "too_late"), None
@@ -748,7 +753,7 @@ class TaskStore:
             return (why if why in _INTENT_ANSWERS else _TOO_LATE.get(why, "too_late")), None
         if row["status"] == intents.INTENT:
             return "rescheduled", None
-        return "rescheduled", TaskRef(row["id"], to_ms(row["due_at"]), row["priority"], row["seq"])
+        return "rescheduled", _ref(row)
 
     async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
         """A task's state for the API (no payload bytes)."""
@@ -795,15 +800,16 @@ class TaskStore:
         """Pending and in-doubt tasks not claimed: all of them (an index-only scan of
         `delayed_messages_org_open`) less the claimed ones, found among those due within
         CLAIM_WINDOW (a filter on `claimed_epoch` over the whole table read every row)."""
-        claimed = (
-            "(SELECT count(*) FROM delayed_messages WHERE status = '{}' AND claimed_epoch IS NOT "
-            f"NULL AND due_at <= now() + {CLAIM_WINDOW})"
+        claimed = " - ".join(
+            f"(SELECT count(*) FROM delayed_messages WHERE {states.claimed_as(s)} "
+            f"AND due_at <= now() + {CLAIM_WINDOW})"
+            for s in states.READY_STATUSES
         )
         async with self.db.timed("count") as conn:
             return int(
                 await conn.fetchval(
-                    f"SELECT (SELECT count(*) FROM delayed_messages WHERE status IN {READY}) - "
-                    f"{claimed.format('pending')} - {claimed.format('in_doubt')}"
+                    f"SELECT (SELECT count(*) FROM delayed_messages WHERE {states.ready()}) - "
+                    f"{claimed}"
                 )
             )
 
@@ -815,9 +821,9 @@ class TaskStore:
         async with self.db.timed("count_orgs") as conn:
             rows = await conn.fetch(
                 "SELECT org_id, sum(n)::bigint AS n FROM (SELECT org_id, count(*) AS n FROM "
-                "delayed_messages WHERE status IN ('pending', 'in_doubt') GROUP BY org_id "
+                f"delayed_messages WHERE {states.ready()} GROUP BY org_id "
                 "UNION ALL SELECT org_id, count(*) FROM delayed_messages "
-                "WHERE status = 'claimed' GROUP BY org_id) AS c GROUP BY org_id"
+                f"WHERE {states.legacy_claimed()} GROUP BY org_id) AS c GROUP BY org_id"
             )
         return {r["org_id"]: r["n"] for r in rows}
 

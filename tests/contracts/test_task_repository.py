@@ -182,6 +182,18 @@ async def test_cancel_and_reschedule_answer_by_status(repo: Repo) -> None:
     assert (await repo.tasks.reschedule(pending.id, pending.target, NOW))[0] == "too_late"
 
 
+async def test_a_rescheduled_tasks_ref_names_its_organisation(repo: Repo) -> None:
+    """The heap ref a reschedule returns carries the task's `org_id`, so the leader's fair heap
+    queues the moved task under its organisation (scheduler.engine.rescheduled)."""
+    acme, none = task(60), task(60)
+    acme.org_id = "acme"
+    await repo.tasks.insert_batch([acme, none])
+    for t, org in ((acme, "acme"), (none, None)):
+        moved, ref = await repo.tasks.reschedule(t.id, t.target, NOW + timedelta(seconds=30))
+        assert moved == "rescheduled" and ref is not None
+        assert (ref.task_id, ref.org) == (t.id, org)
+
+
 async def test_a_task_once_in_doubt_stays_in_doubt(repo: Repo) -> None:
     """A retry after a definite failure is pending again, unless the task was ever in doubt."""
     sure, doubt = task(0), task(0)

@@ -140,6 +140,48 @@ async def test_intake_waits_for_a_cancel_intent_in_flight_and_honours_it(
     assert again.resent == [task] and again.stored == [] and again.cancelled == []
 
 
+def commit_between(
+    monkeypatch: pytest.MonkeyPatch, tasks: TaskStore, task: NewTask
+) -> list[str | None]:
+    """Intake commits the task between the cancel's (or reschedule's) UPDATE, which missed
+    it, and its status read: `_answer_status` stores the task first, on its own connection,
+    once. Returns the statuses the read saw."""
+    original = tasks_module._answer_status
+    seen: list[str | None] = []
+
+    async def late_commit(conn: asyncpg.Connection, task_id: str, target: str) -> str | None:
+        if not seen:
+            await tasks.insert_batch([task])
+        status = await original(conn, task_id, target)
+        seen.append(status)
+        return status
+
+    monkeypatch.setattr(tasks_module, "_answer_status", late_commit)
+    return seen
+
+
+@pytest.mark.parametrize("verb", ["cancel", "reschedule"])
+async def test_a_task_stored_between_the_update_and_the_status_read_is_still_acted_on(
+    store: tuple[TaskStore, asyncpg.Pool], monkeypatch: pytest.MonkeyPatch, verb: str
+) -> None:
+    """Intake commits the task after the cancel's UPDATE missed it and before the cancel reads
+    its status: the answer is `cancelled` (or `rescheduled`) and the row says so, never
+    `too_late` for a pending task that would then be delivered."""
+    tasks, _ = store
+    task = new_task(f"t_{uuid.uuid4().hex}")
+    seen = commit_between(monkeypatch, tasks, task)
+    new_due = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=3)
+    if verb == "cancel":
+        assert await tasks.cancel(task.id, TARGET) == "cancelled"
+        assert (await tasks.get(task.id))["status"] == "cancelled"
+    else:
+        status, ref = await tasks.reschedule(task.id, TARGET, new_due)
+        assert status == "rescheduled" and ref is not None and ref.task_id == task.id
+        got = await tasks.get(task.id)
+        assert (got["status"], got["due_at"]) == ("pending", new_due)
+    assert seen[0] == "pending"  # the race happened: the read saw the task the UPDATE missed
+
+
 async def test_reschedule_intent_moves_the_task_when_it_arrives(
     store: tuple[TaskStore, asyncpg.Pool],
 ) -> None:

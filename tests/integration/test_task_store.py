@@ -318,3 +318,32 @@ async def test_listings_and_counts_report_claimed_tasks_as_before(database_url: 
         assert await tasks.pending_by_org() == {None: 4}
     finally:
         await pool.close()
+
+
+async def test_a_replayed_dead_letter_is_pending_again_under_its_organisation(
+    database_url: str,
+) -> None:
+    """Replaying a firing dead letter makes its task pending and unclaimed again, and the heap
+    ref the leader is told about names the task's organisation (fair firing queues by it)."""
+    from scheduler.store.dead_letters import DeadLetterStore
+    from scheduler.store.leadership import take_office
+
+    pool = await create_pool(database_url, min_size=1, max_size=2)
+    db = PostgresStore(pool, Metrics())
+    tasks = TaskStore(db)
+    try:
+        epoch = await take_office(pool, "t")
+        now = datetime.now(UTC)
+        (task,) = batch(1, now)
+        task.org_id = "acme"
+        await tasks.insert([task])
+        (claimed,) = await tasks.claim(epoch, [task.id], now + timedelta(seconds=1))
+        await tasks.kill(epoch, [(claimed, "no stream captures mq.tasks.x", "no_stream")])
+        dead_id = await pool.fetchval("SELECT id FROM dead_letters WHERE original_id = $1", task.id)
+        done = await DeadLetterStore(db).requeue(dead_id, task.id, now, "tester")
+        assert done.status == "replayed" and done.ref is not None
+        assert (done.ref.task_id, done.ref.org) == (task.id, "acme")
+        assert (await tasks.get(task.id) or {})["status"] == "pending"
+        assert await tasks.load_page((-1, 0, 0), now + timedelta(seconds=1), 10) == [done.ref]
+    finally:
+        await pool.close()

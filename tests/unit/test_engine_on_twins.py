@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from scheduler.core import PublishError, to_ms
+from scheduler.engine import rescheduled
 from tests.unit.engine_twins import T0, Delivery, Engine, engine_on_twins
 
 
@@ -80,11 +81,7 @@ async def test_a_reschedule_moves_the_delivery(twin: Engine) -> None:
     new_due = twin.clock.now().replace(microsecond=0) + __import__("datetime").timedelta(seconds=2)
     answer, ref = await twin.store.reschedule(task_id, "mq.inference.chat", new_due)
     assert answer == "rescheduled" and ref is not None
-    notice = (
-        f'{{"id": "{ref.task_id}", "due_ms": {ref.due_ms}, '
-        f'"priority": {ref.priority}, "seq": {ref.seq}}}'
-    )
-    await twin.bus.notify("scheduler.v1.internal.rescheduled", notice.encode())
+    await twin.bus.notify(rescheduled.SUBJECT, rescheduled.encode(ref))
     await twin.until(lambda: twin.ids() == [task_id], step_ms=10)
     assert to_ms(twin.clock.now()) - to_ms(new_due) < 50
 

@@ -7,11 +7,12 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
 from scheduler.clock import FakeClock, to_rfc3339
-from scheduler.core import Claimed, ClaimedTask, TaskRef, from_ms
+from scheduler.core import Claimed, ClaimedTask, TaskRef, from_ms, to_ms
 from scheduler.engine.armed import Armed
 from scheduler.engine.claims import CLAIMS_IN_FLIGHT, Claimer
 from scheduler.engine.fair import (
@@ -30,6 +31,7 @@ from scheduler.engine.fair import (
 from scheduler.engine.heap import Horizon, HorizonHeap
 from scheduler.engine.quota import OrgLabels
 from scheduler.metrics import Metrics
+from scheduler.operations.tasks import TaskOperations
 from scheduler.settings import Settings
 from tests.unit.engine_twins import T0, Delivery, Engine, engine_on_twins
 
@@ -384,3 +386,38 @@ async def test_overlapping_claims_share_the_byte_room() -> None:
     assert budgets == [1_000_000] * CLAIMS_IN_FLIGHT
     release.set()
     await claimer.settle()
+
+
+class _CoreNats:
+    """What `TaskOperations` uses of a NATS connection to tell the leader (a core publish),
+    delivered to the twin bus's listeners as nats-server would."""
+
+    def __init__(self, bus: Any) -> None:
+        self.bus = bus
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        await self.bus.notify(subject, payload)
+
+
+async def test_a_rescheduled_task_waits_in_its_own_orgs_queue() -> None:
+    """With fair firing, a task moved by a reschedule (the API's path: store, then the notice
+    to the leader) re-enters the heap under its organisation: acme's two tasks now due
+    together count as one organisation, not acme plus the no-organisation queue."""
+    e = await engine_on_twins(fair_firing=True)
+    ops = TaskOperations(_CoreNats(e.bus), e.engine.settings, e.store, None, e.clock)  # type: ignore[arg-type]
+    await e.start()
+    try:
+        due = e.clock.now() + timedelta(seconds=120)
+        stays, moved = send(e, "acme", 120_000), send(e, "acme", 200_000)
+        await e.until(lambda: len(e.engine.horizon) == 2)
+        outcome = await ops.reschedule(moved, due, "mq.inference.chat")
+        assert outcome.status == "rescheduled"
+        await e.settle()
+        heap = e.engine.horizon.heap
+        assert isinstance(heap, FairHeap) and len(heap) == 3  # the old entry is skipped later
+        assert heap.orgs_due_by(to_ms(due), enough=3) == 1
+        await e.until(
+            lambda: sorted(e.ids()) == sorted([stays, moved]), step_ms=1_000, limit_ms=200_000
+        )
+    finally:
+        await e.close()

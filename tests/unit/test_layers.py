@@ -49,6 +49,12 @@ def test_the_layers_hold() -> None:
             "scheduler.bus.probe -> scheduler.engine.firing",
         ),
         ("store/probe.py", "import scheduler.daemon\n", "scheduler.store.probe"),
+        # the console mounts its pages; a page importing the console again is a cycle
+        (
+            "api/ui/overview.py",
+            "import scheduler.api.ui.console\n",
+            "No cycles are allowed in scheduler.api.ui",
+        ),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(

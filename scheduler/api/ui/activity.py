@@ -9,9 +9,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
-from scheduler.api.ui.console import Viewer, page_url
+from scheduler.api.ui.view import Viewer
 
-router = APIRouter(prefix="/ui/activity", include_in_schema=False)
+router = APIRouter(prefix="/activity", include_in_schema=False)
 PAGE_SIZE = 50
 ACTIONS = ("pause", "resume", "trigger", "backfill", "cancel", "reschedule", "replay", "resolve")
 
@@ -37,7 +37,7 @@ async def activity(
             "activity.html", listed.status, errors=errors, items=None, next_page=None, **context
         )
     next_cursor = listed.body["next_cursor"]
-    next_page = page_url("/ui/activity", cursor=next_cursor, **query) if next_cursor else None
+    next_page = view.url("/activity", cursor=next_cursor, **query) if next_cursor else None
     return view.render(
         "activity.html", errors={}, items=listed.body["items"], next_page=next_page, **context
     )

@@ -1,23 +1,26 @@
-"""The console's way to the management API: a request through the same ASGI app, in-process.
+"""The console's way to the management API: a request through the same ASGI app, in-process,
+by httpx's `ASGITransport`.
 
 The console never reads PostgreSQL or NATS itself. Each page asks the API's routes, sending the
 token its session stands for and the browser's address, so tokens, validation, race guarantees,
 problem details and the `api.write who=... action=...` log line are exactly those of any other
 client (the CLI, a script), without a network hop. Each call also carries the session's tag in
 its ASGI scope, so the activity log records console actions as `via: console` with the session
-(`scheduler.api.activity`).
+(`scheduler.api.activity`): the transport calls the app through `_as_console`, which writes the
+tag into the scope the transport built. A scope key is not a header: no client on the network
+can set it (uvicorn builds the scope of every network request itself).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import httpx
 from starlette.requests import Request
-from starlette.types import Message
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler.api.activity import CONSOLE_SCOPE
 
@@ -78,71 +81,80 @@ class Api:
         key: str | None = None,
     ) -> Answer:
         query = urlencode({k: _text(v) for k, v in (params or {}).items() if v not in (None, "")})
-        payload = b"" if body is None else json.dumps(body).encode()
-        headers = [(b"host", self.request.headers.get("host", "console").encode("latin-1"))]
-        headers.append((b"accept", b"application/json"))
+        url = _raw_path(path) + (f"?{query}" if query else "")
+        payload = None if body is None else json.dumps(body).encode()
+        headers = self._headers(key, json_body=payload is not None)
+        async with self._client() as client:
+            response = await client.request(method, url, content=payload, headers=headers)
+        return _answer(response)
+
+    def _client(self) -> httpx.AsyncClient:
+        """A client whose transport calls this app as this console request: the browser's
+        address, the server's, the session's tag."""
+        scope = self.request.scope
+        app = _as_console(self.request.app, scope.get("server"), self.session)
+        transport = httpx.ASGITransport(app, client=scope.get("client"))  # type: ignore[arg-type]
+        base = f"{self.request.url.scheme}://console"
+        client = httpx.AsyncClient(transport=transport, base_url=base, trust_env=False)
+        client.headers.clear()  # no User-Agent, Accept-Encoding: only what `_headers` sends
+        return client
+
+    def _headers(self, key: str | None, json_body: bool) -> list[tuple[bytes, bytes]]:
+        """The browser's Host, JSON, the token, the Idempotency-Key, the body's type (httpx
+        adds its length)."""
+        host = self.request.headers.get("host", "console").encode("latin-1")
+        headers = [(b"host", host), (b"accept", b"application/json")]
         if self.token is not None:
             headers.append((b"authorization", f"Bearer {self.token}".encode("latin-1")))
         if key is not None:  # the API refuses a malformed one (400 naming the header)
             headers.append((b"idempotency-key", key.encode("latin-1", "replace")))
-        if body is not None:
+        if json_body:
             headers.append((b"content-type", b"application/json"))
-            headers.append((b"content-length", str(len(payload)).encode()))
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": method,
-            "scheme": self.request.url.scheme,
-            "path": path,
-            "raw_path": quote(path).encode(),
-            "root_path": "",
-            "query_string": query.encode(),
-            "headers": headers,
-            "client": self.request.scope.get("client"),
-            "server": self.request.scope.get("server"),
-        }
-        if self.session is not None:  # a scope key, not a header: no network client sets it
-            scope[CONSOLE_SCOPE] = self.session
-        return await _exchange(self.request.app, scope, payload)
+        return headers
 
 
-async def _exchange(app: Any, scope: dict[str, Any], payload: bytes) -> Answer:
-    sent = asyncio.Event()
-    status = [500]
-    headers: dict[str, str] = {}
-    chunks: list[bytes] = []
-    request_read = [False]
+def _as_console(app: ASGIApp, server: Any, session: str | None) -> ASGIApp:
+    """`app` as the console calls it: the scope keeps the console request's server address
+    (the API's Host guard compares with it) and carries the session's tag; the answer is
+    bounded (MAX_BODY)."""
 
-    async def receive() -> Message:
-        if not request_read[0]:
-            request_read[0] = True
-            return {"type": "http.request", "body": payload, "more_body": False}
-        await sent.wait()  # nothing more to read: report the disconnect once the answer is out
-        return {"type": "http.disconnect"}
+    async def console_call(scope: Scope, receive: Receive, send: Send) -> None:
+        scope["server"] = server
+        if session is not None:
+            scope[CONSOLE_SCOPE] = session
+        seen = [0]
 
-    async def send(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            status[0] = message["status"]
-            headers.update(
-                (k.decode("latin-1"), v.decode("latin-1")) for k, v in message["headers"]
-            )
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-            if sum(map(len, chunks)) > MAX_BODY:
-                raise ValueError("API answer larger than the console takes")
-            if not message.get("more_body"):
-                sent.set()
+        async def bounded(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                seen[0] += len(message.get("body", b""))
+                if seen[0] > MAX_BODY:
+                    raise ValueError("API answer larger than the console takes")
+            await send(message)
 
-    await app(scope, receive, send)
-    raw = b"".join(chunks)
+        await app(scope, receive, bounded)
+
+    return console_call
+
+
+def _raw_path(path: str) -> str:
+    """`path` percent-encoded as the API's routes will read it back: every character of a
+    segment but `/` quoted, and a `.` or `..` segment kept as a name (httpx would otherwise
+    resolve it as a step up)."""
+    return "/".join(
+        quote(part) if part not in (".", "..") else part.replace(".", "%2E")
+        for part in path.split("/")
+    )
+
+
+def _answer(response: httpx.Response) -> Answer:
+    raw = response.content
     body = None
-    if "json" in headers.get("content-type", ""):
+    if "json" in response.headers.get("content-type", ""):
         try:
             body = json.loads(raw)
         except ValueError:
             body = None
-    return Answer(status[0], body, raw, headers)
+    return Answer(response.status_code, body, raw, dict(response.headers))
 
 
 def _text(value: Any) -> str:

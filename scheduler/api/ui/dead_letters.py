@@ -9,9 +9,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
-from scheduler.api.ui.console import Actor, View, Viewer, page_url, shown
+from scheduler.api.ui.view import Actor, View, Viewer, shown
 
-router = APIRouter(prefix="/ui/dead-letters", include_in_schema=False)
+router = APIRouter(prefix="/dead-letters", include_in_schema=False)
 PAGE_SIZE = 50
 BATCH_MAX = 1000  # the API's limit for one batch replay
 STAGES = ("intake", "firing", "replay")
@@ -37,7 +37,7 @@ async def dead_letters(
             items=None, next_page=None, **context,
         )  # fmt: skip
     next_cursor = listed.body["next_cursor"]
-    next_page = page_url("/ui/dead-letters", cursor=next_cursor, **query) if next_cursor else None
+    next_page = view.url("/dead-letters", cursor=next_cursor, **query) if next_cursor else None
     return view.render(
         "dead_letters.html", active="dead-letters", errors={}, items=listed.body["items"],
         next_page=next_page, **context,
@@ -63,7 +63,7 @@ async def confirm_batch(
 async def replay_batch(form: Actor) -> Response:
     view = form.view
     query = _query(form.get("reason"), form.get("subject"), form.get("stage"), "false")
-    back = page_url("/ui/dead-letters", **query)
+    back = view.url("/dead-letters", **query)
     try:
         limit = int(form.get("count"))
     except ValueError:
@@ -87,20 +87,21 @@ async def replay_batch(form: Actor) -> Response:
 @router.get("/{dead_id}")
 async def dead_letter(view: Viewer, dead_id: str) -> HTMLResponse:
     path = f"/v1/dead-letters/{dead_id}"
-    return await shown(view, path, "dead_letter.html", "dead", "dead-letters", "/ui/dead-letters")
+    back = view.url("/dead-letters")
+    return await shown(view, path, "dead_letter.html", "dead", "dead-letters", back)
 
 
 @router.get("/{dead_id}/replay")
 async def confirm_replay(view: Viewer, dead_id: str) -> HTMLResponse:
     path = f"/v1/dead-letters/{dead_id}"
-    back = "/ui/dead-letters"
+    back = view.url("/dead-letters")
     return await shown(view, path, "confirm_replay.html", "dead", "dead-letters", back)
 
 
 @router.post("/{dead_id}/replay")
 async def replay(form: Actor, dead_id: str) -> Response:
     view = form.view
-    back = f"/ui/dead-letters/{dead_id}"
+    back = view.url(f"/dead-letters/{dead_id}")
     answer = await view.api.call("POST", f"/v1/dead-letters/{dead_id}/replay", key=form.key)
     if not answer.ok:
         return view.failed(answer, back)
@@ -111,7 +112,7 @@ async def replay(form: Actor, dead_id: str) -> Response:
 @router.post("/{dead_id}/resolve")
 async def resolve(form: Actor, dead_id: str) -> Response:
     view = form.view
-    back = f"/ui/dead-letters/{dead_id}"
+    back = view.url(f"/dead-letters/{dead_id}")
     resolved = form.get("resolved") != "false"
     body = {"resolved": resolved}
     answer = await view.api.call("PATCH", f"/v1/dead-letters/{dead_id}", body=body, key=form.key)
@@ -131,7 +132,7 @@ async def _count(view: View, query: dict[str, str]) -> int | HTMLResponse:
     while matched < BATCH_MAX:
         page = await view.api.get("/v1/dead-letters", limit=500, cursor=cursor, **query)
         if not page.ok:
-            return view.failed(page, page_url("/ui/dead-letters", **query))
+            return view.failed(page, view.url("/dead-letters", **query))
         matched += len(page.body["items"])
         cursor = page.body["next_cursor"]
         if cursor is None:

@@ -10,10 +10,10 @@ from urllib.parse import quote
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
-from scheduler.api.ui.console import Actor, Viewer, page_url, shown
+from scheduler.api.ui.view import Actor, Viewer, shown
 from scheduler.durations import parse_duration
 
-router = APIRouter(prefix="/ui/delayed", include_in_schema=False)
+router = APIRouter(prefix="/delayed", include_in_schema=False)
 PAGE_SIZE = 50
 STATUSES = ("pending", "in_doubt", "claimed", "fired", "cancelled", "expired", "dead")
 FILTERS = ("subject", "org_id", "status", "due_after", "due_before")
@@ -41,7 +41,7 @@ async def search(
     if query["id"]:
         found = await view.api.get(f"/v1/delayed/{query['id']}")
         if found.ok:
-            return view.redirect(f"/ui/delayed/{quote(query['id'], safe='')}")
+            return view.redirect(view.url(f"/delayed/{quote(query['id'], safe='')}"))
         errors = found.field_errors() or {"id": found.detail}
         return view.render("delayed.html", found.status, errors=errors, next_page=None, **context)
     filters = {name: query[name] for name in FILTERS}
@@ -50,7 +50,7 @@ async def search(
         errors = listed.field_errors() or {"form": listed.detail}
         return view.render("delayed.html", listed.status, errors=errors, next_page=None, **context)
     next_cursor = listed.body["next_cursor"]
-    next_page = page_url("/ui/delayed", cursor=next_cursor, **filters) if next_cursor else None
+    next_page = view.url("/delayed", cursor=next_cursor, **filters) if next_cursor else None
     context["tasks"] = listed.body["items"]
     return view.render("delayed.html", errors={}, next_page=next_page, **context)
 
@@ -58,19 +58,20 @@ async def search(
 @router.get("/{task_id}")
 async def task(view: Viewer, task_id: str) -> HTMLResponse:
     path = f"/v1/delayed/{task_id}"
-    return await shown(view, path, "task.html", "task", "delayed", "/ui/delayed")
+    return await shown(view, path, "task.html", "task", "delayed", view.url("/delayed"))
 
 
 @router.get("/{task_id}/cancel")
 async def confirm_cancel(view: Viewer, task_id: str) -> HTMLResponse:
     path = f"/v1/delayed/{task_id}"
-    return await shown(view, path, "confirm_cancel.html", "task", "delayed", "/ui/delayed")
+    back = view.url("/delayed")
+    return await shown(view, path, "confirm_cancel.html", "task", "delayed", back)
 
 
 @router.post("/{task_id}/cancel")
 async def cancel(form: Actor, task_id: str) -> Response:
     view = form.view
-    back = f"/ui/delayed/{quote(task_id, safe='')}"
+    back = view.url(f"/delayed/{quote(task_id, safe='')}")
     answer = await view.api.call("DELETE", f"/v1/delayed/{task_id}", key=form.key)
     if not answer.ok:
         return view.failed(answer, back)
@@ -80,7 +81,7 @@ async def cancel(form: Actor, task_id: str) -> Response:
 @router.post("/{task_id}/reschedule")
 async def reschedule(form: Actor, task_id: str) -> Response:
     view = form.view
-    back = f"/ui/delayed/{quote(task_id, safe='')}"
+    back = view.url(f"/delayed/{quote(task_id, safe='')}")
     at, after = form.get("at"), form.get("in")
     if after and not at:
         try:

@@ -9,9 +9,9 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
 from scheduler.api.routes.audits import REPORT_CSP
-from scheduler.api.ui.console import SECURITY_HEADERS, Viewer
+from scheduler.api.ui.view import Viewer
 
-router = APIRouter(prefix="/ui/drift", include_in_schema=False)
+router = APIRouter(prefix="/drift", include_in_schema=False)
 RUNS_LISTED = 30
 
 
@@ -47,11 +47,9 @@ async def report(view: Viewer, run: str) -> Response:
     console's cookies or pages, and nothing loads from elsewhere."""
     answer = await view.api.get(f"/v1/audits/{run}/report")
     if not answer.ok:
-        return view.failed(answer, "/ui/drift")
-    headers = {
-        **SECURITY_HEADERS,
-        "Content-Security-Policy": REPORT_CSP + "; frame-ancestors 'none'",
-    }
+        return view.failed(answer, view.url("/drift"))
+    # its own policy: the console's middleware adds the other security headers, not its CSP
+    headers = {"Content-Security-Policy": REPORT_CSP + "; frame-ancestors 'none'"}
     return Response(answer.raw, media_type="text/html; charset=utf-8", headers=headers)
 
 

@@ -12,10 +12,10 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
-from scheduler.api.ui.console import View, Viewer, fragment_or, page_url
 from scheduler.api.ui.trends import WINDOWS, Summary, charts, summarize
+from scheduler.api.ui.view import View, Viewer, fragment_or
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+router = APIRouter(include_in_schema=False)
 REFRESH_SECONDS = 5
 SUMMARY_PAGE = 500  # the API's largest page
 SUMMARY_PAGES = 4  # jobs counted at most: SUMMARY_PAGE * SUMMARY_PAGES (the rest: "partial")
@@ -42,7 +42,7 @@ async def overview(view: Viewer, window: str = "1h") -> HTMLResponse:
         "overview_live.html",
         active="overview",
         refresh=REFRESH_SECONDS,
-        refresh_url=page_url("/ui/", window=window if window != "1h" else None),
+        refresh_url=view.url("/", window=window if window != "1h" else None),
         window=window,
         windows=WINDOWS,
         stats=stats.body if stats.ok else None,

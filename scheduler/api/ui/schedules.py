@@ -12,10 +12,10 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
 from scheduler.api.models import JOB_NAME
-from scheduler.api.ui.console import Actor, View, Viewer, page_url, shown
 from scheduler.api.ui.trends import WINDOWS, charts, state_of
+from scheduler.api.ui.view import Actor, View, Viewer, shown
 
-router = APIRouter(prefix="/ui/schedules", include_in_schema=False)
+router = APIRouter(prefix="/schedules", include_in_schema=False)
 PAGE_SIZE = 25
 NEXT_SHOWN = 5
 FIRES_SHOWN = 3
@@ -39,7 +39,7 @@ async def schedules(view: Viewer, cursor: str = "", q: str = "", state: str = ""
     jobs = await _details(view, [item["name"] for item in listed])
     return _page(
         view, 200, query=query, errors={}, jobs=jobs, yaml_problems=problems, scanned=scanned,
-        next_page=page_url("/ui/schedules", cursor=next_cursor, **query) if next_cursor else None,
+        next_page=view.url("/schedules", cursor=next_cursor, **query) if next_cursor else None,
     )  # fmt: skip
 
 
@@ -123,7 +123,8 @@ async def schedule(view: Viewer, name: str, window: str = "1h") -> HTMLResponse:
 @router.get("/{name}/trigger")
 async def confirm_trigger(view: Viewer, name: str) -> HTMLResponse:
     path = f"/v1/schedules/{name}"
-    return await shown(view, path, "confirm_trigger.html", "job", "schedules", "/ui/schedules")
+    back = view.url("/schedules")
+    return await shown(view, path, "confirm_trigger.html", "job", "schedules", back)
 
 
 @router.get("/{name}/backfill")
@@ -132,7 +133,7 @@ async def confirm_backfill(view: Viewer, name: str, start: str = "", end: str = 
     window holds and how many an earlier backfill already fired (the API's dry run)."""
     job = await view.api.get(f"/v1/schedules/{name}")
     if not job.ok:
-        return view.failed(job, "/ui/schedules")
+        return view.failed(job, view.url("/schedules"))
     start, end = start[:64], end[:64]
     window = {"start": start or _default(timedelta(days=1)), "end": end or _default(None)}
     plan = None
@@ -140,7 +141,7 @@ async def confirm_backfill(view: Viewer, name: str, start: str = "", end: str = 
         body = {"from": _utc(start), "to": _utc(end), "dry_run": True}
         plan = await view.api.call("POST", f"/v1/schedules/{name}/backfill", body=body)
         if not plan.ok:
-            return view.failed(plan, f"/ui/schedules/{name}/backfill")
+            return view.failed(plan, view.url(f"/schedules/{name}/backfill"))
     return view.render(
         "confirm_backfill.html",
         active="schedules",
@@ -153,7 +154,7 @@ async def confirm_backfill(view: Viewer, name: str, start: str = "", end: str = 
 @router.post("/{name}/backfill")
 async def backfill(form: Actor, name: str) -> Response:
     view = form.view
-    back = _back("detail", name)
+    back = _back(view, "detail", name)
     body = {"from": _utc(form.get("start")), "to": _utc(form.get("end"))}
     answer = await view.api.call("POST", f"/v1/schedules/{name}/backfill", body=body, key=form.key)
     if not answer.ok:
@@ -186,7 +187,7 @@ def _utc(text: str) -> str:
 @router.post("/{name}/{action}")
 async def act(form: Actor, name: str, action: str) -> Response:
     view = form.view
-    back = _back(form.get("back"), name)
+    back = _back(view, form.get("back"), name)
     if action not in ACTIONS:
         return view.render("error.html", 404, title="Not found", message=f"no action {action!r}")
     note = form.get("note") if action == "pause" else ""
@@ -204,7 +205,7 @@ async def act(form: Actor, name: str, action: str) -> Response:
     return view.redirect(back, ("ok", message))
 
 
-def _back(back: str, name: str) -> str:
+def _back(view: View, back: str, name: str) -> str:
     if back == "list" or not re.fullmatch(JOB_NAME, name):
-        return "/ui/schedules"
-    return f"/ui/schedules/{name}"
+        return view.url("/schedules")
+    return view.url(f"/schedules/{name}")

@@ -29,7 +29,6 @@ from scheduler.settings import Settings
 
 SESSION_COOKIE = "mqs_session"
 FLASH_COOKIE = "mqs_flash"
-COOKIE_PATH = "/ui"
 _LABEL = b"mq-scheduler console session v1"
 MAX_FLASH = 700
 
