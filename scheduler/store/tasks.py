@@ -151,10 +151,7 @@ def _ref(row: asyncpg.Record) -> TaskRef:
 
 _TOO_LATE: dict[str | None, str] = {None: "not_found", "in_doubt": IN_FLIGHT}
 _INTENT_ANSWERS = (intents.CONTENDED, intents.TOO_MANY)
-# A cancel's or reschedule's UPDATE can miss a task intake commits just after it, which the
-# status read then sees `pending`: the UPDATE runs again (once is enough unless intake commits
-# the same id again, which it cannot: the id is the key).
-RACE_RETRIES = 3
+RACE_RETRIES = 3  # see _update_or_status
 
 
 async def _answer_status(conn: asyncpg.Connection, task_id: str, target: str) -> str | None:
@@ -167,6 +164,25 @@ async def _answer_status(conn: asyncpg.Connection, task_id: str, target: str) ->
         task_id,
         target,
     )
+
+
+async def _update_or_status(
+    conn: asyncpg.Connection, update: str, task_id: str, target: str, *args: Any
+) -> tuple[asyncpg.Record | None, str | None]:
+    """Run a cancel's or reschedule's `update` of the pending task (`$1` id, `$2` target):
+    its row, or, when it changed nothing, the status to answer from (`_answer_status`).
+
+    The UPDATE can miss a task intake commits just after it, which the status read then sees
+    `pending`: the UPDATE runs again (once is enough; intake cannot store the same id twice)."""
+    status: str | None = None
+    for _ in range(RACE_RETRIES):
+        row = await conn.fetchrow(update, task_id, target, *args)
+        if row is not None:
+            return row, None
+        status = await _answer_status(conn, task_id, target)
+        if status != "pending":
+            break
+    return None, status
 
 
 async def _drop_fired(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> list[asyncpg.Record]:
@@ -675,19 +691,16 @@ class TaskStore:
         waits for the cancel and skips the cancelled row: `cancelled` is never followed by a
         delivery. Intake racing it: see scheduler.store.intents."""
         async with self.db.timed("cancel") as conn:
-            for _ in range(RACE_RETRIES):
-                done = await conn.fetchval(
-                    "UPDATE delayed_messages SET status = 'cancelled', updated_at = now() "
-                    f"WHERE id = $1 AND target = $2 AND {states.unclaimed(states.PENDING)} "
-                    "RETURNING id",
-                    task_id,
-                    target,
-                )
-                if done:
-                    return "cancelled"
-                status = await _answer_status(conn, task_id, target)
-                if status != "pending":  # pending: intake stored it since the UPDATE; again
-                    break
+            done, status = await _update_or_status(
+                conn,
+                "UPDATE delayed_messages SET status = 'cancelled', updated_at = now() "
+                f"WHERE id = $1 AND target = $2 AND {states.unclaimed(states.PENDING)} "
+                "RETURNING id",
+                task_id,
+                target,
+            )
+            if done is not None:
+                return "cancelled"
             if status is None or status == intents.INTENT:
                 status = await self._cancel_ahead(conn, task_id, target, status)
         if status in ("cancelled", intents.INTENT):
@@ -721,21 +734,17 @@ class TaskStore:
         `id_contended` / `too_many_intents` (see `cancel`)."""
         due = ceil_ms(due)
         async with self.db.timed("reschedule") as conn:
-            for _ in range(RACE_RETRIES):
-                row = await conn.fetchrow(
-                    "UPDATE delayed_messages SET due_at = $3, scheduled_for = $3, "
-                    "updated_at = now() WHERE id = $1 AND target = $2 AND "
-                    f"{states.unclaimed(states.PENDING)} "
-                    "RETURNING id, due_at, priority, seq, org_id",
-                    task_id,
-                    target,
-                    due,
-                )
-                if row:
-                    return "rescheduled", _ref(row)
-                status = await _answer_status(conn, task_id, target)
-                if status != "pending":  # pending: intake stored it since the UPDATE; again
-                    break
+            row, status = await _update_or_status(
+                conn,
+                "UPDATE delayed_messages SET due_at = $3, scheduled_for = $3, updated_at = now() "
+                f"WHERE id = $1 AND target = $2 AND {states.unclaimed(states.PENDING)} "
+                "RETURNING id, due_at, priority, seq, org_id",
+                task_id,
+                target,
+                due,
+            )
+            if row:
+                return "rescheduled", _ref(row)
             if status is None or status == intents.INTENT:
                 return await self._reschedule_ahead(conn, task_id, target, due, status)
         return _TOO_LATE.get(status, "too_late"), None
