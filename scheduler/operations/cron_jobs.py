@@ -142,12 +142,9 @@ class ScheduleOperations:
         idempotency key, scoped to its caller) the message id is derived from job and key, and
         `first_at` (when that key's first request began) stands for "now", so a retry
         publishes the same message, which the target stream's duplicate window drops."""
-        row = await self.overview.schedule(name)
-        if row is None:
-            return Outcome("not_found", name, f"no cron job named {name!r}")
-        if not row["active"]:
-            return Outcome("removed", name, f"job {name!r} is no longer in the YAML files")
-        job = _job(row)
+        job = await self._active_job(name)
+        if isinstance(job, Outcome):
+            return job
         now = first_at or self.clock.now()
         msg_id = manual_msg_id(job.name, now, key)
         body, headers = manual_envelope(job, now, msg_id)
@@ -182,16 +179,22 @@ class ScheduleOperations:
     ) -> Outcome:
         """Fire each occurrence of `name` in `[start, end)` once (`scheduler.operations.backfill`),
         or with `dry_run` say what that would fire."""
+        job = await self._active_job(name)
+        if isinstance(job, Outcome):
+            return job
+        found = self.backfiller.window(job, start, end)
+        if dry_run:
+            return await self.backfiller.plan(job, found)
+        return await self.backfiller.fire(job, found)
+
+    async def _active_job(self, name: str) -> Job | Outcome:
+        """The job `name` as synced from YAML, or why it cannot fire (`not_found`, `removed`)."""
         row = await self.overview.schedule(name)
         if row is None:
             return Outcome("not_found", name, f"no cron job named {name!r}")
         if not row["active"]:
             return Outcome("removed", name, f"job {name!r} is no longer in the YAML files")
-        job = _job(row)
-        found = self.backfiller.window(job, start, end)
-        if dry_run:
-            return await self.backfiller.plan(job, found)
-        return await self.backfiller.fire(job, found)
+        return _job(row)
 
     async def _confirm(self, fired: Advance, msg_id: str, duplicate: bool) -> str:
         """Confirm the fire-log row now (`written`) or, PostgreSQL unreachable, in the
