@@ -45,6 +45,7 @@ async def overview(view: Viewer, window: str = "1h") -> HTMLResponse:
         refresh_url=view.url("/", window=window if window != "1h" else None),
         window=window,
         windows=WINDOWS,
+        history_path=view.url("/"),
         stats=stats.body if stats.ok else None,
         instances=instances.body["items"] if instances.ok else [],
         ready=ready.body or {},

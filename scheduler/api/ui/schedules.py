@@ -115,6 +115,7 @@ async def schedule(view: Viewer, name: str, window: str = "1h") -> HTMLResponse:
         return view.failed(job)
     return view.render(
         "schedule.html", active="schedules", job=job.body, window=window, windows=WINDOWS,
+        history_path=view.url(f"/schedules/{job.body['name']}"),
         history=history.body if history.ok else None,
         charts=charts(history.body) if history.ok else None,
     )  # fmt: skip
