@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.commands.apiclient import OK, ApiClient, table
+from scheduler.commands.args import instant
+from scheduler.commands.render import when
 from scheduler.durations import parse_duration
 from scheduler.errors import DurationError
 
@@ -51,12 +53,7 @@ def _row(item: dict[str, Any]) -> list[Any]:
     who = item["who"] + (f" (console {item['session']})" if item["via"] == "console" else "")
     detail = " ".join(f"{k}={_short(v)}" for k, v in item["detail"].items())
     outcome = f"{item['outcome']} ({item['http_status']})"
-    return [_time(item["at"]), who, item["action"], item["target"], outcome, detail]
-
-
-def _time(text: str) -> str:
-    """`2026-11-26T14:05:09.123456Z` as `2026-11-26 14:05:09Z` (seconds are enough here)."""
-    return text[:19].replace("T", " ") + "Z"
+    return [when(item["at"]), who, item["action"], item["target"], outcome, detail]
 
 
 def _short(value: Any, longest: int = 60) -> str:
@@ -75,13 +72,4 @@ def _instant(text: str) -> str:
     try:
         return (datetime.now(UTC) - parse_duration(text)).isoformat()
     except DurationError:
-        pass
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither an RFC 3339 time nor a duration (1h, 2d)"
-        ) from None
-    if value.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"{text!r} needs an offset or Z (2026-11-22T06:00Z)")
-    return value.isoformat()
+        return instant(text, "is neither an RFC 3339 time nor a duration (1h, 2d)")

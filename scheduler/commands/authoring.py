@@ -26,6 +26,7 @@ from scheduler.commands.apiclient import (
     ApiFailure,
     table,
 )
+from scheduler.commands.args import instant
 from scheduler.durations import parse_duration
 from scheduler.errors import DurationError
 
@@ -44,7 +45,7 @@ def register_delayed(verbs: Any, common: argparse.ArgumentParser, runner: Runner
     )
     add.add_argument("--subject", required=True, help="target subject, e.g. mq.tasks.work")
     when = add.add_mutually_exclusive_group(required=True)
-    when.add_argument("--at", type=_instant, help="due time, RFC 3339 with an offset")
+    when.add_argument("--at", type=instant, help="due time, RFC 3339 with an offset")
     when.add_argument(
         "--in", dest="in_", type=_duration, metavar="DURATION", help="from now: 90s, 5m, 1h30m"
     )
@@ -63,23 +64,13 @@ def register_schedules(verbs: Any, common: argparse.ArgumentParser, runner: Runn
     )
     fill.add_argument("name", help="the job's name")
     fill.add_argument(
-        "--from", dest="from_", metavar="T", required=True, type=_instant, help="RFC 3339"
+        "--from", dest="from_", metavar="T", required=True, type=instant, help="RFC 3339"
     )
     fill.add_argument(
-        "--to", metavar="T", required=True, type=_instant, help="RFC 3339, not in the future"
+        "--to", metavar="T", required=True, type=instant, help="RFC 3339, not in the future"
     )
     fill.add_argument("--dry-run", action="store_true", help="count the occurrences, fire none")
     fill.set_defaults(func=runner(_backfill))
-
-
-def _instant(text: str) -> str:
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an RFC 3339 time") from exc
-    if value.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"{text!r} needs an offset or Z (2026-11-22T06:00Z)")
-    return value.isoformat()
 
 
 def _duration(text: str) -> str:

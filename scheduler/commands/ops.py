@@ -18,6 +18,7 @@ from typing import Any
 
 from scheduler.commands import activity, authoring
 from scheduler.commands.apiclient import OK, REFUSED, ApiClient, ApiFailure, emit, fail, table
+from scheduler.commands.args import instant
 from scheduler.commands.render import (
     fields,
     header_lines,
@@ -82,16 +83,6 @@ def _runner(verb: Verb) -> Callable[[argparse.Namespace], int]:
 
 def _quote(text: str) -> str:
     return urllib.parse.quote(text, safe="")
-
-
-def _instant(text: str) -> str:
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an RFC 3339 time") from exc
-    if value.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"{text!r} needs an offset or Z (2026-11-22T06:00Z)")
-    return value.isoformat()
 
 
 def _pages(
@@ -317,8 +308,8 @@ def _delayed(sub: Any, common: argparse.ArgumentParser) -> None:
         help="pending, in_doubt, claimed, fired (in the order they fired), cancelled, expired, "
         "dead; none: all, fired last",
     )
-    ls.add_argument("--due-before", type=_instant, help="RFC 3339")
-    ls.add_argument("--due-after", type=_instant, help="RFC 3339")
+    ls.add_argument("--due-before", type=instant, help="RFC 3339")
+    ls.add_argument("--due-after", type=instant, help="RFC 3339")
     _paging(ls)
     ls.set_defaults(func=_runner(_delayed_list))
     show = verbs.add_parser("show", parents=[common], help="one task and its deliveries")
@@ -330,7 +321,7 @@ def _delayed(sub: Any, common: argparse.ArgumentParser) -> None:
     move = verbs.add_parser("reschedule", parents=[common], help="move a pending task")
     move.add_argument("id")
     when = move.add_mutually_exclusive_group(required=True)
-    when.add_argument("--at", type=_instant, help="new due time, RFC 3339 with offset")
+    when.add_argument("--at", type=instant, help="new due time, RFC 3339 with offset")
     when.add_argument(
         "--in", dest="in_", type=parse_duration, metavar="DURATION", help="from now: 90s, 5m"
     )

@@ -73,7 +73,7 @@ def test_activity_sends_the_filters_and_prints_a_table(
     assert abs(since - (datetime.now(UTC) - timedelta(hours=1))) < timedelta(seconds=5)
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["AT", "WHO", "ACTION", "TARGET", "OUTCOME", "DETAIL"]
-    assert out[1].startswith("2026-11-26 14:05:09Z  admin@10.0.0.7 (console admin-3f2a9c)")
+    assert out[1].startswith("2026-11-26T14:05:09.123Z  admin@10.0.0.7 (console admin-3f2a9c)")
     assert "paused (200)" in out[1] and out[1].endswith("note=vendor down")
     assert "cancel" in out[2] and "not_found (404)" in out[2]
     assert out[-1] == "more: --cursor CUR"
