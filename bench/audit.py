@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 from common import machine_busy_seconds, report
 
-from scheduler.audit.synth import JobPlan, generate
+from tests.support.synth import JobPlan, generate
 
 DAY = date(2026, 3, 29)  # a DST day in Europe
 PER_JOB = {0: 8640, 1: 1440, 2: 288, 3: 2880}

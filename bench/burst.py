@@ -77,7 +77,7 @@ async def baseline(
 
 def daemon_publisher() -> tuple[Any, str]:
     """The daemon's pipelined publisher class, wherever the engine keeps it, or (None, "")."""
-    for module in ("scheduler.bus.publisher", "scheduler.bus.nats"):
+    for module in ("scheduler.bus.nats.publisher", "scheduler.bus.nats.connection"):
         try:
             return importlib.import_module(module).Publisher, f"{module}.Publisher"
         except (ImportError, AttributeError):

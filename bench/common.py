@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from nats.js.api import StorageType, StreamConfig
 from traffic import STOPPING
 
-from scheduler.embedded import NatsServer, Postgres, free_port
+from scheduler.daemon.embedded import NatsServer, Postgres, free_port
 
 T = TypeVar("T")
 

@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 import asyncpg
 from common import cpu_by_command, machine_busy_seconds, own_cpu_seconds, report, run, servers
 
-from scheduler import migrate
+from scheduler.daemon import migrate
 from scheduler.operations.stats import SLOW_FACTOR
-from scheduler.store.overview import FORECAST_SQL, WINDOWS
+from scheduler.store.postgres.overview import FORECAST_SQL, WINDOWS
 
 INTERVAL = 5.0  # SCHEDULER_FORECAST_INTERVAL default
 SCAN_SQL = FORECAST_SQL.replace(

@@ -34,13 +34,13 @@ from typing import Any
 
 import asyncpg
 
-from scheduler import migrate
-from scheduler.core import Fired, NewTask
-from scheduler.embedded import Postgres
+from scheduler.daemon import migrate
+from scheduler.daemon.embedded import Postgres
 from scheduler.metrics import Metrics
-from scheduler.store.leadership import take_office
-from scheduler.store.postgres import PostgresStore, create_pool
-from scheduler.store.tasks import TaskStore
+from scheduler.records import Fired, NewTask
+from scheduler.store.postgres.connect import PostgresStore, create_pool
+from scheduler.store.postgres.epoch import take_office
+from scheduler.store.postgres.tasks import TaskStore
 
 TICK = os.sysconf("SC_CLK_TCK")
 

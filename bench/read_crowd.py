@@ -41,7 +41,7 @@ from rawnats import RawCollector, RawProducer
 from scale import COLUMNS
 from traffic import Item, envelope, first_instant
 
-from scheduler import migrate
+from scheduler.daemon import migrate
 
 TOKEN = "bench-read-token"
 LIST = "/v1/delayed?status=pending&limit=500"

@@ -1,6 +1,6 @@
 """Scale: N pending tasks (default 1,000,000; 3,000,000 too with --with-3m) due over the next day.
 
-Rows are copied straight into PostgreSQL `delayed_messages` (after `scheduler.migrate`), due
+Rows are copied straight into PostgreSQL `delayed_messages` (after `scheduler.daemon.migrate`), due
 between 2 min and 1 day ahead, plus one probe task due 0.5 s after the daemon's process starts.
 Measured: time from process start to the probe's arrival at a JetStream consumer, and the
 daemon's RSS sampled every 0.25 s for 20 s. Memory must follow the horizon, not the pending count.
@@ -35,7 +35,7 @@ from common import Daemon, Env, add_target_stream, report, run, servers
 from rawnats import RawCollector
 from traffic import Collector, envelope
 
-from scheduler import migrate
+from scheduler.daemon import migrate
 
 COLUMNS = [
     "id",

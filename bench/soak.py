@@ -56,7 +56,7 @@ from common import (
 from rawnats import RawProducer
 from traffic import STOPPING, envelope, iso_ms, read_back, stats
 
-from scheduler.embedded import NatsServer, Postgres
+from scheduler.daemon.embedded import NatsServer, Postgres
 
 LANE = "mq.delay.bench.x"
 MAX_PAYLOAD = 1024 * 1024

@@ -106,9 +106,9 @@ class Settings(BaseSettings):
     intake_consumer: str = "scheduler-intake"
     intake_ack_wait: Duration = timedelta(seconds=10)
     # deprecated, ignored (a warning at start when set): the delay lane keeps no duplicate window
-    # on nats-server 2.14+, 100 ms before (scheduler.bus.nats.lane_config)
+    # on nats-server 2.14+, 100 ms before (scheduler.bus.nats.connection.lane_config)
     intake_duplicate_window: Duration | None = None
-    # cancel/reschedule intents for tasks still on the delay lane (store/intents.py)
+    # cancel/reschedule intents for tasks still on the delay lane (store/postgres/intents.py)
     intent_ttl: Duration = timedelta(hours=24)
     intent_max_per_target: int = Field(default=10_000, ge=1, le=10_000_000)
     target_allow: CommaList = ["mq.>"]
@@ -123,13 +123,15 @@ class Settings(BaseSettings):
     armed_max: int = Field(default=20_000, ge=1)
     armed_max_bytes: ByteSize = ByteSize(64 * 1024 * 1024)
     max_clock_skew: Duration = timedelta(milliseconds=100)
-    # publishes of due tasks at least this far apart (engine/firing.py: `Firing._dispatch`)
+    # publishes of due tasks at least this far apart (engine/delayed/dispatch.py:
+    # `Firing._dispatch`)
     dispatch_coalesce: Duration = timedelta(0)
     max_delay: Duration = timedelta(days=400)
     dlq_stream: str = "MQ_DLQ"
     dlq_subject_prefix: str = "mq.dlq"
     dlq_max_age: Duration = timedelta(days=14)
-    # dead letters in PostgreSQL (engine/dead_budget.py): the bytes kept of an intake refusal,
+    # dead letters in PostgreSQL (engine/delayed/dead_budget.py): the bytes kept of an intake
+    # refusal,
     # and the refusals one organisation (or subject) may add per minute (0: no bound)
     dead_letter_payload_cap: ByteSize = Field(
         default=ByteSize(64 * 1024), ge=0, le=16 * 1024 * 1024
@@ -143,7 +145,7 @@ class Settings(BaseSettings):
     startup_timeout: Duration = timedelta(seconds=60)
     allow_unsafe_nats: bool = False
     forecast_top: int = Field(default=20, ge=1, le=1000)
-    # per-org quotas and fair firing (engine/quota.py, engine/fair.py)
+    # per-org quotas and fair firing (engine/delayed/quota.py, engine/delayed/fairness.py)
     org_max_pending: int = Field(default=0, ge=0)
     org_shares: OrgShares = {}
     org_metric_labels: int = Field(default=20, ge=0, le=1000)

@@ -5,7 +5,7 @@ a fresh database cloned from a migrated template and a JetStream namespace empti
 teardown checks that the test closed every connection it opened.
 
 Every test on these fixtures runs twice: `[current]` and `[compat]` (marker `compat`: nats-server
-2.10 and PostgreSQL 15, see tests/compat.py); `-m "not compat"` runs the first only.
+2.10 and PostgreSQL 15, see tests/support/compat.py); `-m "not compat"` runs the first only.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import nats
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from scheduler import migrate
-from scheduler.embedded import free_port
+from scheduler.daemon import migrate
+from scheduler.daemon.embedded import free_port
 from scheduler.settings import Settings
-from tests.compat import CURRENT, NatsServerOf, Servers, compat_servers, session_postgres
+from tests.support.compat import CURRENT, NatsServerOf, Servers, compat_servers, session_postgres
 
 # Locally hypothesis explores new cases on every run; CI replays a fixed set so a rare
 # counterexample shows up in a developer's run rather than turning a landing red at random.
@@ -59,7 +59,7 @@ def nats_service(
 @pytest.fixture(scope="session")
 def pg_admin_dsn(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A DSN with the right to create databases, on the session's PostgreSQL (never the
-    machine's own: tests/compat.py)."""
+    machine's own: tests/support/compat.py)."""
     with session_postgres(servers, tmp_path_factory.mktemp("pg")) as dsn:
         yield dsn
 

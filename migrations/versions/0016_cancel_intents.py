@@ -7,7 +7,7 @@ the delay lane, not yet taken by intake. The cancel then stores an *intent*: a r
 table puts the race between intake inserting the task and the cancel recording its intent on
 one atomic point, the primary key `id`: whichever inserts first, the other meets its row in
 `INSERT ... ON CONFLICT (id)` (waiting for it to commit) and acts on it (see
-scheduler/store/intents.py).
+scheduler/store/postgres/intents.py).
 
 Expand only (docs/deploy.md): a new status value (the check constraint is replaced NOT VALID,
 then validated without blocking writes), a nullable column, and a small partial index on the

@@ -18,7 +18,7 @@ empty) is recorded under its handler's first word (`replay_batch`: `replay`).
   input validation): no action was taken; `mq_scheduler_api_requests_total` counts them.
 
 Who: the token kind and the client's address (`Caller.who`). The web console calls the API
-in-process (`scheduler.api.ui.client`) and marks its requests with the session's tag in the
+in-process (`scheduler.console.client`) and marks its requests with the session's tag in the
 ASGI scope under `CONSOLE_SCOPE`: a key of the scope, not a header, so no client on the
 network can set it (uvicorn builds the scope of every network request itself).
 
@@ -47,7 +47,7 @@ from scheduler.api.problems import request_id
 from scheduler.operations import Outcome
 from scheduler.operations.activity import DETAIL_TEXT, bounded, clip
 from scheduler.operations.build import Operations
-from scheduler.store.activity import Activity
+from scheduler.store.postgres.activity import Activity
 
 log = logging.getLogger("scheduler.api")
 

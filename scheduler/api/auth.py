@@ -8,7 +8,7 @@
   the variable when no admin token is configured.
 
 Health, readiness, `/v1/leader`, metrics and the API document need no token. `Caller.kind` is
-what write logs record as "who". The web console (`scheduler.api.ui`) signs in with the same
+what write logs record as "who". The web console (`scheduler.console`) signs in with the same
 tokens (`token_kind`) and calls these routes with the token its session stands for, so its
 reads and writes pass the same checks and leave the same log lines.
 """

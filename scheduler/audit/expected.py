@@ -5,7 +5,7 @@ window for jobs read from YAML, or the interval between two syncs for jobs read 
 `schedule_history` table. A version expects every occurrence strictly after `active_from` (the
 daemon starts a new job's cursor at the sync instant and fires what comes after it) and before
 `active_until`; a paused version expects none. Each occurrence is due at its scheduled instant
-plus the job's fixed per-occurrence jitter (`scheduler.schedules.jitter_for`), exactly as the
+plus the job's fixed per-occurrence jitter (`scheduler.cron.jobs.jitter_for`), exactly as the
 daemon fires it.
 """
 
@@ -19,8 +19,8 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from scheduler.cron import CronExpr, occurrences_between
-from scheduler.schedules import Job, jitter_for
+from scheduler.cron.expression import CronExpr, occurrences_between
+from scheduler.cron.jobs import Job, jitter_for
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)

@@ -34,7 +34,7 @@ from scheduler.audit.record import (
 )
 from scheduler.audit.window import AuditWindow
 from scheduler.errors import AuditInputError
-from scheduler.store import task_states as states
+from scheduler.store.postgres import task_states as states
 
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
 JDBC_JAR_ENV = "SCHEDULER_JDBC_JAR"
@@ -43,7 +43,7 @@ FORMATS = ("json", "parquet")
 _JSON_SUFFIXES = (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".ndjson.gz")
 _OVERDUE_STATES = (states.PENDING, states.CLAIMED)
 _LOST_STATES = ("dead", "expired")
-# A task's state as the store reports it (scheduler.store.task_states: a claim keeps the
+# A task's state as the store reports it (scheduler.store.postgres.task_states: a claim keeps the
 # task's ready status and sets `claimed_epoch`, migration 0013).
 _STATE = states.reported()
 

@@ -197,7 +197,7 @@ class Audit:
             return history, "schedule_history"
         if opts.schedules_dir is None:
             raise AuditInputError("--schedules", "required (no schedule_history to use instead)")
-        from scheduler.schedules import load_dir
+        from scheduler.cron.jobs import load_dir
 
         loaded = load_dir(opts.schedules_dir)
         for error in loaded.errors:

@@ -2,7 +2,7 @@
 
 For the engine's unit tests and as the reference the real publisher is checked against
 (tests/contracts/test_broker.py runs the same tests over this twin and over
-`scheduler.bus.publisher.Publisher` on nats-server). It keeps what the scheduler relies on:
+`scheduler.bus.nats.publisher.Publisher` on nats-server). It keeps what the scheduler relies on:
 streams that capture subjects (NATS wildcards `*` and `>`), a sequence per stream, and
 JetStream's duplicate window (a message whose `Nats-Msg-Id` the stream stored less than
 `duplicate_window` seconds ago is acknowledged as `duplicate` and not stored again); a subject
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from scheduler.bus.frames import HEADER_LINE, delivery_headers, kv_subject
+from scheduler.bus.nats.frames import HEADER_LINE, delivery_headers, kv_subject
 from scheduler.clock import to_rfc3339
-from scheduler.core import BatchItem, ClaimedTask, Done, Outcome, PubAck, PublishError
+from scheduler.records import BatchItem, ClaimedTask, Done, Outcome, PubAck, PublishError
 
 
 def subject_matches(pattern: str, subject: str) -> bool:

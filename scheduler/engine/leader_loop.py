@@ -15,19 +15,19 @@ from datetime import timedelta
 
 from scheduler.aio import first_of, wait_or_stop
 from scheduler.clock import Clock
-from scheduler.core import from_ms, to_ms
-from scheduler.engine import rescheduled
-from scheduler.engine.cron_firing import CronEngine
-from scheduler.engine.deadletter import DeadLetterCopies
-from scheduler.engine.fair import horizon_heap
-from scheduler.engine.firing import Firing
-from scheduler.engine.heap import Horizon
-from scheduler.engine.intake import Intake
+from scheduler.engine.cron.firing import CronEngine
+from scheduler.engine.delayed import rescheduled
+from scheduler.engine.delayed.dead_letters import DeadLetterCopies
+from scheduler.engine.delayed.dispatch import Firing
+from scheduler.engine.delayed.fairness import horizon_heap
+from scheduler.engine.delayed.horizon import Horizon
+from scheduler.engine.delayed.intake import Intake
+from scheduler.engine.delayed.quota import OrgLedger
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, Bus, TaskRepository
-from scheduler.engine.quota import OrgLedger
-from scheduler.envelope import Limits
+from scheduler.messages.envelope import Limits
 from scheduler.metrics import Metrics
+from scheduler.records import from_ms, to_ms
 from scheduler.settings import Settings
 
 log = logging.getLogger("scheduler.engine")

@@ -2,7 +2,8 @@
 
 The engine acts only while it holds office: `epoch` is its fencing token (checked by PostgreSQL
 on every state change) and `may_act()` is the local self-fence (false once the lease could have
-expired); `scheduler.store.leadership.take_office` starts a term. `scheduler.leadership.Leadership`
+expired); `scheduler.store.postgres.epoch.take_office` starts a term.
+`scheduler.leadership.election.Leadership`
 implements the same protocol with a JetStream KV lease; `FixedOffice` is the stand-in for a
 single instance and for engine tests.
 """

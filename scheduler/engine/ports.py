@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from scheduler.core import (
+from scheduler.records import (
     Advance,
     BatchItem,
     Claimed,
@@ -212,7 +212,7 @@ class Broker(Protocol):
 
     async def publish_batch(self, items: Sequence[BatchItem]) -> None:
         """Send every item at once; each item's callback gets its outcome exactly once. A
-        header block given as bytes is sent as it is (see `scheduler.bus.frames`)."""
+        header block given as bytes is sent as it is (see `scheduler.bus.nats.frames`)."""
         ...
 
     async def kv_put(self, bucket: str, key: str, value: bytes) -> asyncio.Future[PubAck]:
@@ -292,7 +292,7 @@ class Subscription(Protocol):
 
 
 class Bus(Protocol):
-    """The NATS connection as a term of office uses it (`scheduler.bus.nats.NatsBus`)."""
+    """The NATS connection as a term of office uses it (`scheduler.bus.nats.connection.NatsBus`)."""
 
     # called with False when the link drops, True when it is back
     link_listeners: list[Callable[[bool], None]]

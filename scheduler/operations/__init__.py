@@ -1,6 +1,7 @@
 """What operators and producers can do to the scheduler's state, shared by every front end.
 
-The NATS micro service (`scheduler.service`), the HTTP management API (`scheduler.api`) and so
+The NATS micro service (`scheduler.api.nats_service`), the HTTP management API (`scheduler.api`)
+and so
 the operator CLI call these same functions, so they give the same answers with the same race
 guarantees. Each change is one PostgreSQL statement or transaction (it works on any instance,
 leader or standby); the leader learns of it from PostgreSQL and, to act at once, from a notice

@@ -16,7 +16,7 @@ from typing import Any
 
 from scheduler.clock import Clock
 from scheduler.operations.paging import SEQ, TIME, Page, decode, from_us, page, us
-from scheduler.store.activity import Activity, ActivityFilter, ActivityStore
+from scheduler.store.postgres.activity import Activity, ActivityFilter, ActivityStore
 
 CURSOR = "activity"
 TEXT = 200

@@ -1,12 +1,14 @@
 """Backfill: fire a cron job's occurrences over a past window, each once.
 
-The occurrences are the daemon's own (`scheduler.cron.occurrences_between`, in the job's time
+The occurrences are the daemon's own (`scheduler.cron.expression.occurrences_between`, in the job's
+time
 zone, DST rules included) in `[from, to)`; `to` may not lie in the future and a window may hold
 at most `MAX_BACKFILL` occurrences (past it: 422 naming the bound). Each is published as the
 cron envelope of that occurrence (`Mq-Scheduled-For` the occurrence, `Mq-Manual` and
 `Mq-Backfill: true`) with its own `Nats-Msg-Id` `<job>@backfill-<occurrence>`, so a retry
 inside the stream's duplicate window is dropped there; what makes it once for good is
-`backfill_fires` in PostgreSQL (`scheduler.store.backfill`): an occurrence a backfill already
+`backfill_fires` in PostgreSQL (`scheduler.store.postgres.backfill`): an occurrence a backfill
+already
 fired is not published again (`already_fired`), nor one another backfill is publishing now
 (`in_flight`).
 Each publish writes a `fire_log` row marked manual whose `scheduled_for` is the occurrence:
@@ -34,15 +36,15 @@ from nats.errors import Error as NatsError
 from nats.js.errors import APIError, NoStreamResponseError
 
 from scheduler.clock import Clock, rfc3339
-from scheduler.cron import occurrences_between
-from scheduler.engine.cron_message import envelope
+from scheduler.cron.expression import occurrences_between
+from scheduler.cron.jobs import Concurrency, Job
+from scheduler.engine.cron.message import envelope
 from scheduler.errors import RequestError
-from scheduler.headers import block_size
+from scheduler.messages.headers import block_size
 from scheduler.operations import Outcome
 from scheduler.operations.backlog import TRANSIENT, WriteBacklog
-from scheduler.schedules import Concurrency, Job
 from scheduler.settings import Settings
-from scheduler.store.backfill import BackfillStore
+from scheduler.store.postgres.backfill import BackfillStore
 
 log = logging.getLogger("scheduler.operations")
 

@@ -16,13 +16,13 @@ from scheduler.operations.dead_letters import DeadLetterOperations
 from scheduler.operations.stats import StatsOperations
 from scheduler.operations.tasks import TaskOperations
 from scheduler.settings import Settings
-from scheduler.store.activity import ActivityStore
-from scheduler.store.cron_jobs import ScheduleStore
-from scheduler.store.dead_letters import DeadLetterStore
-from scheduler.store.idempotency import IdempotencyStore
-from scheduler.store.overview import OverviewStore
-from scheduler.store.postgres import PostgresStore
-from scheduler.store.tasks import TaskStore
+from scheduler.store.postgres.activity import ActivityStore
+from scheduler.store.postgres.connect import PostgresStore
+from scheduler.store.postgres.cron_jobs import ScheduleStore
+from scheduler.store.postgres.dead_letters import DeadLetterStore
+from scheduler.store.postgres.idempotency import IdempotencyStore
+from scheduler.store.postgres.overview import OverviewStore
+from scheduler.store.postgres.tasks import TaskStore
 
 
 @dataclass(frozen=True, slots=True)

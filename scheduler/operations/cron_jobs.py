@@ -37,19 +37,19 @@ from nats.errors import Error as NatsError
 from nats.js.errors import APIError, NoStreamResponseError
 
 from scheduler.clock import Clock, to_rfc3339
-from scheduler.core import Advance
-from scheduler.cron import occurrences
-from scheduler.engine.cron_message import envelope
-from scheduler.engine.misfire import fire_time
+from scheduler.cron.expression import occurrences
+from scheduler.cron.jobs import Job, job_from_definition, load_dir, schedule_files
+from scheduler.cron.misfire import fire_time
+from scheduler.engine.cron.message import envelope
 from scheduler.operations import Outcome
 from scheduler.operations.backfill import Backfiller
 from scheduler.operations.backlog import TRANSIENT, WriteBacklog
 from scheduler.operations.paging import NAME, Page, decode, page
-from scheduler.schedules import Job, job_from_definition, load_dir, schedule_files
+from scheduler.records import Advance
 from scheduler.settings import Settings
-from scheduler.store.backfill import BackfillStore
-from scheduler.store.cron_jobs import ScheduleStore
-from scheduler.store.overview import OverviewStore
+from scheduler.store.postgres.backfill import BackfillStore
+from scheduler.store.postgres.cron_jobs import ScheduleStore
+from scheduler.store.postgres.overview import OverviewStore
 
 log = logging.getLogger("scheduler.operations")
 

@@ -28,8 +28,9 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
 from scheduler.clock import Clock
-from scheduler.envelope import Limits, check_org, parse_envelope
 from scheduler.errors import EnvelopeError, TargetRefusedError
+from scheduler.messages.envelope import Limits, check_org, parse_envelope
+from scheduler.messages.subjects import check_target, delay_lane_prefix, dlq_subject
 from scheduler.operations import Outcome
 from scheduler.operations.paging import (
     DEAD_ID,
@@ -43,8 +44,7 @@ from scheduler.operations.paging import (
 )
 from scheduler.operations.tasks import TaskOperations
 from scheduler.settings import Settings
-from scheduler.store.dead_letters import DeadLetterFilter, DeadLetterStore
-from scheduler.subjects import check_target, delay_lane_prefix, dlq_subject
+from scheduler.store.postgres.dead_letters import DeadLetterFilter, DeadLetterStore
 
 log = logging.getLogger("scheduler.operations")
 

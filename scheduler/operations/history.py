@@ -2,7 +2,8 @@
 
 History: lateness p50/p99/max, deliveries per minute and dead letters per bucket over the last
 hour (60 one-minute buckets) or day (24 one-hour buckets), for all deliveries or one cron job,
-from the fire log (`scheduler.store.history`: bounded reads on the API's pool). Each answer is
+from the fire log (`scheduler.store.postgres.history`: bounded reads on the API's pool). Each
+answer is
 read once and shared by every caller for `MAX_AGE` seconds (at most `KEPT` windows kept), so
 many open consoles cost one read per window every few seconds.
 
@@ -26,10 +27,10 @@ from typing import Any
 
 from scheduler.clock import Clock
 from scheduler.operations.shared import SharedRead
-from scheduler.store.history import HistoryStore, Window
-from scheduler.store.leadership import database_time
-from scheduler.store.overview import OverviewStore
-from scheduler.store.postgres import PostgresStore
+from scheduler.store.postgres.connect import PostgresStore
+from scheduler.store.postgres.epoch import database_time
+from scheduler.store.postgres.history import HistoryStore, Window
+from scheduler.store.postgres.overview import OverviewStore
 
 # window -> (span, bucket)
 WINDOWS = {

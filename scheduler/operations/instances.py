@@ -1,7 +1,8 @@
 """The running instances, from the heartbeats each one writes to the state bucket.
 
 Every instance writes `instances.<id>` = `{instance, role, epoch, since, at}` every few seconds
-and on every change of role (`scheduler.heartbeat.Heartbeat`) and deletes it when it stops. A
+and on every change of role (`scheduler.leadership.heartbeat.Heartbeat`) and deletes it when it
+stops. A
 record not renewed for `STALE_AFTER` belongs to an instance that crashed or lost NATS: it is
 listed, marked `stale`, until `GONE_AFTER`, then left out. For display only: leadership is
 decided by the lease, never by these records.
@@ -16,7 +17,7 @@ from typing import Any
 
 from nats.js.kv import KeyValue
 
-from scheduler.heartbeat import HEARTBEAT_EVERY
+from scheduler.leadership.heartbeat import HEARTBEAT_EVERY
 
 PREFIX = "instances."
 STALE_AFTER = timedelta(seconds=3 * HEARTBEAT_EVERY)

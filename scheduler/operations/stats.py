@@ -32,16 +32,16 @@ from nats.aio.msg import Msg
 
 from scheduler.aio import first_of
 from scheduler.clock import Clock
-from scheduler.engine.cron_firing import CronEngine
+from scheduler.engine.cron.firing import CronEngine
 from scheduler.metrics import Metrics
 from scheduler.operations.cron_jobs import CHANGED_SUBJECT
 from scheduler.operations.history import HealthCheck, HistoryReads
 from scheduler.operations.shared import SLOW_FACTOR, SharedRead
 from scheduler.settings import Settings
-from scheduler.store.cron_jobs import ScheduleStore
-from scheduler.store.dead_letters import DeadLetterStore
-from scheduler.store.history import HistoryStore
-from scheduler.store.overview import WINDOWS, OverviewStore
+from scheduler.store.postgres.cron_jobs import ScheduleStore
+from scheduler.store.postgres.dead_letters import DeadLetterStore
+from scheduler.store.postgres.history import HistoryStore
+from scheduler.store.postgres.overview import WINDOWS, OverviewStore
 
 log = logging.getLogger("scheduler.stats")
 

@@ -2,7 +2,7 @@
 
 Cancel and reschedule are single statements on the task's row that succeed only while it is
 `pending` and not claimed (or, for a task still on the delay lane, record an intent that intake
-honours: scheduler.store.intents): the leader claims a task (reported `claimed`) before
+honours: scheduler.store.postgres.intents): the leader claims a task (reported `claimed`) before
 publishing it, so a `cancelled` answer that committed first guarantees no delivery, and one
 that comes after answers `too_late` (or whatever the store says the task is now). A
 reschedule also tells the leader over NATS so its in-memory heap moves the task at once; a
@@ -18,10 +18,10 @@ from typing import Any
 from nats.aio.client import Client
 
 from scheduler.clock import Clock, to_rfc3339
-from scheduler.core import TaskRef
-from scheduler.engine import rescheduled
-from scheduler.envelope import Limits, bounded_instant, check_org, parse_envelope
+from scheduler.engine.delayed import rescheduled
 from scheduler.errors import RequestError
+from scheduler.messages.envelope import Limits, bounded_instant, check_org, parse_envelope
+from scheduler.messages.subjects import delay_lane_prefix, delay_subject
 from scheduler.operations import Outcome
 from scheduler.operations.paging import (
     PRIORITY,
@@ -35,10 +35,10 @@ from scheduler.operations.paging import (
     from_us,
     kind_of,
 )
+from scheduler.records import TaskRef
 from scheduler.settings import Settings
-from scheduler.store.overview import Listed, OverviewStore, TaskFilter
-from scheduler.store.tasks import TaskStore
-from scheduler.subjects import delay_lane_prefix, delay_subject
+from scheduler.store.postgres.overview import Listed, OverviewStore, TaskFilter
+from scheduler.store.postgres.tasks import TaskStore
 
 CURSOR = "delayed"
 FIRED_CURSOR = "delayed_fired"  # continues among fired tasks (`fired_at`, id)
@@ -184,7 +184,7 @@ class TaskOperations:
 
     async def notify_leader(self, ref: TaskRef) -> None:
         """Offer a task to the leader's heap at once (whichever instance leads), under its
-        organisation (scheduler.engine.rescheduled)."""
+        organisation (scheduler.engine.delayed.rescheduled)."""
         await self.nc.publish(rescheduled.SUBJECT, rescheduled.encode(ref))
 
     async def _target_of(self, task_id: str) -> str | None:

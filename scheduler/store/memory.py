@@ -2,7 +2,7 @@
 
 For the engine's unit tests (no server, a fake clock) and as the reference the real store is
 checked against: tests/contracts/test_task_repository.py runs the same tests over this twin and
-over `scheduler.store.tasks.TaskStore` on PostgreSQL, so the two cannot drift apart unseen.
+over `scheduler.store.postgres.tasks.TaskStore` on PostgreSQL, so the two cannot drift apart unseen.
 
 It keeps the rules of the SQL: firing order (due, priority, intake sequence); a claim takes
 `pending` and `in_doubt` tasks only, due within `CLAIM_WINDOW` of the store's clock, fenced by
@@ -12,7 +12,7 @@ epoch; a cancel succeeds only on a `pending` task and answers `in_flight` for on
 fired task's row is deleted and its id kept in `fired` (the tombstone of migration 0010: target
 and bytes, so a resend of the same task is still told from another task reusing the id),
 refused at intake. The fencing epoch is this object's `epoch`, raised by `take_office` as
-`scheduler.store.leadership.take_office` raises PostgreSQL's.
+`scheduler.store.postgres.epoch.take_office` raises PostgreSQL's.
 
 A claimed row has the status `claimed` here; PostgreSQL leaves the status alone and marks the
 claim by `claimed_epoch` (a HOT update, migration 0013). Both report `claimed`.
@@ -26,7 +26,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from scheduler.core import (
+from scheduler.errors import FencedError
+from scheduler.records import (
     Claimed,
     ClaimedTask,
     CronFailure,
@@ -39,8 +40,7 @@ from scheduler.core import (
     firing_order,
     to_ms,
 )
-from scheduler.errors import FencedError
-from scheduler.store.intents import CONTENDED, TOO_MANY, IntentLimits
+from scheduler.store.postgres.intents import CONTENDED, TOO_MANY, IntentLimits
 
 READY = ("pending", "in_doubt")
 CLAIM_WINDOW = timedelta(minutes=1)  # a claim takes only tasks due within this of now
@@ -90,7 +90,8 @@ class Row:
 
 @dataclass(slots=True)
 class Intent:
-    """A cancel or reschedule waiting for a task still on the delay lane (store/intents.py)."""
+    """A cancel or reschedule waiting for a task still on the delay lane
+    (store/postgres/intents.py)."""
 
     target: str
     kind: str  # cancel | reschedule
@@ -112,7 +113,8 @@ class MemoryTaskStore:
     intents: dict[str, Intent] = field(default_factory=dict)  # by task id, as PostgreSQL's rows
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
-    # -- leadership (scheduler.store.leadership) ------------------------------------------------
+    # -- leadership (scheduler.store.postgres.epoch)
+    # ------------------------------------------------
 
     async def take_office(self, instance: str = "") -> int:
         """A new fencing epoch: every write fenced by an older one fails from now on."""
@@ -361,7 +363,7 @@ class MemoryTaskStore:
 
     def _intend(self, task_id: str, target: str, kind: str, due: datetime | None) -> str | None:
         """Record (or renew) an intent for an id with no row of `target`, as
-        scheduler.store.intents does: `cancelled`/`rescheduled`, or why not."""
+        scheduler.store.postgres.intents does: `cancelled`/`rescheduled`, or why not."""
         if task_id in self.rows or task_id in self.fired:
             return None  # another target's task or tombstone holds the id
         held = self.intents.get(task_id)
@@ -438,7 +440,7 @@ class MemoryTaskStore:
 
 @dataclass
 class MemoryScheduleStore:
-    """The twin of `scheduler.store.cron_jobs.ScheduleStore` (the engine's
+    """The twin of `scheduler.store.postgres.cron_jobs.ScheduleStore` (the engine's
     `ScheduleRepository`): jobs by name and fingerprint, cursors, the cron fire log. Its
     `epoch` fences `advance` as PostgreSQL's does; share a `MemoryTaskStore`'s by `office`."""
 

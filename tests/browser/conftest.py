@@ -1,7 +1,7 @@
 """Browser tests of the console: Debian's headless Chromium, driven by Playwright for Python,
 against a daemon on real NATS and PostgreSQL (the suite's session servers).
 
-Chromium is installed by `tests.tools` (scripts/test runs it); Playwright drives
+Chromium is installed by `tests.support.tools` (scripts/test runs it); Playwright drives
 `/usr/bin/chromium` through `executable_path` and never downloads a browser. One browser serves
 the whole session; each test gets fresh contexts (no cookies carried over). Every page a test
 visits can be photographed at 1,280 and 390 px wide into `tests/browser/screenshots/`
@@ -22,8 +22,8 @@ import pytest
 from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, async_playwright
 
 from scheduler.settings import Settings
-from tests import tools
 from tests.integration.api.harness import ADMIN, ApiHarness, running_api
+from tests.support import tools
 
 SHOTS = Path(__file__).with_name("screenshots")
 WIDTHS = (1280, 390)

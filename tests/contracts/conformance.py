@@ -11,10 +11,10 @@ from __future__ import annotations
 from nats.aio.msg import Msg
 
 from scheduler.bus.memory import MemoryBroker, MemoryBus
-from scheduler.bus.nats import NatsBus
-from scheduler.bus.publisher import Publisher
-from scheduler.bus.puller import Puller
-from scheduler.bus.wire import RawMsg
+from scheduler.bus.nats.connection import NatsBus
+from scheduler.bus.nats.publisher import Publisher
+from scheduler.bus.nats.puller import Puller
+from scheduler.bus.nats.wire import RawMsg
 from scheduler.engine.office import FixedOffice, Office
 from scheduler.engine.ports import (
     Broker,
@@ -24,10 +24,10 @@ from scheduler.engine.ports import (
     Source,
     TaskRepository,
 )
-from scheduler.leadership import Leadership
-from scheduler.store.cron_jobs import ScheduleStore
+from scheduler.leadership.election import Leadership
 from scheduler.store.memory import MemoryScheduleStore, MemoryTaskStore
-from scheduler.store.tasks import TaskStore
+from scheduler.store.postgres.cron_jobs import ScheduleStore
+from scheduler.store.postgres.tasks import TaskStore
 
 
 def brokers(real: Publisher, twin: MemoryBroker) -> list[Broker]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.compat import CURRENT, Servers, compat_servers
+from tests.support.compat import CURRENT, Servers, compat_servers
 
 _REAL = [pytest.mark.external_service, pytest.mark.integration]
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.bus.frames import delivery_block
 from scheduler.bus.memory import MemoryBroker, MemoryStreams
-from scheduler.core import ClaimedTask, Outcome, PubAck, PublishError
+from scheduler.bus.nats.frames import delivery_block
+from scheduler.records import ClaimedTask, Outcome, PubAck, PublishError
 
 STREAM = "CONTRACT"
 BUCKET = "contract_state"
@@ -52,7 +52,7 @@ async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
     import nats
     from nats.js.api import KeyValueConfig, StreamConfig
 
-    from scheduler.bus.publisher import Publisher
+    from scheduler.bus.nats.publisher import Publisher
 
     nc = await nats.connect(nats_server_url)
     js = nc.jetstream()

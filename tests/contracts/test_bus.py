@@ -36,7 +36,7 @@ async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
         return
     from nats.js.api import StreamConfig
 
-    from scheduler.bus.nats import NatsBus
+    from scheduler.bus.nats.connection import NatsBus
 
     bus = NatsBus(Settings(nats_url=nats_server_url, instance_id="contract"), Metrics())
     await bus.connect(5)

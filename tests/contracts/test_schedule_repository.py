@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from scheduler.core import Advance, CronFailure
+from scheduler.cron.jobs import load_text
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
-from scheduler.schedules import load_text
+from scheduler.records import Advance, CronFailure
 from scheduler.store.memory import MemoryScheduleStore
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -39,9 +39,9 @@ async def repo(database: str | None) -> AsyncIterator[Repo]:
         store = MemoryScheduleStore()
         yield Repo(store, store.office.take_office)
         return
-    from scheduler.store.cron_jobs import ScheduleStore
-    from scheduler.store.leadership import take_office
-    from scheduler.store.postgres import PostgresStore, create_pool
+    from scheduler.store.postgres.connect import PostgresStore, create_pool
+    from scheduler.store.postgres.cron_jobs import ScheduleStore
+    from scheduler.store.postgres.epoch import take_office
 
     pool = await create_pool(database, min_size=1, max_size=2)
     try:

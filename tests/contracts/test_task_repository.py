@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from scheduler.core import ClaimedTask, Fired, NewTask, to_ms
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
-from scheduler.store.intents import IntentLimits
+from scheduler.records import ClaimedTask, Fired, NewTask, to_ms
 from scheduler.store.memory import MemoryTaskStore
+from scheduler.store.postgres.intents import IntentLimits
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 LIMITS = IntentLimits(ttl=timedelta(minutes=1), max_per_target=3)
@@ -38,9 +38,9 @@ async def repo(database: str | None) -> AsyncIterator[Repo]:
 
         yield Repo(store, store.take_office, in_rows)
         return
-    from scheduler.store.leadership import take_office
-    from scheduler.store.postgres import PostgresStore, create_pool
-    from scheduler.store.tasks import TaskStore
+    from scheduler.store.postgres.connect import PostgresStore, create_pool
+    from scheduler.store.postgres.epoch import take_office
+    from scheduler.store.postgres.tasks import TaskStore
 
     pool = await create_pool(database, min_size=1, max_size=2)
 
@@ -184,7 +184,7 @@ async def test_cancel_and_reschedule_answer_by_status(repo: Repo) -> None:
 
 async def test_a_rescheduled_tasks_ref_names_its_organisation(repo: Repo) -> None:
     """The heap ref a reschedule returns carries the task's `org_id`, so the leader's fair heap
-    queues the moved task under its organisation (scheduler.engine.rescheduled)."""
+    queues the moved task under its organisation (scheduler.engine.delayed.rescheduled)."""
     acme, none = task(60), task(60)
     acme.org_id = "acme"
     await repo.tasks.insert_batch([acme, none])

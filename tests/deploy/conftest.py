@@ -1,4 +1,5 @@
-"""Fixtures of the deploy checks: the tools (tests/tools.py) and the chart rendered by helm."""
+"""Fixtures of the deploy checks: the tools (tests/support/tools.py) and the chart rendered by
+helm."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests import tools
+from tests.support import tools
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "mq-scheduler"

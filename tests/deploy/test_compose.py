@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from scheduler.durations import parse_duration
-from tests import tools
 from tests.deploy.conftest import ROOT, Manifests, env_of, one
+from tests.support import tools
 
 COMPOSE = ROOT / "deploy" / "compose.yaml"
 

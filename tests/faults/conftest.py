@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.embedded import NatsServer, Postgres
-from tests.compat import CURRENT, ClusterPostgres, NatsServerOf, Servers
+from scheduler.daemon.embedded import NatsServer, Postgres
 from tests.faults.harness import Cluster
 from tests.faults.proxy import FaultProxy
+from tests.support.compat import CURRENT, ClusterPostgres, NatsServerOf, Servers
 
 StartCluster = Callable[..., Awaitable[Cluster]]
 

@@ -24,7 +24,7 @@ import aiohttp
 import nats
 from nats.js.api import StreamConfig
 
-from scheduler.embedded import free_port
+from scheduler.daemon.embedded import free_port
 
 TTL = 3.0
 TARGET_STREAM = "FAULTS"

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import nats
 
-from scheduler.embedded import NatsServer
+from scheduler.daemon.embedded import NatsServer
 from tests.faults.conftest import RestartablePostgres, StartCluster
 from tests.faults.harness import (
     TTL,

@@ -14,8 +14,8 @@ from typing import Any
 import nats
 import pytest
 
-from scheduler.daemon import Daemon
-from scheduler.embedded import NatsServer
+from scheduler.daemon.embedded import NatsServer
+from scheduler.daemon.lifecycle import Daemon
 from scheduler.settings import Settings
 from tests.faults.conftest import StartCluster
 from tests.faults.harness import (
@@ -26,7 +26,7 @@ from tests.faults.harness import (
     wait_delivered,
 )
 from tests.faults.proxy import FaultProxy
-from tests.helpers import DaemonRunner
+from tests.support.helpers import DaemonRunner
 
 
 async def restart_right_after_a_renew(server: NatsServer, bucket: str = "scheduler_leader") -> None:

@@ -18,16 +18,16 @@ import nats
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-from scheduler.bus.publisher import Publisher
+from scheduler.bus.nats.publisher import Publisher
 from scheduler.clock import Clock, SystemClock
-from scheduler.engine.firing import Firing
-from scheduler.engine.heap import HorizonHeap
+from scheduler.engine.delayed.dispatch import Firing
+from scheduler.engine.delayed.horizon import HorizonHeap
 from scheduler.engine.office import FixedOffice
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.leadership import take_office
-from scheduler.store.postgres import PostgresStore, create_pool
-from scheduler.store.tasks import STATUS, NewTask, TaskStore, ceil_ms
+from scheduler.store.postgres.connect import PostgresStore, create_pool
+from scheduler.store.postgres.epoch import take_office
+from scheduler.store.postgres.tasks import STATUS, NewTask, TaskStore, ceil_ms
 
 STREAM = "ENG"
 SUBJECT = "mq.eng.work"

@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from scheduler import migrate
 from scheduler.clock import FakeClock
+from scheduler.daemon import migrate
 from scheduler.metrics import Metrics
 from scheduler.operations.activity import ActivityOperations
-from scheduler.store.activity import Activity, ActivityFilter, ActivityStore
-from scheduler.store.postgres import PostgresStore, create_pool
+from scheduler.store.postgres.activity import Activity, ActivityFilter, ActivityStore
+from scheduler.store.postgres.connect import PostgresStore, create_pool
 
 T0 = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
 

@@ -16,15 +16,15 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, KeyValueConfig, StorageType
 
 from scheduler import client
-from scheduler.core import NewTask
 from scheduler.metrics import Metrics
+from scheduler.records import NewTask
 from scheduler.settings import Settings
-from scheduler.store import intents
-from scheduler.store import tasks as tasks_module
-from scheduler.store.intents import IntentLimits
-from scheduler.store.postgres import PostgresStore, create_pool
-from scheduler.store.tasks import TaskStore
-from tests.helpers import DaemonRunner
+from scheduler.store.postgres import intents
+from scheduler.store.postgres import tasks as tasks_module
+from scheduler.store.postgres.connect import PostgresStore, create_pool
+from scheduler.store.postgres.intents import IntentLimits
+from scheduler.store.postgres.tasks import TaskStore
+from tests.support.helpers import DaemonRunner
 
 TARGET = "mq.tasks.work"
 

@@ -22,9 +22,9 @@ import asyncpg
 import pytest
 import yaml
 
-from scheduler.embedded import free_port
-from tests import tools
+from scheduler.daemon.embedded import free_port
 from tests.deploy.conftest import CHART
+from tests.support import tools
 
 POD_NAME = "rel-mq-scheduler-7d9c-x2x"
 DATABASE_SECRET = ("rel-mq-scheduler-database", "database-url")

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.processes import cli_env, scheduler
+from tests.support.processes import cli_env, scheduler
 
 DEFAULT_PORTS = (8055, 9090)
 

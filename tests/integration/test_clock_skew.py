@@ -13,9 +13,9 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from scheduler import client
 from scheduler.clock import SystemClock
-from scheduler.daemon import Daemon
+from scheduler.daemon.lifecycle import Daemon
 from scheduler.settings import Settings
-from tests.helpers import DaemonRunner, wait_until
+from tests.support.helpers import DaemonRunner, wait_until
 
 TARGET = "mq.tasks.skew"
 
@@ -122,7 +122,7 @@ async def test_a_leader_whose_clock_jumps_ahead_steps_down_and_returns_when_fixe
     step shows against the monotonic clock), so nothing goes out early, and the measurement
     that follows confirms the skew; once the clock is right again it takes office back and
     delivers them on time."""
-    from scheduler.engine import skew
+    from scheduler.leadership import skew
 
     monkeypatch.setattr(skew, "CHECK_EVERY", 0.2)
     clock = SkewedClock(0.0)

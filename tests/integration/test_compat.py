@@ -1,5 +1,5 @@
 """Production's server versions: what the daemon refuses below its NATS floor (the rest of the
-compatibility run is every server-backed test's `[compat]` variant, see tests/compat.py)."""
+compatibility run is every server-backed test's `[compat]` variant, see tests/support/compat.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.bus.nats import MIN_SERVER_VERSION
-from scheduler.embedded import free_port
-from tests.compat import NatsServerOf
+from scheduler.bus.nats.connection import MIN_SERVER_VERSION
+from scheduler.daemon.embedded import free_port
+from tests.support.compat import NatsServerOf
 
 OLD_NATS = os.environ.get("SCHEDULER_COMPAT_OLD_NATS_SERVER", "/usr/sbin/nats-server")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests import compat
-from tests.compat import Servers, session_postgres
+from tests.support import compat
+from tests.support.compat import Servers, session_postgres
 
 pytestmark = pytest.mark.compat
 

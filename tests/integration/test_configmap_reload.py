@@ -10,8 +10,8 @@ from pathlib import Path
 import nats
 
 from scheduler.settings import Settings
-from tests.helpers import DaemonRunner, wait_until
 from tests.integration.test_cron_firing import EVERY_SECOND, stream_count
+from tests.support.helpers import DaemonRunner, wait_until
 
 
 def project(mount: Path, version: str, files: dict[str, str]) -> None:

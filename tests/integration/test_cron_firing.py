@@ -15,7 +15,7 @@ import pytest
 from nats.js.api import RetentionPolicy
 
 from scheduler.settings import Settings
-from tests.helpers import DaemonRunner
+from tests.support.helpers import DaemonRunner
 
 
 def write_jobs(directory: Path, body: str) -> None:

@@ -11,17 +11,17 @@ import nats
 import pytest
 from nats.js.api import DiscardPolicy, StreamConfig
 
-from scheduler.bus.nats import NatsBus
-from scheduler.bus.publisher import PubAck, Publisher, PublishError
+from scheduler.bus.nats.connection import NatsBus
+from scheduler.bus.nats.publisher import PubAck, Publisher, PublishError
 from scheduler.clock import SystemClock
-from scheduler.engine.cron_firing import CronEngine
+from scheduler.engine.cron.firing import CronEngine
 from scheduler.engine.office import FixedOffice
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.cron_jobs import ScheduleStore
-from scheduler.store.leadership import take_office
-from scheduler.store.postgres import PostgresStore, create_pool
-from tests.helpers import DaemonRunner, wait_until
+from scheduler.store.postgres.connect import PostgresStore, create_pool
+from scheduler.store.postgres.cron_jobs import ScheduleStore
+from scheduler.store.postgres.epoch import take_office
+from tests.support.helpers import DaemonRunner, wait_until
 
 NOWHERE = """\
 scheduled_jobs:
@@ -161,7 +161,7 @@ async def test_fire_all_with_its_oldest_occurrence_failing_keeps_the_cursor_befo
 
 
 def _advance(at: datetime) -> Any:
-    from scheduler.store.cron_jobs import Advance
+    from scheduler.store.postgres.cron_jobs import Advance
 
     return Advance("catchup", "mq.scheduled.catchup", at)
 

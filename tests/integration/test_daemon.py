@@ -12,7 +12,7 @@ import asyncpg
 import psutil
 import pytest
 
-from scheduler.daemon import Daemon, RunState
+from scheduler.daemon.lifecycle import Daemon, RunState
 from scheduler.errors import ConfigError
 from scheduler.settings import Settings
 

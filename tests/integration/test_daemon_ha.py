@@ -16,12 +16,12 @@ import nats
 import pytest
 from nats.js.api import StreamConfig
 
-from scheduler.daemon import Daemon
+from scheduler.daemon.lifecycle import Daemon
 from scheduler.errors import ConfigError
 from scheduler.settings import Settings
-from tests.helpers import DaemonRunner
 from tests.integration.test_daemon import aget
 from tests.integration.test_delayed import envelope
+from tests.support.helpers import DaemonRunner
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from typing import Any
 import asyncpg
 
 from scheduler.settings import Settings
-from tests.hostile import Hostile, envelope, hostile
 from tests.integration.api.harness import poll
 from tests.integration.test_daemon import aget
+from tests.support.hostile import Hostile, envelope, hostile
 
 MIB = 1024 * 1024
 

@@ -18,8 +18,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from scheduler import client
 from scheduler.settings import Settings
-from scheduler.store.tasks import ceil_ms
-from tests.helpers import DaemonRunner, wait_until
+from scheduler.store.postgres.tasks import ceil_ms
+from tests.support.helpers import DaemonRunner, wait_until
 
 TARGET = "mq.tasks.work"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.docs_blocks import ROOT
+from tests.support.docs_blocks import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.envelope import parse_envelope
-from scheduler.schedules import load_dir
-from tests.docs_blocks import ROOT, Block, blocks, console_steps, pages
-from tests.processes import cli_env, scheduler
+from scheduler.cron.jobs import load_dir
+from scheduler.messages.envelope import parse_envelope
+from tests.support.docs_blocks import ROOT, Block, blocks, console_steps, pages
+from tests.support.processes import cli_env, scheduler
 
 pytestmark = pytest.mark.slow
 

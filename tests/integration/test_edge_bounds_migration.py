@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from scheduler import migrate
+from scheduler.daemon import migrate
 
 
 async def _dead(conn: asyncpg.Connection, n: int, resolved: bool, tag: str = "") -> None:

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from scheduler.audit import export
-from scheduler.audit.synth import generate, load_postgres
-from scheduler.cli import main
+from scheduler.cli.main import main
+from tests.support.synth import generate, load_postgres
 
 DAY = date(2026, 11, 21)
 

@@ -13,8 +13,8 @@ import pytest
 
 from scheduler.engine.office import FixedOffice
 from scheduler.settings import Settings
-from scheduler.store.leadership import take_office
-from scheduler.store.tasks import to_ms
+from scheduler.store.postgres.epoch import take_office
+from scheduler.store.postgres.tasks import to_ms
 from tests.faults.proxy import FaultProxy
 from tests.integration.engine_parts import (
     STREAM,

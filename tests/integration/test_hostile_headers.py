@@ -11,12 +11,12 @@ from typing import Any
 
 from nats.js.api import StreamConfig
 
-from scheduler.bus.nats import stream_configs
-from scheduler.envelope import HEADER_RESERVE
+from scheduler.bus.nats.connection import stream_configs
+from scheduler.messages.envelope import HEADER_RESERVE
 from scheduler.settings import Settings
-from tests.hostile import LANE, TARGET, envelope, hostile
 from tests.integration.test_hostile_intake import assert_still_connected, raw_doc, reasons
-from tests.rawclient import header_block
+from tests.support.hostile import LANE, TARGET, envelope, hostile
+from tests.support.rawclient import header_block
 
 LANE_REFUSES = [
     (b"Nats-Rollup", b"all", 10111),  # rollup not permitted

@@ -12,12 +12,12 @@ from typing import Any
 import asyncpg
 import nats
 
-from scheduler.daemon import Daemon
-from scheduler.engine.deadletter import DLQ_INFLIGHT
+from scheduler.daemon.lifecycle import Daemon
+from scheduler.engine.delayed.dead_letters import DLQ_INFLIGHT
 from scheduler.settings import Settings
-from tests.hostile import LANE, Hostile, envelope, hostile
 from tests.integration.test_daemon import aget
-from tests.rawclient import header_block
+from tests.support.hostile import LANE, Hostile, envelope, hostile
+from tests.support.rawclient import header_block
 
 
 def raw_doc(doc: dict[str, Any]) -> bytes:

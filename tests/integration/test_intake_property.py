@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
 from scheduler.settings import Settings
-from tests.hostile import Hostile, envelope, hostile
-from tests.rawclient import header_block
+from tests.support.hostile import Hostile, envelope, hostile
+from tests.support.rawclient import header_block
 
 EXAMPLES = 40
 PAD = 1_046_000

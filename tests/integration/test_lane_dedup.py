@@ -13,7 +13,7 @@ import nats
 import pytest
 from nats.js import api as js_api
 
-from scheduler.bus.nats import (
+from scheduler.bus.nats.connection import (
     FALLBACK_WINDOW,
     NatsBus,
     lane_window_warning,
@@ -22,8 +22,8 @@ from scheduler.bus.nats import (
 )
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from tests.helpers import DaemonRunner
 from tests.integration.test_cancel_intents import TARGET, delivered, envelope
+from tests.support.helpers import DaemonRunner
 
 LANE_SUBJECT = f"mq.delay.{TARGET[3:]}"
 

@@ -11,14 +11,14 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from scheduler.bus.nats import ensure_bucket
+from scheduler.bus.nats.connection import ensure_bucket
 from scheduler.clock import SystemClock
 from scheduler.errors import FencedError
-from scheduler.leadership import Leadership
+from scheduler.leadership.election import Leadership
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.leadership import check_epoch, take_office
-from scheduler.store.postgres import create_pool
+from scheduler.store.postgres.connect import create_pool
+from scheduler.store.postgres.epoch import check_epoch, take_office
 
 
 class Cluster:

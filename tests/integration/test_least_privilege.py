@@ -24,9 +24,9 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from scheduler.settings import Settings
-from tests.compat import NatsServerOf, Servers
-from tests.helpers import DaemonRunner
 from tests.integration.test_delayed import envelope
+from tests.support.compat import NatsServerOf, Servers
+from tests.support.helpers import DaemonRunner
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats-server.conf"
 PASSWORDS = {

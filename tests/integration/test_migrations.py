@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 from alembic.script import ScriptDirectory
 
-from scheduler import migrate
+from scheduler.daemon import migrate
 from scheduler.metrics import Metrics
-from scheduler.store.postgres import PostgresStore, create_pool
+from scheduler.store.postgres.connect import PostgresStore, create_pool
 
 TABLES = {"delayed_messages", "fire_log", "dead_letters", "alembic_version"}
 
@@ -101,7 +101,7 @@ async def test_fire_log_upkeep_creates_ahead_moves_default_rows_and_drops_old(
 
 async def test_purge_deletes_only_old_finished_tasks(database_url: str) -> None:
     """The upkeep purge removes fired/cancelled/expired tasks past the retention, nothing else."""
-    from scheduler.store.tasks import TaskStore
+    from scheduler.store.postgres.tasks import TaskStore
 
     pool = await create_pool(database_url, min_size=1, max_size=2)
     tasks = TaskStore(PostgresStore(pool, Metrics()))
@@ -210,9 +210,9 @@ async def test_migration_0013_keeps_claims_and_gives_the_table_room_for_hot_clai
     version may still run): they read `claimed` (`in_flight` once in doubt) and the next
     leader takes them over, back to their ready status and claimed by its epoch. Downgrading
     to 0012 turns tasks claimed the new way into `claimed` rows again."""
-    from scheduler.core import Fired
-    from scheduler.store.leadership import take_office
-    from scheduler.store.tasks import TaskStore
+    from scheduler.records import Fired
+    from scheduler.store.postgres.epoch import take_office
+    from scheduler.store.postgres.tasks import TaskStore
 
     await asyncio.to_thread(migrate.downgrade, database_url, "0012")
     conn = await asyncpg.connect(database_url)

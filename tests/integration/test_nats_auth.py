@@ -15,15 +15,15 @@ from pathlib import Path
 import nkeys
 import pytest
 
-from scheduler.bus.nats import NatsBus
+from scheduler.bus.nats.connection import NatsBus
 from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from tests.compat import NatsServerOf, Servers
-from tests.helpers import DaemonRunner, served_text, wait_until
-from tests.natsjwt import Operator, new_key
-from tests.processes import CliProcess, cli_env, scheduler
-from tests.tls import CertificateAuthority
+from tests.support.compat import NatsServerOf, Servers
+from tests.support.helpers import DaemonRunner, served_text, wait_until
+from tests.support.natsjwt import Operator, new_key
+from tests.support.processes import CliProcess, cli_env, scheduler
+from tests.support.tls import CertificateAuthority
 
 EXIT_CONFIG = 2
 NOWHERE_DB = "postgresql://app@127.0.0.1:9/app"  # NATS is met first; never reached

@@ -9,11 +9,11 @@ import pytest
 from nats.errors import OutboundBufferLimitError
 from nats.js import api as js_api
 
-from scheduler.bus.nats import NatsBus, provision
-from scheduler.embedded import NatsServer
+from scheduler.bus.nats.connection import NatsBus, provision
+from scheduler.daemon.embedded import NatsServer
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 
 async def test_provision_creates_streams_consumer_and_buckets(settings: Settings) -> None:
@@ -78,8 +78,8 @@ async def test_a_filtered_intake_consumer_on_the_lane_stream_loses_its_filter(
     """An intake consumer made with a filter on the lane's own stream is updated to none:
     nats-server never hands a filtered consumer a subject holding a DEL byte, which would
     otherwise stay on the lane, never judged."""
-    from scheduler.bus.nats import ensure_consumer, ensure_stream, stream_configs
-    from tests.rawclient import RawClient
+    from scheduler.bus.nats.connection import ensure_consumer, ensure_stream, stream_configs
+    from tests.support.rawclient import RawClient
 
     bus = NatsBus(settings, Metrics())
     await bus.connect()
@@ -121,7 +121,7 @@ async def test_publish_while_disconnected_fails_instead_of_buffering(tmp_path: P
 
 async def test_connect_gives_up_after_bounded_attempts() -> None:
     """A connect to a port nobody serves gives up after its budget with the service named."""
-    from scheduler.embedded import free_port
+    from scheduler.daemon.embedded import free_port
     from scheduler.errors import ServiceUnavailableError
 
     bus = NatsBus(Settings(nats_url=f"nats://127.0.0.1:{free_port()}", instance_id="t"), Metrics())

@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from scheduler import migrate
+from scheduler.daemon import migrate
 from scheduler.settings import Settings
-from tests.hostile import LANE, envelope, hostile
-from tests.rawclient import header_block
+from tests.support.hostile import LANE, envelope, hostile
+from tests.support.rawclient import header_block
 
 
 def frame(doc: dict) -> tuple[bytes, bytes]:

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.leadership import take_office
-from scheduler.store.postgres import PostgresStore, create_pool
-from scheduler.store.tasks import Fired, NewTask, TaskStore
-from scheduler.store.values import jsonb_text
-from tests.hostile import LANE, envelope, hostile
-from tests.rawclient import header_block
+from scheduler.store.postgres.connect import PostgresStore, create_pool
+from scheduler.store.postgres.epoch import take_office
+from scheduler.store.postgres.tasks import Fired, NewTask, TaskStore
+from scheduler.store.postgres.values import jsonb_text
+from tests.support.hostile import LANE, envelope, hostile
+from tests.support.rawclient import header_block
 
 
 async def test_a_row_postgres_refuses_is_split_out_of_its_batch(

@@ -15,12 +15,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from scheduler import migrate
+from scheduler.daemon import migrate
 from scheduler.settings import Settings
-from tests.compat import ClusterPostgres, Servers, compat_servers
-from tests.helpers import DaemonRunner, served_text, wait_until
-from tests.processes import cli_env, scheduler
-from tests.tls import CertificateAuthority
+from tests.support.compat import ClusterPostgres, Servers, compat_servers
+from tests.support.helpers import DaemonRunner, served_text, wait_until
+from tests.support.processes import cli_env, scheduler
+from tests.support.tls import CertificateAuthority
 
 EXIT_CONFIG = 2
 PASSWORD = "pg-Kw9-s3cret"

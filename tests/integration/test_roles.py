@@ -17,10 +17,10 @@ import asyncpg
 import nats
 import pytest
 
-from scheduler import client, migrate
-from scheduler.daemon import Daemon
+from scheduler import client
+from scheduler.daemon.lifecycle import Daemon, migrate
 from scheduler.settings import Settings
-from tests.helpers import DaemonRunner, wait_until
+from tests.support.helpers import DaemonRunner, wait_until
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 

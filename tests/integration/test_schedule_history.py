@@ -12,16 +12,16 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from scheduler import migrate
-from scheduler.bus.publisher import PubAck
+from scheduler.bus.nats.publisher import PubAck
 from scheduler.clock import FakeClock
-from scheduler.engine.cron_firing import CronEngine
+from scheduler.cron.jobs import load_text
+from scheduler.daemon import migrate
+from scheduler.engine.cron.firing import CronEngine
 from scheduler.metrics import Metrics
-from scheduler.schedules import load_text
 from scheduler.settings import Settings
-from scheduler.store.cron_jobs import ScheduleStore
-from scheduler.store.leadership import take_office
-from scheduler.store.postgres import PostgresStore, create_pool
+from scheduler.store.postgres.connect import PostgresStore, create_pool
+from scheduler.store.postgres.cron_jobs import ScheduleStore
+from scheduler.store.postgres.epoch import take_office
 
 T0 = datetime(2026, 11, 21, 10, 0, 0, 900_000, tzinfo=UTC)
 JOBS = """\

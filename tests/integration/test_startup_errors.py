@@ -17,10 +17,10 @@ import asyncpg
 import psutil
 import pytest
 
-from scheduler.embedded import NatsServer, free_port
+from scheduler.daemon.embedded import NatsServer, free_port
 from tests.conftest import _dsn_for
-from tests.nats_filter import JetStreamSwallower
-from tests.processes import CliProcess, SilentServer, cli_env, scheduler
+from tests.support.nats_filter import JetStreamSwallower
+from tests.support.processes import CliProcess, SilentServer, cli_env, scheduler
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from scheduler.metrics import Metrics
-from scheduler.store.postgres import PostgresStore, create_pool
-from scheduler.store.tasks import NewTask, TaskStore
+from scheduler.store.postgres.connect import PostgresStore, create_pool
+from scheduler.store.postgres.tasks import NewTask, TaskStore
 
 
 def batch(n: int, due: datetime) -> list[NewTask]:
@@ -55,8 +55,8 @@ async def test_mark_fired_records_exact_instants_whatever_the_ids(database_url: 
     """Booking passes ids, subjects and streams joined into one string and instants as integer
     microseconds; an id the separator cannot carry (or an empty one) takes plain arrays. Both
     record status, stream sequence and the fire log to the microsecond."""
-    from scheduler.store.leadership import take_office
-    from scheduler.store.tasks import Fired
+    from scheduler.store.postgres.epoch import take_office
+    from scheduler.store.postgres.tasks import Fired
 
     pool = await create_pool(database_url, min_size=1, max_size=2)
     tasks = TaskStore(PostgresStore(pool, Metrics()))
@@ -106,8 +106,8 @@ async def test_a_resend_inserted_while_its_task_is_booked_fired_is_refused(
 
     import asyncpg
 
-    from scheduler.store.leadership import take_office
-    from scheduler.store.tasks import Fired
+    from scheduler.store.postgres.epoch import take_office
+    from scheduler.store.postgres.tasks import Fired
 
     pool = await create_pool(database_url, min_size=1, max_size=4)
     tasks = TaskStore(PostgresStore(pool, Metrics()))
@@ -160,7 +160,7 @@ async def test_a_claim_is_a_heap_only_tuple_update(database_url: str) -> None:
     `claimed_epoch`), so each claimed row is updated in place on its page at fillfactor 45:
     as many HOT updates as tasks claimed, and no index grows. The claimed tasks still read
     `claimed`."""
-    from scheduler.store.leadership import take_office
+    from scheduler.store.postgres.epoch import take_office
 
     pool = await create_pool(database_url, min_size=1, max_size=1)  # one backend: its stats
     tasks = TaskStore(PostgresStore(pool, Metrics()))
@@ -207,7 +207,7 @@ async def test_a_cancel_racing_a_claim_on_the_same_row(database_url: str) -> Non
 
     import asyncpg
 
-    from scheduler.store.leadership import take_office
+    from scheduler.store.postgres.epoch import take_office
 
     pool = await create_pool(database_url, min_size=1, max_size=4)
     tasks = TaskStore(PostgresStore(pool, Metrics()))
@@ -269,9 +269,9 @@ async def test_listings_and_counts_report_claimed_tasks_as_before(database_url: 
     status filter, the task detail, the forecast and the counts report it as before: `claimed`
     (also once in doubt), never among the pending or in-doubt ones, still unfinished for its
     organisation."""
-    from scheduler.core import ClaimedTask
-    from scheduler.store.leadership import take_office
-    from scheduler.store.overview import OverviewStore, TaskFilter
+    from scheduler.records import ClaimedTask
+    from scheduler.store.postgres.epoch import take_office
+    from scheduler.store.postgres.overview import OverviewStore, TaskFilter
 
     pool = await create_pool(database_url, min_size=1, max_size=2)
     db = PostgresStore(pool, Metrics())
@@ -325,8 +325,8 @@ async def test_a_replayed_dead_letter_is_pending_again_under_its_organisation(
 ) -> None:
     """Replaying a firing dead letter makes its task pending and unclaimed again, and the heap
     ref the leader is told about names the task's organisation (fair firing queues by it)."""
-    from scheduler.store.dead_letters import DeadLetterStore
-    from scheduler.store.leadership import take_office
+    from scheduler.store.postgres.dead_letters import DeadLetterStore
+    from scheduler.store.postgres.epoch import take_office
 
     pool = await create_pool(database_url, min_size=1, max_size=2)
     db = PostgresStore(pool, Metrics())

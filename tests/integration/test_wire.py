@@ -9,7 +9,7 @@ import pytest
 from nats.errors import OutboundBufferLimitError
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from scheduler.bus.wire import Wire
+from scheduler.bus.nats.wire import Wire
 
 
 async def test_wire_publish_arrives_exactly_as_client_publish(nats_url: str) -> None:
@@ -79,7 +79,7 @@ async def test_wire_refuses_while_disconnected(nats_url: str) -> None:
 
 async def test_raw_subscribe_hands_over_subject_payload_and_headers(nats_url: str) -> None:
     """Raw deliveries skip nats-py's Msg; other subscriptions on the client are unaffected."""
-    from scheduler.bus.wire import raw_subscribe
+    from scheduler.bus.nats.wire import raw_subscribe
 
     nc = await nats.connect(nats_url)
     try:
@@ -111,7 +111,7 @@ async def test_raw_subscribe_hands_over_subject_payload_and_headers(nats_url: st
 
 
 async def test_publisher_reports_a_subject_no_stream_captures(nats_url: str) -> None:
-    from scheduler.bus.publisher import Publisher, PublishError
+    from scheduler.bus.nats.publisher import Publisher, PublishError
 
     nc = await nats.connect(nats_url)
     try:
@@ -126,7 +126,7 @@ async def test_publisher_reports_a_subject_no_stream_captures(nats_url: str) -> 
 
 
 async def test_message_of_parses_headers_as_nats_py_does(nats_url: str) -> None:
-    from scheduler.bus.wire import message_of, raw_subscribe, status_of
+    from scheduler.bus.nats.wire import message_of, raw_subscribe, status_of
 
     nc = await nats.connect(nats_url)
     try:
@@ -165,8 +165,8 @@ async def test_publish_batch_delivers_every_item_once_with_its_outcome(nats_url:
     """More items than the in-flight limit, header blocks and header dicts mixed, a subject no
     stream captures and a repeated message id: every callback is called once with the right
     outcome, and the stream holds exactly the messages, in order, with their headers."""
-    from scheduler.bus.frames import DELIVERY_BLOCK as _BLOCK
-    from scheduler.bus.publisher import PubAck, Publisher, PublishError
+    from scheduler.bus.nats.frames import DELIVERY_BLOCK as _BLOCK
+    from scheduler.bus.nats.publisher import PubAck, Publisher, PublishError
 
     nc = await nats.connect(nats_url)
     try:
@@ -224,7 +224,7 @@ async def test_no_publish_path_sends_a_frame_over_max_payload(nats_url: str) -> 
     """A message whose headers and payload together pass max_payload is refused on every
     publish path as a permanent `too_large` PublishError, never sent: the server would refuse
     it and nats-py would close the connection for good (it counts the payload alone)."""
-    from scheduler.bus.publisher import PubAck, Publisher, PublishError
+    from scheduler.bus.nats.publisher import PubAck, Publisher, PublishError
 
     nc = await nats.connect(nats_url)
     try:

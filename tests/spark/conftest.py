@@ -2,7 +2,7 @@
 
 The session runs `local[2]` with the PostgreSQL JDBC driver on its class path (Debian's
 `libpostgresql-jdbc-java`, which `scripts/test` installs when missing). Audits run in-process
-through `scheduler.cli.main`, reusing this session: one JVM start for the whole suite.
+through `scheduler.cli.main.main`, reusing this session: one JVM start for the whole suite.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from scheduler import migrate
 from scheduler.audit import session as audit_session
 from scheduler.audit.inputs import DEFAULT_JDBC_JAR, JDBC_JAR_ENV
-from scheduler.cli import main
-from scheduler.embedded import free_port, wait_for_port
+from scheduler.cli.main import main
+from scheduler.daemon import migrate
+from scheduler.daemon.embedded import free_port, wait_for_port
 
 
 def jdbc_jar_path() -> str:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from scheduler.audit.synth import JobPlan, Rates, Synth, generate
 from tests.spark.conftest import AuditRun, audit_synth, run_audit
+from tests.support.synth import JobPlan, Rates, Synth, generate
 
 pytestmark = pytest.mark.spark
 

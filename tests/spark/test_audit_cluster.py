@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.audit.synth import generate
-from scheduler.embedded import free_port, wait_for_port
+from scheduler.daemon.embedded import free_port, wait_for_port
 from tests.spark.conftest import audit_synth
+from tests.support.synth import generate
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -16,9 +16,9 @@ import pytest
 
 from scheduler import client
 from scheduler.settings import Settings
-from tests.helpers import DaemonRunner
 from tests.integration.test_delayed import envelope
 from tests.spark.conftest import run_audit
+from tests.support.helpers import DaemonRunner
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
 

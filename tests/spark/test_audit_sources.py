@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from scheduler.audit.expected import to_us
-from scheduler.audit.synth import JobPlan, Rates, generate, load_postgres
 from tests.spark.conftest import run_audit
 from tests.spark.test_audit import assert_matches_truth
+from tests.support.synth import JobPlan, Rates, generate, load_postgres
 
 pytestmark = pytest.mark.spark
 
@@ -140,7 +140,7 @@ def test_jdbc_reads_fire_log_history_and_unfired_tasks_over_tcp(
 
 def test_jdbc_connection_refused_exits_2_naming_the_input(spark: Any, tmp_path: Path) -> None:
     """A JDBC URL nobody answers exits 2 with one line from the PostgreSQL driver."""
-    from scheduler.embedded import free_port
+    from scheduler.daemon.embedded import free_port
 
     (tmp_path / "schedules").mkdir()
     url = f"jdbc:postgresql://127.0.0.1:{free_port()}/nothing?user=postgres"

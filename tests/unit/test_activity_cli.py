@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.cli import main
-from scheduler.commands import ops
-from scheduler.commands.apiclient import ApiClient
+from scheduler.cli import ops
+from scheduler.cli.apiclient import ApiClient
+from scheduler.cli.main import main
 from scheduler.operations.activity import DETAIL_KEYS, DETAIL_TEXT, bounded
 
 PAGE = {

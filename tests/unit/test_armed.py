@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.clock import FakeClock
-from scheduler.engine.firing import Firing
-from scheduler.engine.heap import HorizonHeap
+from scheduler.engine.delayed.dispatch import Firing
+from scheduler.engine.delayed.horizon import HorizonHeap
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.store.tasks import ClaimedTask, from_ms, to_ms
+from scheduler.store.postgres.tasks import ClaimedTask, from_ms, to_ms
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -153,7 +153,7 @@ def test_room_is_bounded_by_count_and_by_payload_bytes() -> None:
     """The set admits tasks while under both limits; one task larger than the byte limit
     still fits into an empty set (so it can be published at all), and taking tasks out
     gives the room back."""
-    from scheduler.engine.armed import Armed
+    from scheduler.engine.delayed.armed import Armed
 
     armed = Armed(max_count=3, max_bytes=100)
     base = to_ms(T0)

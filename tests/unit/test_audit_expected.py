@@ -9,7 +9,7 @@ import pytest
 
 from scheduler.audit.expected import JobVersion, expand, from_us, to_us
 from scheduler.audit.window import AuditWindow
-from scheduler.schedules import jitter_for, load_text
+from scheduler.cron.jobs import jitter_for, load_text
 
 
 def day_of(version: JobVersion, day: date) -> list[str]:

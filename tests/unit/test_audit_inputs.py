@@ -108,7 +108,7 @@ def test_unwritable_out_and_missing_java_are_named(
 ) -> None:
     """--out under a file exits 2 naming --out; without java the audit says how to get it."""
     from scheduler.audit.cli import java_problem
-    from scheduler.cli import main
+    from scheduler.cli.main import main
 
     (tmp_path / "schedules").mkdir()
     (tmp_path / "log.jsonl").write_text("")

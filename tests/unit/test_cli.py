@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from scheduler.cli import main
-from scheduler.commands import ops
+from scheduler.cli import ops
+from scheduler.cli.main import main
 
 VERBS = ["run", "migrate", "validate", "next", "audit", "export-log"]
 VERBS += ["status", "schedules", "delayed", "dlq"]  # the management API's CLI
@@ -69,7 +69,8 @@ def test_audit_verbs_do_not_import_pyspark() -> None:
     import sys
 
     code = (
-        "import sys, scheduler.cli as c, scheduler.daemon, scheduler.audit.cli; c._parser(); "
+        "import sys, scheduler.cli.main as c, scheduler.daemon.lifecycle, scheduler.audit.cli; "
+        "c._parser(); "
         "sys.exit(1 if any(m.split('.')[0] in ('pyspark', 'py4j') for m in sys.modules) else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

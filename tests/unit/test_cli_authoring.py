@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.cli import main
-from scheduler.commands import authoring
-from scheduler.commands.apiclient import UNAVAILABLE, ApiClient, ApiFailure
+from scheduler.cli import authoring
+from scheduler.cli.apiclient import UNAVAILABLE, ApiClient, ApiFailure
+from scheduler.cli.main import main
 
 ANSWER = {
     "status": "scheduled",

@@ -15,11 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from scheduler import dev_access
-from scheduler.cli import main, print_banner
-from scheduler.commands.apiclient import DEFAULT_URL, UNAVAILABLE, ApiClient, ApiFailure
-from scheduler.dev_access import DevAccess
-from scheduler.embedded import free_port, publish_dev_access, with_dev_tokens
+from scheduler.cli.apiclient import DEFAULT_URL, UNAVAILABLE, ApiClient, ApiFailure
+from scheduler.cli.main import main, print_banner
+from scheduler.daemon import dev_access
+from scheduler.daemon.dev_access import DevAccess
+from scheduler.daemon.embedded import free_port, publish_dev_access, with_dev_tokens
 from scheduler.settings import Settings
 
 ADMIN = "dev-admin-" + "a" * 32

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from scheduler import cli
-from tests.docs_blocks import ROOT
+from scheduler.cli import main as cli
+from tests.support.docs_blocks import ROOT
 
 
 def headings(page: str) -> set[str]:

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.cli import _parser
-from scheduler.commands import ops, render
-from scheduler.commands.apiclient import table
+from scheduler.cli import ops, render
+from scheduler.cli.apiclient import table
+from scheduler.cli.main import _parser
 
 TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 PROBLEM = {"file": "/etc/jobs/typo.yaml", "line": 7, "job": "report", "message": "cron: bad"}

@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from scheduler.api.activity import CONSOLE_SCOPE
-from scheduler.api.ui import client
-from scheduler.api.ui.client import Api
+from scheduler.console import client
+from scheduler.console.client import Api
 
 
 class Recorder:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.api.ui.console import safe_next
-from scheduler.api.ui.display import ago, in_zone, ms, seg, when
-from scheduler.api.ui.session import Signer
+from scheduler.console.console import safe_next
+from scheduler.console.display import ago, in_zone, ms, seg, when
+from scheduler.console.session import Signer
 from scheduler.operations.audits import AuditReports, AuditUnreadableError
 from scheduler.operations.instances import instance_record
 from scheduler.settings import Settings

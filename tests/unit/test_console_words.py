@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from scheduler.api.ui.charts import HEIGHT, Bar, bars
-from scheduler.api.ui.cron_words import describe
-from scheduler.api.ui.display import ago, jitter, raw_text, subject_breaks
-from scheduler.api.ui.schedules import matches
-from scheduler.api.ui.trends import charts, summarize
+from scheduler.console.charts import HEIGHT, Bar, bars
+from scheduler.console.cron_words import describe
+from scheduler.console.display import ago, jitter, raw_text, subject_breaks
+from scheduler.console.schedules import matches
+from scheduler.console.trends import charts, summarize
 from scheduler.operations.history import cause
 
 NOW = datetime(2026, 11, 26, 14, 0, tzinfo=UTC)

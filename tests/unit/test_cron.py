@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from scheduler.cron import (
+from scheduler.cron.expression import (
     CronExpr,
     CronSyntaxError,
     next_after,

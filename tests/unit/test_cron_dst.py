@@ -12,7 +12,7 @@ from cronsim import CronSim, CronSimError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.cron import CronExpr, CronSyntaxError, occurrences, occurrences_between
+from scheduler.cron.expression import CronExpr, CronSyntaxError, occurrences, occurrences_between
 
 ZONES = (
     "America/New_York",

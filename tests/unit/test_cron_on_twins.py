@@ -13,11 +13,11 @@ import pytest
 
 from scheduler.bus.memory import MemoryBroker, MemoryBus, MemoryStreams
 from scheduler.clock import FakeClock, rfc3339, to_rfc3339
-from scheduler.core import PublishError
-from scheduler.engine.cron_firing import CronEngine
+from scheduler.engine.cron.firing import CronEngine
 from scheduler.engine.office import FixedOffice
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
+from scheduler.records import PublishError
 from scheduler.settings import Settings
 from scheduler.store.memory import MemoryScheduleStore
 

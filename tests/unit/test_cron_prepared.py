@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from scheduler.clock import to_rfc3339
-from scheduler.engine.cron_message import Prepared, envelope
-from scheduler.schedules import load_text
+from scheduler.cron.jobs import load_text
+from scheduler.engine.cron.message import Prepared, envelope
 
 YAML = """\
 scheduled_jobs:
@@ -50,7 +50,7 @@ class _Client:
 
 @pytest.mark.parametrize("text", ["plain", "ünïcode ✓"])
 def test_prepared_frame_equals_the_frame_of_the_envelope_at_firing_time(text: str) -> None:
-    from scheduler.bus.publisher import Publisher
+    from scheduler.bus.nats.publisher import Publisher
 
     publisher = Publisher(_Client())  # type: ignore[arg-type]
     job = load_text(YAML.format(text=text)).jobs[0]

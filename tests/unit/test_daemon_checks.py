@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.bus.nats import NatsBus
-from scheduler.daemon import Daemon
+from scheduler.bus.nats.connection import NatsBus
+from scheduler.daemon.lifecycle import Daemon
 from scheduler.errors import ConfigError
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from scheduler.clock import FakeClock
-from scheduler.engine.dead_budget import OVERFLOW, DeadLetterBudget, budget_key
-from scheduler.engine.quota import OrgLabels
+from scheduler.engine.delayed.dead_budget import OVERFLOW, DeadLetterBudget, budget_key
+from scheduler.engine.delayed.quota import OrgLabels
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.engine.deadletter import DeadLetter, copy_of, fits
+from scheduler.engine.delayed.dead_letters import DeadLetter, copy_of, fits
 
 SUBJECT = "mq.dlq.tasks.work"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.docs_blocks import blocks, console_steps, pages, problem
+from tests.support.docs_blocks import blocks, console_steps, pages, problem
 
 PAGE = """\
 # A page

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from scheduler.core import PublishError, to_ms
-from scheduler.engine import rescheduled
+from scheduler.engine.delayed import rescheduled
+from scheduler.records import PublishError, to_ms
 from tests.unit.engine_twins import T0, Delivery, Engine, engine_on_twins
 
 

@@ -8,10 +8,16 @@ from typing import Any
 
 import pytest
 
-from scheduler.envelope import HEADER_RESERVE, Limits, check_org, check_size, parse_envelope
 from scheduler.errors import EnvelopeError
-from scheduler.headers import block_size
-from scheduler.subjects import org_of
+from scheduler.messages.envelope import (
+    HEADER_RESERVE,
+    Limits,
+    check_org,
+    check_size,
+    parse_envelope,
+)
+from scheduler.messages.headers import block_size
+from scheduler.messages.subjects import org_of
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 
 from scheduler.clock import FakeClock, to_rfc3339
-from scheduler.core import Claimed, ClaimedTask, TaskRef, from_ms, to_ms
-from scheduler.engine.armed import Armed
-from scheduler.engine.claims import CLAIMS_IN_FLIGHT, Claimer
-from scheduler.engine.fair import (
+from scheduler.engine.delayed.armed import Armed
+from scheduler.engine.delayed.claims import CLAIMS_IN_FLIGHT, Claimer
+from scheduler.engine.delayed.fairness import (
     CONTENDED_WINDOW_MS,
     FAIR_ALLOWANCE,
     FAIR_BOOK_DEFER,
@@ -28,10 +27,11 @@ from scheduler.engine.fair import (
     FairHeap,
     Throttles,
 )
-from scheduler.engine.heap import Horizon, HorizonHeap
-from scheduler.engine.quota import OrgLabels
+from scheduler.engine.delayed.horizon import Horizon, HorizonHeap
+from scheduler.engine.delayed.quota import OrgLabels
 from scheduler.metrics import Metrics
 from scheduler.operations.tasks import TaskOperations
+from scheduler.records import Claimed, ClaimedTask, TaskRef, from_ms, to_ms
 from scheduler.settings import Settings
 from tests.unit.engine_twins import T0, Delivery, Engine, engine_on_twins
 
@@ -256,7 +256,7 @@ def test_fair_firing_off_restores_every_fifo_part() -> None:
     """`fair_firing=false` gives the plain heap and armed set, and throttles that never
     engage: whole claims of `batch`, the usual lookahead and bookkeeping, no in-flight cap of
     the dispatcher's own, even with two orgs due."""
-    from scheduler.engine import fair
+    from scheduler.engine.delayed import fairness as fair
 
     off, on = Settings(batch=800), Settings(fair_firing=True, batch=800)
     assert not off.fair_firing  # the default

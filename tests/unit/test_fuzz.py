@@ -15,12 +15,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.cron import CronExpr, CronSyntaxError
+from scheduler.cron.expression import CronExpr, CronSyntaxError
+from scheduler.cron.jobs import ScheduleError, load_text
 from scheduler.durations import MAX_DURATION, parse_duration
-from scheduler.envelope import EARLIEST, LATEST, Limits, check_org, parse_envelope
 from scheduler.errors import DurationError, EnvelopeError, TargetRefusedError
-from scheduler.schedules import ScheduleError, load_text
-from scheduler.subjects import (
+from scheduler.messages.envelope import EARLIEST, LATEST, Limits, check_org, parse_envelope
+from scheduler.messages.subjects import (
     MAX_SUBJECT_BYTES,
     REFUSED_PREFIXES,
     check_target,

@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.client import Client
 
-from scheduler.bus.wire import message_of, parse_header_block
+from scheduler.bus.nats.wire import message_of, parse_header_block
 from scheduler.errors import EnvelopeError
-from scheduler.headers import block_size, forwarded, printable
+from scheduler.messages.headers import block_size, forwarded, printable
 
 
 def test_reserved_headers_are_dropped_in_any_case() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.engine.heap import HorizonHeap, TaskRef
+from scheduler.engine.delayed.horizon import HorizonHeap, TaskRef
 
 
 def ref(task_id: str, due: int, priority: int = 5, seq: int = 0) -> TaskRef:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.cron import CronExpr, CronSyntaxError
+from scheduler.cron.expression import CronExpr, CronSyntaxError
+from scheduler.cron.jobs import MAX_CRON_CHARS, MAX_FILE_BYTES, load_dir, load_text
 from scheduler.durations import MAX_DURATION, parse_duration
 from scheduler.errors import DurationError
-from scheduler.schedules import MAX_CRON_CHARS, MAX_FILE_BYTES, load_dir, load_text
 
 JOB = "scheduled_jobs:\n  - name: a\n    subject: mq.scheduled.a\n    cron: '@daily'\n"
 GOOD = "scheduled_jobs:\n  - name: good\n    subject: mq.scheduled.good\n    cron: '@hourly'\n"

@@ -40,20 +40,20 @@ def test_the_layers_hold() -> None:
         ("engine/probe.py", "import asyncpg\n", "scheduler.engine.probe -> asyncpg"),
         (
             "store/probe.py",
-            "import scheduler.engine.heap\n",
-            "scheduler.store.probe -> scheduler.engine.heap",
+            "import scheduler.engine.delayed.horizon\n",
+            "scheduler.store.probe -> scheduler.engine.delayed.horizon",
         ),
         (
             "bus/probe.py",
-            "import scheduler.engine.firing\n",
-            "scheduler.bus.probe -> scheduler.engine.firing",
+            "import scheduler.engine.delayed.dispatch\n",
+            "scheduler.bus.probe -> scheduler.engine.delayed.dispatch",
         ),
-        ("store/probe.py", "import scheduler.daemon\n", "scheduler.store.probe"),
+        ("store/probe.py", "import scheduler.daemon.lifecycle\n", "scheduler.store.probe"),
         # the console mounts its pages; a page importing the console again is a cycle
         (
-            "api/ui/overview.py",
-            "import scheduler.api.ui.console\n",
-            "No cycles are allowed in scheduler.api.ui",
+            "console/overview.py",
+            "import scheduler.console.console\n",
+            "No cycles are allowed in scheduler.console",
         ),
     ],
 )

@@ -14,9 +14,9 @@ import pytest
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from scheduler.bus.lease import LEASE_KEY
 from scheduler.clock import FakeClock, to_rfc3339
-from scheduler.leadership import Leadership
+from scheduler.leadership.election import Leadership
+from scheduler.leadership.lease import LEASE_KEY
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 

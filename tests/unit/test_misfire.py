@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from scheduler.engine.misfire import MAX_CATCHUP, fire_time, next_fire, plan
-from scheduler.schedules import load_text
+from scheduler.cron.jobs import load_text
+from scheduler.cron.misfire import MAX_CATCHUP, fire_time, next_fire, plan
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, 200_000, tzinfo=UTC)
 

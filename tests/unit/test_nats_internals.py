@@ -1,4 +1,4 @@
-"""The nats-py internals scheduler/bus/wire.py relies on exist in the installed nats-py."""
+"""The nats-py internals scheduler/bus/nats/wire.py relies on exist in the installed nats-py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from scheduler.bus import wire
+from scheduler.bus.nats import wire
 
 
 def _installed() -> dict[str, object]:
@@ -21,7 +21,7 @@ def test_the_installed_nats_py_has_every_internal_the_wire_uses() -> None:
     """Each private attribute listed in wire.NATS_INTERNALS exists in the installed nats-py."""
     missing = wire.missing_internals(_installed())
     assert not missing, (
-        f"the installed nats-py lacks {', '.join(missing)}, which scheduler/bus/wire.py "
+        f"the installed nats-py lacks {', '.join(missing)}, which scheduler/bus/nats/wire.py "
         "relies on: adapt wire.py or pin nats-py below this release in pyproject.toml"
     )
 

@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 
 from scheduler.api.auth import identify
 from scheduler.api.problems import from_outcome
-from scheduler.commands.apiclient import _failure, table
-from scheduler.engine.cron_catalog import operator_paused
+from scheduler.cli.apiclient import _failure, table
+from scheduler.cron.jobs import job_from_definition, load_text
+from scheduler.engine.cron.catalog import operator_paused
 from scheduler.errors import RequestError
 from scheduler.operations import Outcome
 from scheduler.operations.cron_jobs import manual_envelope
 from scheduler.operations.paging import decode, encode, from_us, page, us
 from scheduler.operations.stats import top_subjects
-from scheduler.schedules import job_from_definition, load_text
 from scheduler.settings import Settings
 
 JOBS = load_text(

@@ -32,8 +32,8 @@ def test_console_templates_and_static_files_are_package_data() -> None:
     from fnmatch import fnmatch
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    globs = config["tool"]["setuptools"]["package-data"]["scheduler.api.ui"]
-    ui = ROOT / "scheduler" / "api" / "ui"
+    globs = config["tool"]["setuptools"]["package-data"]["scheduler.console"]
+    ui = ROOT / "scheduler" / "console"
     files = [
         p.relative_to(ui).as_posix() for d in ("templates", "static") for p in (ui / d).iterdir()
     ]

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from scheduler.bus.frames import delivery_headers
-from scheduler.bus.publisher import PubAck, PublishError, _parse_ack, _parse_block
-from scheduler.bus.wire import Wire
-from scheduler.store.tasks import ClaimedTask
+from scheduler.bus.nats.frames import delivery_headers
+from scheduler.bus.nats.publisher import PubAck, PublishError, _parse_ack, _parse_block
+from scheduler.bus.nats.wire import Wire
+from scheduler.store.postgres.tasks import ClaimedTask
 
 
 class _RawClient:

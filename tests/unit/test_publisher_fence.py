@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from scheduler.bus.publisher import PubAck, Publisher, PublishError
-from scheduler.bus.wire import Wire
+from scheduler.bus.nats.publisher import PubAck, Publisher, PublishError
+from scheduler.bus.nats.wire import Wire
 
 
 class BufferedClient:
@@ -100,7 +100,7 @@ async def test_an_unacknowledged_publish_is_in_doubt() -> None:
 
 def test_reply_of_reads_only_publish_commands() -> None:
     """The reply subject is read from PUB and HPUB frames (with or without one), nothing else."""
-    from scheduler.bus.wire import _reply_of
+    from scheduler.bus.nats.wire import _reply_of
 
     assert _reply_of(b"HPUB a.b _I.1 10 12\r\n...") == b"_I.1"
     assert _reply_of(b"HPUB a.b 10 12\r\n...") is None

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from nats.errors import OutboundBufferLimitError
 
-from scheduler.bus import puller as puller_module
-from scheduler.bus.puller import Puller
+from scheduler.bus.nats import puller as puller_module
+from scheduler.bus.nats.puller import Puller
 
 
 class FakeClient:

@@ -1,4 +1,5 @@
-"""The reschedule notice (scheduler.engine.rescheduled): what it carries and what it refuses."""
+"""The reschedule notice (scheduler.engine.delayed.rescheduled): what it carries and what it
+refuses."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import json
 
 import pytest
 
-from scheduler.core import TaskRef
-from scheduler.engine import rescheduled
+from scheduler.engine.delayed import rescheduled
+from scheduler.records import TaskRef
 
 
 def test_the_notice_carries_the_tasks_heap_entry_and_organisation() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.commands.cron_yaml import cmd_next, cmd_validate, configure_next, configure_validate
+from scheduler.cli.cron_yaml import cmd_next, cmd_validate, configure_next, configure_validate
 
 GOOD = """\
 scheduled_jobs:

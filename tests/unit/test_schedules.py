@@ -9,8 +9,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from scheduler.cron import CronExpr
-from scheduler.schedules import (
+from scheduler.cron.expression import CronExpr
+from scheduler.cron.jobs import (
     Concurrency,
     Job,
     Misfire,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs_blocks import ROOT
+from tests.support.docs_blocks import ROOT
 
 FAKE_PYTHON = """#!/usr/bin/env bash
 # stands in for .venv/bin/python: records the call; `-m pip install` makes bin/scheduler

@@ -12,15 +12,15 @@ import asyncpg
 import pytest
 from nats import errors as nats_errors
 
-from scheduler.bus.nats import (
+from scheduler.bus.nats.connection import (
     describe_connect_error,
     nats_refused,
     nats_unavailable,
     permanent_connect_error,
 )
-from scheduler.listeners import listen_error
+from scheduler.daemon.listeners import listen_error
 from scheduler.settings import Settings
-from scheduler.store.postgres import connect_problem, refused, unavailable
+from scheduler.store.postgres.connect import connect_problem, refused, unavailable
 
 OPERATIONS = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
 DSN = "postgresql://app:s3cret@db:5432/app"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.errors import TargetRefusedError
-from scheduler.subjects import (
+from scheduler.messages.subjects import (
     check_target,
     delay_lane_prefix,
     dlq_subject,

@@ -1,4 +1,5 @@
-"""The status rule of `delayed_messages` is written once (scheduler.store.task_states): no SQL
+"""The status rule of `delayed_messages` is written once (scheduler.store.postgres.task_states): no
+SQL
 elsewhere in scheduler/ spells a task's state by hand.
 
 The check reads every string literal of the package (f-strings with their placeholders as
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.store import task_states as states
+from scheduler.store.postgres import task_states as states
 
 PACKAGE = Path(__file__).resolve().parents[2] / "scheduler"
-RULE_MODULE = PACKAGE / "store" / "task_states.py"
+RULE_MODULE = PACKAGE / "store" / "postgres" / "task_states.py"
 _HELD = r"'(?:pending|in_doubt|claimed|\{\})'"
 HAND_SPELLED = re.compile(
     r"\bclaimed_epoch\s*(?:IS\b|=|<>|!=|<|>)"
@@ -96,7 +97,7 @@ def test_the_check_leaves_the_rule_module_and_plain_words_alone() -> None:
 
 def test_no_query_in_the_package_spells_the_status_rule_by_hand() -> None:
     """Every statement that selects, counts or changes tasks by state in scheduler/ takes its
-    predicate from scheduler.store.task_states."""
+    predicate from scheduler.store.postgres.task_states."""
     offenders = [
         f"{path.relative_to(PACKAGE.parent)}:{line}: {text}"
         for path in sorted(PACKAGE.rglob("*.py"))

@@ -11,7 +11,7 @@ from scheduler.api.auth import Reader
 from scheduler.api.models import WORD, ActivityPage, Instant
 from scheduler.api.problems import responses
 from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops
-from scheduler.store.activity import ActivityFilter
+from scheduler.store.postgres.activity import ActivityFilter
 
 router = APIRouter(prefix="/v1/activity", tags=["activity log"])
 TEXT = r"^[^\x00-\x1f\x7f]{1,200}$"

@@ -24,8 +24,8 @@ from scheduler.api.models import (
 from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done, log_write
 from scheduler.operations import Outcome
-from scheduler.store.dead_letters import DeadLetterFilter
-from scheduler.store.idempotency import Claim
+from scheduler.store.postgres.dead_letters import DeadLetterFilter
+from scheduler.store.postgres.idempotency import Claim
 
 router = APIRouter(prefix="/v1/dead-letters", tags=["dead letters"])
 WRITE = responses(400, 401, 403, 404, 409, 422, 503)

@@ -30,12 +30,12 @@ from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done, json_page
 from scheduler.clock import to_rfc3339
 from scheduler.durations import parse_duration
-from scheduler.envelope import SCHEMA, Limits, check_org, parse_envelope
 from scheduler.errors import DurationError, EnvelopeError, TargetRefusedError
+from scheduler.messages.envelope import SCHEMA, Limits, check_org, parse_envelope
+from scheduler.messages.subjects import check_target
 from scheduler.operations import Outcome
-from scheduler.store.idempotency import Claim
-from scheduler.store.overview import TaskFilter
-from scheduler.subjects import check_target
+from scheduler.store.postgres.idempotency import Claim
+from scheduler.store.postgres.overview import TaskFilter
 
 router = APIRouter(prefix="/v1/delayed", tags=["delayed tasks"])
 TaskId = Annotated[str, Path(pattern=TASK_ID, description="the envelope id")]
@@ -44,7 +44,7 @@ LIST = responses(400, 401, 403, 422, 503) | links(
 )
 WRITE = responses(400, 401, 403, 404, 409, 422, 503)
 # A task still on the delay lane has no row yet: naming its target lets a cancel (reschedule)
-# wait for it, as the NATS verb does (scheduler.store.intents).
+# wait for it, as the NATS verb does (scheduler.store.postgres.intents).
 Target = Annotated[
     str | None,
     Query(

@@ -21,7 +21,7 @@ from scheduler.api.models import (
 )
 from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done
-from scheduler.store.idempotency import Claim
+from scheduler.store.postgres.idempotency import Claim
 
 router = APIRouter(prefix="/v1/schedules", tags=["cron jobs"])
 Name = Annotated[str, Path(pattern=JOB_NAME, max_length=100, description="the job's name")]

@@ -18,8 +18,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from scheduler import client
 from scheduler.settings import Settings
-from tests.helpers import DaemonRunner
 from tests.integration.test_delayed import envelope as envelope  # shared task builder
+from tests.support.helpers import DaemonRunner
 
 ADMIN = "admin-secret-token"
 READ = "read-secret-token"

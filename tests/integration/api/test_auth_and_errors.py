@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 import aiohttp
 import pytest
 
-from scheduler.daemon import Daemon
+from scheduler.daemon.lifecycle import Daemon
 from scheduler.settings import Settings
-from tests.helpers import wait_until
 from tests.integration.api.harness import ADMIN, READ, TARGET, ApiHarness, envelope, poll
+from tests.support.helpers import wait_until
 
 PROBLEM = "application/problem+json"
 READS = ["/v1/schedules", "/v1/schedules/nightly", "/v1/delayed", "/v1/dead-letters", "/v1/stats"]

@@ -11,9 +11,9 @@ import asyncpg
 import pytest
 
 from scheduler.clock import FakeClock, rfc3339
+from scheduler.cron.jobs import load_text
 from scheduler.operations.backfill import Backfiller
 from scheduler.operations.backlog import WriteBacklog
-from scheduler.schedules import load_text
 from scheduler.settings import Settings
 from tests.integration.api.harness import READ, ApiHarness, Reply, poll, running_api
 

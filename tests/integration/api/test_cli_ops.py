@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from scheduler.cli import main
+from scheduler.cli.main import main
 from tests.integration.api.harness import ADMIN, READ, TARGET, ApiHarness, envelope, poll
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import dev_access
-from scheduler.cli import main
-from scheduler.dev_access import DevAccess
+from scheduler.cli.main import main
+from scheduler.daemon import dev_access
+from scheduler.daemon.dev_access import DevAccess
 from tests.integration.api.harness import ADMIN, READ, ApiHarness
 
 

@@ -17,9 +17,8 @@ from multidict import CIMultiDict
 from starlette.routing import BaseRoute, Mount
 
 from scheduler import __version__
-from scheduler.api.app import build_api
-from scheduler.api.ui.console import SECURITY_HEADERS, STATIC_CACHE
-from scheduler.api.ui.session import SESSION_COOKIE, Signer
+from scheduler.console.console import SECURITY_HEADERS, STATIC_CACHE, build_app
+from scheduler.console.session import SESSION_COOKIE, Signer
 from tests.integration.api.harness import ADMIN, READ, ApiHarness, poll
 
 PARAMS = {
@@ -49,7 +48,7 @@ async def fetch(
 def console_routes(api: ApiHarness) -> list[tuple[str, str]]:
     """(method, path) of every console route of the daemon's app, path parameters filled."""
     assert api.daemon is not None
-    app = build_api(api.daemon)
+    app = build_app(api.daemon)
     routes = []
     for route in flat(app.routes):
         path = getattr(route, "path", "")
@@ -199,7 +198,7 @@ def console_links(html: str) -> list[str]:
 def elsewhere(api: ApiHarness) -> httpx.AsyncClient:
     """A client of this daemon's API built with the console at BASE, called in-process."""
     assert api.daemon is not None
-    app = build_api(api.daemon, console_base=BASE)
+    app = build_app(api.daemon, base=BASE)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://127.0.0.1")
 
 

@@ -8,9 +8,9 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from scheduler.daemon import Daemon
+from scheduler.daemon.lifecycle import Daemon
 from scheduler.operations.history import bucket_start, window_of
-from scheduler.store.history import FIRES_SQL, JOB_FIRES_SQL
+from scheduler.store.postgres.history import FIRES_SQL, JOB_FIRES_SQL
 from tests.integration.api.harness import READ, ApiHarness, envelope, poll
 
 INSERT = (

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.helpers import DaemonRunner
 from tests.integration.api.harness import READ, ApiHarness, poll
+from tests.support.helpers import DaemonRunner
 
 BROKEN = """
 scheduled_jobs:

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler.metrics import Metrics
-from scheduler.store.overview import FORECAST_SQL, WINDOWS, OverviewStore
-from scheduler.store.postgres import PostgresStore, create_pool
+from scheduler.store.postgres.connect import PostgresStore, create_pool
+from scheduler.store.postgres.overview import FORECAST_SQL, WINDOWS, OverviewStore
 from tests.integration.api.harness import TARGET, ApiHarness, envelope, poll
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -9,8 +9,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from tests.compat import CURRENT, Servers
 from tests.integration.api.harness import ADMIN, READ, TARGET, ApiHarness, envelope, poll
+from tests.support.compat import CURRENT, Servers
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 MAX_EXAMPLES = 15  # per operation and phase: the whole run stays under a minute here

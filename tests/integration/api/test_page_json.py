@@ -12,7 +12,7 @@ import asyncpg
 from pydantic_core import to_json
 
 from scheduler.api.models import TaskSummary
-from scheduler.store.overview import _TASK_SUMMARY, FIRED_SQL
+from scheduler.store.postgres.overview import _TASK_SUMMARY, FIRED_SQL
 from tests.integration.api.harness import READ, TARGET, ApiHarness, envelope, poll
 
 BASE = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from scheduler.store.overview import OverviewStore
-from scheduler.store.postgres import PostgresStore
-from tests.helpers import wait_until
+from scheduler.store.postgres.connect import PostgresStore
+from scheduler.store.postgres.overview import OverviewStore
 from tests.integration.api.harness import READ, TARGET, ApiHarness, Reply, envelope, poll
+from tests.support.helpers import wait_until
 
 PENDING = {"status": "pending", "limit": 500}
 

@@ -9,9 +9,9 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from scheduler.cron import CronExpr, occurrences
-from tests.helpers import wait_until
+from scheduler.cron.expression import CronExpr, occurrences
 from tests.integration.api.harness import READ, ApiHarness, poll
+from tests.support.helpers import wait_until
 
 
 async def _synced(api: ApiHarness) -> None:

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.helpers import wait_until
 from tests.integration.api.harness import READ, TARGET, ApiHarness, envelope, poll
+from tests.support.helpers import wait_until
 
 
 @pytest.fixture

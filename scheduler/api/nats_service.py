@@ -1,0 +1,143 @@
+"""The request-reply API: NATS micro service `mq-scheduler` on `scheduler.v1.<verb>.<rest>`.
+
+The `<rest>` of the subject names the task's target `mq.<rest>`, so NATS permissions on these
+subjects bound whose tasks a caller may touch. Replies are JSON; errors carry a code and a
+message: `{"error": {"code": "bad_request", "message": "..."}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from nats.aio.client import Client
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import Service
+
+from scheduler import __version__
+from scheduler.clock import Clock, to_rfc3339
+from scheduler.errors import EnvelopeError, RequestError, TargetRefusedError
+from scheduler.messages.subjects import check_target, target_from_rest
+from scheduler.operations.tasks import TaskOperations, parse_due
+from scheduler.settings import Settings
+
+log = logging.getLogger("scheduler.api.nats_service")
+
+PREFIX = "scheduler.v1"
+Handler = Callable[[str, dict[str, Any], bytes], Awaitable[dict[str, Any]]]
+
+
+class SchedulerService:
+    """Handlers of the micro service; every instance serves them (they work on PostgreSQL).
+
+    Cancel, reschedule and get call `scheduler.operations.tasks`, as the HTTP API does."""
+
+    def __init__(
+        self,
+        nc: Client,
+        settings: Settings,
+        tasks: TaskOperations,
+        clock: Clock,
+        stats: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.tasks = tasks
+        self.clock = clock
+        self.stats = stats
+        self.service: Service | None = None
+
+    async def start(self) -> None:
+        self.service = await add_service(
+            self.nc,
+            name="mq-scheduler",
+            version=__version__,
+            description="delayed delivery and cron scheduling for hanzo.mq.v1 tasks",
+        )
+        verbs: dict[str, Handler] = {
+            "schedule": self.schedule,
+            "cancel": self.cancel,
+            "reschedule": self.reschedule,
+            "get": self.get,
+        }
+        for verb, handler in verbs.items():
+            await self.service.add_endpoint(
+                name=verb, subject=f"{PREFIX}.{verb}.>", handler=self._wrap(verb, handler)
+            )
+        await self.service.add_endpoint(
+            name="stats", subject=f"{PREFIX}.stats", handler=self._stats
+        )
+        # The subscriptions are only queued so far: once the server has them, a request made
+        # after start-up finds a responder (not `no responders` on a busy host).
+        await self.nc.flush()
+
+    async def stop(self) -> None:
+        if self.service is not None and not self.nc.is_closed:  # closed: nothing to undo
+            await self.service.stop()
+
+    def _wrap(self, verb: str, handler: Handler) -> Callable[[Request], Awaitable[None]]:
+        prefix = f"{PREFIX}.{verb}."
+
+        async def run(req: Request) -> None:
+            try:
+                target = check_target(
+                    target_from_rest(req.subject[len(prefix) :]), self.settings.target_allow
+                )
+                body = json.loads(req.data) if verb != "schedule" else {}
+                if not isinstance(body, dict):
+                    raise RequestError("bad_request", "body must be a JSON object")
+                reply = await handler(target, body, req.data)
+            except (TargetRefusedError, EnvelopeError) as exc:
+                reply = _error("bad_request", str(exc))
+            except RequestError as exc:
+                reply = _error(exc.code, str(exc))
+            except ValueError as exc:
+                reply = _error("bad_request", f"body is not JSON: {exc}")
+            log.info(
+                "api.%s subject=%s result=%s",
+                verb,
+                req.subject,
+                reply.get("status") or reply.get("error"),
+            )
+            await req.respond(json.dumps(reply, default=str).encode())
+
+        return run
+
+    async def _stats(self, req: Request) -> None:
+        await req.respond(json.dumps(self.stats(), default=str).encode())
+
+    async def schedule(self, target: str, _: dict[str, Any], raw: bytes) -> dict[str, Any]:
+        """Validate and put the envelope on the delay lane; it is durable once this returns."""
+        return await self.tasks.schedule(target, raw)
+
+    async def cancel(self, target: str, body: dict[str, Any], _: bytes) -> dict[str, Any]:
+        return (await self.tasks.cancel(_task_id(body), target)).as_reply()
+
+    async def reschedule(self, target: str, body: dict[str, Any], _: bytes) -> dict[str, Any]:
+        task_id, due = _task_id(body), parse_due(body.get("delay_until"))
+        return (await self.tasks.reschedule(task_id, due, target)).as_reply()
+
+    async def get(self, target: str, body: dict[str, Any], _: bytes) -> dict[str, Any]:
+        task = await self.tasks.get(_task_id(body), target)
+        if task is None:
+            return {"status": "not_found", "id": body.get("id")}
+        return {"status": "found", "task": {k: _plain(v) for k, v in task.items()}}
+
+
+def _task_id(body: dict[str, Any]) -> str:
+    task_id = body.get("id")
+    if not isinstance(task_id, str) or not task_id:
+        raise RequestError("bad_request", "id: must be a non-empty string", "id")
+    return task_id
+
+
+def _plain(value: Any) -> Any:
+    return to_rfc3339(value) if isinstance(value, datetime) else value
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}

@@ -1,0 +1,1 @@
+"""NATS: the connection, provisioning, the publisher, the puller, the wire paths, frames."""

@@ -1,0 +1,131 @@
+"""A lean pull consumer: messages are handled as they arrive, no per-message future or timer.
+
+nats-py's `fetch` waits on a future with a timeout for every message; at thousands of tasks a
+second that is a large share of the daemon's CPU. Here one inbox subscription collects messages
+in a buffer through a callback, and pull requests are topped up so about `batch` messages are
+always requested: a steady stream flows in as soon as producers publish it, and an idle lane
+costs one long-poll request per `expires`.
+
+Pull requests live in the server for the connection that sent them: after a reconnect (a
+nats-server restart) they are gone, and no status will ever say so. The puller therefore asks
+again after every reconnect, and whenever it has heard nothing (no message, no status) for
+longer than a request can live. A request that cannot be sent while disconnected is
+back-pressure: nothing is counted as requested and the next `take()` tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError, ConnectionReconnectingError, OutboundBufferLimitError
+
+from scheduler.bus.nats.wire import message_of, raw_subscribe, status_of
+
+log = logging.getLogger("scheduler.puller")
+
+_DONE_STATUSES = {"404", "408", "409"}  # no messages, request expired, request ended
+SILENCE_GRACE = 2.0  # seconds past a request's expiry without a word: it is lost
+
+
+class Puller:
+    """Pulls from a durable consumer into a buffer; `take()` returns what has arrived."""
+
+    def __init__(self, nc: Client, stream: str, consumer: str, batch: int, expires: float = 5.0):
+        self.nc = nc
+        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self.batch = batch
+        self.expires = expires
+        self._buffer: list[Msg] = []
+        self._arrived = asyncio.Event()
+        self._requested = 0
+        self._inbox = ""
+        self._sub = None
+        self._reconnects = 0
+        self._heard = 0.0  # monotonic time of the last delivery or status
+
+    async def start(self) -> Puller:
+        self._inbox = self.nc.new_inbox()
+        self._sub = await raw_subscribe(self.nc, self._inbox, self._on_raw)
+        self._reconnects = self.nc.stats["reconnects"]
+        self._heard = time.monotonic()
+        await self._top_up()
+        return self
+
+    def _on_raw(self, subject: bytes, reply: bytes, data: bytes, hdr: bytes | None) -> None:
+        """A delivery or a status, straight from the client's read loop (`raw_subscribe`).
+
+        A status has no payload and no reply subject; a delivery always has a reply (its ack
+        subject), so a producer's empty message with a status-like header is a delivery."""
+        self._heard = time.monotonic()
+        status = status_of(hdr) if not data and not reply else None
+        if status is not None:
+            if status in _DONE_STATUSES or status.startswith("4"):
+                self._requested = 0  # our requests are over; take() asks again
+                self._arrived.set()
+            return  # 100 = idle heartbeat
+        self._requested -= 1
+        self._buffer.append(message_of(self.nc, subject, reply, data, hdr))
+        self._arrived.set()
+
+    def interrupt(self) -> None:
+        """Make a waiting `take()` return now (the daemon is stopping)."""
+        self._arrived.set()
+
+    async def close(self) -> None:
+        """Stop pulling; messages buffered but not taken are nak'ed so they come back at once."""
+        buffered, self._buffer = self._buffer, []
+        for msg in buffered:
+            try:
+                await msg.nak()
+            except Exception:  # connection gone: they come back after the ack wait instead
+                break
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # connection already closed
+                pass
+            self._sub = None
+
+    def _forget_lost_requests(self) -> None:
+        """Count outstanding requests as gone after a reconnect or a long silence."""
+        reconnects = self.nc.stats["reconnects"]
+        if reconnects != self._reconnects:
+            self._reconnects = reconnects
+            if self._requested:
+                log.info("puller.repull reason=reconnect requested=%d", self._requested)
+            self._requested = 0
+        elif self._requested and time.monotonic() - self._heard > self.expires + SILENCE_GRACE:
+            log.info("puller.repull reason=silence requested=%d", self._requested)
+            self._requested = 0
+            self._heard = time.monotonic()
+
+    async def _top_up(self) -> None:
+        self._forget_lost_requests()
+        want = self.batch - self._requested
+        if want < self.batch // 2 or not self.nc.is_connected:
+            return  # enough asked for; or disconnected: ask again once connected
+        req = {"batch": want, "expires": int(self.expires * 1e9)}
+        try:
+            await self.nc.publish(self.subject, json.dumps(req).encode(), reply=self._inbox)
+        except (OutboundBufferLimitError, ConnectionClosedError, ConnectionReconnectingError):
+            return  # the link dropped just now: back-pressure, the next take() asks again
+        self._requested += want
+
+    async def take(self, timeout: float, linger: float = 0.002) -> list[Msg]:
+        """Wait up to `timeout` for messages, linger briefly to gather a batch, return them all."""
+        if not self._buffer:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout)
+            except TimeoutError:
+                pass
+            if self._buffer and len(self._buffer) < self.batch and linger > 0:
+                await asyncio.sleep(linger)
+        out, self._buffer = self._buffer[: self.batch], self._buffer[self.batch :]
+        await self._top_up()
+        return out

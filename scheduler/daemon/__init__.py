@@ -1,0 +1,1 @@
+"""The daemon process: lifecycle, embedded mode, listeners, start-up checks, upkeep, migrations."""

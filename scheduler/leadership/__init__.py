@@ -1,0 +1,1 @@
+"""Leadership: the KV lease, the PostgreSQL epoch, terms of office, heartbeats, clock skew."""

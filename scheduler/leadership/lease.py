@@ -1,0 +1,107 @@
+"""The leader lease as a JetStream KV key: written only with revision checks (design section 5).
+
+The key `leader` lives in a bucket whose TTL (`max_age`) is the lease TTL. `create` succeeds only
+on an absent key, `update` and `delete` only while nobody wrote the key since the revision given:
+only those writes say who holds the lease. A read (`holder`) and the watcher (`vacant`, `seen`)
+serve display and a sooner campaign, never the decision. Timing (when to renew, deadlines) is
+the caller's: `scheduler.leadership.election.Leadership`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from scheduler.clock import Clock, to_rfc3339
+
+LEASE_KEY = "leader"
+
+
+class KvLease:
+    """One instance's view of the lease key: its `revision` (of the lease this instance last
+    wrote, in or out of office, None when it holds none), `lock` (serialising its writes),
+    `vacant` (set when the watcher sees the key deleted or purged) and `seen` (the last holder
+    the watcher saw, for display)."""
+
+    def __init__(
+        self, kv: KeyValue, instance: str, clock: Clock, log: logging.Logger, rewatch: float
+    ) -> None:
+        self._kv, self._clock, self._log = kv, clock, log
+        self.instance = instance
+        self._rewatch = rewatch  # seconds before watching again after the watch failed
+        self.revision: int | None = None
+        self.seen: str | None = None
+        self.vacant = asyncio.Event()
+        self.lock = asyncio.Lock()
+
+    def value(self, epoch: int | None, since: datetime | None) -> bytes:
+        """The lease's value: {instance, epoch, since}."""
+        since_text = to_rfc3339(since) if since else None
+        return json.dumps({"instance": self.instance, "epoch": epoch, "since": since_text}).encode()
+
+    async def create(self, value: bytes) -> int:
+        """Write the key if it is absent; its revision. Raises otherwise (held by another, or
+        any error: nats-server#5162 makes even a free key fail now and then)."""
+        return await self._kv.create(LEASE_KEY, value)
+
+    async def update(self, value: bytes, last: int) -> int:
+        """Rewrite the key if `last` is still its revision; the new one, kept as `revision`."""
+        self.revision = await self._kv.update(LEASE_KEY, value, last=last)
+        return self.revision
+
+    async def delete(self, last: int) -> None:
+        """Delete the key if `last` is still its revision (raises otherwise)."""
+        await self._kv.delete(LEASE_KEY, last=last)
+
+    async def holder(self) -> dict[str, Any]:
+        """The lease's current value ({instance, epoch, since}), read for display only."""
+        try:
+            entry = await asyncio.wait_for(self._kv.get(LEASE_KEY), timeout=1.0)
+            doc = json.loads(entry.value or b"{}")
+        except Exception:  # no key (no leader), not our JSON, or NATS away
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    async def watch(self) -> None:
+        """Follow the key forever: `vacant` is set when it is deleted or purged."""
+        while True:
+            try:
+                watcher = await self._kv.watch(LEASE_KEY)
+            except Exception as exc:  # periodic campaigns still run; try watching again later
+                self._log.debug("leader.watch_failed error=%r", exc)
+            else:
+                try:
+                    await self._follow(watcher)
+                finally:
+                    await _stop_watcher(watcher, self._log)
+            await self._clock.sleep(self._rewatch)
+
+    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+        async for entry in watcher:
+            if entry is None:
+                continue  # the "caught up" marker
+            if entry.operation in (KV_DEL, KV_PURGE):
+                self.seen = None
+                self.vacant.set()
+            else:
+                self.seen = _holder_of(entry.value)
+
+
+def _holder_of(value: bytes | None) -> str | None:
+    try:
+        holder = json.loads(value or b"{}").get("instance")
+    except (ValueError, AttributeError):  # not our JSON: show no holder rather than fail
+        return None
+    return str(holder) if holder else None
+
+
+async def _stop_watcher(watcher: KeyValue.KeyWatcher, log: logging.Logger) -> None:
+    try:
+        await watcher.stop()
+    except Exception as exc:  # a closed connection has no subscription left to remove
+        log.debug("leader.watch_stop_failed error=%r", exc)

@@ -1,0 +1,308 @@
+"""The `hanzo.mq.v1` task envelope: strict validation at the edge, raw bytes kept for delivery.
+
+The daemon delivers the producer's bytes, never a re-serialisation, so unknown top-level fields
+pass through untouched. Every broken rule yields one message naming the field, the value and the
+rule; all of them are reported at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from scheduler.errors import EnvelopeError
+from scheduler.messages.subjects import org_of
+
+SCHEMA = "hanzo.mq.v1"
+HEADER_RESERVE = 4096
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+# Every instant a producer gives must lie in this range, and a TTL be at most MAX_TTL_SECONDS:
+# far beyond any real use, yet `timestamp + ttl_seconds` and every later step of arithmetic
+# stay inside what `datetime` and PostgreSQL can hold (no OverflowError anywhere).
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+MAX_TTL_SECONDS = 100 * 365 * 86400 + 25 * 86400  # 100 years
+_ID = re.compile(r"[\x21-\x7e]{1,200}")  # always fullmatch: `$` would let a final "\n" in
+_TYPE = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+_REQUIRED = ("schema", "id", "type", "source", "timestamp", "data")
+
+
+class EnvelopeModel(BaseModel):
+    """The envelope's known fields, validated strictly; unknown fields are allowed."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+    schema_: str = Field(alias="schema")
+    id: str
+    type: str
+    source: str
+    timestamp: datetime
+    priority: int = 5
+    org_id: str | None = None
+    team_id: str | None = None
+    delay_until: datetime | None = None
+    ttl_seconds: int | None = None
+    data: dict[str, Any]
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema(cls, v: str) -> str:
+        if v != SCHEMA:
+            raise ValueError(f"must be {SCHEMA!r}")
+        return v
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not _ID.fullmatch(v):
+            raise ValueError("must be 1-200 printable ASCII characters without spaces")
+        return v
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        if not _TYPE.fullmatch(v):
+            raise ValueError("must be a dot-delimited name like inference.chat.request")
+        return v
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @field_validator("timestamp", "delay_until")
+    @classmethod
+    def _aware(cls, v: datetime | None) -> datetime | None:
+        return None if v is None else bounded_instant(v)
+
+    @field_validator("priority")
+    @classmethod
+    def _priority(cls, v: int) -> int:
+        if not 1 <= v <= 10:
+            raise ValueError("must be from 1 (highest) to 10 (lowest)")
+        return v
+
+    @field_validator("ttl_seconds")
+    @classmethod
+    def _ttl(cls, v: int | None) -> int | None:
+        if v is not None and not 0 < v <= MAX_TTL_SECONDS:
+            raise ValueError(f"must be from 1 to {MAX_TTL_SECONDS} (100 years)")
+        return v
+
+
+def bounded_instant(v: datetime) -> datetime:
+    """`v` in UTC, if it carries an offset and lies between EARLIEST and LATEST; else a
+    ValueError saying which rule it breaks (never an OverflowError)."""
+    if v.tzinfo is None:
+        raise ValueError("must carry a UTC offset or Z (naive times are rejected)")
+    try:
+        utc = v.astimezone(UTC)
+    except OverflowError:
+        utc = None
+    if utc is None or not EARLIEST <= utc < LATEST:
+        raise ValueError(
+            f"is out of range: must lie between {EARLIEST:%Y-%m-%dT%H:%M:%SZ} "
+            f"and {LATEST:%Y-%m-%dT%H:%M:%SZ}"
+        )
+    return utc
+
+
+@dataclass(slots=True)  # not frozen: built per task, and frozen init costs 5x
+class Envelope:
+    """A valid envelope: the fields the daemon acts on, plus the producer's exact bytes."""
+
+    id: str
+    type: str
+    source: str
+    timestamp: datetime
+    priority: int
+    delay_until: datetime | None
+    ttl_seconds: int | None
+    org_id: str | None
+    team_id: str | None
+    raw: bytes
+
+    @property
+    def expires_at(self) -> datetime | None:
+        if self.ttl_seconds is None:
+            return None
+        return self.timestamp + timedelta(seconds=self.ttl_seconds)
+
+    def due_at(self, now: datetime) -> datetime:
+        """When to deliver: `delay_until`, or now when it is absent or past."""
+        if self.delay_until is None or self.delay_until < now:
+            return now
+        return self.delay_until
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Limits that depend on the deployment: payload size and how far ahead a task may be due."""
+
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    max_delay: timedelta = timedelta(days=400)
+
+    @property
+    def max_envelope_bytes(self) -> int:
+        return self.max_payload - HEADER_RESERVE
+
+
+def check_size(subject: int, headers: int, payload: int, limits: Limits) -> None:
+    """Refuse (`too_large`) a task whose delivery, counted as subject + headers + payload
+    bytes, passes max_payload minus the room kept for the daemon's own headers."""
+    total = subject + headers + payload
+    if total > limits.max_envelope_bytes:
+        problem = (
+            f"the delivery would be {total} bytes (subject {subject} + headers {headers} + "
+            f"payload {payload}), over the limit of {limits.max_envelope_bytes} bytes "
+            f"(max_payload {limits.max_payload} minus {HEADER_RESERVE} for the daemon's headers)"
+        )
+        raise EnvelopeError([("message", problem)], "too_large")
+
+
+def check_org(env: Envelope, target: str) -> None:
+    """Refuse (`org_mismatch`) a task whose target names an organisation (`mq.org.<org>.>`)
+    unless its `org_id` is exactly that organisation: NATS permissions give each organisation's
+    producers their slice of the delay lane, and the envelope may not claim another's."""
+    org = org_of(target)
+    if org is None or env.org_id == org:
+        return
+    if env.org_id is None:
+        problem = f"is required: the subject names organisation {org!r} ({target})"
+    else:
+        problem = f"{_show(env.org_id)} disagrees with organisation {org!r} named by {target}"
+    raise EnvelopeError([("org_id", problem)], "org_mismatch")
+
+
+def parse_envelope(raw: bytes, now: datetime, limits: Limits | None = None) -> Envelope:
+    """Validate `raw` as a `hanzo.mq.v1` envelope at time `now`; raise EnvelopeError if broken."""
+    limits = limits or Limits()
+    if len(raw) > limits.max_envelope_bytes:
+        problem = f"{len(raw)} bytes exceeds the limit of {limits.max_envelope_bytes} bytes"
+        raise EnvelopeError([("payload", problem)], "too_large")
+    try:
+        model = EnvelopeModel.model_validate_json(raw)
+    except ValidationError as exc:
+        raise EnvelopeError(_problems(raw, exc)) from None
+    if b"NaN" in raw or b"Infinity" in raw:  # rare: only then look for them among the values
+        _refuse_non_finite(model)
+    env = Envelope(
+        id=model.id,
+        type=model.type,
+        source=model.source,
+        timestamp=model.timestamp,
+        priority=model.priority,
+        delay_until=model.delay_until,
+        ttl_seconds=model.ttl_seconds,
+        org_id=model.org_id,
+        team_id=model.team_id,
+        raw=raw,
+    )
+    _check_time(env, now, limits)
+    return env
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise EnvelopeError([("payload", f"is not UTF-8 ({exc.reason})")], "unparseable") from None
+    except json.JSONDecodeError as exc:
+        problem = f"is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        raise EnvelopeError([("payload", problem)], "unparseable") from None
+    except (ValueError, RecursionError) as exc:  # numbers too long, nesting too deep
+        problem = f"is not JSON we can read: {exc}"
+        raise EnvelopeError([("payload", problem)], "unparseable") from None
+    if not isinstance(doc, dict):
+        kind = type(doc).__name__
+        raise EnvelopeError([("payload", f"must be a JSON object, got {kind}")], "unparseable")
+    return doc
+
+
+def _problems(raw: bytes, exc: ValidationError) -> list[tuple[str, str]]:
+    for err in exc.errors():
+        if err["type"] == "json_invalid":  # numbers out of range, nesting too deep, bad escapes
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                problem = f"is not UTF-8 ({bad.reason} at byte {bad.start})"
+                raise EnvelopeError([("payload", problem)], "unparseable") from None
+            text = str(err["msg"]).removeprefix("Invalid JSON: ")
+            raise EnvelopeError([("payload", f"is not JSON: {text}")], "unparseable")
+    doc = _decode(raw)
+    problems = [(f, "is required") for f in _REQUIRED if f not in doc]
+    seen = {f for f, _ in problems}
+    return problems + [p for p in _translate(exc, doc) if p[0] not in seen]
+
+
+_TYPE_WORDS = {
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "dict_type": "must be a JSON object",
+    "datetime_type": "must be an ISO 8601 date-time string",
+    "datetime_parsing": "is not an ISO 8601 date-time",
+    "datetime_from_date_parsing": "is not an ISO 8601 date-time",
+}
+
+
+def _translate(exc: ValidationError, doc: dict[str, Any]) -> list[tuple[str, str]]:
+    out = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else "payload"
+        field = "schema" if field == "schema_" else field
+        if err["type"] == "missing":
+            continue  # reported above with the other required fields
+        rule = _TYPE_WORDS.get(err["type"]) or str(err["msg"]).removeprefix("Value error, ")
+        out.append((field, f"{rule} (got {_show(doc.get(field))})"))
+    return out
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _refuse_non_finite(model: EnvelopeModel) -> None:
+    """NaN and Infinity are not JSON numbers: workers' parsers and PostgreSQL refuse them."""
+    fields = {"data": model.data, **(model.model_extra or {})}
+    for name, value in fields.items():
+        path = _non_finite(value, name)
+        if path is not None:
+            field = path.split(".", 1)[0].split("[", 1)[0]
+            problem = f"holds NaN or Infinity (at {path}), which JSON does not allow"
+            raise EnvelopeError([(field, problem)])
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinite number inside `value`, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{k}", v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for sub, item in items:
+        found = _non_finite(item, sub)
+        if found is not None:
+            return found
+    return None
+
+
+def _check_time(env: Envelope, now: datetime, limits: Limits) -> None:
+    if env.expires_at is not None and env.expires_at <= now:
+        problem = f"task expired at {env.expires_at.isoformat()} (timestamp + ttl_seconds)"
+        raise EnvelopeError([("ttl_seconds", problem)], "expired")
+    if env.delay_until is not None and env.delay_until - now > limits.max_delay:
+        days = limits.max_delay.total_seconds() / 86400
+        problem = f"{env.delay_until.isoformat()} is more than {days:g} days ahead"
+        raise EnvelopeError([("delay_until", problem)], "too_far")

@@ -1,0 +1,146 @@
+"""Cancel and reschedule intents: a cancel (or reschedule) that arrives before its task.
+
+A producer that holds its PubAck may cancel its task while the task still sits on the delay
+lane, not yet taken by intake. Such a cancel stores an *intent* (migration 0016): a row of
+`delayed_messages` with status `intent`, the id, the target the cancel named, `intent` =
+`cancel` or `reschedule` (to `due_at`), lapsing at `expires_at` (SCHEDULER_INTENT_TTL).
+
+**One atomic point.** Intent and task share the row keyed by the task's id, so the race between
+intake storing the task and the cancel recording its intent is decided by the primary key:
+- intake first: the cancel's `INSERT ... ON CONFLICT (id) DO UPDATE` meets the task's row
+  (waiting for intake's transaction to commit if it has not) and cancels it like any pending
+  task (`cancelled`), or answers what the row says (`too_late`, ...);
+- cancel first: intake's insert meets the intent (waiting likewise) and honours it
+  (`TaskStore.insert`): a cancel intent stores the task `cancelled` (never delivered), a
+  reschedule intent stores it pending at the new time.
+Never two reads that could both miss.
+
+**Targets.** An intent acts only on a task of the target it names (NATS permissions on
+`scheduler.v1.cancel.<rest>` bound whose tasks a caller may touch): a task of another target
+that arrives with the same id replaces the intent and is stored as sent. A cancel that meets a
+live intent of another target answers `id_contended` (nothing changed; ask again once the task
+was taken off the lane), never `not_found`.
+
+**Bounds.** An intent lives SCHEDULER_INTENT_TTL (default 24 h) and is purged after it, and a
+target holds at most SCHEDULER_INTENT_MAX_PER_TARGET live intents: past it a cancel of an id
+not stored answers `too_many_intents` (nothing recorded). Storage so grows by at most that many
+small rows per target, each gone after the TTL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from scheduler.store.postgres import task_states as states
+
+INTENT = "intent"
+CONTENDED = "id_contended"
+TOO_MANY = "too_many_intents"
+
+# A live intent on the row `d` for the task `excluded` (used by the intake's insert).
+LIVE = "(d.status = 'intent' AND d.target = excluded.target AND d.expires_at > now())"
+
+
+@dataclass(frozen=True, slots=True)
+class IntentLimits:
+    """How long an intent lives, and how many one target may hold."""
+
+    ttl: timedelta = timedelta(hours=24)
+    max_per_target: int = 10_000
+
+
+_PENDING = states.unclaimed(states.PENDING, "d")  # a task a cancel or reschedule may still change
+# The intent row: no payload, due at its expiry (a cancel) or at the new time (a reschedule).
+_INSERT = (
+    "INSERT INTO delayed_messages AS d (id, target, payload, due_at, scheduled_for, "
+    "expires_at, status, intent) SELECT $1, $2, ''::bytea, {due}, {due}, now() + $3::interval, "
+    "'intent', '{kind}' WHERE NOT EXISTS (SELECT 1 FROM fired_tasks WHERE id = $1) "
+    "ON CONFLICT (id) DO UPDATE SET "
+)
+_CANCEL = _INSERT.format(due="now() + $3::interval", kind="cancel") + (
+    "status = CASE WHEN d.status = 'intent' THEN 'intent' ELSE 'cancelled' END, "
+    "intent = CASE WHEN d.status = 'intent' THEN 'cancel' ELSE d.intent END, "
+    "expires_at = CASE WHEN d.status = 'intent' THEN excluded.expires_at ELSE d.expires_at END, "
+    f"updated_at = now() WHERE d.target = excluded.target AND ({_PENDING} OR "
+    "d.status = 'intent') RETURNING d.status"
+)
+_RESCHEDULE = _INSERT.format(due="$4::timestamptz", kind="reschedule") + (
+    "due_at = excluded.due_at, scheduled_for = excluded.scheduled_for, "
+    "intent = CASE WHEN d.status = 'intent' THEN 'reschedule' ELSE d.intent END, "
+    "expires_at = CASE WHEN d.status = 'intent' THEN excluded.expires_at ELSE d.expires_at END, "
+    f"updated_at = now() WHERE d.target = excluded.target AND ({_PENDING} OR "
+    "d.status = 'intent' AND (d.intent = 'reschedule' OR "
+    "d.expires_at <= now())) RETURNING d.id, d.due_at, d.priority, d.seq, d.org_id, d.status"
+)
+
+
+async def at_limit(conn: asyncpg.Connection, target: str, limits: IntentLimits) -> bool:
+    """Whether `target` already holds its share of live intents (read over the partial index)."""
+    held = await conn.fetchval(
+        "SELECT count(*) FROM (SELECT 1 FROM delayed_messages WHERE status = 'intent' AND "
+        "target = $1 AND expires_at > now() LIMIT $2) AS i",
+        target,
+        limits.max_per_target,
+    )
+    return int(held) >= limits.max_per_target
+
+
+async def record_cancel(
+    conn: asyncpg.Connection, task_id: str, target: str, limits: IntentLimits
+) -> str | None:
+    """Cancel the pending task `task_id` of `target` or record a cancel intent for it, in one
+    statement; the row's status after it (`cancelled` or `intent`), None if it changed
+    nothing. Run inside a transaction (see `drop_if_fired`)."""
+    async with conn.transaction():
+        status: str | None = await conn.fetchval(_CANCEL, task_id, target, limits.ttl)
+        if status == INTENT and await drop_if_fired(conn, task_id):
+            return None
+    return status
+
+
+async def record_reschedule(
+    conn: asyncpg.Connection, task_id: str, target: str, due: datetime, limits: IntentLimits
+) -> asyncpg.Record | None:
+    """Move the pending task `task_id` of `target` to `due` or record a reschedule intent, in
+    one statement; the row (its `status` says which), None if it changed nothing."""
+    async with conn.transaction():
+        row = await conn.fetchrow(_RESCHEDULE, task_id, target, limits.ttl, due)
+        if row is not None and row["status"] == INTENT and await drop_if_fired(conn, task_id):
+            return None
+    return row
+
+
+async def drop_if_fired(conn: asyncpg.Connection, task_id: str) -> bool:
+    """Delete the intent just recorded when the id has a tombstone (the task fired).
+
+    A second statement, like `TaskStore._drop_fired`: the intent's insert may have waited on
+    the unique index for a `mark_fired` deleting the task's row, whose tombstone its snapshot
+    could not see; this statement's snapshot does."""
+    gone = await conn.fetchval(
+        "DELETE FROM delayed_messages d USING fired_tasks f WHERE d.id = $1 AND "
+        "d.status = 'intent' AND f.id = d.id RETURNING d.id",
+        task_id,
+    )
+    return gone is not None
+
+
+async def contended(conn: asyncpg.Connection, task_id: str, target: str) -> bool:
+    """Whether a live intent of another target holds `task_id`."""
+    held = await conn.fetchval(
+        "SELECT 1 FROM delayed_messages WHERE id = $1 AND status = 'intent' AND target <> $2 "
+        "AND expires_at > now()",
+        task_id,
+        target,
+    )
+    return held is not None
+
+
+async def purge(conn: asyncpg.Connection) -> int:
+    """Delete the intents past their time; returns how many."""
+    done = await conn.execute(
+        "DELETE FROM delayed_messages WHERE status = 'intent' AND expires_at <= now()"
+    )
+    return int(done.split()[-1])

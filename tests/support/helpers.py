@@ -1,0 +1,67 @@
+"""Small bounded-wait helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from scheduler.clock import Clock
+from scheduler.daemon.lifecycle import Daemon
+from scheduler.settings import Settings
+
+
+async def wait_until(predicate: Callable[[], bool], within: float = 3.0) -> None:
+    """Poll `predicate` until it is true; fail the test after `within` seconds."""
+    async with asyncio.timeout(within):
+        while not predicate():  # noqa: ASYNC110 (state owned by other libraries, no event to await)
+            await asyncio.sleep(0.01)
+
+
+class DaemonRunner:
+    """Starts a Daemon in this event loop (waiting until it runs) and stops it, bounded."""
+
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.daemon: Daemon | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self, **overrides: Any) -> Daemon:
+        settings = self.settings.with_overrides(**overrides) if overrides else self.settings
+        self.daemon = Daemon(settings, clock=self.clock)
+        self.task = asyncio.create_task(self.daemon.run())
+        async with asyncio.timeout(20):
+            while not self.daemon.started.is_set():
+                if self.task.done():
+                    self.task.result()
+                await asyncio.sleep(0.01)
+        return self.daemon
+
+    async def stop(self) -> None:
+        if self.daemon is not None and self.task is not None:
+            self.daemon.stop()
+            await asyncio.wait_for(self.task, 20)
+            self.daemon = self.task = None
+
+
+def http_text(url: str) -> str:
+    """The body of GET `url` (any status)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return str(resp.read().decode())
+    except urllib.error.HTTPError as exc:
+        return str(exc.read().decode())
+
+
+async def served_text(daemon: Daemon) -> str:
+    """What /readyz, /v1/leader and /metrics serve, in one string."""
+    assert daemon.endpoints.api is not None and daemon.endpoints.metrics is not None
+    urls = [
+        daemon.endpoints.api.url + "/readyz",
+        daemon.endpoints.api.url + "/v1/leader",
+        daemon.endpoints.metrics.url + "/metrics",
+    ]
+    return "\n".join([await asyncio.to_thread(http_text, u) for u in urls])
