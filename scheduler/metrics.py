@@ -2,6 +2,13 @@
 
 Metrics live in their own registry so tests and several daemons in one process do not collide;
 `Metrics()` makes a fresh set.
+
+Metrics are fed from events. A part of the daemon never updates an instrument: it reports what
+happened through a small Protocol of its own, declared beside it (`scheduler.leadership.events`,
+`scheduler.engine.delayed.events`, ...), and `Metrics` is the listener that implements all of
+them, one mixin below per part, turning each event into its instruments. Adding a metric: define
+the instrument in `_Instruments`, update it in the part's mixin, add the alert or panel
+(docs/development.md).
 """
 
 from __future__ import annotations
@@ -23,8 +30,8 @@ DB_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1
 _P = "mq_scheduler_"
 
 
-class Metrics:
-    """The daemon's metrics in one registry."""
+class _Instruments:
+    """The instruments, in one registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -216,6 +223,38 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _LeadershipEvents(_Instruments):
+    """`scheduler.leadership.events.LeadershipEvents`."""
+
+    def took_office(self, epoch: int) -> None:
+        self.is_leader.set(1)
+        self.leader_epoch.set(epoch)
+
+    def left_office(self) -> None:
+        self.is_leader.set(0)
+        self.leader_epoch.set(0)
+
+
+class _DelayedEvents(_Instruments):
+    """`scheduler.engine.delayed.events.DelayedEvents`: intake, claims, dispatch, books."""
+
+
+class _CronEvents(_Instruments):
+    """`scheduler.engine.cron.events.CronEvents`: the catalog, firing, cursors."""
+
+
+class _BusEvents(_Instruments):
+    """`scheduler.bus.nats.events.BusEvents`: the connection and the publisher."""
+
+
+class _DaemonEvents(_Instruments):
+    """The daemon's own events, the store's and the edge's (`scheduler.daemon.events`)."""
+
+
+class Metrics(_LeadershipEvents, _DelayedEvents, _CronEvents, _BusEvents, _DaemonEvents):
+    """The daemon's metrics in one registry, and the listener of every part's events."""
 
 
 def observe_many(histogram: Histogram, amount: float, count: int) -> None:

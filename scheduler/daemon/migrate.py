@@ -27,7 +27,7 @@ def migrations_dir() -> Path:
     """`$SCHEDULER_MIGRATIONS_DIR`, else `migrations/` beside the package, else in the cwd."""
     candidates = [
         os.environ.get(MIGRATIONS_ENV),
-        Path(__file__).resolve().parent.parent / "migrations",
+        Path(__file__).resolve().parents[2] / "migrations",
         Path.cwd() / "migrations",
     ]
     for candidate in candidates:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from scheduler.clock import Clock
-from scheduler.metrics import Metrics
+from scheduler.leadership.events import LeadershipEvents
 
 
 class Tenure:
@@ -26,12 +26,12 @@ class Tenure:
         self,
         instance: str,
         clock: Clock,
-        metrics: Metrics,
+        events: LeadershipEvents,
         log: logging.Logger,
         clock_ok: Callable[[], bool],
     ) -> None:
         self.instance = instance
-        self._clock, self._metrics, self._log, self._clock_ok = clock, metrics, log, clock_ok
+        self._clock, self._events, self._log, self._clock_ok = clock, events, log, clock_ok
         self._epoch: int | None = None
         self._since: datetime | None = None
         self.deadline = 0.0  # monotonic; also bounds the calls that take office
@@ -74,8 +74,7 @@ class Tenure:
         """Take office with `epoch` (taken in PostgreSQL) until `deadline`."""
         self.deadline = deadline
         self._epoch, self._since = epoch, since
-        self._metrics.is_leader.set(1)
-        self._metrics.leader_epoch.set(epoch)
+        self._events.took_office(epoch)
         self.lost.clear()
         self.gained.set()
         self._log.info("leader.acquired instance=%s epoch=%d", self.instance, epoch)
@@ -87,8 +86,7 @@ class Tenure:
         epoch, self._epoch, self._since = self._epoch, None, None
         self.lost.set()
         self.gained.clear()
-        self._metrics.is_leader.set(0)
-        self._metrics.leader_epoch.set(0)
+        self._events.left_office()
         quiet = reason in ("resigned", "stopped")
         level = logging.INFO if quiet else logging.WARNING
         message = "leader.lost instance=%s epoch=%d reason=%s error=%r"
