@@ -1,2 +1,2 @@
-"""Cron, pure: expressions and their occurrences, the YAML jobs, misfire policies, the plan of a
-tick."""
+"""Cron, pure: expressions and their occurrences (DST included), the `scheduled_jobs` YAML and
+its job model, misfire policies. No I/O."""

@@ -1,1 +1,3 @@
-"""Leadership: the KV lease, the PostgreSQL epoch, terms of office, heartbeats, clock skew."""
+"""Leadership: the JetStream KV lease, terms of office one after another, the tenure the engine
+sees, heartbeats, clock skew. The fencing epoch itself is PostgreSQL's
+(`scheduler.store.postgres.epoch`)."""
