@@ -9,7 +9,8 @@ PostgreSQL made heap-only (HOT: no index entry, migration 0013). CPU is read fro
 server's own processes only (the postmaster's children alive, plus those it reaped), so other
 PostgreSQL servers on the host do not count, unlike `cpu_by_command` in common.py.
 
-Then, for the tombstone choice (docs/development.md), the intake-side probe of both candidates
+Then, for the tombstone choice (docs/decisions/2026-11-25-fired-tasks-leave-a-tombstone.md),
+the intake-side probe of both candidates
 over `--history` fired ids spread over 14 days: `fired_tasks` by primary key, and `fire_log`
 (one index probe per daily partition).
 

@@ -7,7 +7,8 @@ deletes tombstones older than `SCHEDULER_FIRE_LOG_RETENTION` through the BRIN in
 `fired_tasks_fired_at`).
 `TaskStore.mark_fired` deletes the task's row and writes its tombstone and `fire_log` row in
 one statement, so `delayed_messages` holds only tasks not yet fired (and, until the purge,
-cancelled, expired and dead ones). See docs/development.md for the alternatives measured.
+cancelled, expired and dead ones). See
+docs/decisions/2026-11-25-fired-tasks-leave-a-tombstone.md for the alternatives measured.
 
 The per-organisation index of migration 0009 no longer covers claimed tasks: a claim then
 writes one index entry less (2.5 us of PostgreSQL CPU per task, bench/pg_task_cost.py), and the

@@ -3,8 +3,8 @@
 Every `fire_log` query filters on `fired_at` (the index `fire_log_fired_at`: lateness, the
 export, the JDBC slices of the audit) or on the key (the unique index `fire_log_once`, which also
 drops an exact repeat of a row, migration 0006); `id` comes from a sequence and is never looked
-up. The primary key index was a third B-tree entry per delivery (see docs/development.md for
-the measured cost). The column and its sequence stay.
+up. The primary key index was a third B-tree entry per delivery (see
+docs/decisions/2026-11-25-fire-log-without-a-primary-key.md for the measured cost). The column and its sequence stay.
 
 Dropping an index takes a short exclusive lock and no scan. Downgrade adds the key again,
 which scans `fire_log` once to build it.

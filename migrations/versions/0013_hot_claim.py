@@ -6,8 +6,8 @@ column of an index predicate changes, so PostgreSQL writes the new row version o
 without any index entry, when the page has room for it. `fillfactor = 45` leaves that room: a
 page holds tasks inserted together, which fall due and are claimed together, and each needs
 room for its whole new version (payload included). Only pages written from now on get it; a
-rewrite (VACUUM FULL, pg_repack) repacks the existing ones. See docs/development.md, "A HOT
-claim", for the measurements.
+rewrite (VACUUM FULL, pg_repack) repacks the existing ones. See
+docs/decisions/2026-11-26-hot-claim.md for the measurements.
 
 Expand only, as docs/deploy.md asks of a migration (the previous version still runs while the
 Deployment rolls): `delayed_messages_claimed` stays, empty from now on except for the rows the
