@@ -13,6 +13,9 @@ the instrument in `_Instruments`, update it in the part's mixin, add the alert o
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -23,6 +26,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+
+from scheduler.records import Fired
 
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DB_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -239,6 +244,71 @@ class _LeadershipEvents(_Instruments):
 
 class _DelayedEvents(_Instruments):
     """`scheduler.engine.delayed.events.DelayedEvents`: intake, claims, dispatch, books."""
+
+    def intake_committed(self, accepted: int, duplicates: int, cancelled: int) -> None:
+        self.intake.labels("accepted").inc(accepted)
+        if duplicates:
+            self.intake.labels("duplicate").inc(duplicates)
+        if cancelled:
+            self.intake.labels("cancelled_on_arrival").inc(cancelled)
+
+    def intake_refused(self, reasons: Iterable[str]) -> None:
+        for reason in reasons:
+            self.intake.labels(reason).inc()
+            self.dead_letters.labels(reason).inc()
+
+    def dead_letter_unstored(self, org: str, reason: str) -> None:
+        self.dead_letters_unstored.labels(org, reason).inc()
+
+    def dead_letter_copy_failed(self, reason: str) -> None:
+        self.dead_letter_copies_failed.labels(reason).inc()
+
+    def quota_refusals(self, orgs: Iterable[str]) -> None:
+        for org in orgs:
+            self.quota_refused.labels(org).inc()
+
+    def org_pending_counted(self, counts: Mapping[str, int]) -> None:
+        self.org_pending.clear()
+        self.org_pending_changed(counts)
+
+    def org_pending_changed(self, counts: Mapping[str, int]) -> None:
+        for org, n in counts.items():
+            self.org_pending.labels(org).set(n)
+
+    def horizon_sized(self, tasks: int) -> None:
+        self.heap_size.set(tasks)
+
+    def pending_counted(self, tasks: int) -> None:
+        self.pending.set(tasks)
+
+    def duplicate_window_checked(self, stream: str, short: bool) -> None:
+        self.dup_window_short.labels(stream).set(1 if short else 0)
+
+    def tasks_dispatched(self, now_ms: int, due: Mapping[int, int]) -> None:
+        for due_ms, n in due.items():
+            observe_many(self.dispatch_lateness, (now_ms - due_ms) / 1000, n)
+
+    def tasks_fired(self, fired: Sequence[Fired]) -> None:
+        groups: dict[tuple[datetime, datetime], int] = {}  # tasks fired together, due together
+        for f in fired:
+            key = (f.fired_at, f.task.scheduled_for)
+            groups[key] = groups.get(key, 0) + 1
+        histogram = self.lateness.labels("delayed")
+        for (fired_at, scheduled_for), n in groups.items():
+            observe_many(histogram, max((fired_at - scheduled_for).total_seconds(), 0.0), n)
+        self.fired.labels("delayed").inc(len(fired))
+
+    def tasks_expired(self, count: int) -> None:
+        self.expired.inc(count)
+
+    def publishes_retried(self, count: int, in_doubt: int) -> None:
+        self.publish_retries.inc(count)
+        if in_doubt:
+            self.publish_in_doubt.inc(in_doubt)
+
+    def tasks_dead(self, reasons: Iterable[str]) -> None:
+        for reason in reasons:
+            self.dead_letters.labels(reason).inc()
 
 
 class _CronEvents(_Instruments):

@@ -18,7 +18,8 @@ from scheduler.clock import Clock
 from scheduler.engine.cron.firing import CronEngine
 from scheduler.engine.delayed import rescheduled
 from scheduler.engine.delayed.dead_letters import DeadLetterCopies
-from scheduler.engine.delayed.dispatch import Firing
+from scheduler.engine.delayed.dispatch import Dispatcher
+from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.engine.delayed.fairness import horizon_heap
 from scheduler.engine.delayed.horizon import Horizon
 from scheduler.engine.delayed.intake import Intake
@@ -26,7 +27,6 @@ from scheduler.engine.delayed.quota import OrgLedger
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, Bus, TaskRepository
 from scheduler.messages.envelope import Limits
-from scheduler.metrics import Metrics
 from scheduler.records import from_ms, to_ms
 from scheduler.settings import Settings
 
@@ -57,7 +57,7 @@ class LeaderEngine:
         tasks: TaskRepository,
         office: Office,
         clock: Clock,
-        metrics: Metrics,
+        events: DelayedEvents,
         intake_stream: str | None = None,
         cron: CronEngine | None = None,
     ) -> None:
@@ -67,7 +67,7 @@ class LeaderEngine:
         self.tasks = tasks
         self.office = office
         self.clock = clock
-        self.metrics = metrics
+        self._events = events
         self.intake_stream = intake_stream or settings.intake_stream
         self.horizon = Horizon(horizon_heap(settings))
         self.ledger: OrgLedger | None = None  # per-org quotas of this term, when on
@@ -93,39 +93,36 @@ class LeaderEngine:
 
         self.bus.link_listeners.append(on_link)
         sub = await self.bus.listen(rescheduled.SUBJECT, self._on_rescheduled)
-        dead = DeadLetterCopies(publisher, self.settings.dlq_subject_prefix, self.metrics)
-        firing = Firing(
-            self.settings,
-            self.horizon,
-            self.tasks,
-            publisher,
-            self.office,
-            self.clock,
-            self.metrics,
-            self.horizon.wake,
-            self.horizon.lock,
-            self.check_stream,
-            dead,
+        dead = DeadLetterCopies(publisher, self.settings.dlq_subject_prefix, self._events)
+        self.ledger = await self._count_orgs()
+        dispatcher = Dispatcher(
+            settings=self.settings,
+            horizon=self.horizon,
+            tasks=self.tasks,
+            publisher=publisher,
+            office=self.office,
+            clock=self.clock,
+            events=self._events,
+            on_stream=self.check_stream,
+            dead=dead,
+            ledger=self.ledger,
         )
-        limits = Limits(max_payload=self.bus.max_payload, max_delay=self.settings.max_delay)
         intake = Intake(
-            self.settings,
-            self.horizon,
-            self.tasks,
-            publisher,
-            self.clock,
-            self.metrics,
-            self.horizon.wake,
-            self.horizon.lock,
-            limits,
-            dead,
+            settings=self.settings,
+            horizon=self.horizon,
+            tasks=self.tasks,
+            publisher=publisher,
+            clock=self.clock,
+            events=self._events,
+            limits=Limits(max_payload=self.bus.max_payload, max_delay=self.settings.max_delay),
+            dead=dead,
+            ledger=self.ledger,
         )
-        intake.ledger = firing.ledger = self.ledger = await self._count_orgs()
         log.info("engine.term_started epoch=%d", epoch)
         try:
-            firing.reclaim_orphans()
+            dispatcher.reclaim_orphans()
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(firing.run(epoch, stop), name="firing")
+                tg.create_task(dispatcher.run(epoch, stop), name="firing")
                 tg.create_task(
                     intake.run(
                         self.bus.intake_source(
@@ -136,10 +133,10 @@ class LeaderEngine:
                     ),
                     name="intake",
                 )
-                tg.create_task(self._loader(stop, firing, epoch), name="loader")
+                tg.create_task(self._loader(stop, dispatcher, epoch), name="loader")
                 tg.create_task(self._watch_office(stop, publisher), name="office-watch")
                 tg.create_task(
-                    self._revalidate(epoch, publisher, firing, relinked, stop), name="relink"
+                    self._revalidate(epoch, publisher, dispatcher, relinked, stop), name="relink"
                 )
                 if self.cron is not None:
                     tg.create_task(self.cron.run(epoch, publisher, stop), name="cron")
@@ -153,13 +150,13 @@ class LeaderEngine:
             await dead.drain(DLQ_DRAIN)  # copies in flight: their acks, not a failure log each
             await publisher.close()
             self.horizon.disarm()
-            self.metrics.heap_size.set(0)
+            self._events.horizon_sized(0)
             log.info("engine.term_ended epoch=%d", epoch)
 
     async def _count_orgs(self) -> OrgLedger | None:
         """The per-org quota ledger of a new term, counted from the store (None: quotas off).
         PostgreSQL away: counted at the loader's next count, unlimited until then."""
-        ledger = OrgLedger.of(self.settings, self.metrics)
+        ledger = OrgLedger.of(self.settings, self._events)
         if ledger is not None:
             try:
                 ledger.reset(await self.tasks.pending_by_org())
@@ -192,7 +189,7 @@ class LeaderEngine:
             return
         span = self.failover_span()
         short = window < span
-        self.metrics.dup_window_short.labels(stream).set(1 if short else 0)
+        self._events.duplicate_window_checked(stream, short)
         if short:
             why = (
                 f"stream {stream}: duplicate window {window:g}s is shorter than the "
@@ -212,7 +209,7 @@ class LeaderEngine:
         self,
         epoch: int,
         publisher: Broker,
-        firing: Firing,
+        dispatcher: Dispatcher,
         relinked: asyncio.Event,
         stop: asyncio.Event,
     ) -> None:
@@ -235,10 +232,10 @@ class LeaderEngine:
                 self.office.depose()
                 return
             publisher.release()
-            firing.armed_event.set()
+            dispatcher.armed_event.set()
             log.info("engine.link_revalidated epoch=%d", epoch)
 
-    async def _loader(self, stop: asyncio.Event, firing: Firing, epoch: int) -> None:
+    async def _loader(self, stop: asyncio.Event, dispatcher: Dispatcher, epoch: int) -> None:
         """Keep the heap filled up to now + horizon; sweep for stragglers; count pending."""
         # The first count of pending tasks waits a few seconds: over millions of rows it costs
         # PostgreSQL a fraction of a second, which the first claims after taking office need.
@@ -250,12 +247,12 @@ class LeaderEngine:
                 now = self.clock.monotonic()
                 if now - last_sweep >= SWEEP_EVERY:
                     await self.sweep()
-                    firing.reclaim_orphans(STALE_CLAIM)
+                    dispatcher.reclaim_orphans(STALE_CLAIM)
                     last_sweep = now
                 if now - last_analyze >= ANALYZE_EVERY and await self.tasks.analyze_if_stale():
                     last_analyze = now
                 if now - last_count >= COUNT_EVERY:
-                    self.metrics.pending.set(await self.tasks.pending_count())
+                    self._events.pending_counted(await self.tasks.pending_count())
                     if self.ledger is not None:
                         self.ledger.reset(await self.tasks.pending_by_org())
                     last_count = now
@@ -274,7 +271,7 @@ class LeaderEngine:
             lambda cursor: self.tasks.load_page(cursor, from_ms(until_ms), PAGE), PAGE, until_ms
         )
         if page:
-            self.metrics.heap_size.set(len(self.horizon))
+            self._events.horizon_sized(len(self.horizon))
         return len(page) == PAGE
 
     async def sweep(self) -> None:

@@ -20,8 +20,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from scheduler.bus.nats.publisher import Publisher
 from scheduler.clock import Clock, SystemClock
-from scheduler.engine.delayed.dispatch import Firing
-from scheduler.engine.delayed.horizon import HorizonHeap
+from scheduler.engine.delayed.dispatch import Dispatcher
+from scheduler.engine.delayed.horizon import Horizon, HorizonHeap
 from scheduler.engine.office import FixedOffice
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -45,19 +45,16 @@ class Parts:
     metrics: Metrics
     clock: Clock
     heap: HorizonHeap = field(default_factory=HorizonHeap)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def firing(self) -> Firing:
-        return Firing(
-            self.settings,
-            self.heap,
-            self.tasks,
-            self.publisher,
-            self.office,
-            self.clock,
-            self.metrics,
-            self.wake,
-            asyncio.Lock(),
+    def firing(self) -> Dispatcher:
+        return Dispatcher(
+            settings=self.settings,
+            horizon=Horizon(self.heap),
+            tasks=self.tasks,
+            publisher=self.publisher,
+            office=self.office,
+            clock=self.clock,
+            events=self.metrics,
         )
 
     async def insert(
@@ -169,7 +166,7 @@ async def make_parts(
 parts_of = contextlib.asynccontextmanager(make_parts)
 
 
-async def run_for(firing: Firing, epoch: int, until: Any, within: float = 10.0) -> None:
+async def run_for(firing: Dispatcher, epoch: int, until: Any, within: float = 10.0) -> None:
     """Run `firing` until the awaitable `until` completes (bounded), then stop it gracefully."""
     stop = asyncio.Event()
     runner = asyncio.create_task(firing.run(epoch, stop))

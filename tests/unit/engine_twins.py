@@ -80,6 +80,7 @@ class Engine:
     lane: Lane
     engine: LeaderEngine
     office: Office
+    metrics: Metrics  # the engine's events listener
     stop: asyncio.Event
     runner: asyncio.Task[None] | None = None
     counter: int = 0
@@ -153,5 +154,6 @@ async def engine_on_twins(
     bus = MemoryBus(streams, lane)
     settings = Settings(**overrides)
     office = Office(await store.take_office("twin"))
-    engine = LeaderEngine(settings, bus, store, office, clock, Metrics())
-    return Engine(clock, store, streams, bus, lane, engine, office, asyncio.Event())
+    metrics = Metrics()
+    engine = LeaderEngine(settings, bus, store, office, clock, metrics)
+    return Engine(clock, store, streams, bus, lane, engine, office, metrics, asyncio.Event())

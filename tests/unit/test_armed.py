@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.clock import FakeClock
-from scheduler.engine.delayed.dispatch import Firing
-from scheduler.engine.delayed.horizon import HorizonHeap
+from scheduler.engine.delayed.dispatch import Dispatcher
+from scheduler.engine.delayed.horizon import Horizon
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.store.postgres.tasks import ClaimedTask, from_ms, to_ms
@@ -70,27 +70,24 @@ class CapturingPublisher:
             self.sent.append((now, task.id))
 
 
-def firing(clock: FakeClock, publisher: Any = None, **overrides: Any) -> Firing:
-    s = Settings(**overrides)
-    return Firing(
-        s,
-        HorizonHeap(),
-        None,  # type: ignore[arg-type]  # no store: nothing here claims or books
-        publisher or CapturingPublisher(clock),
-        Office(),
-        clock,
-        Metrics(),
-        asyncio.Event(),
-        asyncio.Lock(),
+def firing(clock: FakeClock, publisher: Any = None, **overrides: Any) -> Dispatcher:
+    return Dispatcher(
+        settings=Settings(**overrides),
+        horizon=Horizon(),
+        tasks=None,  # type: ignore[arg-type]  # no store: nothing here claims or books
+        publisher=publisher or CapturingPublisher(clock),
+        office=Office(),
+        clock=clock,
+        events=Metrics(),
     )
 
 
-async def drain(f: Firing, clock: FakeClock, until_ms: int) -> None:
+async def drain(f: Dispatcher, clock: FakeClock, until_ms: int) -> None:
     """Step the fake clock a millisecond at a time, publishing what is due at each step."""
     while to_ms(clock.now()) < until_ms:
-        await f._publish_due()
+        await f.publish_due()
         clock.advance(0.001)
-    await f._publish_due()
+    await f.publish_due()
 
 
 async def test_rearmed_duplicates_neither_raise_nor_go_out_early() -> None:

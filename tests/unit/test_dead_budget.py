@@ -56,11 +56,12 @@ def test_the_key_is_the_targets_organisation_else_its_subject() -> None:
 
 def test_dropped_refusals_are_counted_with_bounded_org_labels() -> None:
     """Past SCHEDULER_ORG_METRIC_LABELS organisations the label is `other`; no org is ''."""
-    budget, _ = _budget(1)
+    metrics = Metrics()
+    budget = DeadLetterBudget(1, FakeClock(), metrics, OrgLabels((), 2), 100)
     for org in ("a", "b", "c"):
         budget.dropped(f"mq.org.{org}.x", "unparseable")
     budget.dropped("mq.tasks.work", "unparseable")
-    counter = budget.metrics.dead_letters_unstored
+    counter = metrics.dead_letters_unstored
     got = {s.labels["org"]: s.value for s in counter.collect()[0].samples if "_total" in s.name}
     assert got == {"a": 1.0, "b": 1.0, "other": 2.0}
 

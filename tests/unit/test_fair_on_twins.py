@@ -182,7 +182,7 @@ async def test_a_task_over_its_orgs_quota_is_dead_lettered_and_nothing_else_lost
     assert ledger is not None and ledger.counts == {"acme": 3, "beta": 1}
     await quota.until(lambda: len(quota.delivered()) == 4)
     assert sorted(quota.ids()) == sorted([*acme[:3], beta])
-    metrics = quota.engine.metrics
+    metrics = quota.metrics
     assert metrics.quota_refused.labels("acme")._value.get() == 2
 
 
@@ -378,10 +378,17 @@ async def test_overlapping_claims_share_the_byte_room() -> None:
     horizon.heap.loaded(refs, complete_until_ms=T0_MS + 10_000)
     armed = Armed(100_000, 4_000_000)
     claimer = Claimer(
-        Settings(batch=1_000), horizon, Repo(), armed, FakeClock(T0), Metrics(), lambda _: None
-    )  # type: ignore[arg-type]
+        settings=Settings(batch=1_000),
+        horizon=horizon,
+        tasks=Repo(),  # type: ignore[arg-type]
+        armed=armed,
+        clock=FakeClock(T0),
+        events=Metrics(),
+        arm=lambda _: None,
+        on_fenced=lambda _: None,
+    )
     for _ in range(CLAIMS_IN_FLIGHT):
-        assert await claimer.step(1)
+        assert await claimer.claim_due(1)
     await asyncio.sleep(0)
     assert budgets == [1_000_000] * CLAIMS_IN_FLIGHT
     release.set()

@@ -18,8 +18,8 @@ from scheduler.records import ClaimedTask, to_ms
 
 # (due_ms, priority, seq, arming number, task)
 Slot = tuple[int, int, int, int, ClaimedTask]
-_AFTER_PRIORITIES = 99  # sorts after every priority (1-10) of the same millisecond
-_LAST = 2**63  # sorts after every arming number
+AFTER_PRIORITIES = 99  # sorts after every priority (1-10) of the same millisecond
+LAST_ARMING = 2**63  # sorts after every arming number
 
 
 class Armed:
@@ -71,7 +71,7 @@ class Armed:
     def pop_due(self, now_ms: int) -> list[Slot]:
         """Take every entry due at or before `now_ms`, in firing order."""
         slots = self._slots
-        cut = bisect.bisect_right(slots, (now_ms, _AFTER_PRIORITIES))
+        cut = bisect.bisect_right(slots, (now_ms, AFTER_PRIORITIES))
         if cut == 0:
             return []
         due, self._slots = slots[:cut], slots[cut:]
@@ -81,7 +81,7 @@ class Armed:
     def take_after(self, due_ms: int, priority: int, seq: int) -> list[ClaimedTask]:
         """Take every entry whose key comes after (due_ms, priority, seq), in firing order."""
         slots = self._slots
-        cut = bisect.bisect_right(slots, (due_ms, priority, seq, _LAST))
+        cut = bisect.bisect_right(slots, (due_ms, priority, seq, LAST_ARMING))
         if cut == len(slots):
             return []
         later, self._slots = slots[cut:], slots[:cut]

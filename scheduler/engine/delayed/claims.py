@@ -19,51 +19,53 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from scheduler.clock import Clock
-from scheduler.engine.delayed import task_path
 from scheduler.engine.delayed.armed import Armed
+from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.engine.delayed.fairness import Throttles
 from scheduler.engine.delayed.horizon import Horizon
-from scheduler.engine.delayed.task_path import (
-    CLAIM_LEAD_MS,
-    CLAIM_STEP_MS,
-    CLAIMS_IN_FLIGHT,
-    LOOKAHEAD_MS,
-)
 from scheduler.engine.ports import TaskRepository
 from scheduler.errors import FencedError
-from scheduler.metrics import Metrics
-from scheduler.records import Claimed, ClaimedTask, to_ms
+from scheduler.records import Claimed, ClaimedTask, Entry, TaskRef, firing_order, from_ms, to_ms
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.firing")
+log = logging.getLogger("scheduler.firing")  # claims and firing alike
+
+# Claims run in steps: each claims every task due within LOOKAHEAD_MS, the next one follows
+# CLAIM_STEP_MS later, or sooner when a task would otherwise be claimed less than CLAIM_LEAD_MS
+# before it is due (a claim round trip under load takes 15-30 ms here). A steady stream of
+# tasks so costs 40 claim statements a second instead of one per due millisecond.
+LOOKAHEAD_MS = 80
+CLAIM_LEAD_MS = 40
+CLAIM_STEP_MS = 25
+CLAIMS_IN_FLIGHT = 4
 
 
 class Claimer:
-    """Claims for one term of office; `arm` receives the tasks ready to publish, in order.
-    The claim step itself is `engine.task_path.claim_due`; this class keeps its state (claims
-    in flight, byte reservations) and the detail: parked payloads and orphans (`refill`)."""
-
-    step = task_path.claim_due
-    _take = task_path.arm_or_park
+    """Claims for one term of office: the claim step (`claim_due`), then `arm_or_park`, which
+    hands the tasks ready to publish to `arm`, in order; the state between steps (claims in
+    flight, byte reservations) and the detail: parked payloads and orphans (`refill`). A claim
+    fenced by a newer leader's epoch calls `on_fenced(epoch)`."""
 
     def __init__(
         self,
+        *,
         settings: Settings,
         horizon: Horizon,
         tasks: TaskRepository,
         armed: Armed,
         clock: Clock,
-        metrics: Metrics,
+        events: DelayedEvents,
         arm: Callable[[Sequence[ClaimedTask]], None],
+        on_fenced: Callable[[int], None],
     ) -> None:
         self.settings = settings
         self.horizon = horizon
         self.tasks = tasks
         self.armed = armed
         self.clock = clock
-        self.metrics = metrics
+        self._events = events
         self._arm = arm
-        self.on_fenced: Callable[[int], None] = lambda epoch: None
+        self._on_fenced = on_fenced
         # claimed by this leader but taken without payloads (over the byte budget), in order
         self._parked: list[ClaimedTask] = []
         self._claiming = 0  # tasks in claims still in flight
@@ -75,7 +77,7 @@ class Claimer:
         self._orphans_left = False  # a reclaim of orphans is under way, page by page
         self._orphan_stale: timedelta | None = None
         self._last_claim_ms = 0
-        # the fair limits while two or more orgs compete, else the FIFO ones (engine.fair)
+        # the fair limits while two or more orgs compete, else the FIFO ones (`fairness`)
         self.throttles = Throttles(settings, horizon.heap, armed)
 
     @property
@@ -105,6 +107,82 @@ class Claimer:
             return 0
         return self.armed.room() - self._claiming - len(self._parked)
 
+    async def claim_due(self, epoch: int) -> bool:
+        """Claim what falls due within the lookahead; return whether there was any.
+
+        Up to `CLAIMS_IN_FLIGHT` claims run at once, so one slow round trip does not hold up
+        the next window (a burst of tasks due at one instant drains at the database's pace)."""
+        now = to_ms(self.clock.now())
+        throttles = self.throttles
+        throttles.update(now)
+        nxt = self.horizon.next_due()
+        behind = nxt is not None and nxt <= now  # a backlog drains: claims queue up
+        until = now + (throttles.busy_lookahead(LOOKAHEAD_MS) if behind else LOOKAHEAD_MS)
+        entries = self.horizon.take_due(until, min(throttles.claim_limit, self.room()))
+        self._events.horizon_sized(len(self.horizon))
+        if not entries:
+            return False
+        self._last_claim_ms = now
+        await self._slots.acquire()
+        self._claiming += len(entries)
+        # each claim in flight may take a share of the byte room: one taking all that is left
+        # would leave the next ones' payloads parked (claimed, fetched again later, in order)
+        room = self.armed.byte_room()
+        budget = max(min(room // CLAIMS_IN_FLIGHT, room - self._reserved), 1)
+        self._reserved += budget
+        before, self._taken = self._taken, asyncio.Event()
+        running = asyncio.create_task(
+            self._claim(epoch, entries, until, budget, before, self._taken), name="claim"
+        )
+        self._claims.add(running)
+        running.add_done_callback(self._claims.discard)
+        return True
+
+    async def _claim(
+        self,
+        epoch: int,
+        entries: list[Entry],
+        until: int,
+        budget: int,
+        before: asyncio.Event,
+        taken: asyncio.Event,
+    ) -> None:
+        """One claim of up to `budget` payload bytes. Claims run concurrently, but their
+        results are taken in the order they were started (`before` is the previous one's),
+        so a burst due at one instant still goes out in firing order."""
+        try:
+            ids = [e[3] for e in entries]
+            claimed = await self.tasks.claim_within(epoch, ids, from_ms(until), budget)
+            await before.wait()
+            self.arm_or_park(claimed)
+        except FencedError:
+            self._on_fenced(epoch)
+        except Exception as exc:  # PostgreSQL away: put the batch back and let the loop retry
+            log.warning("claim.failed count=%d error=%r", len(entries), exc)
+            self.horizon.put_back(TaskRef(i, due, p, seq) for due, p, seq, i in entries)
+            await self.clock.sleep(0.5)
+        finally:
+            taken.set()
+            self._claiming -= len(entries)
+            self._reserved -= budget
+            self._slots.release()
+
+    def arm_or_park(self, claimed: Claimed) -> None:
+        """Arm what came with payloads, park the rest; nothing armed may come after a parked
+        task in firing order (it would go out first), so such tasks are parked too, their
+        payloads dropped until they are fetched again in order."""
+        ready, parked = claimed.ready, claimed.parked
+        if parked or self._parked:
+            first = firing_order(min((*parked, *self._parked), key=firing_order))
+            due_ms, priority, seq = to_ms(first[0]), first[1], first[2]
+            later = self.armed.take_after(due_ms, priority, seq)
+            ready = [t for t in ready if firing_order(t) <= first]
+            later += [t for t in claimed.ready if firing_order(t) > first]
+            for task in later:
+                task.payload = b""
+            self._parked = sorted([*self._parked, *parked, *later], key=firing_order)
+        self._arm(ready)
+
     async def refill(self, epoch: int) -> None:
         """Fetch parked payloads, or take over a page of orphans, within the room there is."""
         room, budget = self.room(), max(self.armed.byte_room() - self._reserved, 1)
@@ -115,12 +193,12 @@ class Claimer:
                 # fetched, or no longer claimed by this leader: off the parked list
                 done = set(chunk) - {t.id for t in got.parked}
                 self._parked = [t for t in self._parked if t.id not in done]
-                self._take(Claimed(got.ready, []))
+                self.arm_or_park(Claimed(got.ready, []))
                 return
             limit = min(self.settings.batch, room)
             got = await self.tasks.reclaim_orphans(epoch, self._orphan_stale, limit, budget)
         except FencedError:
-            self.on_fenced(epoch)
+            self._on_fenced(epoch)
             return
         except Exception as exc:  # PostgreSQL away: try again shortly
             log.warning("reclaim.failed error=%r", exc)
@@ -130,7 +208,7 @@ class Claimer:
             log.info("engine.reclaimed count=%d", len(got.ready) + len(got.parked))
         if len(got.ready) + len(got.parked) < limit:
             self._orphans_left = False  # that was the last page
-        self._take(got)
+        self.arm_or_park(got)
 
     def idle_seconds(self) -> float:
         """Until the next claim: when the next task enters the lookahead, but not sooner than

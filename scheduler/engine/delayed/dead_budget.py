@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from scheduler.clock import Clock
+from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.engine.delayed.quota import UNNAMED, OrgLabels
 from scheduler.messages.subjects import org_of
-from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 
 MAX_KEYS = 10_000
@@ -43,23 +43,28 @@ class DeadLetterBudget:
     """Token buckets per key: `take(key)` says whether one more refusal may be stored."""
 
     def __init__(
-        self, per_minute: int, clock: Clock, metrics: Metrics, labels: OrgLabels, max_keys: int
+        self,
+        per_minute: int,
+        clock: Clock,
+        events: DelayedEvents,
+        labels: OrgLabels,
+        max_keys: int,
     ) -> None:
         self.burst = float(per_minute)
         self.per_second = per_minute / 60.0
         self.clock = clock
-        self.metrics = metrics
+        self._events = events
         self.labels = labels
         self.max_keys = max_keys
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
     @classmethod
-    def of(cls, settings: Settings, clock: Clock, metrics: Metrics) -> DeadLetterBudget | None:
+    def of(cls, settings: Settings, clock: Clock, events: DelayedEvents) -> DeadLetterBudget | None:
         """The budget the settings ask for, or None when `dead_letter_rate` is 0 (no bound)."""
         if settings.dead_letter_rate <= 0:
             return None
         labels = OrgLabels(settings.org_shares, settings.org_metric_labels)
-        return cls(settings.dead_letter_rate, clock, metrics, labels, MAX_KEYS)
+        return cls(settings.dead_letter_rate, clock, events, labels, MAX_KEYS)
 
     def take(self, key: str) -> bool:
         """Spend one token of `key`'s bucket (or the overflow bucket); False when empty."""
@@ -74,7 +79,7 @@ class DeadLetterBudget:
     def dropped(self, target: str | None, reason: str) -> None:
         """Count a refusal that was not stored."""
         org = (org_of(target) if target else None) or UNNAMED
-        self.metrics.dead_letters_unstored.labels(self.labels(org), reason).inc()
+        self._events.dead_letter_unstored(self.labels(org), reason)
 
     def _slot(self, key: str, now: float) -> str:
         """`key` itself, or the overflow bucket when the table is full of unrefilled buckets."""

@@ -20,10 +20,10 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.engine.ports import Broker
 from scheduler.messages.headers import block_size, printable, split_producer_headers
 from scheduler.messages.subjects import dlq_subject
-from scheduler.metrics import Metrics
 from scheduler.records import PubAck
 
 log = logging.getLogger("scheduler.deadletter")
@@ -94,11 +94,15 @@ class DeadLetterCopies:
     """Sends dead-letter copies through the term's publisher, concurrently and bounded."""
 
     def __init__(
-        self, publisher: Broker, prefix: str, metrics: Metrics, inflight: int = DLQ_INFLIGHT
+        self,
+        publisher: Broker,
+        prefix: str,
+        events: DelayedEvents,
+        inflight: int = DLQ_INFLIGHT,
     ) -> None:
         self.publisher = publisher
         self.prefix = prefix
-        self.metrics = metrics
+        self._events = events
         self._slots = asyncio.Semaphore(inflight)
         self._pending: set[asyncio.Future[PubAck]] = set()
 
@@ -110,7 +114,7 @@ class DeadLetterCopies:
         for letter in letters:
             if not await self._room(deadline):
                 dropped += 1
-                self.metrics.dead_letter_copies_failed.labels(letter.reason).inc()
+                self._events.dead_letter_copy_failed(letter.reason)
                 continue
             subject = dlq_subject(letter.target, self.prefix)
             payload, headers = copy_of(letter, subject, self.publisher.max_payload)
@@ -145,7 +149,7 @@ class DeadLetterCopies:
         error = None if fut.cancelled() else fut.exception()
         if fut.cancelled() or error is not None:
             # the dead_letters row is the record; the stream copy is a convenience
-            self.metrics.dead_letter_copies_failed.labels(letter.reason).inc()
+            self._events.dead_letter_copy_failed(letter.reason)
             log.warning("dlq.publish_failed subject=%s error=%s", subject, error)
 
     async def drain(self, timeout: float) -> None:

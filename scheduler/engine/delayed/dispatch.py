@@ -1,43 +1,40 @@
 """The firing loops: from the horizon heap to JetStream, exactly on time, once.
 
-Three cooperating loops, which keep the state between the steps they run (the steps themselves,
-top-down, are in `engine.task_path`: `claim_due`, `publish_due`, `book`). The claimer
-(`engine.claims`) claims in PostgreSQL what falls due in the next few tens of milliseconds,
-into the bounded armed set (`engine.armed`). The dispatcher
+Three cooperating loops, run by the `Dispatcher` for a term (the story of one task, top-down,
+is in `engine.delayed`'s docstring). The claim loop has the `Claimer`
+(`engine.delayed.claims`) claim in PostgreSQL what falls due in the next few tens of
+milliseconds, into the bounded armed set (`engine.delayed.armed`). The dispatch loop
 publishes each armed task the moment the wall clock reaches its due millisecond (never before:
 re-checked after every wake; with `SCHEDULER_DISPATCH_COALESCE`, tasks falling due within that
 time after a publish wait and go out together with the next one, which saves nats-server a
 wake-up and a flush per publish under load), pipelined, only while the publisher may send (in
 office, link revalidated); the broker gives each its delivery headers (`Broker.publish_tasks`). The
-bookkeeper records acknowledged outcomes every few milliseconds in one transaction (mark fired,
-fire log, retries, in-doubt tasks, dead letters, expiries).
+bookkeeping loop hands the acknowledged outcomes every few milliseconds to the `Books`
+(`engine.delayed.books`), which record them in one transaction (mark fired, fire log, retries,
+in-doubt tasks, dead letters, expiries).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from scheduler.clock import Clock, wait_event
-from scheduler.engine.delayed import task_path
 from scheduler.engine.delayed.armed import Armed
+from scheduler.engine.delayed.books import Books
 from scheduler.engine.delayed.claims import Claimer
 from scheduler.engine.delayed.dead_letters import DeadLetterCopies
+from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.engine.delayed.fairness import UNNAMED, FairArmed, armed_set
-from scheduler.engine.delayed.horizon import Horizon, HorizonHeap
+from scheduler.engine.delayed.horizon import Horizon
 from scheduler.engine.delayed.quota import OrgLedger
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, TaskRepository
 from scheduler.messages.subjects import check_target
-from scheduler.metrics import Metrics
-from scheduler.records import (
-    ClaimedTask,
-    PubAck,
-    PublishError,
-    to_ms,
-)
+from scheduler.records import ClaimedTask, Done, PubAck, PublishError, to_ms
 from scheduler.settings import Settings
 
 log = logging.getLogger("scheduler.firing")
@@ -50,43 +47,57 @@ BOOK_BATCH = 500
 BOOK_DEFER_MAX = 50_000
 
 
-class Firing:
+class Dispatcher:
     """Publishes due tasks; owned by the engine while this instance holds office. The loops
-    (claim, dispatch, bookkeeping) and their state live here; the steps they run are in
-    `engine.task_path`."""
-
-    _publish_due = task_path.publish_due
-    _record = task_path.book
+    (claim, dispatch, bookkeeping) and the state between their steps live here; the claim
+    step is the `Claimer`'s (`claims`), the publish step is `publish_due`, and the booking is
+    the `Books`' (`books`)."""
 
     def __init__(
         self,
+        *,
         settings: Settings,
-        heap: HorizonHeap | Horizon,
+        horizon: Horizon,
         tasks: TaskRepository,
         publisher: Broker,
         office: Office,
         clock: Clock,
-        metrics: Metrics,
-        wake: asyncio.Event,
-        heap_lock: asyncio.Lock,
+        events: DelayedEvents,
         on_stream: Callable[[str], None] | None = None,
         dead: DeadLetterCopies | None = None,
+        ledger: OrgLedger | None = None,
     ) -> None:
-        self.on_stream = on_stream
-        self.dead = dead or DeadLetterCopies(publisher, settings.dlq_subject_prefix, metrics)
         self.settings = settings
-        self.horizon = heap if isinstance(heap, Horizon) else Horizon(heap, wake, heap_lock)
-        self.tasks = tasks
+        self.horizon = horizon
         self.publisher = publisher
         self.office = office
         self.clock = clock
-        self.metrics = metrics
-        self.wake = self.horizon.wake
+        self._events = events
+        self.wake = horizon.wake  # set it to have the claim loop look again at once
         self.armed: Armed = armed_set(settings)  # fair by org unless fair_firing is off
         self.armed_event = asyncio.Event()
         self.room_event = asyncio.Event()  # set when the dispatcher takes tasks off `armed`
-        self.claims = Claimer(settings, self.horizon, tasks, self.armed, clock, metrics, self.arm)
-        self.claims.on_fenced = self._deposed
+        self.claims = Claimer(
+            settings=settings,
+            horizon=horizon,
+            tasks=tasks,
+            armed=self.armed,
+            clock=clock,
+            events=events,
+            arm=self.arm,
+            on_fenced=self._deposed,
+        )
+        self.books = Books(
+            settings=settings,
+            horizon=horizon,
+            tasks=tasks,
+            clock=clock,
+            events=events,
+            dead=dead or DeadLetterCopies(publisher, settings.dlq_subject_prefix, events),
+            on_fenced=self._deposed,
+            on_stream=on_stream,
+            ledger=ledger,
+        )
         self.throttles = self.claims.throttles  # fair limits while two or more orgs compete
         self.acked_event = asyncio.Event()  # set when an ack brings the unacknowledged
         # publishes under the throttles' caps
@@ -100,7 +111,6 @@ class Firing:
         self._closing = False
         self._books_closing = False
         self._target_checks: dict[str, str | None] = {}
-        self.ledger: OrgLedger | None = None  # per-org quotas (engine/delayed/quota.py), when on
         # SCHEDULER_DISPATCH_COALESCE: two publishes of due tasks at least this far apart
         self._coalesce_ms = round(settings.dispatch_coalesce.total_seconds() * 1000)
         self._last_publish_ms = 0
@@ -122,7 +132,7 @@ class Firing:
                     await claims.refill(epoch)
                     continue
                 wait = claims.idle_seconds()
-                if wait > 0 or not await claims.step(epoch):
+                if wait > 0 or not await claims.claim_due(epoch):
                     await self._wait(self.horizon.wake, max(wait, 0.001))
         finally:
             await self._finish(dispatcher, books)
@@ -131,13 +141,13 @@ class Firing:
         """See `Claimer.reclaim_orphans`."""
         self.claims.reclaim_orphans(stale)
 
-    def _deposed(self, epoch: int) -> None:  # also the claimer's `on_fenced`
+    def _deposed(self, epoch: int) -> None:  # the claimer's and the books' `on_fenced`
         log.error("engine.fenced epoch=%d: a newer leader exists; stepping down", epoch)
         self.office.depose()
 
     def arm(self, claimed: Sequence[ClaimedTask]) -> None:
         """Hand claimed tasks to the dispatcher, which publishes each at its due millisecond
-        (a task already armed is kept once; see `engine.armed`)."""
+        (a task already armed is kept once; see `engine.delayed.armed`)."""
         if self.armed.add(claimed):
             self.armed_event.set()
 
@@ -168,7 +178,7 @@ class Firing:
             left = self.armed.next_due_ms() - self.now_ms()  # type: ignore[operator]
             if left > 0:  # re-checked after every wake: robust to wall-clock steps
                 # A long sleep is cut short by PRE_WAKE_MS and finished with a short one: the
-                # first wake after idling often comes late (see engine.cron_firing.PRE_WAKE).
+                # first wake after idling often comes late (see engine.cron.firing.PRE_WAKE).
                 early = PRE_WAKE_MS if left > 2 * PRE_WAKE_MS else 0
                 await self._wait(self.armed_event, (left - early) / 1000)
                 continue
@@ -179,7 +189,49 @@ class Firing:
                     await self.clock.sleep(hold / 1000)
                     continue
                 self._last_publish_ms = now_ms
-            await self._publish_due()
+            await self.publish_due()
+
+    async def publish_due(self, allow: dict[str, int] | None = None) -> None:
+        """Publish every armed task that is due, all in one hand-over to the connection
+        (with `allow`: only those of the orgs it names, see `_dispatch_allowance`)."""
+        now = self.clock.now()
+        now_ms = to_ms(now)
+        batch: list[ClaimedTask] = []
+        done: list[Done] = []
+        size = 0
+        lateness: dict[int, int] = {}  # due ms -> tasks, observed per group
+        armed = self.armed
+        if allow is not None and isinstance(armed, FairArmed):
+            due = armed.pop_due(now_ms, allow)
+        else:
+            due = armed.pop_due(now_ms)
+        counts = self._org_inflight
+        if due:
+            self.room_event.set()
+        for due_ms, *_, task in due:
+            lateness[due_ms] = lateness.get(due_ms, 0) + 1
+            if task.expires_at is not None and task.expires_at <= now and not task.doubted:
+                self._expired.append(task)
+                self.outcome_event.set()
+                continue
+            refused = self._refused(task.target)  # re-checked at fire time
+            if refused is not None:
+                error = PublishError(task.target, refused, True, "target_refused")
+                self._outcomes.append((task, error, now))
+                self.outcome_event.set()
+                continue
+            size += len(task.payload)
+            if counts is not None:
+                org = task.org_id or UNNAMED
+                counts[org] = counts.get(org, 0) + 1
+            batch.append(task)
+            done.append(functools.partial(self._done, task))
+        if lateness:
+            self._events.tasks_dispatched(now_ms, lateness)
+        if batch:
+            self._inflight += len(batch)
+            self._inflight_bytes += size
+            await self.publisher.publish_tasks(batch, done, now)
 
     async def _dispatch_allowance(self) -> None:
         """The caps are reached: hand over the due tasks of orgs within their allowance (a
@@ -192,7 +244,7 @@ class Firing:
             if nxt is not None:
                 left = nxt - self.now_ms()
                 if left <= 0:
-                    await self._publish_due(allow)
+                    await self.publish_due(allow)
                     return
                 await self._wait(self.acked_event, min(left / 1000, 0.05))
                 return
@@ -247,7 +299,7 @@ class Firing:
             expired, self._expired = self._expired, []
             if outcomes or expired:
                 try:
-                    await self._record(epoch, outcomes, expired)
+                    await self.books.book(epoch, outcomes, expired)
                 except Exception as exc:  # PostgreSQL away: keep the outcomes, retry shortly
                     log.warning("books.failed count=%d error=%r", len(outcomes), exc)
                     if self._books_closing and not self.office.may_act():

@@ -40,8 +40,8 @@ import bisect
 import heapq
 from collections.abc import Collection, Iterable, Mapping
 
-from scheduler.engine.delayed.armed import _AFTER_PRIORITIES, _LAST, Armed, Slot
-from scheduler.engine.delayed.horizon import _AFTER_ALL, HorizonHeap
+from scheduler.engine.delayed.armed import AFTER_PRIORITIES, LAST_ARMING, Armed, Slot
+from scheduler.engine.delayed.horizon import AFTER_ALL, HorizonHeap
 from scheduler.records import ClaimedTask, Entry, TaskRef, to_ms
 from scheduler.settings import Settings
 
@@ -124,7 +124,7 @@ class FairHeap(HorizonHeap):
         if refs:
             self.cursor = max(self.cursor, refs[-1].key)
         if complete_until_ms is not None:
-            self.cursor = max(self.cursor, (complete_until_ms, *_AFTER_ALL))
+            self.cursor = max(self.cursor, (complete_until_ms, *AFTER_ALL))
 
     def next_due_ms(self) -> int | None:
         firsts = self._firsts
@@ -259,7 +259,7 @@ class FairArmed(Armed):
         for org, slots in self._orgs.items():
             if allow is not None and org not in allow:
                 continue
-            cut = bisect.bisect_right(slots, (now_ms, _AFTER_PRIORITIES))
+            cut = bisect.bisect_right(slots, (now_ms, AFTER_PRIORITIES))
             if allow is not None:
                 cut = min(cut, allow[org])
             if cut:
@@ -294,7 +294,7 @@ class FairArmed(Armed):
     def take_after(self, due_ms: int, priority: int, seq: int) -> list[ClaimedTask]:
         later: list[Slot] = []
         for org, slots in self._orgs.items():
-            cut = bisect.bisect_right(slots, (due_ms, priority, seq, _LAST))
+            cut = bisect.bisect_right(slots, (due_ms, priority, seq, LAST_ARMING))
             later += slots[cut:]
             self._orgs[org] = slots[:cut]
         later.sort()

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from scheduler.records import MAX_PRIORITY, Entry, Key, TaskRef
 
-_AFTER_ALL = (MAX_PRIORITY + 1, 2**63 - 1)
+AFTER_ALL = (MAX_PRIORITY + 1, 2**63 - 1)
 T = TypeVar("T")
 
 
@@ -56,7 +56,7 @@ class HorizonHeap:
         if refs:
             self.cursor = max(self.cursor, refs[-1].key)
         if complete_until_ms is not None:
-            self.cursor = max(self.cursor, (complete_until_ms, *_AFTER_ALL))
+            self.cursor = max(self.cursor, (complete_until_ms, *AFTER_ALL))
 
     def next_due_ms(self) -> int | None:
         return self._heap[0][0] if self._heap else None
@@ -76,23 +76,19 @@ class HorizonHeap:
 
 
 class Horizon:
-    """The horizon of one term: the heap, the lock that keeps the loader's cursor consistent
-    with what else is offered, and the firing loop's wake-up, behind one small API.
+    """The horizon of one term: the heap (fair or FIFO, `engine.delayed.fairness.horizon_heap`),
+    the lock that keeps the loader's cursor consistent with what else is offered, and the
+    claimer's wake-up, behind one small API; the parts of a term share this one object.
 
     Whatever puts a task on the heap after writing it to PostgreSQL (intake, a retry, the loader)
     does both under the lock (`arm` with the write): otherwise the loader could read past a task
     written but not yet offered, move its cursor beyond it, and the offer would be refused.
     """
 
-    def __init__(
-        self,
-        heap: HorizonHeap | None = None,
-        wake: asyncio.Event | None = None,
-        lock: asyncio.Lock | None = None,
-    ) -> None:
+    def __init__(self, heap: HorizonHeap | None = None) -> None:
         self.heap = heap if heap is not None else HorizonHeap()
-        self.wake = wake if wake is not None else asyncio.Event()
-        self.lock = lock if lock is not None else asyncio.Lock()
+        self.wake = asyncio.Event()  # set when tasks go on the heap (the claimer waits on it)
+        self._lock = asyncio.Lock()
 
     def __len__(self) -> int:
         return len(self.heap)
@@ -106,7 +102,7 @@ class Horizon:
         """Run `write` (the store call that made the tasks pending) under the lock, then offer
         the tasks `refs_of` its result names; wake the firing loop if any went on the heap
         (and `wake`). Returns the write's result and how many were pushed."""
-        async with self.lock:
+        async with self._lock:
             result = await write
             pushed = sum(self.heap.offer(ref) for ref in refs_of(result))
         if pushed and wake:
@@ -115,7 +111,7 @@ class Horizon:
 
     async def offer(self, ref: TaskRef) -> bool:
         """Offer one task known to be pending (a reschedule notice); wake if it went on."""
-        async with self.lock:
+        async with self._lock:
             pushed = self.heap.offer(ref)
         if pushed:
             self.wake.set()
@@ -126,7 +122,7 @@ class Horizon:
     ) -> list[TaskRef]:
         """Load the next page past the cursor (`fetch(cursor)`, at most `page` tasks, all due
         by `until_ms`) under the lock; a short page means every task up to `until_ms` is in."""
-        async with self.lock:
+        async with self._lock:
             refs = await fetch(self.heap.cursor)
             self.heap.loaded(refs, None if len(refs) == page else until_ms)
         if refs:

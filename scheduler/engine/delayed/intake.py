@@ -12,61 +12,83 @@ the problem) and termed, so it never blocks the lane nor fails its batch neighbo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
 
 from scheduler.clock import Clock
-from scheduler.engine.delayed import task_path
-from scheduler.engine.delayed.dead_budget import DeadLetterBudget
-from scheduler.engine.delayed.dead_letters import DeadLetterCopies
-from scheduler.engine.delayed.horizon import Horizon, HorizonHeap
-from scheduler.engine.delayed.quota import OrgLedger
-from scheduler.engine.ports import Broker, Source, TaskRepository
-from scheduler.messages.envelope import Limits
-from scheduler.messages.subjects import delay_lane_prefix
-from scheduler.metrics import Metrics
+from scheduler.engine.delayed.dead_budget import DeadLetterBudget, budget_key
+from scheduler.engine.delayed.dead_letters import DeadLetter, DeadLetterCopies
+from scheduler.engine.delayed.events import DelayedEvents
+from scheduler.engine.delayed.horizon import Horizon
+from scheduler.engine.delayed.quota import OrgLedger, quota_error
+from scheduler.engine.ports import Broker, Delivery, Source, TaskRepository
+from scheduler.errors import EnvelopeError, TargetRefusedError
+from scheduler.messages.envelope import Limits, check_org, check_size, parse_envelope
+from scheduler.messages.headers import block_size, forwarded, printable, producer_msg_id
+from scheduler.messages.subjects import check_target, delay_lane_prefix, target_from_rest
+from scheduler.records import Insertion, NewTask, ceil_ms
 from scheduler.settings import Settings
+
+T = TypeVar("T")
 
 log = logging.getLogger("scheduler.intake")
 
 # A small batch waits this long for more: one insert per 10 ms instead of one per message or
 # two at low rates (each statement costs a round trip); tasks are due later than that anyway.
 INTAKE_LINGER = 0.01
+YIELD_EVERY = 100  # messages validated between two yields to the event loop
+
+DUPLICATE_ID = (
+    "id: already taken by another task (another target or other bytes); ids must be unique, "
+    "and a resend must repeat its task exactly"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """An intake message that is not a valid task, with why; `target` is None when its
+    subject could not even be decoded."""
+
+    msg: Delivery
+    target: str | None
+    reason: str
+    error: str
 
 
 class Intake:
     """Moves tasks from the delay lane into PostgreSQL and the heap: the lane loop (`run`)
-    around the accept step of `engine.task_path`."""
-
-    classify_all = task_path.validate_all  # validate a batch
-    commit = task_path.accept  # store, dead-letter, then ack
+    around two steps, `validate_all` and `accept`."""
 
     def __init__(
         self,
+        *,
         settings: Settings,
-        heap: HorizonHeap | Horizon,
+        horizon: Horizon,
         tasks: TaskRepository,
         publisher: Broker,
         clock: Clock,
-        metrics: Metrics,
-        wake: asyncio.Event,
-        heap_lock: asyncio.Lock,
+        events: DelayedEvents,
         limits: Limits,
         dead: DeadLetterCopies | None = None,
+        ledger: OrgLedger | None = None,
     ) -> None:
         self.settings = settings
-        self.dead = dead or DeadLetterCopies(publisher, settings.dlq_subject_prefix, metrics)
-        self.horizon = heap if isinstance(heap, Horizon) else Horizon(heap, wake, heap_lock)
+        self.dead = dead or DeadLetterCopies(publisher, settings.dlq_subject_prefix, events)
+        self.horizon = horizon
         self.tasks = tasks
         self.publisher = publisher
         self.clock = clock
-        self.metrics = metrics
+        self._events = events
         self.limits = limits
         self.lane = delay_lane_prefix(settings.intake_subject)
         self._may_act: Callable[[], bool] = lambda: True
-        self.ledger: OrgLedger | None = None  # per-org quotas (engine/delayed/quota.py), when on
+        self.ledger = ledger  # per-org quotas (engine/delayed/quota.py), when on
         # refusals stored per organisation or subject and minute (engine/delayed/dead_budget.py)
-        self.budget = DeadLetterBudget.of(settings, clock, metrics)
+        self.budget = DeadLetterBudget.of(settings, clock, events)
 
     async def run(self, puller: Source, stop: asyncio.Event, may_act: Callable[[], bool]) -> None:
         """Handle batches as they arrive until `stop` is set or `may_act()` turns false.
@@ -84,10 +106,10 @@ class Intake:
                 msgs = await puller.take(timeout=0.5, linger=INTAKE_LINGER)
                 if not msgs:
                     continue
-                results = await self.classify_all(msgs)
+                results = await self.validate_all(msgs)
                 if committing is not None:
                     await self._settle(*committing)
-                task = asyncio.create_task(self.commit(msgs, results), name="intake-commit")
+                task = asyncio.create_task(self.accept(msgs, results), name="intake-commit")
                 committing = (task, len(msgs))
         finally:
             stopping.cancel()
@@ -101,3 +123,201 @@ class Intake:
         except Exception as exc:  # unacked messages come back after the ack wait
             log.warning("intake.failed count=%d error=%r", count, exc)
             await self.clock.sleep(1.0)
+
+    async def validate_all(self, msgs: Sequence[Delivery]) -> list[NewTask | Rejected]:
+        """Validate a batch, each message alone (`validate`), in order."""
+        now = self.clock.now()
+        results: list[NewTask | Rejected] = []
+        for i, msg in enumerate(msgs):
+            results.append(self.validate(msg, now))
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # let the dispatcher publish on time during a big batch
+        return results
+
+    def validate(self, msg: Delivery, now: datetime) -> NewTask | Rejected:
+        """Validate one message into a NewTask, or say precisely why it is rejected."""
+        defect: tuple[str, str] | None = getattr(msg, "defect", None)
+        rest = msg.subject[len(self.lane) :] if msg.subject.startswith(self.lane) else msg.subject
+        target = target_from_rest(rest)
+        if defect is not None:
+            where = None if defect[0] == "subject" else target
+            return Rejected(msg, where, "undecodable", f"{defect[0]}: {defect[1]}")
+        try:
+            check_target(target, self.settings.target_allow)
+            headers = forwarded(msg.headers)
+            check_size(len(target.encode()), block_size(headers), len(msg.data), self.limits)
+            env = parse_envelope(msg.data, now, self.limits)
+            check_org(env, target)
+        except TargetRefusedError as exc:
+            return Rejected(msg, target, "target_refused", str(exc))
+        except EnvelopeError as exc:
+            return Rejected(msg, target, exc.reason, str(exc))
+        due = ceil_ms(env.due_at(now))
+        return NewTask(
+            id=env.id,
+            target=target,
+            payload=msg.data,
+            headers=headers,
+            priority=env.priority,
+            due_at=due,
+            scheduled_for=due if env.delay_until is not None else ceil_ms(now),
+            expires_at=env.expires_at,
+            org_id=env.org_id,
+        )
+
+    async def accept(self, msgs: Sequence[Delivery], results: list[NewTask | Rejected]) -> None:
+        """Insert the good tasks, dead-letter the bad ones, then ack: never ack before commit."""
+        if not self._may_act():  # self-fenced: leave the batch unacked for the next leader
+            raise RuntimeError("office lost before the commit")
+        good = [(m, r) for m, r in zip(msgs, results, strict=True) if isinstance(r, NewTask)]
+        bad = [r for r in results if isinstance(r, Rejected)]
+        if self.ledger is not None and good:
+            good, over = self._over_quota(good)
+            bad += over
+        acked: list[Delivery] = []
+        if good:
+            insertion = await self._store([m for m, _ in good], [t for _, t in good])
+            msg_of = {id(t): m for m, t in good}
+            refused = [(t, "duplicate_id", DUPLICATE_ID) for t in insertion.taken]
+            refused += [(t, "unstorable", f"task: {e}") for t, e in insertion.refused]
+            bad += [Rejected(msg_of[id(t)], t.target, why, error) for t, why, error in refused]
+            dropped = {id(t) for t, _, _ in refused}
+            acked = [m for m, t in good if id(t) not in dropped]  # stored, or an exact resend
+        if bad:
+            await self._reject(bad)
+        # One frame per ack, all handed to the connection at once (see scheduler.bus.nats.wire).
+        await self.publisher.ack(m.reply for m in acked if m.reply)
+
+    def _over_quota(
+        self, good: list[tuple[Delivery, NewTask]]
+    ) -> tuple[list[tuple[Delivery, NewTask]], list[Rejected]]:
+        """Split off the tasks of organisations at their quota, as `quota_exceeded`."""
+        assert self.ledger is not None
+        _, over = self.ledger.admit([t for _, t in good])
+        if not over:
+            return good, []
+        refused = {id(t) for t in over}
+        limit = self.ledger.max_pending
+        return [(m, t) for m, t in good if id(t) not in refused], [
+            Rejected(m, t.target, "quota_exceeded", quota_error(t.org_id or "", limit))
+            for m, t in good
+            if id(t) in refused
+        ]
+
+    async def _store(self, msgs: Sequence[Delivery], tasks: list[NewTask]) -> Insertion:
+        """`insert_batch` under the horizon's lock: stored tasks the loader has passed go onto the
+        heap at once (`Horizon.arm`)."""
+        insertion: Insertion
+        try:
+            insertion, pushed = await self.horizon.arm(
+                self._with_progress(self.tasks.insert_batch(tasks), msgs),
+                lambda done: done.stored,
+                wake=False,
+            )
+        except BaseException:
+            if self.ledger is not None:  # nothing stored: the redelivery counts them again
+                self.ledger.finished(tasks)
+            raise
+        if self.ledger is not None:  # counted at admission, but not new rows
+            unstored = [*insertion.resent, *insertion.taken, *(t for t, _ in insertion.refused)]
+            unstored += insertion.cancelled
+            self.ledger.finished(unstored)
+        self._events.intake_committed(
+            len(insertion.stored), len(insertion.resent), len(insertion.cancelled)
+        )
+        if insertion.cancelled:  # a cancel came first: acked, stored cancelled, never delivered
+            log.info("intake.cancelled_on_arrival count=%d", len(insertion.cancelled))
+        if pushed:
+            self.horizon.wake_up()
+        return insertion
+
+    async def _with_progress(self, work: Awaitable[T], msgs: Sequence[Delivery]) -> T:
+        """Await `work`, telling JetStream the batch is in progress while a slow commit runs."""
+        task = asyncio.ensure_future(work)
+        interval = max(self.settings.intake_ack_wait.total_seconds() / 3, 0.5)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=interval)
+            if done:
+                return task.result()
+            for msg in msgs:
+                await msg.in_progress()
+
+    async def _reject(self, bad: list[Rejected]) -> None:
+        """Store the refusals the budget allows (each capped), copy all to the DLQ stream, term."""
+        cap = self.settings.dead_letter_payload_cap
+        rows = [_dead_row(r, cap) for r in bad]
+        await self.tasks.record_bad_intake(
+            [row for r, row in zip(bad, rows, strict=True) if self._kept(r)]
+        )
+        self._events.intake_refused(r.reason for r in bad)
+        letters = []
+        for r, row in zip(bad, rows, strict=True):
+            log.warning(
+                "intake.rejected subject=%s reason=%s error=%s",
+                printable(r.msg.subject, 300),
+                r.reason,
+                printable(r.error, 300),
+            )
+            marks = {"Mq-Original-Subject": r.msg.subject, "Mq-Original-Id": row["original_id"]}
+            msg_id = row["key"] or f"dlq-intake:{row['original_id']}"
+            letters.append(
+                DeadLetter(r.target, r.msg.data, r.msg.headers, r.reason, r.error, marks, msg_id)
+            )
+        await self.dead.send(letters)
+        for r in bad:
+            await r.msg.term()
+
+    def _kept(self, r: Rejected) -> bool:
+        """Whether the refusal's organisation or subject may still add a row (see
+        `engine.delayed.dead_budget`); one that may not is counted instead."""
+        budget = self.budget
+        if budget is None or budget.take(budget_key(r.target, r.msg.subject)):
+            return True
+        budget.dropped(r.target, r.reason)
+        return False
+
+
+def _dead_row(r: Rejected, cap: int) -> dict[str, Any]:
+    """The `dead_letters` row of a rejected message (TaskStore.record_bad_intake): its first
+    `cap` bytes (the DLQ stream's copy is whole), its size and whether it was cut."""
+    data = r.msg.data
+    return {
+        "original_id": _original_id(r.msg),
+        "key": _intake_key(r.msg),
+        "subject": r.msg.subject,
+        "error": r.error,
+        "reason": r.reason,
+        "target": r.target,
+        "raw": data[:cap] if len(data) > cap else data,
+        "raw_size": len(data),
+        "headers": r.msg.headers,
+    }
+
+
+def _intake_key(msg: Delivery) -> str | None:
+    """What identifies this message on the lane (stream, sequence and store time), so a
+    redelivered bad message is dead-lettered once; None outside JetStream (tests)."""
+    try:
+        meta = msg.metadata
+        stamp = int(meta.timestamp.timestamp() * 1_000_000)
+        return f"dlq-intake:{meta.stream}:{meta.sequence.stream}:{stamp}"
+    except Exception:  # not a JetStream message
+        return None
+
+
+def _original_id(msg: Delivery) -> str:
+    """The envelope's id if there is one to read, else the producer's message id, else the
+    lane's stream sequence."""
+    try:
+        doc = json.loads(msg.data)
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("id"), str) and doc["id"]:
+        return printable(doc["id"], 200)
+    header = producer_msg_id(msg.headers)
+    if header:
+        return printable(header, 200)
+    try:
+        return f"intake:{msg.metadata.sequence.stream}"
+    except Exception:  # not a JetStream message
+        return "intake:?"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-from scheduler.metrics import Metrics
+from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.records import NewTask
 from scheduler.settings import Settings
 
@@ -61,19 +61,19 @@ class OrgLabels:
 class OrgLedger:
     """Unfinished tasks per organisation, and the quota they are judged against."""
 
-    def __init__(self, max_pending: int, metrics: Metrics, labels: OrgLabels) -> None:
+    def __init__(self, max_pending: int, events: DelayedEvents, labels: OrgLabels) -> None:
         self.max_pending = max_pending
-        self.metrics = metrics
+        self._events = events
         self.labels = labels
         self.counts: dict[str, int] = {}
 
     @classmethod
-    def of(cls, settings: Settings, metrics: Metrics) -> OrgLedger | None:
+    def of(cls, settings: Settings, events: DelayedEvents) -> OrgLedger | None:
         """The ledger the settings ask for, or None when quotas are off."""
         if settings.org_max_pending <= 0:
             return None
         labels = OrgLabels(settings.org_shares, settings.org_metric_labels)
-        return cls(settings.org_max_pending, metrics, labels)
+        return cls(settings.org_max_pending, events, labels)
 
     def reset(self, counts: Mapping[str | None, int]) -> None:
         """Replace the counts with a fresh count from the store."""
@@ -85,9 +85,7 @@ class OrgLedger:
         for org, n in fresh.items():
             label = self.labels(org)
             per_label[label] = per_label.get(label, 0) + n
-        self.metrics.org_pending.clear()
-        for label, n in per_label.items():
-            self.metrics.org_pending.labels(label).set(n)
+        self._events.org_pending_counted(per_label)
 
     def admit(self, tasks: list[NewTask]) -> tuple[list[NewTask], list[NewTask]]:
         """Split `tasks` into those within their organisation's quota (counted from now on)
@@ -103,8 +101,8 @@ class OrgLedger:
                 continue
             counts[org] = n + 1
             admitted.append(t)
-        for t in refused:
-            self.metrics.quota_refused.labels(self.labels(t.org_id or UNNAMED)).inc()
+        if refused:
+            self._events.quota_refusals(self.labels(t.org_id or UNNAMED) for t in refused)
         self._show({t.org_id or UNNAMED for t in admitted})
         return admitted, refused
 
@@ -125,7 +123,7 @@ class OrgLedger:
     def _show(self, orgs: set[str]) -> None:
         """Update the pending gauge of orgs that have their own label (`other` is updated
         only by the periodic count: summing it per change would cost a pass over all orgs)."""
-        for org in orgs:
-            label = self.labels(org)
-            if label != OTHER:
-                self.metrics.org_pending.labels(label).set(self.counts.get(org, 0))
+        counts = self.counts
+        shown = {org: counts.get(org, 0) for org in orgs if self.labels(org) != OTHER}
+        if shown:
+            self._events.org_pending_changed(shown)
