@@ -21,7 +21,8 @@ from typing import Any
 
 from scheduler.bus.nats.frames import HEADER_LINE, delivery_headers, kv_subject
 from scheduler.clock import to_rfc3339
-from scheduler.records import BatchItem, ClaimedTask, Done, Outcome, PubAck, PublishError
+from scheduler.messages.prepared import PreparedMessage, StampedMessage
+from scheduler.records import ClaimedTask, Done, Outcome, PubAck, PublishError
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -130,7 +131,6 @@ class MemoryBroker:
         self._max_payload = max_payload
         self._held = False
         self._closed = False
-        self._next = 0
         self.fail: Callable[[str], PublishError | None] | None = None
         self.acked: list[str] = []  # reply subjects acknowledged through `ack`
 
@@ -143,6 +143,8 @@ class MemoryBroker:
             return "this instance is not in office"
         if self._held:
             return "the connection was lost; the epoch is not revalidated yet"
+        if self._closed:
+            return "publisher closed"
         return None
 
     def may_send(self) -> bool:
@@ -158,12 +160,12 @@ class MemoryBroker:
         self.hold()  # nothing is ever buffered unsent here: nothing to take back
 
     def on_office_lost(self) -> None:
-        pass
+        """Nothing is ever buffered unsent here: the fence alone keeps what follows in."""
 
     def _outcome(self, subject: str, payload: bytes, headers: dict[str, str]) -> Outcome:
         why = self.refusal()
-        if why is not None or self._closed:
-            return PublishError(subject, f"not sent: {why or 'publisher closed'}")
+        if why is not None:
+            return PublishError(subject, f"not sent: {why}")
         size = len(subject) + len(payload) + sum(len(k) + len(v) + 4 for k, v in headers.items())
         if size > self._max_payload:
             limit = self._max_payload
@@ -200,33 +202,21 @@ class MemoryBroker:
     ) -> None:
         fired = to_rfc3339(fired_at)
         fired_b = fired.encode()
-        await self.publish_batch(
-            [
-                (t.target, t.payload, delivery_headers(t, fired, fired_b), d)
-                for t, d in zip(tasks, done, strict=True)
-            ]
-        )
+        for t, d in zip(tasks, done, strict=True):
+            headers = headers_of(delivery_headers(t, fired, fired_b))
+            self._deliver(d, self._outcome(t.target, t.payload, headers))
 
-    async def publish_batch(self, items: Sequence[BatchItem]) -> None:
-        for subject, payload, headers, done in items:
-            self._deliver(done, self._outcome(subject, payload, headers_of(headers)))
+    def prepare(self, message: StampedMessage) -> PreparedMessage:
+        return PreparedMessage(message)  # nothing to build ahead here
+
+    async def publish_prepared(
+        self, messages: Sequence[PreparedMessage], fired_at: datetime
+    ) -> list[asyncio.Future[PubAck]]:
+        text = to_rfc3339(fired_at)
+        return [await self.publish(m.message.subject, *m.message.at(text)) for m in messages]
 
     async def kv_put(self, bucket: str, key: str, value: bytes) -> asyncio.Future[PubAck]:
         return await self.publish(kv_subject(bucket, key), value, {})
-
-    def reserve(self) -> str:
-        self._next += 1
-        return f"_INBOX.memory.{self._next}"
-
-    def frame_parts(
-        self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str], cut: bytes
-    ) -> tuple[bytes, ...]:
-        return ()  # no frames here: callers take the `publish` path
-
-    async def publish_frames(
-        self, items: Sequence[tuple[str, str, bytes]]
-    ) -> list[asyncio.Future[PubAck]]:
-        raise NotImplementedError("frame_parts gives no frames: there is nothing to send")
 
     async def ack(self, replies: Iterable[str]) -> None:
         self.acked.extend(replies)

@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 
 from scheduler.bus.memory import MemoryBroker, MemoryBus
 from scheduler.bus.nats.connection import NatsBus
+from scheduler.bus.nats.plain import PlainPublisher
 from scheduler.bus.nats.publisher import Publisher
 from scheduler.bus.nats.puller import Puller
 from scheduler.bus.nats.wire import RawMsg
@@ -30,8 +31,8 @@ from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.tasks import TaskStore
 
 
-def brokers(real: Publisher, twin: MemoryBroker) -> list[Broker]:
-    return [real, twin]
+def brokers(wire: Publisher, plain: PlainPublisher, twin: MemoryBroker) -> list[Broker]:
+    return [wire, plain, twin]
 
 
 def buses(real: NatsBus, twin: MemoryBus) -> list[Bus]:

@@ -26,6 +26,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from scheduler.aio import Backoff, first_of
 from scheduler.bus.nats import wire
+from scheduler.bus.nats.plain import PlainPublisher
 from scheduler.bus.nats.publisher import Publisher
 from scheduler.bus.nats.puller import Puller
 from scheduler.errors import ConfigError, ServiceUnavailableError
@@ -321,9 +322,14 @@ class NatsBus:
     # What a term of office needs (scheduler.engine.ports.Bus): built here, so the engine never
     # touches the client.
 
-    async def open_publisher(self, timeout: float, fence: Callable[[], bool]) -> Publisher:
-        """A started publisher for one term, sending only while `fence()` holds."""
+    async def open_publisher(
+        self, timeout: float, fence: Callable[[], bool]
+    ) -> Publisher | PlainPublisher:
+        """A started publisher for one term, sending only while `fence()` holds: the wire
+        adapter, or the plain nats-py one (`SCHEDULER_PUBLISH_PATH=nats_py`)."""
         assert self.nc is not None
+        if self.settings.publish_path == "nats_py":
+            return await PlainPublisher(self.nc, timeout=timeout, fence=fence).start()
         return await Publisher(self.nc, timeout=timeout, fence=fence).start()
 
     def intake_source(self, stream: str, consumer: str, batch: int) -> Puller:

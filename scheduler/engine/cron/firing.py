@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from scheduler.aio import first_of
-from scheduler.clock import Clock, to_rfc3339
+from scheduler.clock import Clock
 from scheduler.cron.jobs import Concurrency, Job
 from scheduler.engine.cron.catalog import CronCatalog
 from scheduler.engine.cron.cursors import CursorBook, Result
@@ -33,9 +33,6 @@ from scheduler.settings import Settings
 log = logging.getLogger("scheduler.cron.expression")
 
 RELOAD_CHECK = 2.0
-# Publishing many jobs at one instant: hand the socket each batch of this many as it is built,
-# so nats-server stores the first ones while the rest are still being framed.
-FLUSH_EVERY = 50
 # After a long idle sleep the first wake-up here often comes 10-30 ms late (the loop and the
 # host are cold); waking this much before an occurrence and sleeping the short rest measured
 # 10-15 ms closer to the instant with 1,000 jobs (bench/cron.py, per-second first arrivals).
@@ -153,26 +150,12 @@ class CronEngine:
     async def _publish_prepared(
         self, publisher: Broker, cursors: dict[str, datetime], now: datetime
     ) -> list[Sent]:
-        """Send the prepared messages due now: pre-built frames at once when this publisher
-        framed them, the others one by one (yielding every FLUSH_EVERY)."""
-        fired_at = to_rfc3339(now)
-        stamp = fired_at.encode()
-        early: list[Sent] = []
-        framed: list[tuple[Job, datetime]] = []
-        frames: list[tuple[str, str, bytes]] = []
-        for job, ready in self.planner.take_prepared(self.jobs, cursors, now):
-            if ready.frame_parts and ready.publisher is publisher:
-                framed.append((job, ready.at))
-                frames.append((job.subject, ready.reply, ready.frame(stamp)))
-                continue
-            body, headers = ready.message(fired_at)
-            early.append((job, ready.at, await publisher.publish(job.subject, body, headers)))
-            if len(early) % FLUSH_EVERY == 0:
-                await asyncio.sleep(0)  # let the client write what is built so far
-        if frames:
-            futures = await publisher.publish_frames(frames)
-            early += [(j, at, f) for (j, at), f in zip(framed, futures, strict=True)]
-        return early
+        """Hand the broker the messages prepared for the occurrences due now, all at once."""
+        due = self.planner.take_prepared(self.jobs, cursors, now)
+        if not due:
+            return []
+        futures = await publisher.publish_prepared([ready.outgoing for _, ready in due], now)
+        return [(job, ready.at, fut) for (job, ready), fut in zip(due, futures, strict=True)]
 
     async def _fire(self, publisher: Broker, firing: Firing, now: datetime) -> list[Result]:
         sent: list[Sent] = []
