@@ -21,12 +21,12 @@ from scheduler.clock import Clock
 from scheduler.cron.jobs import Concurrency, Job
 from scheduler.engine.cron.catalog import CronCatalog
 from scheduler.engine.cron.cursors import CursorBook, Result
+from scheduler.engine.cron.events import CronEvents
 from scheduler.engine.cron.message import envelope
 from scheduler.engine.cron.plan import Firing, OccurrencePlanner
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, Bus, ScheduleRepository
 from scheduler.errors import FencedError
-from scheduler.metrics import Metrics
 from scheduler.records import PubAck, PublishError
 from scheduler.settings import Settings
 
@@ -53,18 +53,18 @@ class CronEngine:
         store: ScheduleRepository,
         office: Office,
         clock: Clock,
-        metrics: Metrics,
+        events: CronEvents,
         bus: Bus | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.office = office
         self.clock = clock
-        self.metrics = metrics
+        self._events = events
         self.bus = bus
         self.catalog = CronCatalog(settings.schedules_dir, store, clock)
         self.planner = OccurrencePlanner()
-        self.book = CursorBook(settings, store, clock, metrics, mirror=bus is not None)
+        self.book = CursorBook(settings, store, clock, events, mirror=bus is not None)
         self._publisher: Broker | None = None  # this term's, for messages framed ahead
 
     # -- the catalog, as the daemon and the management API see it ---------------------------------
@@ -93,7 +93,7 @@ class CronEngine:
         """Load the YAML (keeping the valid jobs, logging the errors) and sync it to PostgreSQL."""
         await self.catalog.sync()
         self.planner.forget()  # computed from the jobs as they were
-        self.metrics.cron_jobs_failed.set(len(self.catalog.failed))
+        self._events.cron_failed_count(len(self.catalog.failed))
 
     # -- the term ---------------------------------------------------------------------------------
     async def run(self, epoch: int, publisher: Broker, stop: asyncio.Event) -> None:
@@ -104,7 +104,7 @@ class CronEngine:
             await self._loop(epoch, publisher, stop)
         finally:
             await self.book.close()
-            self.metrics.cron_jobs_failed.set(0)  # the next leader reports them
+            self._events.cron_failed_count(0)  # the next leader reports them
 
     async def _loop(self, epoch: int, publisher: Broker, stop: asyncio.Event) -> None:
         await self.sync()
@@ -145,7 +145,7 @@ class CronEngine:
         if stopped := await self.book.record(epoch, moves, cursors, publisher):
             self.catalog.halt(stopped)
             self.planner.forget()
-            self.metrics.cron_jobs_failed.set(len(self.catalog.failed))
+            self._events.cron_failed_count(len(self.catalog.failed))
 
     async def _publish_prepared(
         self, publisher: Broker, cursors: dict[str, datetime], now: datetime
@@ -162,7 +162,7 @@ class CronEngine:
         for job, occurrence in firing:
             if job.concurrency is Concurrency.FORBID and await self._busy(job):
                 log.info("cron.skipped_busy job=%s occurrence=%s", job.name, occurrence.isoformat())
-                self.metrics.cron_skipped.labels("busy").inc()
+                self._events.cron_occurrence_skipped("busy")
                 sent.append((job, occurrence, None))
                 continue
             body, headers = envelope(job, occurrence, now)
@@ -178,8 +178,7 @@ class CronEngine:
                 try:
                     result = await fut
                     late = (self.clock.now() - occurrence).total_seconds()
-                    self.metrics.fired.labels("cron").inc()
-                    self.metrics.lateness.labels("cron").observe(max(late, 0.0))
+                    self._events.cron_occurrence_fired(late)
                 except PublishError as exc:  # logged with its backoff in `CursorBook`
                     result = exc
             out.append((job, occurrence, result))
