@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from nats.aio.msg import Msg
 
-from scheduler.bus.memory import MemoryBroker, MemoryBus
+from scheduler.bus.memory import MemoryBroker, MemoryBus, MemoryDelivery, MemorySource
 from scheduler.bus.nats.connection import NatsBus
 from scheduler.bus.nats.plain import PlainPublisher
 from scheduler.bus.nats.publisher import Publisher
@@ -39,12 +39,12 @@ def buses(real: NatsBus, twin: MemoryBus) -> list[Bus]:
     return [real, twin]
 
 
-def sources(real: Puller) -> list[Source]:
-    return [real]  # the twins' source is the test's own (tests/unit/engine_twins.py)
+def sources(real: Puller, twin: MemorySource) -> list[Source]:
+    return [real, twin]
 
 
-def deliveries(parsed: Msg, raw: RawMsg) -> list[Delivery]:
-    return [parsed, raw]
+def deliveries(parsed: Msg, raw: RawMsg, twin: MemoryDelivery) -> list[Delivery]:
+    return [parsed, raw, twin]
 
 
 def task_repositories(real: TaskStore, twin: MemoryTaskStore) -> list[TaskRepository]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -11,9 +12,11 @@ import pytest
 
 from scheduler.bus.memory import MemoryBus, MemoryStreams
 from scheduler.metrics import Metrics
+from scheduler.records import PublishError
 from scheduler.settings import Settings
 
 STREAM = "CONTRACT_BUS"
+CONSUMER = "contract-bus"
 
 
 @dataclass
@@ -21,6 +24,8 @@ class Side:
     bus: Any  # NatsBus or MemoryBus
     # (subject, payload) stored in STREAM, as a producer's publish does
     put: Callable[[str, bytes], Awaitable[None]]
+    # (subject, payload) sent as a core message, as `scheduler.operations` notices are
+    notify: Callable[[str, bytes], Awaitable[None]]
 
 
 @pytest.fixture
@@ -32,9 +37,10 @@ async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
         async def put_memory(subject: str, payload: bytes) -> None:
             streams.store(subject, payload, {"Nats-Msg-Id": uuid.uuid4().hex})
 
-        yield Side(MemoryBus(streams), put_memory)
+        bus = MemoryBus(streams)
+        yield Side(bus, put_memory, bus.notify)
         return
-    from nats.js.api import StreamConfig
+    from nats.js.api import ConsumerConfig, StreamConfig
 
     from scheduler.bus.nats.connection import NatsBus
 
@@ -43,12 +49,17 @@ async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
     assert bus.js is not None
     js = bus.js
     await js.add_stream(StreamConfig(name=STREAM, subjects=["busc.>"], duplicate_window=30))
+    await js.add_consumer(STREAM, ConsumerConfig(durable_name=CONSUMER, ack_wait=5))
 
     async def put_real(subject: str, payload: bytes) -> None:
         await js.publish(subject, payload, headers={"Nats-Msg-Id": uuid.uuid4().hex})
 
+    async def notify_real(subject: str, payload: bytes) -> None:
+        assert bus.nc is not None
+        await bus.nc.publish(subject, payload)
+
     try:
-        yield Side(bus, put_real)
+        yield Side(bus, put_real, notify_real)
     finally:
         await js.delete_stream(STREAM)
         await bus.close()
@@ -70,3 +81,59 @@ async def test_messages_held_counts_one_subject_of_the_capturing_stream(side: Si
 async def test_duplicate_window_is_the_streams(side: Side) -> None:
     """A stream's duplicate window, in seconds."""
     assert await side.bus.duplicate_window(STREAM) == pytest.approx(30)
+
+
+async def test_a_publisher_opened_for_a_term_sends_only_while_its_fence_holds(side: Side) -> None:
+    """`open_publisher` gives a started broker with the given ack timeout that stores what it
+    publishes while `fence()` holds and sends nothing once it fails; the server's limit is the
+    bus's."""
+    office = {"in": True}
+    broker = await side.bus.open_publisher(2.0, lambda: office["in"])
+    try:
+        assert broker.timeout == 2.0 and broker.max_payload == side.bus.max_payload > 1024
+        ack = await (await broker.publish("busc.term.a", b"x", {"Nats-Msg-Id": "t-1"}))
+        assert (ack.stream, ack.duplicate) == (STREAM, False)
+        office["in"] = False
+        refused = await broker.publish("busc.term.a", b"y", {"Nats-Msg-Id": "t-2"})
+        with pytest.raises(PublishError, match="not sent"):
+            async with asyncio.timeout(5):
+                await refused
+        assert await side.bus.messages_held("busc.term.a") == 1
+    finally:
+        await broker.close()
+
+
+async def test_a_listener_hears_core_messages_until_it_unsubscribes(side: Side) -> None:
+    """`listen` calls the handler with the payload of every core message on the subject (a
+    wildcard too), and no more after `unsubscribe`."""
+    heard: list[bytes] = []
+    arrived = asyncio.Event()
+
+    async def handler(data: bytes) -> None:
+        heard.append(data)
+        arrived.set()
+
+    sub = await side.bus.listen("busc.notice.*", handler)
+    await side.notify("busc.notice.a", b"one")
+    await side.notify("busc.other", b"not for it")
+    async with asyncio.timeout(5):
+        await arrived.wait()
+    await sub.unsubscribe()
+    await side.notify("busc.notice.b", b"after")
+    await asyncio.sleep(0.1)  # what would arrive, were it still subscribed
+    assert heard == [b"one"]
+
+
+async def test_the_intake_source_takes_from_the_named_consumer(side: Side) -> None:
+    """`intake_source` gives the delay lane's source on a stream's durable consumer: once
+    started, it takes what the stream holds."""
+    await side.put("busc.lane.a", b"task")
+    source = await side.bus.intake_source(STREAM, CONSUMER, 10).start()
+    try:
+        got: list[Any] = []
+        async with asyncio.timeout(5):
+            while not got:
+                got = list(await source.take(timeout=1.0))
+        assert [(d.subject, d.data) for d in got] == [("busc.lane.a", b"task")]
+    finally:
+        await source.close()
