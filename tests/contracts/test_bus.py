@@ -1,4 +1,5 @@
-"""The bus's contract (the JetStream questions the engine asks), over the twin and nats-server."""
+"""The bus's contract (the JetStream questions the engine asks, the term's publisher), over the twin
+and nats-server (with either publish path)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from scheduler.bus.memory import MemoryBus, MemoryStreams
 from scheduler.metrics import Metrics
 from scheduler.records import PublishError
 from scheduler.settings import Settings
+from tests.support.compat import NatsServerOf, Servers
 
 STREAM = "CONTRACT_BUS"
 CONSUMER = "contract-bus"
@@ -28,8 +31,15 @@ class Side:
     notify: Callable[[str, bytes], Awaitable[None]]
 
 
+@pytest.fixture(params=["twin", "wire", "nats_py"])
+def adapter(request: pytest.FixtureRequest) -> str:
+    """The twin without a server; on nats-server, `NatsBus` with each `SCHEDULER_PUBLISH_PATH`
+    (tests/contracts/conftest.py deselects the other pairs)."""
+    return str(request.param)
+
+
 @pytest.fixture
-async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
+async def side(nats_server_url: str | None, adapter: str) -> AsyncIterator[Side]:
     if nats_server_url is None:
         streams = MemoryStreams()
         streams.add_stream(STREAM, ["busc.>"], duplicate_window=30)
@@ -44,7 +54,8 @@ async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
 
     from scheduler.bus.nats.connection import NatsBus
 
-    bus = NatsBus(Settings(nats_url=nats_server_url, instance_id="contract"), Metrics())
+    settings = Settings(nats_url=nats_server_url, instance_id="contract", publish_path=adapter)
+    bus = NatsBus(settings, Metrics())
     await bus.connect(5)
     assert bus.js is not None
     js = bus.js
@@ -137,3 +148,70 @@ async def test_the_intake_source_takes_from_the_named_consumer(side: Side) -> No
         assert [(d.subject, d.data) for d in got] == [("busc.lane.a", b"task")]
     finally:
         await source.close()
+
+
+async def test_the_publish_path_setting_picks_the_adapter(side: Side, adapter: str) -> None:
+    """`SCHEDULER_PUBLISH_PATH` decides which adapter a term's publisher is: the wire one by
+    default, nats-py's public API with `nats_py`."""
+    expected = {"twin": "MemoryBroker", "wire": "Publisher", "nats_py": "PlainPublisher"}
+    broker = await side.bus.open_publisher(2.0, lambda: True)
+    try:
+        assert type(broker).__name__ == expected[adapter]
+    finally:
+        await broker.close()
+
+
+@dataclass
+class Link:
+    bus: Any  # NatsBus or MemoryBus
+    drop: Callable[[], Awaitable[None]]  # the connection is lost (the server goes away)
+    restore: Callable[[], Awaitable[None]]  # it can be made again (the server is back)
+
+
+@pytest.fixture
+async def link(servers: Servers | None, tmp_path: Path) -> AsyncIterator[Link]:
+    """A bus whose connection the test can take away: the twin's `link()`, or a nats-server
+    of the bus's own, killed and started again on its port."""
+    if servers is None:
+        bus = MemoryBus(MemoryStreams())
+
+        async def drop_memory() -> None:
+            bus.link(False)
+
+        async def restore_memory() -> None:
+            bus.link(True)
+
+        yield Link(bus, drop_memory, restore_memory)
+        return
+    from scheduler.bus.nats.connection import NatsBus
+
+    server = NatsServerOf(tmp_path / "nats", servers.nats_binary).start()
+    real = NatsBus(Settings(nats_url=server.url, instance_id="contract"), Metrics())
+    await real.connect(5)
+
+    async def drop_real() -> None:
+        server.kill()
+
+    async def restore_real() -> None:
+        await asyncio.to_thread(server.start)
+
+    try:
+        yield Link(real, drop_real, restore_real)
+    finally:
+        await real.close()
+        server.stop()
+
+
+async def test_link_listeners_hear_the_link_drop_and_come_back(link: Link) -> None:
+    """Every callable in `link_listeners` is called with False when the connection drops and
+    with True when it is back."""
+    heard: list[bool] = []
+    link.bus.link_listeners.append(heard.append)
+    await link.drop()
+    async with asyncio.timeout(10):
+        while heard != [False]:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    await link.restore()
+    async with asyncio.timeout(15):
+        while heard != [False, True]:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)

@@ -1,9 +1,10 @@
 """Cron jobs from YAML, fired by the leader through the same publisher as delayed tasks.
 
 Each term: sync `schedules/*.yaml` into PostgreSQL (`CronCatalog`), read the cursors, then loop:
-plan every job (`OccurrencePlanner`, downtime policies in `engine.misfire`), publish what is due
-as a fresh `hanzo.mq.v1` envelope with `Nats-Msg-Id` `<job>@<occurrence>`
-(`cron_message.envelope`), and only after the acks advance the cursors in one fenced statement,
+plan every job (`OccurrencePlanner`, downtime policies in `scheduler.cron.misfire`), publish
+what is due as a fresh `hanzo.mq.v1` envelope with `Nats-Msg-Id` `<job>@<occurrence>`
+(`message.envelope`; built ahead and prepared by the term's broker when it is on time), and only
+after the acks advance the cursors in one fenced statement,
 plus `fire_log` rows (`CursorBook`). A restart or failover in the middle of an occurrence
 re-publishes it with the same id, which the target stream drops: never twice, never skipped.
 Reload on SIGHUP or when a YAML file changes; a job removed from YAML stops.
