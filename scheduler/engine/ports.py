@@ -259,7 +259,8 @@ class Delivery(Protocol):
 
     @property
     def metadata(self) -> Any:
-        """JetStream's delivery metadata (stream sequence, deliveries)."""
+        """JetStream's delivery metadata, as nats-py names it: `stream`, `sequence.stream`
+        (the lane's sequence), `num_delivered` and `timestamp` (when the lane stored it)."""
         ...
 
     async def in_progress(self) -> None:
@@ -307,7 +308,8 @@ class Bus(Protocol):
         ...
 
     async def open_publisher(self, timeout: float, fence: Callable[[], bool]) -> Broker:
-        """A started `Broker` for one term, sending only while `fence()` holds."""
+        """A started `Broker` for one term, sending only while `fence()` holds, waiting
+        `timeout` seconds for each ack (the adapter `SCHEDULER_PUBLISH_PATH` names)."""
         ...
 
     def intake_source(self, stream: str, consumer: str, batch: int) -> Source:
