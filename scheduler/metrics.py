@@ -314,9 +314,37 @@ class _DelayedEvents(_Instruments):
 class _CronEvents(_Instruments):
     """`scheduler.engine.cron.events.CronEvents`: the catalog, firing, cursors."""
 
+    def cron_failed_count(self, count: int) -> None:
+        self.cron_jobs_failed.set(count)
+
+    def cron_occurrence_skipped(self, reason: str) -> None:
+        self.cron_skipped.labels(reason).inc()
+
+    def cron_occurrence_fired(self, lateness: float) -> None:
+        self.fired.labels("cron").inc()
+        self.lateness.labels("cron").observe(max(lateness, 0.0))
+
+    def cron_publish_failed(self) -> None:
+        self.cron_failures.inc()
+
+    def cron_backoff_count(self, count: int) -> None:
+        self.cron_backing_off.set(count)
+
+    def cron_job_stopped(self, reason: str) -> None:
+        self.cron_permanent_failures_total.labels(reason).inc()
+
 
 class _BusEvents(_Instruments):
     """`scheduler.bus.nats.events.BusEvents`: the connection and the publisher."""
+
+    def nats_link(self, up: bool) -> None:
+        self.connected.labels("nats").set(1 if up else 0)
+
+    def nats_disconnected(self) -> None:
+        self.disconnects.labels("nats").inc()
+
+    def nats_reconnected(self) -> None:
+        self.reconnects.labels("nats").inc()
 
 
 class _DaemonEvents(_Instruments):

@@ -12,7 +12,7 @@ import re
 import socket
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 from pydantic import (
@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     # publishes of due tasks at least this far apart (engine/delayed/dispatch.py:
     # `Firing._dispatch`)
     dispatch_coalesce: Duration = timedelta(0)
+    # how the leader's publisher sends (scheduler.bus.nats): `wire` frames messages itself
+    # (bus/nats/publisher.py), `nats_py` goes through nats-py's public API (bus/nats/plain.py)
+    publish_path: Literal["wire", "nats_py"] = "wire"
     max_delay: Duration = timedelta(days=400)
     dlq_stream: str = "MQ_DLQ"
     dlq_subject_prefix: str = "mq.dlq"

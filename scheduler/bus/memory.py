@@ -1,13 +1,14 @@
-"""The in-memory twin of the broker: `scheduler.engine.ports.Broker` and `Bus` without a server.
+"""The in-memory twin of NATS: `scheduler.engine.ports.Broker`, `Bus`, `Source` and `Delivery`.
 
-For the engine's unit tests and as the reference the real publisher is checked against
-(tests/contracts/test_broker.py runs the same tests over this twin and over
-`scheduler.bus.nats.publisher.Publisher` on nats-server). It keeps what the scheduler relies on:
-streams that capture subjects (NATS wildcards `*` and `>`), a sequence per stream, and
-JetStream's duplicate window (a message whose `Nats-Msg-Id` the stream stored less than
-`duplicate_window` seconds ago is acknowledged as `duplicate` and not stored again); a subject
-no stream captures fails (`no stream captures ...`); nothing is sent while the fence is down
-or the link is held; outcomes arrive later, from the event loop, as acks do from the socket.
+For the engine's unit tests and as the reference the real adapters are checked against
+(tests/contracts/ runs the same tests over these twins and over `scheduler.bus.nats` on
+nats-server). It keeps what the scheduler relies on: streams that capture subjects (NATS
+wildcards `*` and `>`), a sequence per stream, and JetStream's duplicate window (a message whose
+`Nats-Msg-Id` the stream stored less than `duplicate_window` seconds ago is acknowledged as
+`duplicate` and not stored again); a subject no stream captures fails (`no stream captures
+...`); nothing is sent while the fence is down, the link is held or the broker is closed;
+outcomes arrive later, from the event loop, as acks do from the socket; a durable consumer
+delivers each message once and again only what a closed source left unacknowledged.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from scheduler.bus.nats.frames import HEADER_LINE, delivery_headers, kv_subject
 from scheduler.clock import to_rfc3339
-from scheduler.records import BatchItem, ClaimedTask, Done, Outcome, PubAck, PublishError
+from scheduler.messages.prepared import PreparedMessage, StampedMessage
+from scheduler.records import ClaimedTask, Done, Outcome, PubAck, PublishError
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -50,6 +52,7 @@ class Stored:
     subject: str
     payload: bytes
     headers: dict[str, str]
+    timestamp: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
 @dataclass
@@ -71,6 +74,20 @@ class MemoryStreams:
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.monotonic = monotonic
         self.streams: dict[str, Stream] = {}
+        self.durables: dict[tuple[str, str], Durable] = {}
+        self.stored = asyncio.Event()  # set by every store: a consumer waiting wakes up
+
+    def durable(self, stream: str, consumer: str) -> Durable:
+        """The durable consumer `consumer` of `stream` (made on first use)."""
+        return self.durables.setdefault((stream, consumer), Durable(stream, consumer))
+
+    def acknowledge(self, reply: str) -> None:
+        """A delivery's ack (an empty message to its reply subject, `MemoryBroker.ack`)."""
+        parts = reply.split(".")
+        if len(parts) > 4 and parts[:2] == ["$JS", "ACK"]:
+            found = self.durables.get((parts[2], parts[3]))
+            if found is not None:
+                found.outstanding.pop(reply, None)
 
     def add_stream(self, name: str, subjects: list[str], duplicate_window: float = 120.0) -> None:
         self.streams[name] = Stream(name, subjects, duplicate_window)
@@ -108,7 +125,130 @@ class MemoryStreams:
         if msg_id is not None:
             stream.ids[msg_id] = (now, seq)
         stream.messages.append(Stored(stream.name, seq, subject, payload, headers))
+        self.stored.set()
         return PubAck(stream.name, seq, False)
+
+
+@dataclass
+class Durable:
+    """A durable consumer's state: the next stream sequence to deliver, the deliveries neither
+    acknowledged nor terminated (by reply subject), what comes back to be delivered again, and
+    how often each sequence was delivered."""
+
+    stream: str
+    name: str
+    next_seq: int = 1
+    outstanding: dict[str, Stored] = field(default_factory=dict)
+    again: list[Stored] = field(default_factory=list)
+    delivered: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SequencePair:
+    stream: int
+    consumer: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryMetadata:
+    """The fields of JetStream's delivery metadata the scheduler reads (as nats-py names them)."""
+
+    stream: str
+    consumer: str
+    sequence: SequencePair
+    num_delivered: int
+    timestamp: datetime
+
+
+@dataclass(slots=True)
+class MemoryDelivery:
+    """`scheduler.engine.ports.Delivery` from a `MemorySource`."""
+
+    subject: str
+    reply: str
+    data: bytes
+    headers: dict[str, str] | None
+    meta: DeliveryMetadata
+    durable: Durable
+
+    @property
+    def metadata(self) -> DeliveryMetadata:
+        return self.meta
+
+    async def in_progress(self) -> None:
+        """Nothing to extend: the twin redelivers only what a closed source left unacked."""
+
+    async def term(self) -> None:
+        self.durable.outstanding.pop(self.reply, None)
+
+
+class MemorySource:
+    """`scheduler.engine.ports.Source`: a durable consumer of one `MemoryStreams` stream.
+
+    Every message is delivered once, in stream order; one neither acknowledged (its reply
+    subject to `MemoryBroker.ack`) nor terminated when its source closes is delivered again,
+    first, to the consumer's next source (no ack wait is kept: closing stands for it)."""
+
+    def __init__(self, streams: MemoryStreams, stream: str, consumer: str, batch: int) -> None:
+        self.streams = streams
+        self.stream = stream
+        self.durable = streams.durable(stream, consumer)
+        self.batch = batch
+        self._woken = asyncio.Event()
+        self._taken: list[str] = []  # reply subjects this source handed out
+
+    async def start(self) -> MemorySource:
+        return self
+
+    async def take(self, timeout: float, linger: float = 0.002) -> list[MemoryDelivery]:
+        if not self._ready():
+            self._woken.clear()
+            self.streams.stored.clear()
+            waits = [asyncio.ensure_future(e.wait()) for e in (self._woken, self.streams.stored)]
+            try:
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+            if self._ready() and linger > 0:
+                await asyncio.sleep(linger)
+        return [self._deliver(m) for m in self._next_batch()]
+
+    def interrupt(self) -> None:
+        self._woken.set()
+
+    async def close(self) -> None:
+        d = self.durable
+        back = [d.outstanding.pop(r) for r in self._taken if r in d.outstanding]
+        d.again[:0] = sorted(back, key=lambda m: m.seq)
+        self._taken = []
+
+    def _held(self) -> list[Stored]:
+        return self.streams.messages(self.stream)
+
+    def _ready(self) -> bool:
+        d = self.durable
+        return bool(d.again) or any(m.seq >= d.next_seq for m in self._held())
+
+    def _next_batch(self) -> list[Stored]:
+        d = self.durable
+        out, d.again = d.again[: self.batch], d.again[self.batch :]
+        fresh = [m for m in self._held() if m.seq >= d.next_seq][: self.batch - len(out)]
+        if fresh:
+            d.next_seq = fresh[-1].seq + 1
+        return out + fresh
+
+    def _deliver(self, m: Stored) -> MemoryDelivery:
+        d = self.durable
+        count = d.delivered[m.seq] = d.delivered.get(m.seq, 0) + 1
+        consumer_seq = sum(d.delivered.values())
+        reply = f"$JS.ACK.{d.stream}.{d.name}.{count}.{m.seq}.{consumer_seq}.0.0"
+        d.outstanding[reply] = m
+        self._taken.append(reply)
+        meta = DeliveryMetadata(
+            d.stream, d.name, SequencePair(m.seq, consumer_seq), count, m.timestamp
+        )
+        return MemoryDelivery(m.subject, reply, m.payload, dict(m.headers) or None, meta, d)
 
 
 class MemoryBroker:
@@ -130,7 +270,6 @@ class MemoryBroker:
         self._max_payload = max_payload
         self._held = False
         self._closed = False
-        self._next = 0
         self.fail: Callable[[str], PublishError | None] | None = None
         self.acked: list[str] = []  # reply subjects acknowledged through `ack`
 
@@ -143,6 +282,8 @@ class MemoryBroker:
             return "this instance is not in office"
         if self._held:
             return "the connection was lost; the epoch is not revalidated yet"
+        if self._closed:
+            return "publisher closed"
         return None
 
     def may_send(self) -> bool:
@@ -158,12 +299,12 @@ class MemoryBroker:
         self.hold()  # nothing is ever buffered unsent here: nothing to take back
 
     def on_office_lost(self) -> None:
-        pass
+        """Nothing is ever buffered unsent here: the fence alone keeps what follows in."""
 
     def _outcome(self, subject: str, payload: bytes, headers: dict[str, str]) -> Outcome:
         why = self.refusal()
-        if why is not None or self._closed:
-            return PublishError(subject, f"not sent: {why or 'publisher closed'}")
+        if why is not None:
+            return PublishError(subject, f"not sent: {why}")
         size = len(subject) + len(payload) + sum(len(k) + len(v) + 4 for k, v in headers.items())
         if size > self._max_payload:
             limit = self._max_payload
@@ -200,36 +341,26 @@ class MemoryBroker:
     ) -> None:
         fired = to_rfc3339(fired_at)
         fired_b = fired.encode()
-        await self.publish_batch(
-            [
-                (t.target, t.payload, delivery_headers(t, fired, fired_b), d)
-                for t, d in zip(tasks, done, strict=True)
-            ]
-        )
+        for t, d in zip(tasks, done, strict=True):
+            headers = headers_of(delivery_headers(t, fired, fired_b))
+            self._deliver(d, self._outcome(t.target, t.payload, headers))
 
-    async def publish_batch(self, items: Sequence[BatchItem]) -> None:
-        for subject, payload, headers, done in items:
-            self._deliver(done, self._outcome(subject, payload, headers_of(headers)))
+    def prepare(self, message: StampedMessage) -> PreparedMessage:
+        return PreparedMessage(message)  # nothing to build ahead here
+
+    async def publish_prepared(
+        self, messages: Sequence[PreparedMessage], fired_at: datetime
+    ) -> list[asyncio.Future[PubAck]]:
+        text = to_rfc3339(fired_at)
+        return [await self.publish(m.message.subject, *m.message.at(text)) for m in messages]
 
     async def kv_put(self, bucket: str, key: str, value: bytes) -> asyncio.Future[PubAck]:
         return await self.publish(kv_subject(bucket, key), value, {})
 
-    def reserve(self) -> str:
-        self._next += 1
-        return f"_INBOX.memory.{self._next}"
-
-    def frame_parts(
-        self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str], cut: bytes
-    ) -> tuple[bytes, ...]:
-        return ()  # no frames here: callers take the `publish` path
-
-    async def publish_frames(
-        self, items: Sequence[tuple[str, str, bytes]]
-    ) -> list[asyncio.Future[PubAck]]:
-        raise NotImplementedError("frame_parts gives no frames: there is nothing to send")
-
     async def ack(self, replies: Iterable[str]) -> None:
-        self.acked.extend(replies)
+        for reply in replies:
+            self.acked.append(reply)
+            self.streams.acknowledge(reply)
 
     async def close(self) -> None:
         self._closed = True
@@ -245,11 +376,11 @@ class _Listening:
 
 
 class MemoryBus:
-    """`scheduler.engine.ports.Bus` over `MemoryStreams`: publishers, core listeners, an
-    intake source the test feeds (`source`), and what the streams hold; a test acknowledges
-    messages with `MemoryStreams.consume`."""
+    """`scheduler.engine.ports.Bus` over `MemoryStreams`: publishers, core listeners, the
+    delay lane's consumer (`MemorySource`, or a source the test feeds), and what the streams
+    hold; a test acknowledges messages with `MemoryStreams.consume`."""
 
-    def __init__(self, streams: MemoryStreams, source: Any = None) -> None:
+    def __init__(self, streams: MemoryStreams, source: MemorySource | None = None) -> None:
         self.streams = streams
         self.source = source
         self.link_listeners: list[Callable[[bool], None]] = []
@@ -265,8 +396,12 @@ class MemoryBus:
         self.publishers.append(broker)
         return broker
 
-    def intake_source(self, stream: str, consumer: str, batch: int) -> Any:
-        return self.source
+    def intake_source(self, stream: str, consumer: str, batch: int) -> MemorySource:
+        """The stream's durable consumer, or the source the test gave (one of its own, shaped
+        as `scheduler.engine.ports.Source`)."""
+        if self.source is not None:
+            return self.source
+        return MemorySource(self.streams, stream, consumer, batch)
 
     async def listen(self, subject: str, handler: Callable[[bytes], Awaitable[None]]) -> Any:
         entry = (subject, handler)

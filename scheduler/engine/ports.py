@@ -4,13 +4,21 @@ The engine (`scheduler.engine`) never imports nats-py, asyncpg or SQLAlchemy (im
 checks it: pyproject.toml, tests/unit/test_layers.py). It speaks to
 
 - a `TaskRepository` (delayed tasks) and a `ScheduleRepository` (cron state): every SQL
-  statement it needs, written once in `scheduler.store` (`store.tasks.TaskStore`,
-  `store.cron_jobs.ScheduleStore`; the fencing SQL in `store.leadership`);
-- a `Broker`: every NATS byte (headers, frames, acks, KV subjects, the raw fast path) lives in
-  `scheduler.bus` (`bus.publisher.Publisher`; the pure protocol bytes in `bus.frames`), and the
-  `Bus` that opens one per term and answers the JetStream questions the engine asks
-  (`bus.nats.NatsBus`);
-- `Delivery`: a message taken from the delay lane (`nats.aio.msg.Msg` or `bus.wire.RawMsg`).
+  statement it needs, written once in `scheduler.store.postgres` (`tasks.TaskStore`,
+  `cron_jobs.ScheduleStore`; the fencing SQL in `epoch`);
+- a `Broker`: what the engine sends, in its own terms (claimed tasks, a message prepared ahead
+  for its firing time, a single message, a KV key, acks) behind the fence of the term; every
+  NATS byte (headers, frames, reply subjects, KV subjects) lives in the adapters,
+  `scheduler.bus.nats.publisher.Publisher` (the wire path) and
+  `scheduler.bus.nats.plain.PlainPublisher` (nats-py's public API; `SCHEDULER_PUBLISH_PATH`),
+  and the twin `scheduler.bus.memory.MemoryBroker`;
+- a `Bus` that opens one broker per term and answers the JetStream questions the engine asks
+  (`scheduler.bus.nats.connection.NatsBus`, twin `scheduler.bus.memory.MemoryBus`), and the
+  delay lane's `Source` of `Delivery`s (`scheduler.bus.nats.puller.Puller`, whose messages are
+  `nats.aio.msg.Msg` or `scheduler.bus.nats.wire.RawMsg`).
+
+Each port has a contract suite run over every implementation, the twins and the real servers
+(tests/contracts/), and tests/contracts/conformance.py holds each to its port under mypy.
 
 Contract common to every state-changing repository method taking an `epoch`: it runs fenced.
 It commits only while `epoch` is the current fencing epoch, and raises `FencedError` otherwise
@@ -25,9 +33,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from scheduler.messages.prepared import PreparedMessage, StampedMessage
 from scheduler.records import (
     Advance,
-    BatchItem,
     Claimed,
     ClaimedTask,
     CronFailure,
@@ -165,7 +173,10 @@ class Broker(Protocol):
     window is stored once (the PubAck says `duplicate`). Nothing is sent once `may_send()` is
     false (office ended, or the link dropped and the epoch is not revalidated yet); what was
     handed over but not yet written is taken back then. An outcome is a `PubAck`, or a
-    `PublishError` that says whether the message may be stored all the same (`in_doubt`)."""
+    `PublishError` that says whether the message may be stored all the same (`in_doubt`), or
+    that it can never be stored (`permanent`, reason `too_large`: over `max_payload`). The
+    NATS bytes (headers, frames, replies, KV subjects) are the adapter's: the engine hands
+    over tasks, messages and keys."""
 
     timeout: float  # seconds an ack is waited for
 
@@ -210,9 +221,17 @@ class Broker(Protocol):
         i's outcome exactly once. The engine's firing path: the broker builds every byte."""
         ...
 
-    async def publish_batch(self, items: Sequence[BatchItem]) -> None:
-        """Send every item at once; each item's callback gets its outcome exactly once. A
-        header block given as bytes is sent as it is (see `scheduler.bus.nats.frames`)."""
+    def prepare(self, message: StampedMessage) -> PreparedMessage:
+        """`message` made ready ahead of its firing time (while idle), so that sending it at
+        the instant costs as little as this broker can make it."""
+        ...
+
+    async def publish_prepared(
+        self, messages: Sequence[PreparedMessage], fired_at: datetime
+    ) -> list[asyncio.Future[PubAck]]:
+        """Send prepared messages fired at `fired_at`, all at once; a future per message, in
+        order, as `publish` gives. Each arrives exactly as `publish` of
+        `message.at(to_rfc3339(fired_at))` would have sent it."""
         ...
 
     async def kv_put(self, bucket: str, key: str, value: bytes) -> asyncio.Future[PubAck]:
@@ -220,28 +239,13 @@ class Broker(Protocol):
         fenced like any message); the future gives the bucket stream's PubAck."""
         ...
 
-    def reserve(self) -> str:
-        """A reply subject for a message framed ahead of time."""
-        ...
-
-    def frame_parts(
-        self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str], cut: bytes
-    ) -> tuple[bytes, ...]:
-        """The message framed ahead, split at `cut` (filled in later), or () if it cannot be."""
-        ...
-
-    async def publish_frames(
-        self, items: Sequence[tuple[str, str, bytes]]
-    ) -> list[asyncio.Future[PubAck]]:
-        """Send (subject, reserved reply, frame) items at once; a future per item."""
-        ...
-
     async def ack(self, replies: Iterable[str]) -> None:
         """Acknowledge JetStream deliveries by their reply subjects."""
         ...
 
     async def close(self) -> None:
-        """Fail what is unacknowledged and stop listening for acks."""
+        """Fail what is unacknowledged (in doubt) and stop listening for acks; nothing is
+        sent afterwards."""
         ...
 
 
@@ -255,7 +259,8 @@ class Delivery(Protocol):
 
     @property
     def metadata(self) -> Any:
-        """JetStream's delivery metadata (stream sequence, deliveries)."""
+        """JetStream's delivery metadata, as nats-py names it: `stream`, `sequence.stream`
+        (the lane's sequence), `num_delivered` and `timestamp` (when the lane stored it)."""
         ...
 
     async def in_progress(self) -> None:
@@ -303,7 +308,8 @@ class Bus(Protocol):
         ...
 
     async def open_publisher(self, timeout: float, fence: Callable[[], bool]) -> Broker:
-        """A started `Broker` for one term, sending only while `fence()` holds."""
+        """A started `Broker` for one term, sending only while `fence()` holds, waiting
+        `timeout` seconds for each ack (the adapter `SCHEDULER_PUBLISH_PATH` names)."""
         ...
 
     def intake_source(self, stream: str, consumer: str, batch: int) -> Source:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from nats.aio.msg import Msg
 
-from scheduler.bus.memory import MemoryBroker, MemoryBus
+from scheduler.bus.memory import MemoryBroker, MemoryBus, MemoryDelivery, MemorySource
 from scheduler.bus.nats.connection import NatsBus
+from scheduler.bus.nats.plain import PlainPublisher
 from scheduler.bus.nats.publisher import Publisher
 from scheduler.bus.nats.puller import Puller
 from scheduler.bus.nats.wire import RawMsg
@@ -30,20 +31,20 @@ from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.tasks import TaskStore
 
 
-def brokers(real: Publisher, twin: MemoryBroker) -> list[Broker]:
-    return [real, twin]
+def brokers(wire: Publisher, plain: PlainPublisher, twin: MemoryBroker) -> list[Broker]:
+    return [wire, plain, twin]
 
 
 def buses(real: NatsBus, twin: MemoryBus) -> list[Bus]:
     return [real, twin]
 
 
-def sources(real: Puller) -> list[Source]:
-    return [real]  # the twins' source is the test's own (tests/unit/engine_twins.py)
+def sources(real: Puller, twin: MemorySource) -> list[Source]:
+    return [real, twin]
 
 
-def deliveries(parsed: Msg, raw: RawMsg) -> list[Delivery]:
-    return [parsed, raw]
+def deliveries(parsed: Msg, raw: RawMsg, twin: MemoryDelivery) -> list[Delivery]:
+    return [parsed, raw, twin]
 
 
 def task_repositories(real: TaskStore, twin: MemoryTaskStore) -> list[TaskRepository]:

@@ -42,3 +42,17 @@ def database(backend: str, request: pytest.FixtureRequest) -> str | None:
 def nats_server_url(backend: str, request: pytest.FixtureRequest) -> str | None:
     """The URL of the session's nats-server for the real run, None for the twin."""
     return None if backend == "memory" else str(request.getfixturevalue("nats_url"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test run over several implementations of a port (an `adapter` parameter: `twin` or a
+    real adapter) is kept only where the twin meets the memory run and an adapter a real one."""
+    keep, drop = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        adapter = params.params.get("adapter") if params is not None else None
+        memory = params is not None and params.params.get("servers") == "memory"
+        (drop if adapter is not None and (adapter == "twin") != memory else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

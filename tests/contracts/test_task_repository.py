@@ -26,6 +26,8 @@ class Repo:
     tasks: Any  # TaskStore or MemoryTaskStore
     take_office: Callable[[], Awaitable[int]]
     has_row: Callable[[str], Awaitable[bool]]  # whether `delayed_messages` holds the id
+    # the intake dead letters recorded for a lane message's key: (original_id, reason) each
+    dead_intake: Callable[[str], Awaitable[list[tuple[str, str]]]]
 
 
 @pytest.fixture
@@ -36,7 +38,11 @@ async def repo(database: str | None) -> AsyncIterator[Repo]:
         async def in_rows(task_id: str) -> bool:
             return task_id in store.rows
 
-        yield Repo(store, store.take_office, in_rows)
+        async def dead_memory(key: str) -> list[tuple[str, str]]:
+            got = [d for d in store.dead_letters if d.get("key") == key]
+            return [(d["original_id"], d["reason"]) for d in got]
+
+        yield Repo(store, store.take_office, in_rows, dead_memory)
         return
     from scheduler.store.postgres.connect import PostgresStore, create_pool
     from scheduler.store.postgres.epoch import take_office
@@ -48,9 +54,13 @@ async def repo(database: str | None) -> AsyncIterator[Repo]:
         sql = "SELECT count(*) FROM delayed_messages WHERE id = $1"
         return bool(await pool.fetchval(sql, task_id))
 
+    async def dead_real(key: str) -> list[tuple[str, str]]:
+        sql = "SELECT original_id, reason FROM dead_letters WHERE intake_key = $1 ORDER BY id"
+        return [(r["original_id"], r["reason"]) for r in await pool.fetch(sql, key)]
+
     try:
         tasks = TaskStore(PostgresStore(pool, Metrics()), LIMITS)
-        yield Repo(tasks, lambda: take_office(pool, "t"), has_row)
+        yield Repo(tasks, lambda: take_office(pool, "t"), has_row, dead_real)
     finally:
         await pool.close()
 
@@ -373,3 +383,42 @@ async def test_a_lapsed_intent_is_not_honoured(repo: Repo) -> None:
     got = await repo.tasks.insert_batch([t])
     assert [r.task_id for r in got.stored] == [t.id] and got.cancelled == []
     assert await status(repo, t) == "pending"
+
+
+async def test_the_current_epoch_is_the_latest_taken(repo: Repo) -> None:
+    """`current_epoch` answers the fencing epoch now in force: the one taken last."""
+    first = await repo.take_office()
+    assert await repo.tasks.current_epoch() == first
+    second = await repo.take_office()
+    assert second > first and await repo.tasks.current_epoch() == second
+
+
+def bad_intake(key: str, original_id: str) -> dict[str, Any]:
+    return {
+        "original_id": original_id,
+        "subject": "mq.delay.t.x",
+        "error": "not JSON",
+        "reason": "invalid_envelope",
+        "target": "mq.t.x",
+        "raw": b"{not json",
+        "headers": {"Nats-Msg-Id": original_id},
+        "key": key,
+    }
+
+
+async def test_a_bad_intake_message_is_recorded_once(repo: Repo) -> None:
+    """`record_bad_intake` keeps a dead letter per refused lane message; the same message
+    recorded again (a redelivery, the same key) adds nothing, another one is kept too."""
+    key, other = f"dlq-intake:{uuid.uuid4().hex}", f"dlq-intake:{uuid.uuid4().hex}"
+    await repo.tasks.record_bad_intake([bad_intake(key, "a")])
+    await repo.tasks.record_bad_intake([bad_intake(key, "a"), bad_intake(other, "b")])
+    await repo.tasks.record_bad_intake([])
+    assert await repo.dead_intake(key) == [("a", "invalid_envelope")]
+    assert await repo.dead_intake(other) == [("b", "invalid_envelope")]
+
+
+async def test_analyze_if_stale_runs_only_after_growth(repo: Repo) -> None:
+    """`analyze_if_stale` answers whether it refreshed the statistics; with no task stored
+    since its last answer it does not run again."""
+    assert isinstance(await repo.tasks.analyze_if_stale(), bool)
+    assert await repo.tasks.analyze_if_stale() is False

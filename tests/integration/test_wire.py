@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import nats
 import pytest
@@ -225,6 +226,7 @@ async def test_no_publish_path_sends_a_frame_over_max_payload(nats_url: str) -> 
     publish path as a permanent `too_large` PublishError, never sent: the server would refuse
     it and nats-py would close the connection for good (it counts the payload alone)."""
     from scheduler.bus.nats.publisher import PubAck, Publisher, PublishError
+    from scheduler.messages.prepared import StampedMessage
 
     nc = await nats.connect(nats_url)
     try:
@@ -245,10 +247,8 @@ async def test_no_publish_path_sends_a_frame_over_max_payload(nats_url: str) -> 
                     ("wire.big.d", b"small", {"Nats-Msg-Id": "d"}, outcomes.append),
                 ]
             )
-            reply = publisher.reserve()
-            frame = publisher.wire.frame("wire.big.e", body, reply, big)
-            assert frame is not None
-            (fut,) = await publisher.publish_frames([("wire.big.e", reply, frame)])
+            ahead = publisher.prepare(StampedMessage("wire.big.e", body[:100], body[124:], big))
+            (fut,) = await publisher.publish_prepared([ahead], datetime.now(UTC))
             with pytest.raises(PublishError, match="cannot fit"):
                 await fut
             async with asyncio.timeout(5):

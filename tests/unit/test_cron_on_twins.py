@@ -35,11 +35,12 @@ class Cron:
         self.store = store or MemoryScheduleStore()
         self.settings = Settings(schedules_dir=tmp_path, instance_id="twin")
         self.broker = MemoryBroker(self.streams)
+        self.metrics = Metrics()
 
     async def engine(self) -> tuple[CronEngine, int]:
         epoch = await self.store.office.take_office("twin")
         engine = CronEngine(
-            self.settings, self.store, FixedOffice(epoch), self.clock, Metrics(), self.bus
+            self.settings, self.store, FixedOffice(epoch), self.clock, self.metrics, self.bus
         )
         await engine.sync()
         return engine, epoch
@@ -183,9 +184,9 @@ async def test_a_job_too_large_to_publish_fails_once_and_the_others_keep_firing(
     assert failure.error.startswith("data: envelope of 31")
     assert "does not fit the server's max_payload of 2048 bytes" in failure.error
     assert engine.failed == frozenset({"big"})
-    assert engine.metrics.cron_permanent_failures_total.labels("too_large")._value.get() == 1
-    assert engine.metrics.cron_jobs_failed._value.get() == 1
-    assert engine.metrics.cron_backing_off._value.get() == 0  # not a retry
+    assert cron.metrics.cron_permanent_failures_total.labels("too_large")._value.get() == 1
+    assert cron.metrics.cron_jobs_failed._value.get() == 1
+    assert cron.metrics.cron_backing_off._value.get() == 0  # not a retry
     assert cron.store.state["big"] == T0 + timedelta(minutes=3)  # held like a paused job
 
 
@@ -249,7 +250,7 @@ async def test_a_transient_failure_still_backs_off_and_is_not_marked_failed(
     engine, epoch = await cron.engine()
     cursors = await cron.store.cursors()
     await engine.tick(epoch, broker, cursors)
-    assert engine.metrics.cron_backing_off._value.get() == 1
+    assert cron.metrics.cron_backing_off._value.get() == 1
     assert engine.failed == frozenset() and cron.store.failures == {}
     broker.fail = None
     cron.clock.advance(5)

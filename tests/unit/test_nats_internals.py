@@ -51,3 +51,23 @@ def test_no_other_module_touches_nats_py_internals() -> None:
         if re.search(rf"(?<!self)\.{name}\b", path.read_text())
     ]
     assert not offenders, offenders
+
+
+def test_the_plain_publish_path_uses_only_nats_pys_public_api() -> None:
+    """The nats-py adapter (`SCHEDULER_PUBLISH_PATH=nats_py`) and what it shares with the wire
+    reach no private attribute of another object: only their own (`self._...`)."""
+    import ast
+
+    from scheduler.bus.nats import inflight, plain
+
+    for module in (plain, inflight):
+        tree = ast.parse(pathlib.Path(str(module.__file__)).read_text())
+        private = [
+            f"{ast.unparse(node)} (line {node.lineno})"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+        ]
+        assert private == [], f"{module.__name__} reaches private attributes: {private}"

@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 import pytest
 
 from scheduler.bus.nats.frames import delivery_headers
-from scheduler.bus.nats.publisher import PubAck, PublishError, _parse_ack, _parse_block
+from scheduler.bus.nats.inflight import parse_ack, parse_block
 from scheduler.bus.nats.wire import Wire
+from scheduler.records import PubAck, PublishError
 from scheduler.store.postgres.tasks import ClaimedTask
 
 
@@ -56,7 +57,7 @@ def test_block_frame_equals_generic_frame(task_id: str, attempts: int) -> None:
         "Mq-Fired-At": fired_at,
         "Mq-Attempt": str(attempts),
     }
-    assert _parse_block(block) == generic
+    assert parse_block(block) == generic
     wire = Wire(_RawClient())  # type: ignore[arg-type]
     assert wire.raw
     reply = "_INBOX.abc.42"
@@ -91,7 +92,7 @@ def test_producer_headers_or_odd_ids_take_the_generic_path() -> None:
     ],
 )
 def test_fast_puback_reader_agrees_with_json(data: bytes, want: PubAck | None) -> None:
-    got = _parse_ack(data, None, "mq.x")
+    got = parse_ack(data, None, "mq.x")
     if want is None:
         assert isinstance(got, PublishError) and "unreadable" in str(got)
     else:
@@ -100,5 +101,5 @@ def test_fast_puback_reader_agrees_with_json(data: bytes, want: PubAck | None) -
 
 def test_error_puback_is_an_error() -> None:
     data = b'{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}'
-    got = _parse_ack(data, None, "mq.x")
+    got = parse_ack(data, None, "mq.x")
     assert isinstance(got, PublishError) and "10077" in str(got)

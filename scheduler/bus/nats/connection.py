@@ -26,10 +26,11 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from scheduler.aio import Backoff, first_of
 from scheduler.bus.nats import wire
+from scheduler.bus.nats.events import BusEvents
+from scheduler.bus.nats.plain import PlainPublisher
 from scheduler.bus.nats.publisher import Publisher
 from scheduler.bus.nats.puller import Puller
 from scheduler.errors import ConfigError, ServiceUnavailableError
-from scheduler.metrics import Metrics
 from scheduler.settings import Settings, nkey_seed, redact_url
 
 log = logging.getLogger("scheduler.nats")
@@ -70,9 +71,9 @@ def parse_version(text: str) -> tuple[int, ...] | None:
 class NatsBus:
     """The daemon's NATS connection, its JetStream context and its connection state."""
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, events: BusEvents) -> None:
         self.settings = settings
-        self.metrics = metrics
+        self._events = events
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
         self.connected = asyncio.Event()
@@ -255,16 +256,16 @@ class NatsBus:
             log.info("nats.closed")
         else:
             log.warning("nats.disconnected")
-            self.metrics.disconnects.labels("nats").inc()
+            self._events.nats_disconnected()
         self._set_connected(False)
 
     async def _on_reconnect(self) -> None:
         log.info("nats.reconnected")
-        self.metrics.reconnects.labels("nats").inc()
+        self._events.nats_reconnected()
         self._set_connected(True)
 
     def _set_connected(self, up: bool) -> None:
-        self.metrics.connected.labels("nats").set(1 if up else 0)
+        self._events.nats_link(up)
         (self.connected.set if up else self.connected.clear)()
         for listener in list(self.link_listeners):
             try:
@@ -321,9 +322,14 @@ class NatsBus:
     # What a term of office needs (scheduler.engine.ports.Bus): built here, so the engine never
     # touches the client.
 
-    async def open_publisher(self, timeout: float, fence: Callable[[], bool]) -> Publisher:
-        """A started publisher for one term, sending only while `fence()` holds."""
+    async def open_publisher(
+        self, timeout: float, fence: Callable[[], bool]
+    ) -> Publisher | PlainPublisher:
+        """A started publisher for one term, sending only while `fence()` holds: the wire
+        adapter, or the plain nats-py one (`SCHEDULER_PUBLISH_PATH=nats_py`)."""
         assert self.nc is not None
+        if self.settings.publish_path == "nats_py":
+            return await PlainPublisher(self.nc, timeout=timeout, fence=fence).start()
         return await Publisher(self.nc, timeout=timeout, fence=fence).start()
 
     def intake_source(self, stream: str, consumer: str, batch: int) -> Puller:

@@ -13,6 +13,10 @@ from scheduler.records import ClaimedTask
 
 HEADER_LINE = b"NATS/1.0\r\n"
 
+# Where a prepared message's firing time goes until it is known: never a real firing time, and
+# as long as every time `to_rfc3339` writes, so a frame built around it keeps its sizes.
+FIRED_AT_PLACEHOLDER = b"1999-12-31T23:59:59.999Z"
+
 # The delivery headers of a task without producer headers (design section 3), in one format
 # operation: Nats-Msg-Id (the task id), Mq-Scheduled-For, Mq-Fired-At, Mq-Attempt.
 DELIVERY_BLOCK = (

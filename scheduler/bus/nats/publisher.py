@@ -1,14 +1,17 @@
-"""Pipelined JetStream publishing: many publishes in flight, their PubAcks collected on one inbox.
+"""The wire adapter of the `Broker` port: pipelined JetStream publishing on nats-py's connection.
 
 `js.publish` waits for each ack in turn (~3.6k/s here); `publish_async` costs ~27 us of client
 CPU per message. This publisher sends a core publish with a per-message reply subject under one
 wildcard inbox subscription and resolves a future per ack, at ~11 us of CPU per message
 (field notes). Every message carries `Nats-Msg-Id`, so a retry after a lost ack is dropped by the
-target stream's duplicate window.
+target stream's duplicate window. `SCHEDULER_PUBLISH_PATH=nats_py` selects the plain nats-py
+adapter instead (`scheduler.bus.nats.plain`).
 
-The firing path uses `publish_batch`: every message of a due batch framed and handed to the
-connection at once, and each outcome handed to a callback straight from the read loop (no
-future, no scheduled callback, no coroutine per message).
+Every send goes through `publish_batch` (the port's `publish`, `publish_tasks` and `kv_put`
+alike): every message of a due batch framed and handed to the connection at once, and each
+outcome handed to a callback straight from the read loop (no future, no scheduled callback, no
+coroutine per message). A cron message prepared ahead (`prepare`) is a whole frame with its
+reply subject reserved, only the firing time left to fill in.
 
 A leader must never send a publish after its lease can have passed (design section 5). Every
 batch is checked against the `fence` (the office's `may_act`) right before it is handed to the
@@ -24,79 +27,41 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
-import re
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from nats.aio.client import Client
 from nats.errors import MaxPayloadError
 
-from scheduler.bus.nats.frames import delivery_headers, kv_subject
+from scheduler.bus.nats.frames import FIRED_AT_PLACEHOLDER, delivery_headers, kv_subject
+from scheduler.bus.nats.inflight import MAX_INFLIGHT, InFlight, parse_ack, parse_block, settle
 from scheduler.bus.nats.wire import Wire, raw_subscribe
 from scheduler.clock import to_rfc3339
-from scheduler.records import BatchItem, ClaimedTask, Done, Outcome, PubAck, PublishError
+from scheduler.messages.prepared import PreparedMessage, StampedMessage
+from scheduler.records import BatchItem, ClaimedTask, Done, PubAck, PublishError
 
 log = logging.getLogger("scheduler.publisher")
 
 
-MAX_INFLIGHT = 1000
+# Prepared messages this publisher could not frame, sent one by one: hand the socket each batch
+# of this many as it is built, so nats-server stores the first ones while the rest are built.
+FLUSH_EVERY = 50
 
 
-# the common PubAck, read without a JSON parse: {"stream":"S","seq":N}
-_PLAIN_ACK = re.compile(rb'\{"stream":"([^"\\]*)","seq":(\d+)\}')
+@dataclass(frozen=True, slots=True)
+class _Framed(PreparedMessage):
+    """A prepared message framed by the publisher whose inbox `reply` is under: the frame cut
+    at the firing time's two places (`fill.join(parts)`)."""
+
+    reply: str
+    parts: tuple[bytes, ...]
 
 
-class _Slots:
-    """A counting limit on unacknowledged messages: asyncio.Semaphore's job, but with the
-    count in the open so the firing path takes a free slot without a coroutine per message."""
-
-    __slots__ = ("_waiters", "free")
-
-    def __init__(self, size: int) -> None:
-        self.free = size
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    def locked(self) -> bool:
-        return self.free <= 0
-
-    async def acquire(self) -> None:
-        while self.free <= 0:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake()  # it was woken for a slot it will not take: pass it on
-                raise
-        self.free -= 1
-
-    def release(self) -> None:
-        self.free += 1
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-
-def _settle(fut: asyncio.Future[PubAck], outcome: Outcome) -> None:
-    if fut.done():
-        return
-    if isinstance(outcome, PubAck):
-        fut.set_result(outcome)
-    else:
-        fut.set_exception(outcome)
-
-
-class Publisher:
-    """Publishes to JetStream with up to `max_inflight` unacknowledged messages at once."""
+class Publisher(InFlight):
+    """`scheduler.engine.ports.Broker` on the wire: up to `max_inflight` unacknowledged
+    messages at once."""
 
     def __init__(
         self,
@@ -105,61 +70,16 @@ class Publisher:
         max_inflight: int = MAX_INFLIGHT,
         fence: Callable[[], bool] | None = None,
     ) -> None:
-        self.nc = nc
+        super().__init__(nc, timeout, max_inflight, fence)
         self.wire = Wire(nc)
-        self.timeout = timeout
-        self.fence = fence
-        self._held = False
-        self._validated = self._reconnects()
-        self._slots = _Slots(max_inflight)
-        # token -> (outcome callback, subject, deadline on the loop's clock)
-        self._pending: dict[str, tuple[Done, str, float]] = {}
-        self._reaper: asyncio.Task[None] | None = None
-        self._prefix = ""
-        self._next = 0
-        self._sub = None
 
     async def start(self) -> Publisher:
         self._prefix = self.nc.new_inbox()
         self._sub = await raw_subscribe(self.nc, self._prefix + ".*", self._on_ack)
-        self._reaper = asyncio.create_task(self._reap(), name="publisher-timeouts")
+        self._start_reaper()
         return self
 
-    async def _reap(self) -> None:
-        """Fail publishes whose ack is overdue (one sweep a tick beats a timer per message)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(min(0.25, self.timeout / 4))
-            now = loop.time()
-            for token in [t for t, (_, _, deadline) in self._pending.items() if deadline <= now]:
-                self._fail(token, "no acknowledgement in time", in_doubt=True)
-
-    # -- the fence ----------------------------------------------------------------------------
-    def _reconnects(self) -> int:
-        stats = getattr(self.nc, "stats", None)
-        return int(stats.get("reconnects", 0)) if isinstance(stats, dict) else 0
-
-    def refusal(self) -> str | None:
-        """Why nothing may be sent now, or None: out of office, or a reconnect (or a dropped
-        link) since the owner last called `release()`."""
-        if self.fence is not None and not self.fence():
-            return "this instance is not in office"
-        if self._held or self._reconnects() != self._validated:
-            return "the connection was lost; the epoch is not revalidated yet"
-        return None
-
-    def may_send(self) -> bool:
-        return self.refusal() is None
-
-    def hold(self) -> None:
-        """Send nothing until `release()` (the link dropped)."""
-        self._held = True
-
-    def release(self) -> None:
-        """The owner revalidated its epoch on the current connection: sending may resume."""
-        self._held = False
-        self._validated = self._reconnects()
-
+    # -- the fence (see `InFlight.refusal`) ------------------------------------------------------
     def drop_unsent(self, why: str) -> int:
         """Take this publisher's frames back from the client's pending buffer and fail them
         as not sent (definite: they never reached the socket). Returns how many."""
@@ -184,46 +104,18 @@ class Publisher:
         if self.wire.cut_backlog():
             log.warning("publisher.cut_backlog: the link was backed up when office ended")
 
-    def _refuse(self, tokens: Sequence[str], why: str) -> None:
-        for token in tokens:
-            self._fail(token, f"not sent: {why}")
-
     async def close(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
-            self._reaper = None
+        await self._stop_reaper()
         self.drop_unsent("publisher closed")
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception:  # connection already closed: nothing left to unsubscribe
-                pass
-            self._sub = None
-        for token in list(self._pending):  # sent; their acks can no longer be matched
-            self._fail(token, "publisher closed before the acknowledgement", in_doubt=True)
+        await self._stop_listening()
 
+    # -- the port's sends ------------------------------------------------------------------------
     async def publish(
         self, subject: str, payload: bytes, headers: Mapping[str, str]
     ) -> asyncio.Future[PubAck]:
         """Send one message; the returned future resolves with its PubAck or a PublishError."""
-        await self._slots.acquire()
-        self._next += 1
-        token = str(self._next)
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[PubAck] = loop.create_future()
-        deadline = loop.time() + self.timeout
-        self._pending[token] = (functools.partial(_settle, fut), subject, deadline)
-        why = self.refusal()
-        if why is not None:
-            self._refuse([token], why)
-            return fut
-        try:
-            await self.wire.publish(subject, payload, f"{self._prefix}.{token}", headers)
-        except MaxPayloadError:
-            self._too_large(token, subject, len(payload))
-        except Exception as exc:  # closed, reconnecting (no buffer): fail the message
-            self._fail(token, f"publish failed: {exc!r}")
+        fut: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        await self.publish_batch([(subject, payload, headers, functools.partial(settle, fut))])
         return fut
 
     async def kv_put(self, bucket: str, key: str, value: bytes) -> asyncio.Future[PubAck]:
@@ -231,35 +123,56 @@ class Publisher:
         fenced like any other; the future gives the bucket stream's PubAck."""
         return await self.publish(kv_subject(bucket, key), value, {})
 
-    @property
-    def max_payload(self) -> int:
-        """The server's largest message, control line and headers included."""
-        return self.nc.max_payload
-
-    def reserve(self) -> str:
-        """A reply subject for a message framed ahead of time (see `publish_frames`)."""
-        self._next += 1
-        return f"{self._prefix}.{self._next}"
-
-    def frame_parts(
-        self, subject: str, payload: bytes, reply: str, headers: Mapping[str, str], cut: bytes
-    ) -> tuple[bytes, ...]:
-        """The frame of one message split at every occurrence of `cut` (a placeholder to fill
-        in later: `fill.join(parts)`, same length keeps the sizes right), or () when the message
-        cannot be framed here (it must go through `publish`)."""
-        frame = self.wire.frame(subject, payload, reply, headers)
-        return tuple(frame.split(cut)) if frame is not None else ()
-
     async def ack(self, replies: Iterable[str]) -> None:
         """Acknowledge JetStream deliveries: an empty message to each reply subject, all handed
         to the connection at once."""
         await self.wire.empty_to(replies)
 
-    async def publish_frames(
+    def prepare(self, message: StampedMessage) -> PreparedMessage:
+        """The message's whole `HPUB` frame built now, for a reply subject reserved on this
+        publisher, cut at the two places its firing time goes (the payload and `Mq-Fired-At`;
+        the placeholder has the time's length, so the frame's sizes hold). A message that
+        cannot be framed here stays as it is (`publish_prepared` sends it as `publish` does)."""
+        self._next += 1
+        reply = f"{self._prefix}.{self._next}"
+        body = message.head + FIRED_AT_PLACEHOLDER + message.tail
+        headers = {**message.headers, "Mq-Fired-At": FIRED_AT_PLACEHOLDER.decode()}
+        frame = self.wire.frame(message.subject, body, reply, headers)
+        parts = tuple(frame.split(FIRED_AT_PLACEHOLDER)) if frame is not None else ()
+        if len(parts) != 3:  # no raw framing, or the placeholder also sits elsewhere
+            return PreparedMessage(message)
+        return _Framed(message, reply, parts)
+
+    async def publish_prepared(
+        self, messages: Sequence[PreparedMessage], fired_at: datetime
+    ) -> list[asyncio.Future[PubAck]]:
+        """The messages this publisher framed, filled in with the time and handed over at once;
+        the others (not framed, or framed by an earlier term's publisher) one by one first,
+        yielding every FLUSH_EVERY so the first ones leave while the rest are built."""
+        text = to_rfc3339(fired_at)
+        stamp = text.encode()
+        mine = self._prefix + "."
+        whole = len(stamp) == len(FIRED_AT_PLACEHOLDER)
+        futures: dict[int, asyncio.Future[PubAck]] = {}
+        framed: list[tuple[int, str, str, bytes]] = []  # (index, subject, reply, frame)
+        for i, prepared in enumerate(messages):
+            message = prepared.message
+            if whole and isinstance(prepared, _Framed) and prepared.reply.startswith(mine):
+                framed.append((i, message.subject, prepared.reply, stamp.join(prepared.parts)))
+                continue
+            futures[i] = await self.publish(message.subject, *message.at(text))
+            if len(futures) % FLUSH_EVERY == 0:
+                await asyncio.sleep(0)  # let the client write what is built so far
+        if framed:
+            sent = await self._publish_framed([(s, r, f) for _, s, r, f in framed])
+            futures.update((i, fut) for (i, _, _, _), fut in zip(framed, sent, strict=True))
+        return [futures[i] for i in range(len(messages))]
+
+    async def _publish_framed(
         self, items: Sequence[tuple[str, str, bytes]]
     ) -> list[asyncio.Future[PubAck]]:
-        """Send `(subject, reserved reply, frame)` items built with `wire.frame()` in one
-        hand-over; a future per item, as `publish` gives."""
+        """Send `(subject, reserved reply, frame)` items framed by `prepare` in one hand-over;
+        a future per item, as `publish` gives."""
         loop = asyncio.get_running_loop()
         futures = []
         deadline = loop.time() + self.timeout
@@ -268,7 +181,7 @@ class Publisher:
             await self._slots.acquire()
             token = reply[len(self._prefix) + 1 :]
             fut: asyncio.Future[PubAck] = loop.create_future()
-            self._pending[token] = (functools.partial(_settle, fut), subject, deadline)
+            self._pending[token] = (functools.partial(settle, fut), subject, deadline)
             futures.append(fut)
             tokens.append(token)
         why = self.refusal()
@@ -303,10 +216,17 @@ class Publisher:
             ]
         )
 
+    # -- the adapter's one send ---------------------------------------------------------------
     async def publish_batch(self, items: Sequence[BatchItem]) -> None:
         """Send every item, framed and handed to the connection together; each item's callback
         is called once, from the read loop, with its PubAck or PublishError (a failure to send
-        calls it at once). Waits only when `max_inflight` messages are unacknowledged."""
+        calls it at once). Waits only when `max_inflight` messages are unacknowledged.
+
+        Every send of this publisher ends here (`publish`, `publish_tasks`, `kv_put`), but for
+        the frames `prepare` built ahead. An item's headers are a dict, or a header block the
+        caller built and vouches for (`frames.delivery_block`); a message is framed here
+        (`Wire.frame`, `Wire.frame_block`) unless nats-py must check it, then it goes through
+        `Wire.publish` in its turn."""
         why = self.refusal()
         if why is not None:  # refused before anything is framed
             for subject, _, _, done in items:
@@ -334,7 +254,7 @@ class Publisher:
             if isinstance(headers, bytes):
                 frame: bytes | None = wire.frame_block(subject, payload, reply, headers)
                 if not wire.raw:
-                    frame, headers = None, _parse_block(headers)
+                    frame, headers = None, parse_block(headers)
             else:
                 frame = wire.frame(subject, payload, reply, headers)
             if frame is not None:
@@ -353,7 +273,7 @@ class Publisher:
                 self._refuse([token], why)
                 continue
             try:
-                hdrs = _parse_block(headers) if isinstance(headers, bytes) else dict(headers)
+                hdrs = parse_block(headers) if isinstance(headers, bytes) else dict(headers)
                 await wire.publish(subject, payload, reply, hdrs)
             except MaxPayloadError:
                 self._too_large(token, subject, len(payload))
@@ -376,68 +296,12 @@ class Publisher:
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """A PubAck, straight from the client's read loop (see `raw_subscribe`)."""
         token = subject[subject.rfind(b".") + 1 :].decode()
-        entry = self._pending.pop(token, None)
+        entry = self._pending.pop(token, None)  # `InFlight._fail`'s bookkeeping, inline: per ack
         if entry is None:
             return  # a late ack after its timeout: the task was already retried
         done, target, _ = entry
         self._slots.release()
         try:
-            done(_parse_ack(data, headers, target))
+            done(parse_ack(data, headers, target))
         except Exception:  # never let a callback break the client's read loop
             log.exception("publisher.callback_failed subject=%s", target)
-
-    def _fail(
-        self, token: str, message: str, reason: str | None = None, in_doubt: bool = False
-    ) -> None:
-        entry = self._pending.pop(token, None)
-        if entry is None:
-            return
-        done, subject, _ = entry
-        self._slots.release()
-        error = PublishError(subject, message, in_doubt=in_doubt)
-        if reason is not None:
-            error = PublishError(subject, message, permanent=True, reason=reason)
-        try:
-            done(error)
-        except Exception:  # as in _on_ack
-            log.exception("publisher.callback_failed subject=%s", subject)
-
-    def _too_large(self, token: str, subject: str, size: int) -> None:
-        """Fail a message the server would refuse (and close the connection for): not sent."""
-        limit = self.nc.max_payload
-        message = f"{size} bytes to {subject} cannot fit the server's max_payload of {limit}"
-        self._fail(token, message, reason="too_large")
-
-
-def _parse_block(block: bytes) -> dict[str, str]:
-    """The headers of a `NATS/1.0` header block, for the nats-py fallback."""
-    lines = block.decode().split("\r\n")[1:]
-    return dict(line.split(": ", 1) for line in lines if line)
-
-
-def _parse_ack(data: bytes, headers: bytes | None, subject: str) -> PubAck | PublishError:
-    if headers:  # a status reply: "NATS/1.0 503" (no stream listens) or another error
-        first = headers.split(b"\r\n", 1)[0].decode(errors="replace")
-        parts = first.split(" ", 2)
-        status = parts[1] if len(parts) > 1 else ""
-        if status == "503":
-            return PublishError(subject, f"no stream captures {subject}")
-        if status:
-            return PublishError(subject, f"status {status} {parts[2] if len(parts) > 2 else ''}")
-    plain = _PLAIN_ACK.fullmatch(data)
-    if plain is not None:
-        return PubAck(plain[1].decode(), int(plain[2]), False)
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return PublishError(subject, f"unreadable PubAck {data[:80]!r}")
-    if "error" in doc:
-        err = doc["error"]
-        return PublishError(
-            subject, f"JetStream error {err.get('err_code')}: {err.get('description')}"
-        )
-    return PubAck(
-        stream=str(doc.get("stream", "")),
-        seq=int(doc.get("seq", 0)),
-        duplicate=bool(doc.get("duplicate", False)),
-    )

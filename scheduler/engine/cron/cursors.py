@@ -21,9 +21,9 @@ from datetime import datetime, timedelta
 from scheduler.backoff import backoff_seconds
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.cron.jobs import Job
+from scheduler.engine.cron.events import CronEvents
 from scheduler.engine.cron.message import failure_text
 from scheduler.engine.ports import Broker, ScheduleRepository
-from scheduler.metrics import Metrics
 from scheduler.records import Advance, CronFailure, PubAck, PublishError
 from scheduler.settings import Settings
 
@@ -43,13 +43,13 @@ class CursorBook:
         settings: Settings,
         store: ScheduleRepository,
         clock: Clock,
-        metrics: Metrics,
+        events: CronEvents,
         mirror: bool = True,
     ) -> None:
         self.settings = settings
         self.store = store
         self.clock = clock
-        self.metrics = metrics
+        self._events = events
         self.mirror = mirror
         # job -> (publishes failed in a row, monotonic time before which it is not retried)
         self._failing: dict[str, tuple[int, float]] = {}
@@ -110,14 +110,14 @@ class CursorBook:
                 self._failed(job, result)
         for name in delivered.keys() - failed:
             self._failing.pop(name, None)
-        self.metrics.cron_backing_off.set(len(self._failing))
+        self._events.cron_backoff_count(len(self._failing))
 
     def _failed(self, job: Job, error: PublishError) -> None:
         """Back off: the job is not planned again before a jittered, doubling, capped wait."""
         failures = self._failing.get(job.name, (0, 0.0))[0] + 1
         wait = backoff_seconds(self.settings.backoff.total_seconds(), failures)
         self._failing[job.name] = (failures, self.clock.monotonic() + wait)
-        self.metrics.cron_failures.inc()
+        self._events.cron_publish_failed()
         log.warning(
             "cron.publish_failed job=%s failures=%d retry_in=%.2fs error=%s",
             job.name,
@@ -169,7 +169,7 @@ class CursorBook:
         ]
         await self.store.fail(epoch, failures)
         for f in failures:
-            self.metrics.cron_permanent_failures_total.labels(f.reason).inc()
+            self._events.cron_job_stopped(f.reason)
             log.error(
                 "cron.job_failed job=%s occurrence=%s reason=%s error=%r (not retried: it "
                 "fires again once its definition changes or an operator resumes it)",

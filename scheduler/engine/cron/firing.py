@@ -1,9 +1,10 @@
 """Cron jobs from YAML, fired by the leader through the same publisher as delayed tasks.
 
 Each term: sync `schedules/*.yaml` into PostgreSQL (`CronCatalog`), read the cursors, then loop:
-plan every job (`OccurrencePlanner`, downtime policies in `engine.misfire`), publish what is due
-as a fresh `hanzo.mq.v1` envelope with `Nats-Msg-Id` `<job>@<occurrence>`
-(`cron_message.envelope`), and only after the acks advance the cursors in one fenced statement,
+plan every job (`OccurrencePlanner`, downtime policies in `scheduler.cron.misfire`), publish
+what is due as a fresh `hanzo.mq.v1` envelope with `Nats-Msg-Id` `<job>@<occurrence>`
+(`message.envelope`; built ahead and prepared by the term's broker when it is on time), and only
+after the acks advance the cursors in one fenced statement,
 plus `fire_log` rows (`CursorBook`). A restart or failover in the middle of an occurrence
 re-publishes it with the same id, which the target stream drops: never twice, never skipped.
 Reload on SIGHUP or when a YAML file changes; a job removed from YAML stops.
@@ -17,25 +18,22 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from scheduler.aio import first_of
-from scheduler.clock import Clock, to_rfc3339
+from scheduler.clock import Clock
 from scheduler.cron.jobs import Concurrency, Job
 from scheduler.engine.cron.catalog import CronCatalog
 from scheduler.engine.cron.cursors import CursorBook, Result
+from scheduler.engine.cron.events import CronEvents
 from scheduler.engine.cron.message import envelope
 from scheduler.engine.cron.plan import Firing, OccurrencePlanner
 from scheduler.engine.office import Office
 from scheduler.engine.ports import Broker, Bus, ScheduleRepository
 from scheduler.errors import FencedError
-from scheduler.metrics import Metrics
 from scheduler.records import PubAck, PublishError
 from scheduler.settings import Settings
 
 log = logging.getLogger("scheduler.cron.expression")
 
 RELOAD_CHECK = 2.0
-# Publishing many jobs at one instant: hand the socket each batch of this many as it is built,
-# so nats-server stores the first ones while the rest are still being framed.
-FLUSH_EVERY = 50
 # After a long idle sleep the first wake-up here often comes 10-30 ms late (the loop and the
 # host are cold); waking this much before an occurrence and sleeping the short rest measured
 # 10-15 ms closer to the instant with 1,000 jobs (bench/cron.py, per-second first arrivals).
@@ -56,18 +54,18 @@ class CronEngine:
         store: ScheduleRepository,
         office: Office,
         clock: Clock,
-        metrics: Metrics,
+        events: CronEvents,
         bus: Bus | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.office = office
         self.clock = clock
-        self.metrics = metrics
+        self._events = events
         self.bus = bus
         self.catalog = CronCatalog(settings.schedules_dir, store, clock)
         self.planner = OccurrencePlanner()
-        self.book = CursorBook(settings, store, clock, metrics, mirror=bus is not None)
+        self.book = CursorBook(settings, store, clock, events, mirror=bus is not None)
         self._publisher: Broker | None = None  # this term's, for messages framed ahead
 
     # -- the catalog, as the daemon and the management API see it ---------------------------------
@@ -96,7 +94,7 @@ class CronEngine:
         """Load the YAML (keeping the valid jobs, logging the errors) and sync it to PostgreSQL."""
         await self.catalog.sync()
         self.planner.forget()  # computed from the jobs as they were
-        self.metrics.cron_jobs_failed.set(len(self.catalog.failed))
+        self._events.cron_failed_count(len(self.catalog.failed))
 
     # -- the term ---------------------------------------------------------------------------------
     async def run(self, epoch: int, publisher: Broker, stop: asyncio.Event) -> None:
@@ -107,7 +105,7 @@ class CronEngine:
             await self._loop(epoch, publisher, stop)
         finally:
             await self.book.close()
-            self.metrics.cron_jobs_failed.set(0)  # the next leader reports them
+            self._events.cron_failed_count(0)  # the next leader reports them
 
     async def _loop(self, epoch: int, publisher: Broker, stop: asyncio.Event) -> None:
         await self.sync()
@@ -148,38 +146,24 @@ class CronEngine:
         if stopped := await self.book.record(epoch, moves, cursors, publisher):
             self.catalog.halt(stopped)
             self.planner.forget()
-            self.metrics.cron_jobs_failed.set(len(self.catalog.failed))
+            self._events.cron_failed_count(len(self.catalog.failed))
 
     async def _publish_prepared(
         self, publisher: Broker, cursors: dict[str, datetime], now: datetime
     ) -> list[Sent]:
-        """Send the prepared messages due now: pre-built frames at once when this publisher
-        framed them, the others one by one (yielding every FLUSH_EVERY)."""
-        fired_at = to_rfc3339(now)
-        stamp = fired_at.encode()
-        early: list[Sent] = []
-        framed: list[tuple[Job, datetime]] = []
-        frames: list[tuple[str, str, bytes]] = []
-        for job, ready in self.planner.take_prepared(self.jobs, cursors, now):
-            if ready.frame_parts and ready.publisher is publisher:
-                framed.append((job, ready.at))
-                frames.append((job.subject, ready.reply, ready.frame(stamp)))
-                continue
-            body, headers = ready.message(fired_at)
-            early.append((job, ready.at, await publisher.publish(job.subject, body, headers)))
-            if len(early) % FLUSH_EVERY == 0:
-                await asyncio.sleep(0)  # let the client write what is built so far
-        if frames:
-            futures = await publisher.publish_frames(frames)
-            early += [(j, at, f) for (j, at), f in zip(framed, futures, strict=True)]
-        return early
+        """Hand the broker the messages prepared for the occurrences due now, all at once."""
+        due = self.planner.take_prepared(self.jobs, cursors, now)
+        if not due:
+            return []
+        futures = await publisher.publish_prepared([ready.outgoing for _, ready in due], now)
+        return [(job, ready.at, fut) for (job, ready), fut in zip(due, futures, strict=True)]
 
     async def _fire(self, publisher: Broker, firing: Firing, now: datetime) -> list[Result]:
         sent: list[Sent] = []
         for job, occurrence in firing:
             if job.concurrency is Concurrency.FORBID and await self._busy(job):
                 log.info("cron.skipped_busy job=%s occurrence=%s", job.name, occurrence.isoformat())
-                self.metrics.cron_skipped.labels("busy").inc()
+                self._events.cron_occurrence_skipped("busy")
                 sent.append((job, occurrence, None))
                 continue
             body, headers = envelope(job, occurrence, now)
@@ -195,8 +179,7 @@ class CronEngine:
                 try:
                     result = await fut
                     late = (self.clock.now() - occurrence).total_seconds()
-                    self.metrics.fired.labels("cron").inc()
-                    self.metrics.lateness.labels("cron").observe(max(late, 0.0))
+                    self._events.cron_occurrence_fired(late)
                 except PublishError as exc:  # logged with its backoff in `CursorBook`
                     result = exc
             out.append((job, occurrence, result))

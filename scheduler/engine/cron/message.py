@@ -1,7 +1,8 @@
 """The message of one cron occurrence: a fresh `hanzo.mq.v1` envelope, and the same built ahead.
 
 `envelope()` is the definition; `Prepared` is that message built while idle with a placeholder
-firing time cut out, so that at the instant only the time is filled in. Pure: no I/O.
+firing time cut out, and handed to the term's broker to prepare (`Broker.prepare`), so that at
+the instant only the time is filled in. No I/O.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from scheduler.clock import to_rfc3339
 from scheduler.cron.jobs import Job, occurrence_key
 from scheduler.engine.ports import Broker
 from scheduler.messages.headers import block_size
+from scheduler.messages.prepared import PreparedMessage, StampedMessage
 from scheduler.records import PublishError
 
 _STAMP = datetime(1999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)  # never a real firing time
@@ -62,19 +64,13 @@ class Prepared:
     """One job's next message, built while idle: only the firing time is filled in when due.
 
     Built by `envelope()` with a placeholder time that is then cut out, so it is byte for byte
-    what `envelope()` would give at the firing time."""
+    what `envelope()` would give at the firing time (`message.at(fired_at)`); `outgoing` is the
+    same as the term's broker prepared it to leave at once (as it is, without one)."""
 
     cursor: datetime
     at: datetime
-    head: bytes
-    tail: bytes
-    headers: dict[str, str]
-    # With a publisher: the whole wire frame, cut at the two places the firing time goes (the
-    # body's `timestamp` and the `Mq-Fired-At` header; same length as the placeholder, so the
-    # frame's sizes hold), for the reply subject reserved on that publisher.
-    publisher: Broker | None = None
-    reply: str = ""
-    frame_parts: tuple[bytes, ...] = ()
+    message: StampedMessage
+    outgoing: PreparedMessage
 
     @classmethod
     def build(
@@ -82,22 +78,10 @@ class Prepared:
     ) -> Prepared | None:
         """None when the job's own data contains the placeholder (then it takes the slow path)."""
         body, headers = envelope(job, at, _STAMP)
-        stamp = _STAMP_TEXT.encode()
-        head, sep, tail = body.partition(stamp)
-        if not sep or stamp in tail:
+        head, sep, tail = body.partition(_STAMP_TEXT.encode())
+        if not sep or _STAMP_TEXT.encode() in tail:
             return None
+        message = StampedMessage(job.subject, head, tail, headers)
         if publisher is None:
-            return cls(cursor, at, head, tail, headers)
-        reply = publisher.reserve()
-        parts = publisher.frame_parts(
-            job.subject, body, reply, {**headers, "Mq-Fired-At": _STAMP_TEXT}, stamp
-        )
-        if len(parts) != 3:  # no raw framing, or the placeholder also sits in a header
-            return cls(cursor, at, head, tail, headers)
-        return cls(cursor, at, head, tail, headers, publisher, reply, parts)
-
-    def message(self, fired_at: str) -> tuple[bytes, dict[str, str]]:
-        return self.head + fired_at.encode() + self.tail, {**self.headers, "Mq-Fired-At": fired_at}
-
-    def frame(self, fired_at: bytes) -> bytes:
-        return fired_at.join(self.frame_parts)
+            return cls(cursor, at, message, PreparedMessage(message))
+        return cls(cursor, at, message, publisher.prepare(message))

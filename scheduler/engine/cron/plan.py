@@ -1,9 +1,10 @@
 """Which cron occurrences fire at a tick, and when to wake for the next ones. No I/O.
 
-`engine.misfire.plan` decides one job's occurrences from its cursor; `OccurrencePlanner` applies
-it to every job at a tick and turns the result into cursor moves (`Advance`) and occurrences to
-publish. While idle it computes each job's next occurrence ahead (the tick's fast path) and
-builds its message (`cron_message.Prepared`), so that at the instant little is left to do.
+`scheduler.cron.misfire.plan` decides one job's occurrences from its cursor;
+`OccurrencePlanner` applies it to every job at a tick and turns the result into cursor moves
+(`Advance`) and occurrences to publish. While idle it computes each job's next occurrence ahead
+(the tick's fast path), builds its message and has the term's broker prepare it
+(`message.Prepared`), so that at the instant little is left to do.
 """
 
 from __future__ import annotations
