@@ -58,6 +58,7 @@ from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.dead_letters import DeadLetterStore
 from scheduler.store.postgres.epoch import database_time
 from scheduler.store.postgres.intents import IntentLimits
+from scheduler.store.postgres.task_admin import TaskAdmin
 from scheduler.store.postgres.tasks import TaskStore
 
 log = logging.getLogger("scheduler.daemon.lifecycle")
@@ -226,7 +227,7 @@ class Daemon:
             nc,
             s,
             self.api_store,
-            TaskStore(self.api_store, limits),
+            TaskAdmin(self.api_store, limits),
             self.clock,
             self.leader,
         )

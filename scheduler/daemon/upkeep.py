@@ -15,7 +15,7 @@ from scheduler.operations.activity import ActivityOperations
 from scheduler.settings import Settings
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.dead_letters import DeadLetterStore
-from scheduler.store.postgres.tasks import TaskStore
+from scheduler.store.postgres.task_admin import TaskAdmin
 
 log = logging.getLogger("scheduler.daemon.lifecycle")
 
@@ -29,7 +29,7 @@ PRUNE_BATCHES = 200
 
 async def fire_log_upkeep(
     store: PostgresStore,
-    tasks: TaskStore | None,
+    tasks: TaskAdmin | None,
     settings: Settings,
     stop: asyncio.Event,
     expired_keys: Callable[[], Awaitable[int]] | None = None,

@@ -19,7 +19,7 @@ from scheduler import client
 from scheduler.metrics import Metrics
 from scheduler.records import NewTask
 from scheduler.settings import Settings
-from scheduler.store.postgres import intents
+from scheduler.store.postgres import intents, task_admin
 from scheduler.store.postgres import tasks as tasks_module
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.intents import IntentLimits
@@ -146,7 +146,7 @@ def commit_between(
     """Intake commits the task between the cancel's (or reschedule's) UPDATE, which missed
     it, and its status read: `_answer_status` stores the task first, on its own connection,
     once. Returns the statuses the read saw."""
-    original = tasks_module._answer_status
+    original = task_admin._answer_status
     seen: list[str | None] = []
 
     async def late_commit(conn: asyncpg.Connection, task_id: str, target: str) -> str | None:
@@ -156,7 +156,7 @@ def commit_between(
         seen.append(status)
         return status
 
-    monkeypatch.setattr(tasks_module, "_answer_status", late_commit)
+    monkeypatch.setattr(task_admin, "_answer_status", late_commit)
     return seen
 
 

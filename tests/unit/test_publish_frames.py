@@ -11,7 +11,7 @@ import pytest
 from scheduler.bus.nats.frames import delivery_headers
 from scheduler.bus.nats.publisher import PubAck, PublishError, _parse_ack, _parse_block
 from scheduler.bus.nats.wire import Wire
-from scheduler.store.postgres.tasks import ClaimedTask
+from scheduler.records import ClaimedTask
 
 
 class _RawClient:
