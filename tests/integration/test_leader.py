@@ -100,7 +100,7 @@ async def test_exactly_one_leader(cluster: Cluster, pool: asyncpg.Pool) -> None:
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(other.wait_for_office(), timeout=cluster.settings.lease_ttl + 1)
     assert leader.may_act() and leader.epoch == 1 and not other.may_act()
-    assert leader._metrics.registry.get_sample_value("mq_scheduler_lease_renew_seconds_count")
+    assert leader.events.registry.get_sample_value("mq_scheduler_lease_renew_seconds_count")
 
 
 async def test_resign_hands_over_at_once(
