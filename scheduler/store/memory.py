@@ -40,9 +40,10 @@ from scheduler.records import (
     firing_order,
     to_ms,
 )
+from scheduler.store.postgres import task_states as states
 from scheduler.store.postgres.intents import CONTENDED, TOO_MANY, IntentLimits
 
-READY = ("pending", "in_doubt")
+READY = states.READY_STATUSES  # the statuses a claim takes (the rule: task_states)
 CLAIM_WINDOW = timedelta(minutes=1)  # a claim takes only tasks due within this of now
 
 
