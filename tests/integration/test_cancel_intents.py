@@ -19,8 +19,7 @@ from scheduler import client
 from scheduler.metrics import Metrics
 from scheduler.records import NewTask
 from scheduler.settings import Settings
-from scheduler.store.postgres import intents, task_admin
-from scheduler.store.postgres import tasks as tasks_module
+from scheduler.store.postgres import intents, task_admin, task_intake
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.intents import IntentLimits
 from scheduler.store.postgres.tasks import TaskStore
@@ -93,7 +92,7 @@ async def test_cancel_waits_for_an_intake_insert_in_flight_and_cancels_the_task(
     tasks, pool = store
     task = new_task(f"t_{uuid.uuid4().hex}")
     reached, release = seam(
-        monkeypatch, tasks_module, "_drop_fired"
+        monkeypatch, task_intake, "_drop_fired"
     )  # after the INSERT, before commit
     inserting = asyncio.create_task(tasks.insert_batch([task]))
     async with asyncio.timeout(5):
