@@ -241,6 +241,13 @@ class _LeadershipEvents(_Instruments):
         self.is_leader.set(0)
         self.leader_epoch.set(0)
 
+    def renewed(self, seconds: float) -> None:
+        self.lease_renew_seconds.observe(seconds)
+
+    def clock_checked(self, skew: float, exceeded: bool) -> None:
+        self.clock_skew.set(skew)
+        self.clock_skew_exceeded.set(1 if exceeded else 0)
+
 
 class _DelayedEvents(_Instruments):
     """`scheduler.engine.delayed.events.DelayedEvents`: intake, claims, dispatch, books."""
@@ -349,6 +356,48 @@ class _BusEvents(_Instruments):
 
 class _DaemonEvents(_Instruments):
     """The daemon's own events, the store's and the edge's (`scheduler.daemon.events`)."""
+
+    def daemon_started(self, version: str, instance: str) -> None:
+        self.info.labels(version, instance).set(1)
+
+    def standing_by(self) -> None:
+        self.is_leader.set(0)
+
+    def postgres_connected(self) -> None:
+        self.connected.labels("postgres").set(1)
+
+    def dead_letters_deleted(self, count: int) -> None:
+        self.dead_letters_pruned.inc(count)
+
+    def activity_deleted(self, count: int) -> None:
+        self.activity_pruned.inc(count)
+
+    def loop_lag_measured(self, seconds: float) -> None:
+        self.loop_lag.observe(seconds)
+
+    # scheduler.store.postgres.events.StoreEvents
+    def statement_timed(self, op: str, seconds: float) -> None:
+        self.db_seconds.labels(op).observe(seconds)
+
+    # scheduler.api.events.ApiEvents
+    def action_unrecorded(self) -> None:
+        self.activity_unrecorded.inc()
+
+    # scheduler.operations.events.OperationsEvents
+    def leader_gauges_refreshed(
+        self, due: Mapping[tuple[str, str], int], unresolved: int, backlog: int | None
+    ) -> None:
+        self.due_tasks.clear()
+        for (subject, within), count in due.items():
+            self.due_tasks.labels(subject, within).set(count)
+        self.dead_letters_unresolved.set(unresolved)
+        if backlog is not None:
+            self.intake_backlog.set(backlog)
+
+    def leader_gauges_cleared(self) -> None:
+        self.due_tasks.clear()
+        self.dead_letters_unresolved.set(0)
+        self.intake_backlog.set(0)
 
 
 class Metrics(_LeadershipEvents, _DelayedEvents, _CronEvents, _BusEvents, _DaemonEvents):

@@ -43,6 +43,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 
 from scheduler.api.auth import Caller
+from scheduler.api.events import ApiEvents
 from scheduler.api.problems import request_id
 from scheduler.operations import Outcome
 from scheduler.operations.activity import DETAIL_TEXT, bounded, clip
@@ -170,7 +171,8 @@ async def record(ops: Operations, entry: Entry, status: int) -> None:
         async with asyncio.timeout(RECORD_TIMEOUT):
             await ops.activity.record(row)
     except Exception as exc:  # the action is done: its answer must not become an error
-        entry.request.app.state.backend.metrics.activity_unrecorded.inc()
+        events: ApiEvents = entry.request.app.state.backend.metrics
+        events.action_unrecorded()
         log.warning(
             "api.activity_unrecorded who=%s via=%s action=%s target=%r status=%d outcome=%s "
             "request_id=%s key=%r error=%r",

@@ -31,6 +31,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -72,6 +73,34 @@ IdempotencyKey = Annotated[
 Run = Callable[[Claim | None], Awaitable[Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One write request as `once` runs it: the caller, the object it acts on (`target`), its
+    body and key, and how its answer is shaped (`answer`, `exclude_none`)."""
+
+    request: Request
+    ops: Operations
+    caller: Caller
+    key: str | None
+    target: str
+    body: BaseModel | None
+    answer: type[BaseModel]
+    exclude_none: bool = False
+
+    def use(self, key: str) -> KeyUse:
+        """What `key` is bound to: the caller, the route, the target and a digest of the body."""
+        route = f"{self.request.method} {self.request.scope['route'].path}"
+        doc = None if self.body is None else self.body.model_dump(mode="json")
+        fingerprint = json.dumps([route, self.target, doc], sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(fingerprint.encode()).hexdigest()
+        return KeyUse(self.caller.kind, key, route, self.target, digest)
+
+    def answered(self, result: Any) -> JSONResponse:
+        """The operation's result as the route's answer model says."""
+        model = self.answer.model_validate(result)
+        return JSONResponse(model.model_dump(mode="json", exclude_none=self.exclude_none))
+
+
 async def once(
     request: Request,
     ops: Operations,
@@ -85,6 +114,7 @@ async def once(
 ) -> Any:
     """Run `run` once per key: its answer (validated as `answer`) is stored and replayed.
     Every call is recorded in the activity log (`scheduler.api.activity`), except a replay."""
+    write = Write(request, ops, caller, key, target, body, answer, exclude_none)
     entry = activity.Entry(request, caller, key, target, body, ops.clock.now())
 
     async def watched(claim: Claim | None) -> Any:
@@ -96,9 +126,7 @@ async def once(
 
     with activity.recording(entry):
         try:
-            result = await _once(
-                request, ops, caller, key, target, body, answer, watched, exclude_none
-            )
+            result = await _once(write, watched)
         except ApiProblem as problem:
             if problem.code not in activity.NOT_RECORDED:
                 entry.refused(problem.code, problem.detail)
@@ -114,20 +142,13 @@ async def once(
     return result
 
 
-async def _once(
-    request: Request,
-    ops: Operations,
-    caller: Caller,
-    key: str | None,
-    target: str,
-    body: BaseModel | None,
-    answer: type[BaseModel],
-    run: Run,
-    exclude_none: bool,
-) -> Any:
-    if key is None:
+async def _once(write: Write, run: Run) -> Any:
+    """The idempotency core: `run` without a key; with one, the stored answer, or `run` once
+    and its answer stored."""
+    if write.key is None:
         return await run(None)
-    use = _use(request, caller, _checked(key), target, body)
+    ops = write.ops
+    use = write.use(_checked(write.key))
     got = await ops.idempotency.claim(use, ops.clock.now(), LOCK, KEEP)
     if isinstance(got, Recorded):
         return _recorded(got, use)
@@ -144,8 +165,7 @@ async def _once(
         await _release(ops, got)
         raise
     else:
-        content = answer.model_validate(result).model_dump(mode="json", exclude_none=exclude_none)
-        response = JSONResponse(content)
+        response = write.answered(result)
     await _store(ops, got, response)
     return response
 
@@ -160,14 +180,6 @@ def _checked(key: str) -> str:
             errors=[{"field": f"header.{HEADER}", "message": "1..200 printable ASCII"}],
         )
     return key
-
-
-def _use(request: Request, caller: Caller, key: str, target: str, body: BaseModel | None) -> KeyUse:
-    route = f"{request.method} {request.scope['route'].path}"
-    doc = None if body is None else body.model_dump(mode="json")
-    fingerprint = json.dumps([route, target, doc], sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(fingerprint.encode()).hexdigest()
-    return KeyUse(caller.kind, key, route, target, digest)
 
 
 def _recorded(row: Recorded, use: KeyUse) -> Response:

@@ -58,6 +58,7 @@ from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.dead_letters import DeadLetterStore
 from scheduler.store.postgres.epoch import database_time
 from scheduler.store.postgres.intents import IntentLimits
+from scheduler.store.postgres.task_admin import TaskAdmin
 from scheduler.store.postgres.tasks import TaskStore
 
 log = logging.getLogger("scheduler.daemon.lifecycle")
@@ -118,7 +119,7 @@ class Daemon:
         self.started = asyncio.Event()
         self._stop = asyncio.Event()
         self._done_leading = asyncio.Event()  # set once the engine ended and the lease is given up
-        self.metrics.info.labels(__version__, settings.instance_id).set(1)
+        self.metrics.daemon_started(__version__, settings.instance_id)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -226,7 +227,7 @@ class Daemon:
             nc,
             s,
             self.api_store,
-            TaskStore(self.api_store, limits),
+            TaskAdmin(self.api_store, limits),
             self.clock,
             self.leader,
         )
@@ -251,7 +252,7 @@ class Daemon:
             clock_check=self.clock_check.measure,
         )
         self.office = self.leadership
-        self.metrics.is_leader.set(0)
+        self.metrics.standing_by()
         self.cron = CronEngine(
             s, ScheduleStore(self.store), self.office, self.clock, self.metrics, self.bus
         )
@@ -319,7 +320,7 @@ class Daemon:
         self._enter("opening the PostgreSQL pool")
         store = PostgresStore(await create_pool(dsn, budget), self.metrics)
         stack.push_async_callback(store.close)
-        self.metrics.connected.labels("postgres").set(1)
+        self.metrics.postgres_connected()
         return store
 
     async def _open_api_pool(self, stack: AsyncExitStack, budget: float) -> PostgresStore:

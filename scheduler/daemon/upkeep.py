@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable
 
 from scheduler.aio import wait_or_stop
 from scheduler.clock import Clock
-from scheduler.metrics import Metrics
+from scheduler.daemon.events import DaemonEvents
 from scheduler.operations.activity import ActivityOperations
 from scheduler.settings import Settings
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.dead_letters import DeadLetterStore
-from scheduler.store.postgres.tasks import TaskStore
+from scheduler.store.postgres.task_admin import TaskAdmin
 
 log = logging.getLogger("scheduler.daemon.lifecycle")
 
@@ -29,7 +29,7 @@ PRUNE_BATCHES = 200
 
 async def fire_log_upkeep(
     store: PostgresStore,
-    tasks: TaskStore | None,
+    tasks: TaskAdmin | None,
     settings: Settings,
     stop: asyncio.Event,
     expired_keys: Callable[[], Awaitable[int]] | None = None,
@@ -51,7 +51,11 @@ async def fire_log_upkeep(
 
 
 async def prune_dead_letters(
-    dead: DeadLetterStore, settings: Settings, clock: Clock, metrics: Metrics, stop: asyncio.Event
+    dead: DeadLetterStore,
+    settings: Settings,
+    clock: Clock,
+    events: DaemonEvents,
+    stop: asyncio.Event,
 ) -> int:
     """One pass: delete the dead letters that last failed more than SCHEDULER_DLQ_MAX_AGE ago
     (the DLQ stream's retention), in batches of PRUNE_BATCH. Returns how many went."""
@@ -60,19 +64,23 @@ async def prune_dead_letters(
     for _ in range(PRUNE_BATCHES):
         deleted = await dead.prune(before, PRUNE_BATCH)
         total += deleted
-        metrics.dead_letters_pruned.inc(deleted)
+        events.dead_letters_deleted(deleted)
         if deleted < PRUNE_BATCH or stop.is_set():
             break
     return total
 
 
 async def dead_letter_upkeep(
-    dead: DeadLetterStore, settings: Settings, clock: Clock, metrics: Metrics, stop: asyncio.Event
+    dead: DeadLetterStore,
+    settings: Settings,
+    clock: Clock,
+    events: DaemonEvents,
+    stop: asyncio.Event,
 ) -> None:
     """Hourly: dead letters past their retention pruned (instances skip each other's rows)."""
     while not stop.is_set():
         try:
-            pruned = await prune_dead_letters(dead, settings, clock, metrics, stop)
+            pruned = await prune_dead_letters(dead, settings, clock, events, stop)
             log.info("dead_letters.pruned rows=%d", pruned)
         except Exception as exc:  # upkeep must never take the daemon down; retried next hour
             log.warning("dead_letters.upkeep_failed error=%r", exc)
@@ -80,25 +88,25 @@ async def dead_letter_upkeep(
 
 
 async def activity_upkeep(
-    activity: ActivityOperations, settings: Settings, metrics: Metrics, stop: asyncio.Event
+    activity: ActivityOperations, settings: Settings, events: DaemonEvents, stop: asyncio.Event
 ) -> None:
     """Hourly: activity-log rows older than SCHEDULER_ACTIVITY_RETENTION deleted (on the
     API's pool; instances skip each other's rows)."""
     while not stop.is_set():
         try:
             pruned = await activity.prune(settings.activity_retention)
-            metrics.activity_pruned.inc(pruned)
+            events.activity_deleted(pruned)
             log.info("activity_log.pruned rows=%d", pruned)
         except Exception as exc:  # upkeep must never take the daemon down; retried next hour
             log.warning("activity_log.upkeep_failed error=%r", exc)
         await wait_or_stop(stop, UPKEEP_INTERVAL)
 
 
-async def loop_lag_probe(metrics: Metrics, stop: asyncio.Event) -> None:
+async def loop_lag_probe(events: DaemonEvents, stop: asyncio.Event) -> None:
     """Measure how late the event loop runs a 100 ms timer; ten wakes a second cost nothing
     measurable, unlike a 10 ms timer (~1.5 % CPU)."""
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         start = loop.time()
         await asyncio.sleep(LAG_PROBE_EVERY)
-        metrics.loop_lag.observe(max(0.0, loop.time() - start - LAG_PROBE_EVERY))
+        events.loop_lag_measured(max(0.0, loop.time() - start - LAG_PROBE_EVERY))

@@ -23,10 +23,10 @@ from nats.js.kv import KeyValue
 
 from scheduler.aio import first_of
 from scheduler.clock import Clock, to_rfc3339
+from scheduler.leadership.events import LeadershipEvents
 from scheduler.leadership.heartbeat import Heartbeat
 from scheduler.leadership.lease import KvLease
 from scheduler.leadership.tenure import Tenure
-from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.store.postgres.epoch import take_office
 
@@ -44,13 +44,14 @@ class Leadership:
         pool: asyncpg.Pool,
         settings: Settings,
         clock: Clock,
-        metrics: Metrics,
+        events: LeadershipEvents,
         log: logging.Logger | None = None,
         take_office: TakeOffice = take_office,
         clock_ok: Callable[[], bool] | None = None,
         clock_check: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
-        self._pool, self._clock, self._metrics = pool, clock, metrics
+        self._pool, self._clock = pool, clock
+        self.events = events  # the listener of its events (the daemon's Metrics)
         # this host's wall clock against PostgreSQL's (engine.skew): the last verdict, and a
         # fresh measurement taken before taking office
         self._clock_check = clock_check
@@ -62,7 +63,7 @@ class Leadership:
         self._campaign_every = settings.campaign_interval.total_seconds()
         self._renew_every = min(self._ttl / 3, (self._ttl - self._margin) / 2)
         self._clock_ok = clock_ok or (lambda: True)
-        self.tenure = Tenure(self.instance, clock, metrics, self._log, self._clock_ok)
+        self.tenure = Tenure(self.instance, clock, events, self._log, self._clock_ok)
         self.lease = KvLease(kv, self.instance, clock, self._log, self._campaign_every * 4)
         self._resigned = False
 
@@ -199,7 +200,7 @@ class Leadership:
             except Exception as exc:  # TimeoutError: the self-fence deadline; any error: step down
                 tenure.end("renew_failed", exc)
                 return
-            self._metrics.lease_renew_seconds.observe(self._clock.monotonic() - sent)
+            self.events.renewed(self._clock.monotonic() - sent)
             if tenure.recorded()[0] is not None:
                 tenure.deadline = sent + self._ttl - self._margin
 

@@ -14,3 +14,12 @@ class LeadershipEvents(Protocol):
     def left_office(self) -> None:
         """The term ended, for whatever reason."""
         ...
+
+    def renewed(self, seconds: float) -> None:
+        """The lease was renewed; the update took `seconds` from sending to its answer."""
+        ...
+
+    def clock_checked(self, skew: float, exceeded: bool) -> None:
+        """This host's clock was measured against PostgreSQL's: `skew` seconds ahead of it
+        (negative: behind), and whether that is beyond SCHEDULER_MAX_CLOCK_SKEW."""
+        ...

@@ -23,7 +23,7 @@ from datetime import datetime
 
 from scheduler.aio import first_of
 from scheduler.clock import Clock
-from scheduler.metrics import Metrics
+from scheduler.leadership.events import LeadershipEvents
 
 log = logging.getLogger("scheduler.clock")
 
@@ -37,11 +37,13 @@ CHECK_EVERY = 10.0
 class ClockCheck:
     """The latest verdict on this host's clock; `ok()` is what leadership consults."""
 
-    def __init__(self, ask: AskDatabase, clock: Clock, bound: float, metrics: Metrics) -> None:
+    def __init__(
+        self, ask: AskDatabase, clock: Clock, bound: float, events: LeadershipEvents
+    ) -> None:
         self.ask = ask
         self.clock = clock
         self.bound = bound  # seconds; 0 turns the check off
-        self.metrics = metrics
+        self._events = events
         self.skew: float | None = None  # local minus PostgreSQL, seconds, last measured
         self._exceeded = False
         self._anchor: float | None = None  # wall minus monotonic clock at the last measurement
@@ -89,8 +91,8 @@ class ClockCheck:
         half_trip = (back - sent).total_seconds() / 2
         self.skew = (sent - theirs).total_seconds() + half_trip
         self._anchor, self._stepped = self._offset(), False
-        self.metrics.clock_skew.set(self.skew)
         self._judge(max(0.0, abs(self.skew) - half_trip))
+        self._events.clock_checked(self.skew, self._exceeded)
         return self.ok()
 
     def _judge(self, beyond_doubt: float) -> None:
@@ -105,7 +107,6 @@ class ClockCheck:
         elif self._exceeded and not exceeded:
             log.warning("clock.skew_recovered skew_ms=%.0f", (self.skew or 0.0) * 1000)
         self._exceeded = exceeded
-        self.metrics.clock_skew_exceeded.set(1 if exceeded else 0)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Measure every `CHECK_EVERY` seconds until `stop` is set."""

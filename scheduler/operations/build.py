@@ -22,7 +22,7 @@ from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.dead_letters import DeadLetterStore
 from scheduler.store.postgres.idempotency import IdempotencyStore
 from scheduler.store.postgres.overview import OverviewStore
-from scheduler.store.postgres.tasks import TaskStore
+from scheduler.store.postgres.task_admin import TaskAdmin
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ def build_operations(
     nc: Client,
     settings: Settings,
     db: PostgresStore,
-    tasks: TaskStore,
+    tasks: TaskAdmin,
     clock: Clock,
     lease: Callable[[], Awaitable[dict[str, Any]]],
 ) -> Operations:

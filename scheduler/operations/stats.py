@@ -33,8 +33,8 @@ from nats.aio.msg import Msg
 from scheduler.aio import first_of
 from scheduler.clock import Clock
 from scheduler.engine.cron.firing import CronEngine
-from scheduler.metrics import Metrics
 from scheduler.operations.cron_jobs import CHANGED_SUBJECT
+from scheduler.operations.events import OperationsEvents
 from scheduler.operations.history import HealthCheck, HistoryReads
 from scheduler.operations.shared import SLOW_FACTOR, SharedRead
 from scheduler.settings import Settings
@@ -148,7 +148,7 @@ class Refresher:
         overview: OverviewStore,
         dead_letters: DeadLetterStore,
         schedules: ScheduleStore,
-        metrics: Metrics,
+        events: OperationsEvents,
         clock: Clock,
         leads: Callable[[], bool],
         backlog: Callable[[], Awaitable[int | None]],
@@ -158,7 +158,7 @@ class Refresher:
         self.overview = overview
         self.dead_letters = dead_letters
         self.schedules = schedules
-        self.metrics = metrics
+        self._events = events
         self.clock = clock
         self.leads = leads
         self.backlog = backlog
@@ -197,14 +197,12 @@ class Refresher:
         )
         unresolved = await self.dead_letters.unresolved()
         backlog = await self.backlog()
-        gauge = self.metrics.due_tasks
-        gauge.clear()  # no await until every value is set again: a scrape sees all or none
-        for subject, counts in forecast.items():
-            for (label, _), count in zip(WINDOWS, counts, strict=True):
-                gauge.labels(subject, label).set(count)
-        self.metrics.dead_letters_unresolved.set(unresolved)
-        if backlog is not None:
-            self.metrics.intake_backlog.set(backlog)
+        due = {
+            (subject, label): count
+            for subject, counts in forecast.items()
+            for (label, _), count in zip(WINDOWS, counts, strict=True)
+        }
+        self._events.leader_gauges_refreshed(due, unresolved, backlog)
         self._exported = True
         await self.apply_pauses()
 
@@ -223,7 +221,5 @@ class Refresher:
 
     def clear(self) -> None:
         if self._exported:
-            self.metrics.due_tasks.clear()
-            self.metrics.dead_letters_unresolved.set(0)
-            self.metrics.intake_backlog.set(0)
+            self._events.leader_gauges_cleared()
             self._exported = False

@@ -38,7 +38,7 @@ from scheduler.operations.paging import (
 from scheduler.records import TaskRef
 from scheduler.settings import Settings
 from scheduler.store.postgres.overview import Listed, OverviewStore, TaskFilter
-from scheduler.store.postgres.tasks import TaskStore
+from scheduler.store.postgres.task_admin import TaskAdmin
 
 CURSOR = "delayed"
 FIRED_CURSOR = "delayed_fired"  # continues among fired tasks (`fired_at`, id)
@@ -72,7 +72,7 @@ class TaskOperations:
         self,
         nc: Client,
         settings: Settings,
-        tasks: TaskStore,
+        tasks: TaskAdmin,
         overview: OverviewStore,
         clock: Clock,
     ) -> None:

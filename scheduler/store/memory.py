@@ -40,9 +40,10 @@ from scheduler.records import (
     firing_order,
     to_ms,
 )
+from scheduler.store.postgres import task_states as states
 from scheduler.store.postgres.intents import CONTENDED, TOO_MANY, IntentLimits
 
-READY = ("pending", "in_doubt")
+READY = states.READY_STATUSES  # the statuses a claim takes (the rule: task_states)
 CLAIM_WINDOW = timedelta(minutes=1)  # a claim takes only tasks due within this of now
 
 
@@ -121,7 +122,10 @@ class MemoryTaskStore:
         self.epoch += 1
         return self.epoch
 
-    def _fence(self, epoch: int) -> None:
+    def fence(self, epoch: int) -> None:
+        """Raise FencedError unless `epoch` is the current one: every write of a leader calls
+        it first, as each of PostgreSQL's runs through `scheduler.store.postgres.epoch.fenced`
+        (so a `MemoryScheduleStore` sharing this office fences its writes the same way)."""
         if epoch != self.epoch:
             raise FencedError(epoch)
 
@@ -223,7 +227,7 @@ class MemoryTaskStore:
     async def claim_within(
         self, epoch: int, ids: Sequence[str], until: datetime, budget: int
     ) -> Claimed:
-        self._fence(epoch)
+        self.fence(epoch)
         taken = []
         until = min(until, self.now() + CLAIM_WINDOW)
         for task_id in dict.fromkeys(ids):
@@ -242,7 +246,7 @@ class MemoryTaskStore:
         limit: int = 1000,
         budget: int = 2**62,
     ) -> Claimed:
-        self._fence(epoch)
+        self.fence(epoch)
         now = self.now()
         picked = [
             r
@@ -276,7 +280,7 @@ class MemoryTaskStore:
     async def mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
         if not fired:
             return
-        self._fence(epoch)
+        self.fence(epoch)
         for f in fired:
             row = self._mine(epoch, f.task.id)
             if row is None:
@@ -303,7 +307,7 @@ class MemoryTaskStore:
     ) -> None:
         if not items:
             return
-        self._fence(epoch)
+        self.fence(epoch)
         for task, due, error, doubt in items:
             row = self._mine(epoch, task.id)
             if row is None:
@@ -315,7 +319,7 @@ class MemoryTaskStore:
     async def expire(self, epoch: int, ids: Sequence[str]) -> None:
         if not ids:
             return
-        self._fence(epoch)
+        self.fence(epoch)
         for task_id in ids:
             row = self._mine(epoch, task_id)
             if row is not None:
@@ -324,7 +328,7 @@ class MemoryTaskStore:
     async def kill(self, epoch: int, items: Sequence[tuple[ClaimedTask, str, str]]) -> None:
         if not items:
             return
-        self._fence(epoch)
+        self.fence(epoch)
         for task, error, reason in items:
             row = self._mine(epoch, task.id)
             if row is None:
@@ -464,7 +468,7 @@ class MemoryScheduleStore:
     async def fail(self, epoch: int, failures: Sequence[CronFailure]) -> None:
         if not failures:
             return
-        self.office._fence(epoch)
+        self.office.fence(epoch)
         for f in failures:
             if self.fingerprints.get(f.name) == f.fingerprint:
                 self.failures[f.name] = f
@@ -492,7 +496,7 @@ class MemoryScheduleStore:
     async def advance(self, epoch: int, moves: Sequence[Any], instance: str) -> None:
         if not moves:
             return
-        self.office._fence(epoch)
+        self.office.fence(epoch)
         for m in moves:
             self.state[m.name] = max(self.state.get(m.name, m.scheduled_for), m.scheduled_for)
             self.skipped[m.name] = self.skipped.get(m.name, 0) + m.skipped

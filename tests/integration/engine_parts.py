@@ -24,10 +24,12 @@ from scheduler.engine.delayed.dispatch import Dispatcher
 from scheduler.engine.delayed.horizon import Horizon, HorizonHeap
 from scheduler.engine.office import FixedOffice
 from scheduler.metrics import Metrics
+from scheduler.records import NewTask, ceil_ms
 from scheduler.settings import Settings
+from scheduler.store.postgres import task_states
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.epoch import take_office
-from scheduler.store.postgres.tasks import STATUS, NewTask, TaskStore, ceil_ms
+from scheduler.store.postgres.tasks import TaskStore
 
 STREAM = "ENG"
 SUBJECT = "mq.eng.work"
@@ -109,7 +111,8 @@ class Parts:
     async def status(self, task_id: str) -> str:
         return str(  # a fired task's row is gone: its tombstone says fired
             await self.pool.fetchval(
-                f"SELECT coalesce((SELECT {STATUS} FROM delayed_messages WHERE id = $1), "
+                f"SELECT coalesce((SELECT {task_states.reported()} FROM delayed_messages "
+                "WHERE id = $1), "
                 "(SELECT 'fired' FROM fired_tasks WHERE id = $1))",
                 task_id,
             )

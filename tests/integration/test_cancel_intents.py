@@ -19,8 +19,7 @@ from scheduler import client
 from scheduler.metrics import Metrics
 from scheduler.records import NewTask
 from scheduler.settings import Settings
-from scheduler.store.postgres import intents
-from scheduler.store.postgres import tasks as tasks_module
+from scheduler.store.postgres import intents, task_admin, task_intake
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.intents import IntentLimits
 from scheduler.store.postgres.tasks import TaskStore
@@ -93,7 +92,7 @@ async def test_cancel_waits_for_an_intake_insert_in_flight_and_cancels_the_task(
     tasks, pool = store
     task = new_task(f"t_{uuid.uuid4().hex}")
     reached, release = seam(
-        monkeypatch, tasks_module, "_drop_fired"
+        monkeypatch, task_intake, "_drop_fired"
     )  # after the INSERT, before commit
     inserting = asyncio.create_task(tasks.insert_batch([task]))
     async with asyncio.timeout(5):
@@ -146,7 +145,7 @@ def commit_between(
     """Intake commits the task between the cancel's (or reschedule's) UPDATE, which missed
     it, and its status read: `_answer_status` stores the task first, on its own connection,
     once. Returns the statuses the read saw."""
-    original = tasks_module._answer_status
+    original = task_admin._answer_status
     seen: list[str | None] = []
 
     async def late_commit(conn: asyncpg.Connection, task_id: str, target: str) -> str | None:
@@ -156,7 +155,7 @@ def commit_between(
         seen.append(status)
         return status
 
-    monkeypatch.setattr(tasks_module, "_answer_status", late_commit)
+    monkeypatch.setattr(task_admin, "_answer_status", late_commit)
     return seen
 
 

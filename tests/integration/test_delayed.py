@@ -17,8 +17,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from scheduler import client
+from scheduler.records import ceil_ms
 from scheduler.settings import Settings
-from scheduler.store.postgres.tasks import ceil_ms
 from tests.support.helpers import DaemonRunner, wait_until
 
 TARGET = "mq.tasks.work"

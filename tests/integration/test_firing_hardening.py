@@ -12,9 +12,9 @@ import nats
 import pytest
 
 from scheduler.engine.office import FixedOffice
+from scheduler.records import to_ms
 from scheduler.settings import Settings
 from scheduler.store.postgres.epoch import take_office
-from scheduler.store.postgres.tasks import to_ms
 from tests.faults.proxy import FaultProxy
 from tests.integration.engine_parts import (
     STREAM,

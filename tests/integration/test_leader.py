@@ -18,7 +18,7 @@ from scheduler.leadership.election import Leadership
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.store.postgres.connect import create_pool
-from scheduler.store.postgres.epoch import check_epoch, take_office
+from scheduler.store.postgres.epoch import fenced, take_office
 
 
 class Cluster:
@@ -100,7 +100,7 @@ async def test_exactly_one_leader(cluster: Cluster, pool: asyncpg.Pool) -> None:
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(other.wait_for_office(), timeout=cluster.settings.lease_ttl + 1)
     assert leader.may_act() and leader.epoch == 1 and not other.may_act()
-    assert leader._metrics.registry.get_sample_value("mq_scheduler_lease_renew_seconds_count")
+    assert leader.events.registry.get_sample_value("mq_scheduler_lease_renew_seconds_count")
 
 
 async def test_resign_hands_over_at_once(
@@ -144,19 +144,22 @@ async def test_crashed_leader_replaced_after_ttl(
         print(f"\n  crash takeover: {took:.2f} s")
 
 
-async def test_check_epoch_fences_older_epochs(pool: asyncpg.Pool) -> None:
-    """After a new leader takes office, a transaction checking the old epoch raises FencedError."""
+async def test_a_fenced_write_fails_under_an_older_epoch(pool: asyncpg.Pool) -> None:
+    """After a new leader takes office, a statement fenced by the old epoch raises FencedError
+    and writes nothing; the new epoch's goes through."""
     old = await take_office(pool, "a")
     async with pool.acquire() as conn:
-        async with conn.transaction():
-            await check_epoch(conn, old)
+        await fenced(conn, old, TOUCH, "a")
         assert await take_office(pool, "b") == old + 1
         with pytest.raises(FencedError) as caught:
-            async with conn.transaction():
-                await check_epoch(conn, old)
+            await fenced(conn, old, TOUCH, "a")
         assert caught.value.epoch == old
-        with pytest.raises(RuntimeError):
-            await check_epoch(conn, old + 1)
+        assert await leadership_row(pool) == (old + 1, "b")  # the old epoch wrote nothing
+        await fenced(conn, old + 1, TOUCH, "b")
+
+
+# A write fenced by the epoch: the leadership row's instance set again (`$2`)
+TOUCH = "w AS (UPDATE leadership l SET instance = $2 FROM lead WHERE l.id = 1 RETURNING 1)"
 
 
 async def test_fenced_transaction_blocks_take_office(pool: asyncpg.Pool) -> None:
@@ -165,7 +168,7 @@ async def test_fenced_transaction_blocks_take_office(pool: asyncpg.Pool) -> None
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
-        await check_epoch(conn, old)
+        await fenced(conn, old, "noop AS (SELECT 1 FROM lead)")
         taking = asyncio.create_task(take_office(pool, "b"))
         try:
             await blocked_on_lock(pool)

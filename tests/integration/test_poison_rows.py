@@ -14,10 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.metrics import Metrics
+from scheduler.records import Fired, NewTask
 from scheduler.settings import Settings
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.epoch import take_office
-from scheduler.store.postgres.tasks import Fired, NewTask, TaskStore
+from scheduler.store.postgres.tasks import TaskStore
 from scheduler.store.postgres.values import jsonb_text
 from tests.support.hostile import LANE, envelope, hostile
 from tests.support.rawclient import header_block

@@ -7,8 +7,9 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from scheduler.metrics import Metrics
+from scheduler.records import NewTask
 from scheduler.store.postgres.connect import PostgresStore, create_pool
-from scheduler.store.postgres.tasks import NewTask, TaskStore
+from scheduler.store.postgres.tasks import TaskStore
 
 
 def batch(n: int, due: datetime) -> list[NewTask]:
@@ -55,8 +56,8 @@ async def test_mark_fired_records_exact_instants_whatever_the_ids(database_url: 
     """Booking passes ids, subjects and streams joined into one string and instants as integer
     microseconds; an id the separator cannot carry (or an empty one) takes plain arrays. Both
     record status, stream sequence and the fire log to the microsecond."""
+    from scheduler.records import Fired
     from scheduler.store.postgres.epoch import take_office
-    from scheduler.store.postgres.tasks import Fired
 
     pool = await create_pool(database_url, min_size=1, max_size=2)
     tasks = TaskStore(PostgresStore(pool, Metrics()))
@@ -106,8 +107,8 @@ async def test_a_resend_inserted_while_its_task_is_booked_fired_is_refused(
 
     import asyncpg
 
+    from scheduler.records import Fired
     from scheduler.store.postgres.epoch import take_office
-    from scheduler.store.postgres.tasks import Fired
 
     pool = await create_pool(database_url, min_size=1, max_size=4)
     tasks = TaskStore(PostgresStore(pool, Metrics()))

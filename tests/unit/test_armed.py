@@ -15,8 +15,8 @@ from scheduler.clock import FakeClock
 from scheduler.engine.delayed.dispatch import Dispatcher
 from scheduler.engine.delayed.horizon import Horizon
 from scheduler.metrics import Metrics
+from scheduler.records import ClaimedTask, from_ms, to_ms
 from scheduler.settings import Settings
-from scheduler.store.postgres.tasks import ClaimedTask, from_ms, to_ms
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

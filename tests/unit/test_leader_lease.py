@@ -201,7 +201,7 @@ def value(kv: FakeKV) -> dict[str, Any]:
 
 
 def gauge(lead: Leadership, name: str) -> float | None:
-    return lead._metrics.registry.get_sample_value(f"mq_scheduler_{name}")
+    return lead.events.registry.get_sample_value(f"mq_scheduler_{name}")
 
 
 async def test_create_takes_office(start: Start, kv: FakeKV) -> None:

@@ -11,8 +11,7 @@ import pytest
 from scheduler.bus.nats.frames import delivery_headers
 from scheduler.bus.nats.inflight import parse_ack, parse_block
 from scheduler.bus.nats.wire import Wire
-from scheduler.records import PubAck, PublishError
-from scheduler.store.postgres.tasks import ClaimedTask
+from scheduler.records import ClaimedTask, PubAck, PublishError
 
 
 class _RawClient:

@@ -118,3 +118,12 @@ def test_pending_means_not_claimed_and_each_status_keeps_its_literal() -> None:
     assert states.reported() == f"CASE WHEN {states.claimed()} THEN 'claimed' ELSE status END"
     with pytest.raises(ValueError, match="status: 'fired' is not one of"):
         states.unclaimed("fired")
+
+
+def test_a_cancel_answers_in_doubt_for_a_doubted_task_being_republished() -> None:
+    """A claimed task that was once in doubt answers `in_doubt` (it may be delivered); any
+    other row answers its reported status."""
+    assert states.answered("d") == (
+        f"CASE WHEN {states.claimed('d')} AND d.doubted THEN 'in_doubt' "
+        f"ELSE {states.reported('d')} END"
+    )

@@ -17,8 +17,8 @@ import asyncpg
 
 from scheduler.aio import Backoff
 from scheduler.errors import ConfigError, ServiceUnavailableError
-from scheduler.metrics import Metrics
 from scheduler.settings import redact_url
+from scheduler.store.postgres.events import StoreEvents
 
 log = logging.getLogger("scheduler.postgres")
 
@@ -158,13 +158,13 @@ def _tls_required(dsn: str) -> bool:
 
 
 class PostgresStore:
-    """Statements against the scheduler's tables, timed into the `db_seconds` histogram."""
+    """Statements against the scheduler's tables, each timed (`StoreEvents.statement_timed`)."""
 
     def __init__(
-        self, pool: asyncpg.Pool, metrics: Metrics, acquire_timeout: float | None = None
+        self, pool: asyncpg.Pool, events: StoreEvents, acquire_timeout: float | None = None
     ) -> None:
         self.pool = pool
-        self.metrics = metrics
+        self._events = events
         self.acquire_timeout = acquire_timeout  # past it, waiting for a connection: TimeoutError
 
     @asynccontextmanager
@@ -175,7 +175,7 @@ class PostgresStore:
             # asyncpg-stubs types the pool's PoolConnectionProxy apart from Connection, though it
             # forwards every Connection method; the store's helpers all take a Connection
             yield conn  # type: ignore[misc]
-        self.metrics.db_seconds.labels(op).observe(time.perf_counter() - start)
+        self._events.statement_timed(op, time.perf_counter() - start)
 
     async def ping(self) -> bool:
         """True when PostgreSQL answers within two seconds."""

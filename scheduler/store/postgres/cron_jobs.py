@@ -9,10 +9,9 @@ from datetime import datetime
 from typing import Any
 
 from scheduler.cron.jobs import Job
-from scheduler.errors import FencedError
 from scheduler.records import Advance, CronFailure
 from scheduler.store.postgres.connect import PostgresStore
-from scheduler.store.postgres.epoch import LEAD
+from scheduler.store.postgres.epoch import fenced
 
 
 class ScheduleStore:
@@ -90,8 +89,9 @@ class ScheduleStore:
             return
         fired = [m for m in moves if m.fired_at is not None]
         async with self.db.timed("cron_advance") as conn:
-            in_office = await conn.fetchval(
-                f"WITH {LEAD}, "
+            await fenced(
+                conn,
+                epoch,
                 "u AS (SELECT * FROM unnest($3::text[], $4::timestamptz[], "
                 "$5::timestamptz[], $6::bigint[], $7::bigint[]) AS u(name, sched, fired, seq, "
                 "skipped)), st AS (INSERT INTO schedule_state (name, last_scheduled_for, "
@@ -108,9 +108,7 @@ class ScheduleStore:
                 "fire_log (kind, key, subject, scheduled_for, fired_at, attempt, epoch, instance, "
                 "stream, stream_seq) SELECT 'cron', f.key, f.subject, f.sched, f.fired, "
                 "f.attempt, $1, $2, f.stream, f.seq FROM f, lead ON CONFLICT DO NOTHING "
-                "RETURNING 1) "
-                "SELECT count(*) FROM lead",
-                epoch,
+                "RETURNING 1)",
                 instance,
                 [m.name for m in moves],
                 [m.scheduled_for for m in moves],
@@ -125,8 +123,6 @@ class ScheduleStore:
                 [m.stream for m in fired],
                 [m.stream_seq for m in fired],
             )
-        if in_office == 0:
-            raise FencedError(epoch)
 
     async def fail(self, epoch: int, failures: Sequence[CronFailure]) -> None:
         """Mark jobs failed, each only while its definition has the failure's fingerprint (a
@@ -134,22 +130,20 @@ class ScheduleStore:
         if not failures:
             return
         async with self.db.timed("cron_fail") as conn:
-            in_office = await conn.fetchval(
-                f"WITH {LEAD}, u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], "
+            await fenced(
+                conn,
+                epoch,
+                "u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], "
                 "$5::text[], $6::timestamptz[]) AS u(name, fingerprint, reason, error, at)), "
                 "f AS (UPDATE schedules s SET failed_at = u.at, failed_reason = u.reason, "
                 "failed_error = u.error, updated_at = now() FROM u, lead WHERE s.name = u.name "
-                "AND s.fingerprint = u.fingerprint AND s.active RETURNING 1) "
-                "SELECT count(*) FROM lead",
-                epoch,
+                "AND s.fingerprint = u.fingerprint AND s.active RETURNING 1)",
                 [f.name for f in failures],
                 [f.fingerprint for f in failures],
                 [f.reason for f in failures],
                 [f.error for f in failures],
                 [f.failed_at for f in failures],
             )
-        if in_office == 0:
-            raise FencedError(epoch)
 
     async def failed(self) -> frozenset[str]:
         """Names of the active jobs marked failed."""

@@ -1,25 +1,32 @@
-"""The fencing epoch in PostgreSQL: taking office, and the check every leader's write runs.
+"""The fencing epoch in PostgreSQL: taking office, and the one fence every leader's write runs.
 
-The `leadership` table has one row; its `epoch` is the fencing token. A leader's every state
-change runs in a transaction that reads the row `FOR SHARE` and aborts unless the epoch is still
-its own (`check_epoch`, or `LEAD` inside a single statement). `take_office` increments the epoch
-(`UPDATE`, which needs the row exclusively), so it waits for every such transaction in flight:
-once it returns, no transaction that checked an older epoch can still commit, and every later
-check sees the new epoch and fails. This is the only place that SQL is written.
+The `leadership` table has one row; its `epoch` is the fencing token. Every state change a
+leader makes (claim, fired, retry, expire, dead, cron cursors and failures) is one statement
+run by `fenced`: it reads that row `FOR SHARE` (the `lead` item of its WITH list) only while
+the epoch is still the writer's, every write of the statement joins `lead`, and `fenced`
+raises FencedError, nothing written, when it is not. `take_office` increments the epoch
+(`UPDATE`, which needs the row exclusively), so it waits for every such statement in flight:
+once it returns, no write fenced by an older epoch can still commit, and every later one finds
+no `lead` and fails. This is the only place that SQL is written.
+
+One statement, not a transaction that checks first: one round trip (the claim and the booking
+of deliveries are the hot path), and no way to write outside the lock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
 from scheduler.errors import FencedError, ServiceUnavailableError
 
-# A CTE for one-statement writes: yields the epoch row only while `$1` is the current epoch,
-# locked until the statement's transaction ends. Use as `WITH {LEAD}, ...` and join on `lead`.
-LEAD = "lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 FOR SHARE)"
+# The epoch row, only while `$1` is the current epoch, locked until the statement's transaction
+# ends: the first WITH item of every fenced statement.
+_LEAD = "lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 FOR SHARE)"
+_NOTHING = "SELECT true AS fenced_row WHERE false"  # `rows` of a statement that returns none
 
 
 async def take_office(pool: asyncpg.Pool, instance: str) -> int:
@@ -34,16 +41,29 @@ async def take_office(pool: asyncpg.Pool, instance: str) -> int:
         )
 
 
-async def check_epoch(conn: asyncpg.Connection, epoch: int) -> None:
-    """Raise FencedError unless `epoch` is the current one; call inside the writing transaction.
+async def fenced(
+    conn: asyncpg.Connection, epoch: int, writes: str, *args: Any, rows: str | None = None
+) -> list[asyncpg.Record]:
+    """Run one statement that writes only while `epoch` is the current fencing epoch; raise
+    FencedError, having written nothing, when a newer leader has taken office.
 
-    Outside a transaction the lock would end with the statement, so that is refused.
-    """
-    if not conn.is_in_transaction():
-        raise RuntimeError("check_epoch must run inside the transaction it fences")
-    current = await conn.fetchval("SELECT epoch FROM leadership WHERE id = 1 FOR SHARE")
-    if current != epoch:
+    `writes` are the statement's WITH items after `lead` (the epoch row, see `_LEAD`): each
+    write joins `lead`, itself or through an item that does, so it touches no row once the
+    epoch is stale. `rows`, a SELECT over those items, is what the statement returns (nothing
+    without it). `$1` is `epoch`; `args` are `$2`, `$3`, ...
+
+    The statement always yields a row (`in_office` left-joined to `rows`), so a fenced epoch
+    is told apart from a write that matched nothing."""
+    found = f"SELECT true AS fenced_row, r.* FROM ({rows}) AS r" if rows else _NOTHING
+    result = await conn.fetch(
+        f"WITH {_LEAD}, {writes} SELECT (SELECT count(*) FROM lead) AS in_office, f.* "
+        f"FROM (SELECT 1) AS one LEFT JOIN ({found}) AS f ON true",
+        epoch,
+        *args,
+    )
+    if not result or result[0]["in_office"] == 0:
         raise FencedError(epoch)
+    return [r for r in result if r["fenced_row"]]
 
 
 async def database_time(

@@ -116,7 +116,7 @@ async def record_reschedule(
 async def drop_if_fired(conn: asyncpg.Connection, task_id: str) -> bool:
     """Delete the intent just recorded when the id has a tombstone (the task fired).
 
-    A second statement, like `TaskStore._drop_fired`: the intent's insert may have waited on
+    A second statement, like intake's `_drop_fired`: the intent's insert may have waited on
     the unique index for a `mark_fired` deleting the task's row, whose tombstone its snapshot
     could not see; this statement's snapshot does."""
     gone = await conn.fetchval(

@@ -16,7 +16,7 @@ import asyncpg
 from scheduler.store.postgres import task_states as states
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.dead_letters import subject_clause
-from scheduler.store.postgres.tasks import fired_task
+from scheduler.store.postgres.task_admin import fired_task
 
 _TASK_SUMMARY = (
     f"id, target, {states.reported()} AS status, priority, due_at, scheduled_for, expires_at, "

@@ -96,6 +96,14 @@ def reported(alias: str = "") -> str:
     return f"CASE WHEN {claimed(alias)} THEN '{CLAIMED}' ELSE {_col(alias, 'status')} END"
 
 
+def answered(alias: str = "") -> str:
+    """The status a cancel or a reschedule that changed nothing answers from: `reported`, but
+    `in_doubt` for a claimed task that has been in doubt (republished: it may already be
+    delivered, so it is in flight, not merely claimed)."""
+    doubted = _col(alias, "doubted")
+    return f"CASE WHEN {claimed(alias)} AND {doubted} THEN '{IN_DOUBT}' ELSE {reported(alias)} END"
+
+
 def orphaned(epoch: str, stale: str, alias: str = "") -> str:
     """A claim a leader of `epoch` takes over: another epoch's, or (with `stale`, an interval
     expression that may be NULL) any claim older than that, its own included."""
