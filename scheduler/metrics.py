@@ -380,6 +380,9 @@ class _DaemonEvents(_Instruments):
         self.db_seconds.labels(op).observe(seconds)
 
     # scheduler.api.events.ApiEvents
+    def request_served(self, route: str, method: str, status: int) -> None:
+        self.api_requests.labels(route, method, str(status)).inc()
+
     def action_unrecorded(self) -> None:
         self.activity_unrecorded.inc()
 

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler import __version__
 from scheduler.api import apidocs, edge, problems
+from scheduler.api.events import ApiEvents
 from scheduler.api.gate import QueryGate, RowBudget
 from scheduler.api.routes import (
     activity,
@@ -114,7 +115,7 @@ def build_api(backend: ApiBackend, extend: Callable[[FastAPI], None] | None = No
     # before FastAPI parses a body or a dependency checks a token (scheduler.api.edge).
     app.add_middleware(edge.BodyGuard, settings=lambda: backend.settings)
     app.add_middleware(edge.HostGuard, policy=edge.host_policy(backend.settings))
-    app.add_middleware(_CountRequests, metrics=backend.metrics)
+    app.add_middleware(_CountRequests, events=backend.metrics)
     app.add_middleware(edge.RequestId)
     return app
 
@@ -123,9 +124,9 @@ class _CountRequests:
     """`mq_scheduler_api_requests_total{route, method, status}` for every request (by route
     template, so the label count stays bounded)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, events: ApiEvents) -> None:
         self.app = app
-        self.counter = metrics.api_requests
+        self.events = events
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -144,7 +145,7 @@ class _CountRequests:
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
             method = scope["method"] if scope["method"] in _METHODS else "other"
-            self.counter.labels(path, method, str(status[0])).inc()
+            self.events.request_served(path, method, status[0])
 
 
 def build_metrics_app(metrics: Metrics) -> Starlette:

@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 from scheduler.metrics import Metrics
+
+PACKAGE = Path(__file__).resolve().parents[2] / "scheduler"
 
 
 def value(m: Metrics, name: str, **labels: str) -> float | None:
@@ -56,3 +61,73 @@ def test_leadership_events_feed_the_lease_and_clock_instruments() -> None:
     assert (value(m, "clock_skew_seconds"), value(m, "clock_skew_exceeded")) == (-0.25, 1)
     m.clock_checked(0.01, False)
     assert value(m, "clock_skew_exceeded") == 0
+
+
+def test_a_request_served_counts_by_route_method_and_status() -> None:
+    m = Metrics()
+    m.request_served("/v1/schedules", "GET", 200)
+    m.request_served("/v1/schedules", "GET", 200)
+    assert value(m, "api_requests_total", route="/v1/schedules", method="GET", status="200") == 2
+
+
+def _instrument_names() -> set[str]:
+    """The attributes `_Instruments.__init__` assigns (every Prometheus instrument)."""
+    tree = ast.parse((PACKAGE / "metrics.py").read_text())
+    init = next(
+        f
+        for c in tree.body
+        if isinstance(c, ast.ClassDef) and c.name == "_Instruments"
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+    )
+    return {
+        n.attr
+        for n in ast.walk(init)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+    } - {"registry"}
+
+
+def _metrics_object(node: ast.expr) -> bool:
+    """`metrics`, `self.metrics`, `x._metrics`, `self.metrics_of_term`...: a name that says it
+    holds the metrics."""
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return "metrics" in name.lower()
+
+
+def instrument_updates(source: str, instruments: set[str]) -> list[int]:
+    """Lines that reach an instrument through the metrics object (`x.metrics.fired.labels(...)`)
+    or observe a histogram themselves (`observe_many`)."""
+    tree = ast.parse(source)
+    reached = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and n.attr in instruments and _metrics_object(n.value)
+    ]
+    observed = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "observe_many"
+    ]
+    return sorted(reached + observed)
+
+
+def test_metrics_are_fed_from_events_only() -> None:
+    """No module but scheduler/metrics.py touches an instrument: parts report events through
+    their Protocols and `Metrics` turns them into instruments (docs/development.md)."""
+    instruments = _instrument_names()
+    assert {"fired", "lateness", "api_requests", "is_leader"} <= instruments
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "metrics.py" or path.parent != PACKAGE
+        for line in instrument_updates(path.read_text(), instruments)
+    ]
+    assert offenders == []
+
+
+def test_the_check_sees_an_instrument_reached_from_a_part() -> None:
+    source = "def f(self):\n    self.metrics.fired.labels('delayed').inc(3)\n"
+    assert instrument_updates(source, {"fired"}) == [2]
+    assert instrument_updates("def f(e):\n    e.task_fired(3)\n", {"fired"}) == []
+    assert instrument_updates("def f(e):\n    e.fired.add(3)\n", {"fired"}) == []  # not metrics
+    assert instrument_updates("observe_many(h, 0.1, 3)\n", set()) == [1]
