@@ -130,8 +130,8 @@ def side_by_side(d: Doc) -> Verdict:
         f"{s.get('max')} ms, broker @at p50 {b.get('p50')} p99 {b.get('p99')} ms = "
         f"{ra['store_p99']}x ours; at the consumer: ours p99 {c.get('p99')} ms, "
         f"{ra['consumer_p99']}x; ours {counts(ours)}, broker {counts(broker)}; producers acked "
-        f"{acked}; host others {d['host']['others_share_of_a_core']} of a core "
-        f"(p99<=10, >=30x)"
+        f"{acked}; host others {d['host']['others_share_of_a_core']} of a core, daemon loop "
+        f"waited {d['cores'].get('loop_runqueue_wait_fraction')} (p99<=10, >=30x)"
     )
 
 

@@ -347,7 +347,8 @@ def line(r: dict[str, Any]) -> str:
     return (
         f"{side('ours')}; {side('broker')}; broker/ours p99 {ra['store_p99']}x at store, "
         f"{ra['consumer_p99']}x at the consumer (p99<=10 ms, >=30x); host others "
-        f"{r['host']['others_share_of_a_core']} of a core"
+        f"{r['host']['others_share_of_a_core']} of a core, the daemon's loop waited for a core "
+        f"{r['cores'].get('loop_runqueue_wait_fraction')} of the window"
     )
 
 
