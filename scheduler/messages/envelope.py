@@ -4,7 +4,7 @@ The daemon delivers the producer's bytes, never a re-serialisation, so unknown t
 pass through untouched. Every broken rule yields one message naming the field, the value and the
 rule; all of them are reported at once.
 
-Two decoders, one verdict. `decode_fast` (msgspec, ~4x cheaper) returns an envelope only when
+Two decoders, one verdict. `decode_fast` (msgspec, half the cost) returns an envelope only when
 the bytes are plainly valid, and None whenever anything needs a closer look; `decode_strict`
 (pydantic) then decides and words every error. The fast one accepts a subset of what the strict
 one accepts, with the same values: tests/unit/test_envelope.py and test_fuzz.py compare the
