@@ -14,6 +14,8 @@ from scheduler.messages.envelope import (
     Limits,
     check_org,
     check_size,
+    decode_fast,
+    decode_strict,
     parse_envelope,
 )
 from scheduler.messages.headers import block_size
@@ -303,3 +305,90 @@ def test_a_delay_until_decades_past_is_due_now() -> None:
     """A `delay_until` at the start of the accepted range (1970) is simply due at once."""
     env = parse_envelope(raw(envelope(delay_until="1970-01-01T00:00:00Z")), NOW)
     assert env.due_at(NOW) == NOW
+
+
+def test_a_plain_envelope_takes_the_fast_path_with_the_strict_values() -> None:
+    """A producer's ordinary envelope is read by the fast decoder, to the same values as the
+    strict one (offsets normalised to UTC, fractions kept to the microsecond)."""
+    for doc in (
+        envelope(),
+        envelope(delay_until="2026-11-22T13:00:05.123456+01:00", ttl_seconds=_DROP),
+        envelope(priority=_DROP, org_id=None, team_id=_DROP, delay_until=None, x=[1, {"y": 2}]),
+        envelope(data={"s": "caf\u00e9 \u2603 NaN", "n": 1e300, "m": -0.5, "z": None}),
+    ):
+        data = json.dumps(doc, ensure_ascii=False).encode()
+        fast = decode_fast(data)
+        assert fast is not None, doc
+        assert fast == decode_strict(data)
+        assert fast.timestamp.tzinfo is UTC
+
+
+# Input where msgspec alone would be laxer than pydantic, or reads differently: the fast
+# decoder must step aside (None) or agree, and parse_envelope keep the strict verdict.
+_TRICKY = [
+    b'{"x": "\xff", ' + raw(envelope())[1:],  # not UTF-8 in an unknown field
+    b'{"x": ' + b"9" * 4301 + b", " + raw(envelope())[1:],  # pydantic: number out of range
+    b'{"x": -' + b"9" * 4400 + b".5, " + raw(envelope())[1:],
+    b'{"x": ' + b"[" * 201 + b"]" * 201 + b", " + raw(envelope())[1:],  # recursion limit
+    b'{"x": ' + b"[" * 150 + b"]" * 150 + b", " + raw(envelope())[1:],  # within it
+    b'{"x": NaN, ' + raw(envelope())[1:],
+    b'{"x": "\\ud800", ' + raw(envelope())[1:],
+    b'{"data": [], ' + raw(envelope())[1:],  # a repeated key: the last one counts
+    raw(envelope())[:-1] + b', "data": []}',
+    raw(envelope())[:-1] + b', "priority": 11}',
+    raw(envelope())[:-1] + b', "\\u0069d": "has space"}',  # an escaped key is the same key
+    raw(envelope())[:-1] + b', "schema_": "x"}',
+    raw(envelope()) + b"  \n\t\r",  # whitespace after the document is fine
+    raw(envelope()) + b"\x0c",
+]
+_INSTANTS = [
+    "2026-11-22T11:59:59.1234567Z",
+    "2026-11-22t11:59:59z",
+    "2026-11-22 11:59:59Z",
+    "2026-11-22T11:59:59+01:60",
+    "2026-11-22T11:59:59+01",
+    "2026-11-22T11:59:59+0100",
+    "2026-11-22T11:59:59,5Z",
+    "2026-11-22T11:59Z",
+    "2026-11-22T11:59:59.Z",
+    "2026-11-22T11:59:60Z",
+    "2026-11-22T24:00:00Z",
+    "2026-02-29T00:00:00Z",
+    "2026-11-22T11:59:59+23:59",
+    "2026-11-22T11:59:59-00:00",
+    "0001-01-01T00:00:00+01:00",
+    "9999-12-31T23:59:59-01:00",
+    "1969-12-31T23:59:59.999999Z",
+    "1970-01-01T00:00:00Z",
+    "8999-12-31T23:59:59.999999Z",
+    "9000-01-01T00:00:00Z",
+    "2026-11-22T11:59:59.000001+14:00",
+]
+
+
+def _verdict(data: bytes) -> object:
+    """What the strict decoder makes of `data`: the envelope or the error's problems."""
+    try:
+        return decode_strict(data)
+    except EnvelopeError as exc:
+        return (exc.reason, exc.problems)
+
+
+@pytest.mark.parametrize(
+    "data",
+    _TRICKY
+    + [raw(envelope(timestamp=t, ttl_seconds=_DROP)) for t in _INSTANTS]
+    + [raw(envelope(delay_until=t)) for t in _INSTANTS],
+)
+def test_the_fast_decoder_accepts_only_what_the_strict_one_accepts(data: bytes) -> None:
+    """Where the two JSON readers differ (UTF-8 in skipped values, long numbers, nesting,
+    repeated or escaped keys, instant formats), the fast decoder steps aside or agrees."""
+    fast = decode_fast(data)
+    strict = _verdict(data)
+    assert fast is None or fast == strict, (fast, strict)
+    try:
+        got: object = parse_envelope(data, NOW, Limits(max_delay=timedelta(days=10**6)))
+    except EnvelopeError as exc:
+        got = (exc.reason, exc.problems)
+    if isinstance(strict, tuple):
+        assert got == strict

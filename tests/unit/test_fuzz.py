@@ -8,7 +8,7 @@ keep the whole file under 30 s on the 2-core test host, so it runs in the normal
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import yaml
@@ -19,7 +19,16 @@ from scheduler.cron.expression import CronExpr, CronSyntaxError
 from scheduler.cron.jobs import ScheduleError, load_text
 from scheduler.durations import MAX_DURATION, parse_duration
 from scheduler.errors import DurationError, EnvelopeError, TargetRefusedError
-from scheduler.messages.envelope import EARLIEST, LATEST, Limits, check_org, parse_envelope
+from scheduler.messages.envelope import (
+    EARLIEST,
+    LATEST,
+    Envelope,
+    Limits,
+    check_org,
+    decode_fast,
+    decode_strict,
+    parse_envelope,
+)
 from scheduler.messages.subjects import (
     MAX_SUBJECT_BYTES,
     REFUSED_PREFIXES,
@@ -99,6 +108,53 @@ def envelopes(draw: st.DrawFn) -> bytes:
         cut = draw(st.integers(0, len(text)))
         text = text[:cut] + draw(st.text(max_size=3))
     return text.encode("utf-8", "surrogatepass")
+
+
+# Instants in the formats producers write and near them: offsets, fractions, separators, cuts.
+def _written(at: datetime, offset: int, spec: str, z: str, sep: str, cut: int) -> str:
+    local = at.replace(tzinfo=UTC).astimezone(timezone(timedelta(minutes=offset)))
+    text = local.isoformat(sep=sep, timespec=spec).replace("+00:00", z)
+    return text[: len(text) - cut]
+
+
+written_instants = st.builds(
+    _written,
+    st.datetimes(min_value=datetime(1960, 1, 1), max_value=datetime(9999, 12, 30)),
+    st.integers(min_value=-1439, max_value=1439) | st.just(0),
+    st.sampled_from(["seconds", "milliseconds", "microseconds", "minutes", "auto"]),
+    st.sampled_from(["Z", "Z", "z", "+00:00", "-00:00"]),
+    st.sampled_from(["T", "T", "t", " "]),
+    st.sampled_from([0, 0, 0, 0, 1, 2, 3]),
+)
+MUTATIONS = st.sampled_from(
+    [b"\\", b'"', b"\\u", b"\\ud800", b"\xff", b"\xc3\xa9", b"[", b"{", b"]", b"}", b",",
+     b":", b"NaN", b"-", b".", b"e", b"9" * 50, b" ", b"\x00", b"\t", b'"data":[]', b'"id":1,']
+)  # fmt: skip
+
+
+@st.composite
+def near_valid(draw: st.DrawFn) -> bytes:
+    """A valid envelope (instants in many written forms, unknown fields, odd spacing), then
+    maybe a few bytes spliced in: mostly plain input, the fast decoder's home ground."""
+    doc: dict[str, Any] = {
+        "schema": "hanzo.mq.v1",
+        "id": draw(st.from_regex(r"[\x21-\x7e]{1,12}", fullmatch=True)),
+        "type": "test.work",
+        "source": draw(st.sampled_from(["tests", " x", "\u00e9"])),
+        "timestamp": draw(written_instants),
+        "data": draw(st.dictionaries(st.text(max_size=4), json_values, max_size=3)),
+    }
+    for name in draw(st.lists(st.sampled_from(sorted(FIELD_VALUES)), max_size=3, unique=True)):
+        doc[name] = draw(st.one_of(written_instants, FIELD_VALUES[name]))
+    doc.update(draw(st.dictionaries(st.text(max_size=6), json_values, max_size=2)))
+    text = json.dumps(
+        doc, ensure_ascii=draw(st.booleans()), indent=draw(st.sampled_from([None, 1]))
+    )
+    data = text.encode("utf-8", "surrogatepass")
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(0, len(data)))
+        data = data[:at] + draw(MUTATIONS) + data[at:]
+    return data
 
 
 subjects = st.one_of(
@@ -184,6 +240,34 @@ def test_the_envelope_parser_raises_only_envelope_error(raw: bytes, target: str)
         check_org(env, target)
     except EnvelopeError as exc:
         assert exc.reason == "org_mismatch" and exc.field == "org_id"
+
+
+def _strict_or_error(raw: bytes) -> Envelope | EnvelopeError:
+    try:
+        return decode_strict(raw)
+    except EnvelopeError as exc:
+        return exc
+
+
+@settings(FUZZ, max_examples=1500)
+@given(raw=st.one_of(near_valid(), envelopes(), st.binary(max_size=200)))
+def test_the_fast_decoder_agrees_with_the_strict_one(raw: bytes) -> None:
+    """Any bytes: the fast decoder (msgspec) returns an envelope only where the strict one
+    (pydantic) accepts, with the same values; elsewhere it steps aside, and the strict
+    decoder's verdict, error messages included, is what parse_envelope gives."""
+    fast = decode_fast(raw)
+    strict = _strict_or_error(raw)
+    if fast is not None:
+        assert isinstance(strict, Envelope), (raw, strict)
+        assert fast == strict and fast.timestamp.tzinfo is UTC
+        assert fast.delay_until is None or fast.delay_until.tzinfo is UTC
+    limits = Limits(max_payload=64 * 1024, max_delay=timedelta(days=10**6))
+    try:
+        got: Envelope | tuple[str, list[tuple[str, str]]] = parse_envelope(raw, NOW, limits)
+    except EnvelopeError as exc:
+        got = (exc.reason, exc.problems)
+    if isinstance(strict, EnvelopeError) and len(raw) <= limits.max_envelope_bytes:
+        assert got == (strict.reason, strict.problems)
 
 
 @FUZZ

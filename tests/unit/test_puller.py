@@ -88,3 +88,37 @@ async def test_an_outage_is_back_pressure_not_an_error(now: list[float]) -> None
     nc.fail_with = None
     await p._top_up()
     assert [r["batch"] for r in nc.sent] == [100] and p._requested == 100
+
+
+def _deliver(p: Puller, n: int) -> None:
+    for i in range(n):
+        p._on_raw(b"mq.delay.x", f"$JS.ACK.S.C.1.{i}.{i}.1.0".encode(), b"{}", None)
+
+
+async def test_a_batch_lingers_from_its_oldest_message_not_from_the_call(
+    now: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages that came while the caller handled the last batch wait with the next ones until
+    the oldest is `linger` old, so a handful is not committed alone; older ones go at once."""
+    slept: list[float] = []
+    real_sleep = puller_module.asyncio.sleep
+
+    async def sleep(delay: float) -> None:
+        slept.append(round(delay, 6))
+        await real_sleep(0)
+
+    monkeypatch.setattr(puller_module.asyncio, "sleep", sleep)
+    nc = FakeClient()
+    p = make(nc, now)
+    p._requested = 100
+    _deliver(p, 2)  # at 100.0
+    now[0] += 0.004
+    assert len(await p.take(timeout=1, linger=0.01)) == 2
+    assert slept == [0.006]  # until the oldest is 10 ms old, not 10 ms more
+    _deliver(p, 3)
+    now[0] += 0.02  # already older than the linger: taken at once
+    assert len(await p.take(timeout=1, linger=0.01)) == 3
+    assert slept == [0.006]
+    _deliver(p, 100)  # a whole batch is in: no linger at all
+    assert len(await p.take(timeout=1, linger=0.01)) == 100
+    assert slept == [0.006]

@@ -47,6 +47,7 @@ class Puller:
         self._sub = None
         self._reconnects = 0
         self._heard = 0.0  # monotonic time of the last delivery or status
+        self._first_at = 0.0  # monotonic time the oldest buffered message arrived
 
     async def start(self) -> Puller:
         self._inbox = self.nc.new_inbox()
@@ -61,7 +62,7 @@ class Puller:
 
         A status has no payload and no reply subject; a delivery always has a reply (its ack
         subject), so a producer's empty message with a status-like header is a delivery."""
-        self._heard = time.monotonic()
+        self._heard = now = time.monotonic()
         status = status_of(hdr) if not data and not reply else None
         if status is not None:
             if status in _DONE_STATUSES or status.startswith("4"):
@@ -69,8 +70,10 @@ class Puller:
                 self._arrived.set()
             return  # 100 = idle heartbeat
         self._requested -= 1
+        if not self._buffer:
+            self._first_at = now
+            self._arrived.set()  # once per gathering: later arrivals find it set anyway
         self._buffer.append(message_of(self.nc, subject, reply, data, hdr))
-        self._arrived.set()
 
     def interrupt(self) -> None:
         """Make a waiting `take()` return now (the daemon is stopping)."""
@@ -117,15 +120,22 @@ class Puller:
         self._requested += want
 
     async def take(self, timeout: float, linger: float = 0.002) -> list[Msg]:
-        """Wait up to `timeout` for messages, linger briefly to gather a batch, return them all."""
+        """Wait up to `timeout` for messages, then until the oldest is `linger` old (or a whole
+        batch is in) to gather a batch; return them all.
+
+        The linger counts from the oldest message's arrival, not from the call: messages that
+        came while the caller handled the last batch are not sent on alone, one insert and its
+        round trips for a handful, but wait with the next ones, none longer than `linger`."""
         if not self._buffer:
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), timeout)
             except TimeoutError:
                 pass
-            if self._buffer and len(self._buffer) < self.batch and linger > 0:
-                await asyncio.sleep(linger)
+        if self._buffer and len(self._buffer) < self.batch and linger > 0:
+            wait = self._first_at + linger - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
         out, self._buffer = self._buffer[: self.batch], self._buffer[self.batch :]
         await self._top_up()
         return out

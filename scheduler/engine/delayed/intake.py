@@ -177,12 +177,14 @@ class Intake:
         acked: list[Delivery] = []
         if good:
             insertion = await self._store([m for m, _ in good], [t for _, t in good])
-            msg_of = {id(t): m for m, t in good}
             refused = [(t, "duplicate_id", DUPLICATE_ID) for t in insertion.taken]
             refused += [(t, "unstorable", f"task: {e}") for t, e in insertion.refused]
-            bad += [Rejected(msg_of[id(t)], t.target, why, error) for t, why, error in refused]
-            dropped = {id(t) for t, _, _ in refused}
-            acked = [m for m, t in good if id(t) not in dropped]  # stored, or an exact resend
+            acked = [m for m, _ in good]  # stored, or an exact resend
+            if refused:
+                msg_of = {id(t): m for m, t in good}
+                bad += [Rejected(msg_of[id(t)], t.target, why, err) for t, why, err in refused]
+                dropped = {id(t) for t, _, _ in refused}
+                acked = [m for m, t in good if id(t) not in dropped]
         if bad:
             await self._reject(bad)
         # One frame per ack, all handed to the connection at once (see scheduler.bus.nats.wire).

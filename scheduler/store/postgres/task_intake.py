@@ -38,10 +38,13 @@ async def _drop_fired(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> l
     a concurrent `mark_fired` deleting the same id to commit, so every such tombstone is
     committed before this statement starts; a check inside the insert's own snapshot would
     miss it and store the id again."""
+    ids = [r["id"] for r in rows]
+    packed = joined(ids)
     fired = await conn.fetch(
-        "WITH t AS (SELECT id FROM fired_tasks WHERE id = ANY($1::text[])) "
+        "WITH t AS (SELECT id FROM fired_tasks WHERE id = ANY("
+        f"{'$1::text[]' if packed is None else f'string_to_array($1, {SEP_SQL})'})) "
         "DELETE FROM delayed_messages d USING t WHERE d.id = t.id RETURNING d.id",
-        [r["id"] for r in rows],
+        ids if packed is None else packed,
     )
     if not fired:
         return rows
@@ -121,33 +124,42 @@ class TaskIntake:
         unique = {t.id for t in tasks}
         if len(unique) < len(tasks):  # rare (a producer's resend in the same batch): copy only then
             tasks = _first_of(tasks, unique)
-        ids, targets = [t.id for t in tasks], [t.target for t in tasks]
-        packed = (joined(ids), joined(targets))
+        columns = (
+            [t.id for t in tasks],
+            [t.target for t in tasks],
+            [json.dumps(t.headers) if t.headers else "{}" for t in tasks],  # never holds \x1f
+        )
+        packed = [joined(c) for c in columns]
         texts: tuple[str | list[str], ...]
         if None in packed:  # a separator or an empty value inside: plain arrays
-            texts, (a, b) = (ids, targets), ("$1::text[]", "$2::text[]")
+            texts, (a, b, c) = columns, ("$1::text[]", "$2::text[]", "$4::jsonb[]")
         else:
             texts = tuple(t for t in packed if t is not None)
-            a, b = (f"string_to_array(${n}, {SEP_SQL})" for n in (1, 2))
+            a, b, c = (f"string_to_array(${n}, {SEP_SQL})" for n in (1, 2, 4))
+            c += "::jsonb[]"
+        # Columns most batches leave empty go as NULL, not as arrays of NULLs (`unnest` pads a
+        # NULL array with NULLs): no expiry, no organisation.
+        expiries = [None if t.expires_at is None else micros(t.expires_at) for t in tasks]
+        orgs = [t.org_id for t in tasks]
         async with self.db.timed("insert") as conn, conn.transaction():
             rows = await conn.fetch(
                 "INSERT INTO delayed_messages AS d (id, target, payload, headers, priority, "
                 "due_at, scheduled_for, expires_at, org_id) SELECT u.id, u.target, u.payload, "
                 f"u.headers, u.priority, {EPOCH_US} + u.due_us * {ONE_US}, "
                 f"{EPOCH_US} + u.sched_us * {ONE_US}, {EPOCH_US} + u.exp_us * {ONE_US}, "
-                f"u.org_id FROM unnest({a}, {b}, $3::bytea[], $4::jsonb[], $5::smallint[], "
+                f"u.org_id FROM unnest({a}, {b}, $3::bytea[], {c}, $5::smallint[], "
                 "$6::bigint[], $7::bigint[], $8::bigint[], $9::text[]) "
                 "AS u(id, target, payload, headers, priority, due_us, sched_us, exp_us, org_id) "
                 f"{_TAKE_INTENT} RETURNING id, due_at, priority, seq, org_id, status",
                 texts[0],
                 texts[1],
                 [t.payload for t in tasks],
-                [json.dumps(t.headers) if t.headers else "{}" for t in tasks],
+                texts[2],
                 [t.priority for t in tasks],
                 [micros(t.due_at) for t in tasks],
                 [micros(t.scheduled_for) for t in tasks],
-                [None if t.expires_at is None else micros(t.expires_at) for t in tasks],
-                [t.org_id for t in tasks],
+                expiries if expiries.count(None) < len(expiries) else None,
+                orgs if orgs.count(None) < len(orgs) else None,
             )
             rows = await _drop_fired(conn, rows) if rows else rows
         self.inserted += len(rows)
