@@ -280,7 +280,8 @@ class Source(Protocol):
         ...
 
     async def take(self, timeout: float, linger: float = 0.002) -> Sequence[Delivery]:
-        """The next deliveries (waiting up to `timeout` s, then `linger` s for more)."""
+        """The next deliveries: wait up to `timeout` s for one, then gather more until the
+        oldest has waited `linger` s (or a whole batch is in)."""
         ...
 
     def interrupt(self) -> None:
