@@ -114,6 +114,12 @@ class Settings(BaseSettings):
     target_allow: CommaList = ["mq.>"]
     provision: bool = True
     horizon: Duration = timedelta(minutes=5)
+    # the horizon heap's bounds besides time (engine/delayed/horizon.py): entries, and their
+    # bytes; past them the loader waits and the heap gives up its latest tasks to PostgreSQL
+    horizon_max_tasks: int = Field(default=500_000, ge=10, le=50_000_000)
+    horizon_max_bytes: ByteSize = Field(
+        default=ByteSize(64 * 1024 * 1024), ge=64 * 1024, le=16 * 1024**3
+    )
     batch: int = Field(default=1000, ge=1, le=100_000)
     max_attempts: int = Field(default=5, ge=1, le=1000)
     backoff: Duration = timedelta(seconds=1)

@@ -7,43 +7,141 @@ same instant the higher priority (lower number) fires first, then intake order.
 
 The *cursor* is the key of the last task loaded from PostgreSQL: the heap holds every pending
 task whose key is <= cursor (minus those already popped). A task arriving from intake goes onto
-the heap only if its key is <= cursor; otherwise the loader will read it in order later. So
-memory is bounded by what is due within the horizon (and a hard cap), not by the pending count.
+the heap only if its key is <= cursor; otherwise the loader will read it in order later.
+
+**Bounded by time, count and bytes.** The loader reads no further than `SCHEDULER_HORIZON`
+ahead, and no more than the heap has room for (`SCHEDULER_HORIZON_MAX_TASKS` entries,
+`SCHEDULER_HORIZON_MAX_BYTES` of them), so a million tasks due in one minute cost the heap
+its bound, not a million entries. What intake, a retry or a reschedule notice pushes inside
+the loaded range can still overfill it; then the heap gives up its *tail*: it sorts itself,
+keeps the earliest entries (7/8 of the bound) and moves the cursor back to just before the
+first one it dropped. The dropped tasks are pending in PostgreSQL with keys past the new
+cursor, so the loader reads them again, in order, when there is room: nothing is lost, and
+nothing is taken out of order (every task on the heap comes before every task past the
+cursor).
+
+Why that is safe against everything else that touches the heap:
+- the cursor only moves back, under or outside the lock, never past a task not on the heap;
+- a load in flight (`Horizon.load`, awaiting PostgreSQL) read from the cursor it started
+  with; if the cursor moved back meanwhile its page is dropped, not pushed (its tasks lie past
+  the new cursor and are read again);
+- intake's and a retry's write-then-offer (`arm`) hold the lock across the write: a trim
+  during the write only lowers the cursor, and the offer after it compares with the new one;
+- an entry pushed twice (the loader rereading a task whose claim is in flight, a put-back,
+  a sweep) is harmless: a claim takes only a task still pending, unclaimed and due (so a
+  stale entry can neither fire a task twice nor early), and the armed set keeps an id once.
+
+**A cheap entry.** An entry is one `bytes` object: the key packed big-endian (due ms with
+an offset so earlier instants sort first, priority, sequence: 17 bytes) followed by the task
+id, so bytes order is firing order. About 80 B per task with a 26-character id, where the
+tuple of four objects it replaces took ~217 B; comparing two is one `memcmp`. `pop_due`
+unpacks what it hands out (`Entry` tuples), so only the claimer's few thousand a second pay it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
+import struct
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from scheduler.records import MAX_PRIORITY, Entry, Key, TaskRef
 
+log = logging.getLogger("scheduler.engine")
+
 AFTER_ALL = (MAX_PRIORITY + 1, 2**63 - 1)
+BEFORE_ALL: Key = (-1, 0, 0)
 T = TypeVar("T")
+
+_KEY = struct.Struct(">QBQ")  # due ms + _DUE_OFFSET, priority, sequence
+KEY_BYTES = _KEY.size
+_DUE_OFFSET = 1 << 63  # due ms may be negative (a task due before 1970 fires at once)
+# What one entry costs beyond its task id: the bytes object (header + packed key, rounded by
+# the allocator) and its slot in the heap's list.
+ENTRY_OVERHEAD = 64
+DEFAULT_MAX_TASKS = 500_000
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+KEEP = 7 / 8  # a trim keeps this share of the bound, so the next one is far away
+
+
+def pack(ref: TaskRef) -> bytes:
+    """The heap entry of `ref`: packed key, then the id (bytes order is firing order)."""
+    return _KEY.pack(ref.due_ms + _DUE_OFFSET, ref.priority, ref.seq) + ref.task_id.encode()
+
+
+def unpack(packed: bytes) -> Entry:
+    due, priority, seq = _KEY.unpack_from(packed)
+    return (due - _DUE_OFFSET, priority, seq, packed[KEY_BYTES:].decode())
+
+
+def due_of(packed: bytes) -> int:
+    """The due time (epoch ms) of an entry."""
+    return int.from_bytes(packed[:8], "big") - _DUE_OFFSET
+
+
+def due_bound(until_ms: int) -> bytes:
+    """Greater than every entry due by `until_ms`, less than every entry due later."""
+    return _KEY.pack(until_ms + 1 + _DUE_OFFSET, 0, 0)
+
+
+def key_before(packed: bytes) -> Key:
+    """The greatest key below the entry's (a cursor that stops just short of it)."""
+    due, priority, seq = _KEY.unpack_from(packed)
+    return (due - _DUE_OFFSET, priority, seq - 1)
+
+
+def cost(packed: bytes) -> int:
+    """The bytes an entry is counted for (see `ENTRY_OVERHEAD`)."""
+    return ENTRY_OVERHEAD + len(packed)
 
 
 class HorizonHeap:
-    """A min-heap of due tasks plus the loader's cursor."""
+    """A min-heap of due tasks plus the loader's cursor, within `max_tasks` entries and
+    `max_bytes` (see the module: a trim gives up the tail and moves the cursor back)."""
 
-    def __init__(self) -> None:
-        self._heap: list[Entry] = []
-        self.cursor: Key = (-1, 0, 0)
+    def __init__(
+        self, max_tasks: int = DEFAULT_MAX_TASKS, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        self._heap: list[bytes] = []
+        self.cursor: Key = BEFORE_ALL
+        self.max_tasks = max(1, max_tasks)
+        self.max_bytes = max(1, max_bytes)
+        self.bytes = 0  # the entries' cost (`cost`)
+        self.evicted = 0  # entries given up by trims, over the heap's life
 
     def __len__(self) -> int:
         return len(self._heap)
 
+    # -- the storage; FairHeap keeps one heap per organisation instead ----------------------
+
+    def _push(self, ref: TaskRef, packed: bytes) -> None:
+        heapq.heappush(self._heap, packed)
+        self.bytes += ENTRY_OVERHEAD + len(packed)
+
+    def _entries(self) -> list[bytes]:
+        return self._heap
+
+    def _keep_below(self, cut: bytes, kept: list[bytes]) -> None:
+        """Keep exactly the entries below `cut` (`kept`, sorted)."""
+        self._heap = kept  # a sorted list is a heap
+        self.bytes = sum(map(cost, kept))
+
+    # -- the bookkeeping ------------------------------------------------------------------
+
     def offer(self, ref: TaskRef) -> bool:
         """Push `ref` if the loader has passed its key; return whether it was pushed."""
         if ref.key <= self.cursor:
-            heapq.heappush(self._heap, ref.entry)
+            self._push(ref, pack(ref))
+            self._bound()
             return True
         return False
 
     def push(self, ref: TaskRef) -> None:
         """Push unconditionally (a retry or a reschedule of a known task)."""
-        heapq.heappush(self._heap, ref.entry)
+        self._push(ref, pack(ref))
+        self._bound()
 
     def loaded(self, refs: list[TaskRef], complete_until_ms: int | None) -> None:
         """Record a loader page: push it, and advance the cursor to its last key.
@@ -52,27 +150,62 @@ class HorizonHeap:
         cursor may move to the end of that millisecond even if the page was short.
         """
         for ref in refs:
-            heapq.heappush(self._heap, ref.entry)
+            self._push(ref, pack(ref))
         if refs:
             self.cursor = max(self.cursor, refs[-1].key)
         if complete_until_ms is not None:
             self.cursor = max(self.cursor, (complete_until_ms, *AFTER_ALL))
+        self._bound()
+
+    def room(self) -> int:
+        """How many more entries the bounds allow (bytes at the heap's mean entry cost)."""
+        n = len(self)
+        mean = self.bytes / n if n else ENTRY_OVERHEAD + KEY_BYTES + 26
+        by_bytes = int((self.max_bytes - self.bytes) / mean)
+        return max(0, min(self.max_tasks - n, by_bytes))
+
+    def _bound(self) -> None:
+        if len(self) > self.max_tasks or self.bytes > self.max_bytes:
+            self.trim()
+
+    def trim(self) -> int:
+        """Give up the tail down to `KEEP` of the bounds and move the cursor back before it;
+        return how many entries went (the loader reads them again from PostgreSQL)."""
+        entries = sorted(self._entries())
+        keep = min(len(entries), int(self.max_tasks * KEEP))
+        budget, spent = int(self.max_bytes * KEEP), 0
+        for i in range(keep):
+            spent += cost(entries[i])
+            if spent > budget:
+                keep = i
+                break
+        if keep >= len(entries):
+            return 0
+        cut = entries[keep]
+        self.cursor = min(self.cursor, key_before(cut))
+        self._keep_below(cut, entries[:keep])
+        gone = len(entries) - keep
+        self.evicted += gone
+        log.info("horizon.trimmed evicted=%d kept=%d cursor=%s", gone, keep, self.cursor)
+        return gone
 
     def next_due_ms(self) -> int | None:
-        return self._heap[0][0] if self._heap else None
+        return due_of(self._heap[0]) if self._heap else None
 
     def pop_due(self, until_ms: int, limit: int) -> list[Entry]:
         """Pop up to `limit` entries due at or before `until_ms`, in firing order."""
-        out: list[Entry] = []
-        heap = self._heap
-        while heap and heap[0][0] <= until_ms and len(out) < limit:
+        out: list[bytes] = []
+        heap, bound = self._heap, due_bound(until_ms)
+        while heap and heap[0] < bound and len(out) < limit:
             out.append(heapq.heappop(heap))
-        return out
+        self.bytes -= sum(map(cost, out))
+        return [unpack(e) for e in out]
 
     def reset(self) -> None:
         """Forget everything (on losing office the next leader reloads from PostgreSQL)."""
-        self._heap.clear()
-        self.cursor = (-1, 0, 0)
+        self._heap = []
+        self.bytes = 0
+        self.cursor = BEFORE_ALL
 
 
 class Horizon:
@@ -83,11 +216,15 @@ class Horizon:
     Whatever puts a task on the heap after writing it to PostgreSQL (intake, a retry, the loader)
     does both under the lock (`arm` with the write): otherwise the loader could read past a task
     written but not yet offered, move its cursor beyond it, and the offer would be refused.
+    `hungry` is set when the claimer has taken enough off the heap for the loader to read a
+    page (the loader waits on it).
     """
 
-    def __init__(self, heap: HorizonHeap | None = None) -> None:
+    def __init__(self, heap: HorizonHeap | None = None, page: int = 20_000) -> None:
         self.heap = heap if heap is not None else HorizonHeap()
         self.wake = asyncio.Event()  # set when tasks go on the heap (the claimer waits on it)
+        self.hungry = asyncio.Event()  # set when the loader has room for a page again
+        self.page = page
         self._lock = asyncio.Lock()
 
     def __len__(self) -> int:
@@ -111,26 +248,41 @@ class Horizon:
 
     async def offer(self, ref: TaskRef) -> bool:
         """Offer one task known to be pending (a reschedule notice); wake if it went on."""
+        return await self.offer_all([ref]) > 0
+
+    async def offer_all(self, refs: Iterable[TaskRef]) -> int:
+        """Offer tasks known to be pending (notices, the sweep); wake if any went on."""
         async with self._lock:
-            pushed = self.heap.offer(ref)
+            pushed = sum(self.heap.offer(ref) for ref in refs)
         if pushed:
             self.wake.set()
         return pushed
+
+    def page_size(self) -> int:
+        """The page the loader may read now: the heap's room, at most `page`; 0 while the
+        room is less than a page (or half the bound), so a nearly full heap is not topped up
+        a few tasks at a time."""
+        room = min(self.heap.room(), self.page)
+        return room if room >= min(self.page, max(1, self.heap.max_tasks // 2)) else 0
 
     async def load(
         self, fetch: Callable[[Key], Awaitable[list[TaskRef]]], page: int, until_ms: int
     ) -> list[TaskRef]:
         """Load the next page past the cursor (`fetch(cursor)`, at most `page` tasks, all due
-        by `until_ms`) under the lock; a short page means every task up to `until_ms` is in."""
+        by `until_ms`) under the lock; a short page means every task up to `until_ms` is in.
+        A page read while a trim moved the cursor back is dropped (read again later)."""
         async with self._lock:
-            refs = await fetch(self.heap.cursor)
-            self.heap.loaded(refs, None if len(refs) == page else until_ms)
+            start = self.heap.cursor
+            refs = await fetch(start)
+            if self.heap.cursor != start:
+                return []
+            self.heap.loaded(refs, None if len(refs) >= page else until_ms)
         if refs:
             self.wake.set()
         return refs
 
     def put_back(self, refs: Iterable[TaskRef], wake: bool = False) -> None:
-        """Push tasks taken but not claimed (or found overdue) back, unconditionally."""
+        """Push tasks taken but not claimed back, unconditionally."""
         for ref in refs:
             self.heap.push(ref)
             if wake:
@@ -141,8 +293,12 @@ class Horizon:
         return self.heap.next_due_ms()
 
     def take_due(self, until_ms: int, limit: int) -> list[Entry]:
-        """Pop up to `limit` tasks due by `until_ms`, in firing order."""
-        return self.heap.pop_due(until_ms, limit)
+        """Pop up to `limit` tasks due by `until_ms`, in firing order; wake the loader when
+        that made room for a page."""
+        out = self.heap.pop_due(until_ms, limit)
+        if out and self.page_size():
+            self.hungry.set()
+        return out
 
     def disarm(self) -> None:
         """Forget every task (office lost: the next leader reloads from PostgreSQL)."""
