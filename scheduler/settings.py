@@ -120,6 +120,11 @@ class Settings(BaseSettings):
     horizon_max_bytes: ByteSize = Field(
         default=ByteSize(64 * 1024 * 1024), ge=64 * 1024, le=16 * 1024**3
     )
+    # while an overdue backlog drains (engine/delayed/horizon.py, `Catchup`): `due_order` takes
+    # every task in firing order; `on_time_first` claims what falls due now first and gives the
+    # backlog (tasks overdue by over a second when it formed) this share of each claim
+    catchup: Literal["due_order", "on_time_first"] = "due_order"
+    catchup_backlog_share: float = Field(default=0.5, gt=0.0, le=1.0)
     batch: int = Field(default=1000, ge=1, le=100_000)
     max_attempts: int = Field(default=5, ge=1, le=1000)
     backoff: Duration = timedelta(seconds=1)

@@ -21,7 +21,7 @@ from scheduler.engine.delayed.dead_letters import DeadLetterCopies
 from scheduler.engine.delayed.dispatch import Dispatcher
 from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.engine.delayed.fairness import horizon_heap
-from scheduler.engine.delayed.horizon import Horizon
+from scheduler.engine.delayed.horizon import Catchup, Horizon
 from scheduler.engine.delayed.intake import Intake
 from scheduler.engine.delayed.quota import OrgLedger
 from scheduler.engine.office import Office
@@ -68,7 +68,7 @@ class LeaderEngine:
         self.clock = clock
         self._events = events
         self.intake_stream = intake_stream or settings.intake_stream
-        self.horizon = Horizon(horizon_heap(settings), PAGE)
+        self.horizon = Horizon(horizon_heap(settings), PAGE, Catchup.of(settings))
         self.ledger: OrgLedger | None = None  # per-org quotas of this term, when on
         self.warnings: dict[str, str] = {}  # stream -> why its duplicate window is too short
         self._checked_streams: set[str] = set()
@@ -266,18 +266,19 @@ class LeaderEngine:
                 await first_of(hungry.wait(), wait_or_stop(stop, 1.0))
 
     async def load_once(self) -> bool:
-        """Load one page past the cursor, as large as the heap has room for (at most
-        `PAGE`); return True when the page was full (there may be more to load now)."""
-        page = self.horizon.page_size()
-        if page <= 0:
-            return False
-        until_ms = to_ms(self.clock.now() + self.settings.horizon)
-        got = await self.horizon.load(
-            lambda cursor: self.tasks.load_page(cursor, from_ms(until_ms), page), page, until_ms
+        """Load one page past the cursor, as large as the heap has room for (at most `PAGE`;
+        while a backlog is split off, one for each range); return True when a page was full
+        (there may be more to load now)."""
+        now = self.clock.now()
+        until_ms = to_ms(now + self.settings.horizon)
+        got, more = await self.horizon.load(
+            lambda cursor, until, limit: self.tasks.load_page(cursor, from_ms(until), limit),
+            until_ms,
+            to_ms(now),
         )
         if got:
             self._events.horizon_sized(len(self.horizon))
-        return len(got) >= page
+        return more
 
     async def sweep(self) -> None:
         """Re-offer pending tasks overdue by over a second: a lost reschedule notice, say.

@@ -175,3 +175,19 @@ def test_a_bounded_heap_never_loses_doubles_or_reorders(
         pop(10_000, bound)
     assert not pending
     assert sorted(popped) == sorted(f"t{i}" for i in range(1, seq + 1))
+
+
+def test_split_off_keeps_the_cursor_rule_on_both_sides() -> None:
+    """Splitting at a key moves the entries up to it to a heap of their own; the backlog's
+    cursor stops at the split, the present's starts there (each range complete on its own)."""
+    heap = HorizonHeap(max_tasks=100)
+    heap.loaded([ref(f"t{i}", i * 10, 5, i) for i in range(10)], None)  # cursor: t9's key
+    backlog = heap.split_off((45, 11, 2**63 - 1))
+    assert [e[3] for e in backlog.pop_due(1000, 100)] == ["t0", "t1", "t2", "t3", "t4"]
+    assert backlog.cursor == (45, 11, 2**63 - 1) and heap.cursor == (90, 5, 9)
+    assert [e[3] for e in heap.pop_due(1000, 100)] == ["t5", "t6", "t7", "t8", "t9"]
+    behind = HorizonHeap(max_tasks=100)
+    behind.loaded([ref("a", 10, 5, 1)], None)  # PostgreSQL holds more past a's key
+    older = behind.split_off((45, 11, 2**63 - 1))
+    assert older.cursor == (10, 5, 1) and behind.cursor == (45, 11, 2**63 - 1)
+    assert not older.offer(ref("b", 20, 5, 2)) and not behind.offer(ref("c", 46, 5, 3))

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from scheduler.engine.delayed.armed import AFTER_PRIORITIES, LAST_ARMING, Armed, Slot
 from scheduler.engine.delayed.horizon import (
@@ -125,17 +125,22 @@ class FairHeap(HorizonHeap):
     def _entries(self) -> list[bytes]:
         return [e for heap in self._orgs.values() for e in heap]
 
-    def _keep_below(self, cut: bytes, kept: list[bytes]) -> None:
+    def _retain(self, keep: Callable[[bytes], bool]) -> list[bytes]:
+        gone: list[bytes] = []
         for org in list(self._orgs):
-            heap = sorted(e for e in self._orgs[org] if e < cut)
+            heap: list[bytes] = []
+            for e in self._orgs[org]:
+                (heap if keep(e) else gone).append(e)
             if heap:
+                heapq.heapify(heap)
                 self._orgs[org] = heap
             else:
                 del self._orgs[org]
         self._firsts = [(due_of(heap[0]), org) for org, heap in self._orgs.items()]
         heapq.heapify(self._firsts)
-        self._size = len(kept)
-        self.bytes = sum(map(cost, kept))
+        self._size = sum(map(len, self._orgs.values()))
+        self.bytes = sum(cost(e) for heap in self._orgs.values() for e in heap)
+        return gone
 
     def _current(self, due: int, org: str) -> bool:
         heap = self._orgs.get(org)

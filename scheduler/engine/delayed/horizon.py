@@ -45,9 +45,11 @@ import heapq
 import logging
 import struct
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from scheduler.records import MAX_PRIORITY, Entry, Key, TaskRef
+from scheduler.settings import Settings
 
 log = logging.getLogger("scheduler.engine")
 
@@ -123,10 +125,22 @@ class HorizonHeap:
     def _entries(self) -> list[bytes]:
         return self._heap
 
-    def _keep_below(self, cut: bytes, kept: list[bytes]) -> None:
-        """Keep exactly the entries below `cut` (`kept`, sorted)."""
-        self._heap = kept  # a sorted list is a heap
+    def _retain(self, keep: Callable[[bytes], bool]) -> list[bytes]:
+        """Keep the entries `keep` accepts; return the others."""
+        kept: list[bytes] = []
+        gone: list[bytes] = []
+        for e in self._heap:
+            (kept if keep(e) else gone).append(e)
+        heapq.heapify(kept)
+        self._heap = kept
         self.bytes = sum(map(cost, kept))
+        return gone
+
+    def _adopt(self, entries: list[bytes]) -> None:
+        """Take over packed entries (split off another heap)."""
+        for e in entries:
+            heapq.heappush(self._heap, e)
+        self.bytes += sum(map(cost, entries))
 
     # -- the bookkeeping ------------------------------------------------------------------
 
@@ -183,11 +197,27 @@ class HorizonHeap:
             return 0
         cut = entries[keep]
         self.cursor = min(self.cursor, key_before(cut))
-        self._keep_below(cut, entries[:keep])
+        self._retain(lambda e: e < cut)
         gone = len(entries) - keep
         self.evicted += gone
         log.info("horizon.trimmed evicted=%d kept=%d cursor=%s", gone, keep, self.cursor)
         return gone
+
+    def split_off(self, at: Key) -> HorizonHeap:
+        """Move the entries with keys <= `at` into a new (FIFO) heap with this one's bounds;
+        each keeps the cursor invariant over its own range: the new heap's cursor is the
+        lesser of this cursor and `at`, this one's the greater."""
+        edge = _KEY.pack(at[0] + _DUE_OFFSET, at[1], at[2])
+        below = HorizonHeap(self.max_tasks, self.max_bytes)
+        below._adopt(self._retain(lambda e: e[:KEY_BYTES] > edge))
+        below.cursor = min(self.cursor, at)
+        self.cursor = max(self.cursor, at)
+        return below
+
+    def bound(self, max_tasks: int, max_bytes: int) -> None:
+        """New bounds; trimmed at once if over them."""
+        self.max_tasks, self.max_bytes = max(1, max_tasks), max(1, max_bytes)
+        self._bound()
 
     def next_due_ms(self) -> int | None:
         return due_of(self._heap[0]) if self._heap else None
@@ -208,6 +238,26 @@ class HorizonHeap:
         self.cursor = BEFORE_ALL
 
 
+CATCHUP_LAG_MS = 1_000  # overdue by more than this when a backlog forms: part of it
+
+
+@dataclass(frozen=True, slots=True)
+class Catchup:
+    """`SCHEDULER_CATCHUP=on_time_first`: while tasks overdue by more than `lag_ms` wait
+    (a backlog), the horizon keeps them apart from the present, and each claim takes what
+    falls due now first, giving the backlog `share` of it (all of it when nothing else is
+    due). See `Horizon` and docs/operations.md."""
+
+    share: float
+    lag_ms: int = CATCHUP_LAG_MS
+
+    @staticmethod
+    def of(settings: Settings) -> Catchup | None:
+        if settings.catchup != "on_time_first":
+            return None
+        return Catchup(settings.catchup_backlog_share)
+
+
 class Horizon:
     """The horizon of one term: the heap (fair or FIFO, `engine.delayed.fairness.horizon_heap`),
     the lock that keeps the loader's cursor consistent with what else is offered, and the
@@ -218,17 +268,37 @@ class Horizon:
     written but not yet offered, move its cursor beyond it, and the offer would be refused.
     `hungry` is set when the claimer has taken enough off the heap for the loader to read a
     page (the loader waits on it).
+
+    **Catch-up** (`catchup`, off by default: due order). When on and tasks overdue by more than
+    its lag wait (on the heap, or in PostgreSQL behind the cursor), the horizon splits at
+    `split_at` = that instant: the tasks with keys <= it go to a heap of their own, the
+    *backlog*, with its own cursor, loaded from PostgreSQL up to `split_at` only; `heap` keeps
+    the present, loaded from `split_at` on. Each range keeps the cursor rule on its own, and
+    every offer, put-back and page goes to the range its key falls in, so nothing changes for
+    correctness; each range gets half the bounds. `take_due` serves the present first and the
+    backlog its share. When the backlog is loaded to `split_at` and empty, the two are one
+    again.
     """
 
-    def __init__(self, heap: HorizonHeap | None = None, page: int = 20_000) -> None:
+    def __init__(
+        self, heap: HorizonHeap | None = None, page: int = 20_000, catchup: Catchup | None = None
+    ) -> None:
         self.heap = heap if heap is not None else HorizonHeap()
         self.wake = asyncio.Event()  # set when tasks go on the heap (the claimer waits on it)
         self.hungry = asyncio.Event()  # set when the loader has room for a page again
         self.page = page
+        self.catchup = catchup
+        self.backlog: HorizonHeap | None = None  # while split: the tasks with keys <= split_at
+        self.split_at: Key | None = None
+        self._bounds = (self.heap.max_tasks, self.heap.max_bytes)
         self._lock = asyncio.Lock()
 
     def __len__(self) -> int:
-        return len(self.heap)
+        return len(self.heap) + (len(self.backlog) if self.backlog is not None else 0)
+
+    def _heap_for(self, key: Key) -> HorizonHeap:
+        backlog, at = self.backlog, self.split_at
+        return backlog if backlog is not None and at is not None and key <= at else self.heap
 
     async def arm(
         self,
@@ -241,7 +311,7 @@ class Horizon:
         (and `wake`). Returns the write's result and how many were pushed."""
         async with self._lock:
             result = await write
-            pushed = sum(self.heap.offer(ref) for ref in refs_of(result))
+            pushed = sum(self._heap_for(ref.key).offer(ref) for ref in refs_of(result))
         if pushed and wake:
             self.wake.set()
         return result, pushed
@@ -253,56 +323,122 @@ class Horizon:
     async def offer_all(self, refs: Iterable[TaskRef]) -> int:
         """Offer tasks known to be pending (notices, the sweep); wake if any went on."""
         async with self._lock:
-            pushed = sum(self.heap.offer(ref) for ref in refs)
+            pushed = sum(self._heap_for(ref.key).offer(ref) for ref in refs)
         if pushed:
             self.wake.set()
         return pushed
 
-    def page_size(self) -> int:
-        """The page the loader may read now: the heap's room, at most `page`; 0 while the
-        room is less than a page (or half the bound), so a nearly full heap is not topped up
-        a few tasks at a time."""
-        room = min(self.heap.room(), self.page)
-        return room if room >= min(self.page, max(1, self.heap.max_tasks // 2)) else 0
+    def page_size(self, heap: HorizonHeap | None = None) -> int:
+        """The page the loader may read now into `heap` (the present's by default): its room,
+        at most `page`; 0 while the room is less than a page (or half the bound), so a nearly
+        full heap is not topped up a few tasks at a time."""
+        heap = heap if heap is not None else self.heap
+        room = min(heap.room(), self.page)
+        return room if room >= min(self.page, max(1, heap.max_tasks // 2)) else 0
 
     async def load(
-        self, fetch: Callable[[Key], Awaitable[list[TaskRef]]], page: int, until_ms: int
-    ) -> list[TaskRef]:
-        """Load the next page past the cursor (`fetch(cursor)`, at most `page` tasks, all due
-        by `until_ms`) under the lock; a short page means every task up to `until_ms` is in.
-        A page read while a trim moved the cursor back is dropped (read again later)."""
+        self,
+        fetch: Callable[[Key, int, int], Awaitable[list[TaskRef]]],
+        until_ms: int,
+        now_ms: int,
+    ) -> tuple[int, bool]:
+        """Load the next page past each range's cursor (`fetch(cursor, until ms, limit)`, in
+        firing order) within the heap's room, under the lock: the present's up to `until_ms`,
+        the backlog's (while split) up to `split_at`. Returns how many tasks were loaded and
+        whether a page was full (more to load now). A short page means every task up to its
+        limit is in. A page read while a trim moved its cursor back is dropped (read again)."""
         async with self._lock:
-            start = self.heap.cursor
-            refs = await fetch(start)
-            if self.heap.cursor != start:
-                return []
-            self.heap.loaded(refs, None if len(refs) >= page else until_ms)
-        if refs:
+            self._split_or_merge(now_ms)
+            got, more = await self._load_into(self.heap, fetch, until_ms)
+            if self.backlog is not None and self.split_at is not None:
+                b_got, b_more = await self._load_into(self.backlog, fetch, self.split_at[0])
+                got, more = got + b_got, more or b_more
+                self._split_or_merge(now_ms)
+        if got:
             self.wake.set()
-        return refs
+        return got, more
+
+    async def _load_into(
+        self,
+        heap: HorizonHeap,
+        fetch: Callable[[Key, int, int], Awaitable[list[TaskRef]]],
+        until_ms: int,
+    ) -> tuple[int, bool]:
+        page = self.page_size(heap)
+        start = heap.cursor
+        if page <= 0 or start >= (until_ms, *AFTER_ALL):
+            return 0, False
+        refs = await fetch(start, until_ms, page)
+        if heap.cursor != start:
+            return 0, False
+        heap.loaded(refs, None if len(refs) >= page else until_ms)
+        return len(refs), len(refs) >= page
+
+    def _split_or_merge(self, now_ms: int) -> None:
+        """Split a backlog off (catch-up on, tasks overdue by more than its lag on the heap or
+        behind the cursor), or join it back once it is loaded and drained."""
+        catchup = self.catchup
+        if catchup is None:
+            return
+        backlog, at = self.backlog, self.split_at
+        if backlog is not None and at is not None:
+            if not len(backlog) and backlog.cursor >= at:
+                self.backlog = self.split_at = None
+                self.heap.bound(*self._bounds)
+                log.info("horizon.caught_up")
+            return
+        edge = now_ms - catchup.lag_ms
+        first = self.heap.next_due_ms()
+        if self.heap.cursor[0] >= edge and (first is None or first >= edge):
+            return
+        at = (edge, *AFTER_ALL)
+        self.backlog = self.heap.split_off(at)
+        self.split_at = at
+        half = (max(1, self._bounds[0] // 2), max(1, self._bounds[1] // 2))
+        self.backlog.bound(*half)
+        self.heap.bound(*half)
+        log.info("horizon.backlog_split at_ms=%d on_heap=%d", edge, len(self.backlog))
 
     def put_back(self, refs: Iterable[TaskRef], wake: bool = False) -> None:
         """Push tasks taken but not claimed back, unconditionally."""
         for ref in refs:
-            self.heap.push(ref)
+            self._heap_for(ref.key).push(ref)
             if wake:
                 self.wake.set()
 
     def next_due(self) -> int | None:
         """The due time (epoch ms) of the first task on the heap."""
-        return self.heap.next_due_ms()
+        first = self.heap.next_due_ms()
+        if self.backlog is None:
+            return first
+        other = self.backlog.next_due_ms()
+        return other if first is None else first if other is None else min(first, other)
 
-    def take_due(self, until_ms: int, limit: int) -> list[Entry]:
+    def take_due(self, until_ms: int, limit: int, backlog_limit: int | None = None) -> list[Entry]:
         """Pop up to `limit` tasks due by `until_ms`, in firing order; wake the loader when
-        that made room for a page."""
-        out = self.heap.pop_due(until_ms, limit)
-        if out and self.page_size():
+        that made room for a page. While a backlog is split off: the present first, leaving
+        the backlog its share of `limit` (at most `backlog_limit`), and all the rest when the
+        present has nothing due."""
+        backlog = self.backlog
+        if backlog is None or self.catchup is None:
+            out = self.heap.pop_due(until_ms, limit)
+        else:
+            cap = limit if backlog_limit is None else max(0, min(limit, backlog_limit))
+            first = backlog.next_due_ms()
+            reserve = 0
+            if cap and first is not None and first <= until_ms:
+                reserve = min(cap, max(1, int(limit * self.catchup.share)))
+            out = self.heap.pop_due(until_ms, limit - reserve)
+            out += backlog.pop_due(until_ms, min(cap, limit - len(out)))
+        if out and (self.page_size() or (backlog is not None and self.page_size(backlog))):
             self.hungry.set()
         return out
 
     def disarm(self) -> None:
         """Forget every task (office lost: the next leader reloads from PostgreSQL)."""
         self.heap.reset()
+        self.heap.bound(*self._bounds)
+        self.backlog = self.split_at = None
 
     def wake_up(self) -> None:
         self.wake.set()
