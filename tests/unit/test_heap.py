@@ -191,3 +191,25 @@ def test_split_off_keeps_the_cursor_rule_on_both_sides() -> None:
     older = behind.split_off((45, 11, 2**63 - 1))
     assert older.cursor == (10, 5, 1) and behind.cursor == (45, 11, 2**63 - 1)
     assert not older.offer(ref("b", 20, 5, 2)) and not behind.offer(ref("c", 46, 5, 3))
+
+
+def test_a_large_heap_trims_at_a_sampled_cut_and_keeps_the_cursor_rule() -> None:
+    """A heap past `EXACT_TRIM` entries cuts at a sampled quantile: it keeps about 7/8 of its
+    bound, everything it keeps is at or before the cursor, and every task it dropped is past
+    the cursor (so the loader reads it again)."""
+    import random as rnd
+
+    from scheduler.engine.delayed.horizon import EXACT_TRIM
+
+    bound = 3 * EXACT_TRIM
+    heap = HorizonHeap(max_tasks=bound)
+    refs = [ref(f"t{i}", i, 5, i) for i in range(bound)]
+    heap.loaded(refs, None)
+    extra = [ref(f"x{i}", rnd.randrange(bound), 1, bound + i) for i in range(500)]
+    for r in extra:
+        assert heap.offer(r) or r.key > heap.cursor
+    assert 0.85 * bound <= len(heap) <= bound
+    kept = {e[3] for e in heap.pop_due(10 * bound, bound)}
+    assert heap.evicted > 0
+    for r in refs + extra:
+        assert (r.task_id in kept) == (r.key <= heap.cursor)

