@@ -27,10 +27,14 @@ before T; drain rate = N / (last arrival - T)); `takeover` COPYs them into Postg
 due, then starts a fresh daemon (a new leader taking office over an overdue backlog; drain rate
 = N / (last arrival - the daemon's start)). Baseline in the same run: the daemon's own publish
 path (`burst.baseline`, no PostgreSQL) on min(N, 100,000) of the same messages. Targets:
-every task once, none early, RSS <= 200 MB throughout, drain >= 0.5 of the baseline.
+every task once, none early, RSS <= 200 MB throughout, drain >= 0.5 of the baseline. With
+`--catchup due_order,on_time_first` the takeover runs once more per policy (issue 28 item 4),
+100 tasks/s due 0.2 s after they are published arriving on the lane meanwhile (to their own
+stream): their lateness while the backlog drains, beside the backlog's drain rate.
 
     .venv/bin/python bench/scale.py [--counts 1000000] [--with-3m] [--no-fire] [--out FILE]
     .venv/bin/python bench/scale.py --instant 1000000 [--counts 0] [--profile FILE]
+        [--catchup due_order,on_time_first] [--sub-ms]
 """
 
 from __future__ import annotations
@@ -319,9 +323,33 @@ def profiled(daemon: Daemon, profile: str | None) -> None:
         daemon.env["MQS_PROFILE"] = profile
 
 
-async def instant(count: int, mode: str, profile: str | None) -> dict[str, Any]:
+PRESENT_RATE = 100  # tasks/s through intake while a takeover drains (--present)
+PRESENT_DELAY = 0.2  # each due this long after it is published
+
+
+async def present_tasks(nc: Any, stop: asyncio.Event) -> int:
+    """Tasks due now, on the lane at PRESENT_RATE while the backlog drains; how many."""
+    pipe = await Pipeline(nc).start()
+    n = 0
+    start = time.time()
+    while not stop.is_set():
+        now = time.time()
+        task_id = f"present-{n}"
+        body = envelope(task_id, now + PRESENT_DELAY, now)
+        await pipe.publish("mq.delay.present.x", body, {"Nats-Msg-Id": task_id})
+        n += 1
+        await asyncio.sleep(max(0.0, start + n / PRESENT_RATE - time.time()))
+    await pipe.drain()
+    return n
+
+
+async def instant(
+    count: int, mode: str, profile: str | None, catchup: str | None = None
+) -> dict[str, Any]:
     """`count` tasks due at one instant, through intake or in PostgreSQL for a new leader (see
-    the module), on fresh servers; with the baseline publish path in the same run."""
+    the module), on fresh servers; with the baseline publish path in the same run. With
+    `catchup` (takeover only): the daemon's SCHEDULER_CATCHUP, and tasks due now arrive on the
+    lane at PRESENT_RATE while the backlog drains; their lateness is reported apart."""
     with servers() as env:
         due = time.time() + 10 + count / 10_000
         tasks = burst.build(count, due)
@@ -329,15 +357,26 @@ async def instant(count: int, mode: str, profile: str | None) -> dict[str, Any]:
             await migrate.upgrade_async(env.database_url)
             await copy_tasks(env.database_url, tasks, time.time())
         nc = await nats.connect(env.nats_url)
-        daemon = Daemon(env)
+        daemon = Daemon(env, **({"catchup": catchup} if catchup else {}))
         profiled(daemon, profile and f"{profile}.{mode}")
         rss: list[float] = []
+        present_stop = asyncio.Event()
+        present: asyncio.Task[int] | None = None
+        present_seen: RawCollector | None = None
         try:
             js = nc.jetstream()
             await add_target_stream(js)
             collector = await RawCollector(env.nats_url, js, "BENCH", "mq.bench.>").start()
+            if catchup:
+                await add_target_stream(js, "PRESENT", "mq.present.>")
+                present_seen = await RawCollector(
+                    env.nats_url, js, "PRESENT", "mq.present.>"
+                ).start()
             daemon.start(wait_ready=False)
             sampler = asyncio.create_task(sample_rss_fast(daemon, rss))
+            if catchup:
+                await until_ready(daemon)
+                present = asyncio.create_task(present_tasks(nc, present_stop))
             if mode == "through_intake":
                 await until_ready(daemon)
                 pipe = await Pipeline(nc).start()
@@ -355,8 +394,15 @@ async def instant(count: int, mode: str, profile: str | None) -> dict[str, Any]:
             if profile:
                 os.kill(daemon.pid, signal.SIGUSR2)
                 await asyncio.sleep(2.0)
+            sent = 0
+            if present is not None and present_seen is not None:
+                present_stop.set()
+                sent = await present
+                await present_seen.wait_for(sent, 10.0)
+                await present_seen.stop()
             await collector.stop()
         finally:
+            present_stop.set()
             daemon.stop()
         await sampler
         try:
@@ -380,6 +426,19 @@ async def instant(count: int, mode: str, profile: str | None) -> dict[str, Any]:
         "ratio_to_baseline": None if rate is None else round(rate / max(base["rate"], 1), 3),
         "rss_max_mb": round(max(rss, default=0)),
         "rss_samples": len(rss),
+    } | ({"catchup": catchup, "present": present_figures(present_seen, sent)} if catchup else {})
+
+
+def present_figures(seen: RawCollector | None, sent: int) -> dict[str, Any]:
+    """The tasks due now while the backlog drained: how many, how late (ms)."""
+    if seen is None:
+        return {}
+    summary = seen.summary(sent)
+    return {
+        "sent": sent,
+        "missing": summary["missing"],
+        "duplicates": summary["duplicates"],
+        "lateness_ms": summary["lateness_ms"],
     }
 
 
@@ -400,12 +459,19 @@ async def copy_tasks(dsn: str, tasks: list[tuple[str, bytes]], due: float) -> No
 
 
 def instant_line(r: dict[str, Any]) -> str:
-    return (
+    line = (
         f"{r['count']:,} at one instant {r['mode']}: {r['drain_rate']}/s "
         f"({r['ratio_to_baseline']} of the publish path's {r['baseline_rate']}/s), RSS max "
         f"{r['rss_max_mb']} MB, missing {r['missing']}, dup {r['duplicates']}, "
         f"early {r['early']}"
     )
+    if r.get("catchup"):
+        late = r["present"].get("lateness_ms", {})
+        line += (
+            f" [catchup {r['catchup']}: tasks due now p50 {late.get('p50')} p99 "
+            f"{late.get('p99')} max {late.get('max')} ms]"
+        )
+    return line
 
 
 def instant_passed(r: dict[str, Any]) -> bool:
@@ -430,6 +496,12 @@ def main() -> None:
     )
     ap.add_argument("--profile", default=None, help="cProfile the instant drains into FILE.*")
     ap.add_argument(
+        "--catchup",
+        default="",
+        help="takeover with tasks due now arriving meanwhile, once per SCHEDULER_CATCHUP "
+        "given (due_order,on_time_first)",
+    )
+    ap.add_argument(
         "--sub-ms", action="store_true", help="COPY due times with microseconds (not whole ms)"
     )
     ap.add_argument("--out", default=None)
@@ -441,6 +513,11 @@ def main() -> None:
     runs = [run(measure(c, a.seconds, not a.no_fire and k == 0)) for k, c in enumerate(counts)]
     instants = [
         run(instant(a.instant, mode, profile)) for mode in a.instant_modes.split(",") if a.instant
+    ]
+    instants += [
+        run(instant(a.instant, "takeover", None, policy))
+        for policy in a.catchup.split(",")
+        if a.instant and policy
     ]
     rss = [r["rss_max_mb"] for r in runs]
     flat = not rss or rss[-1] <= rss[0] * 1.15 + 10
