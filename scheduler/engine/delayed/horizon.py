@@ -21,7 +21,8 @@ nothing is taken out of order (every task on the heap comes before every task pa
 cursor).
 
 Why that is safe against everything else that touches the heap:
-- the cursor only moves back, under or outside the lock, never past a task not on the heap;
+- a trim only moves the cursor back, to just before the first task it gave up, and every task
+  it keeps lies at or before the new cursor;
 - a load in flight (`Horizon.load`, awaiting PostgreSQL) read from the cursor it started
   with; if the cursor moved back meanwhile its page is dropped, not pushed (its tasks lie past
   the new cursor and are read again);
@@ -35,7 +36,7 @@ Why that is safe against everything else that touches the heap:
 an offset so earlier instants sort first, priority, sequence: 17 bytes) followed by the task
 id, so bytes order is firing order. About 80 B per task with a 26-character id, where the
 tuple of four objects it replaces took ~217 B; comparing two is one `memcmp`. `pop_due`
-unpacks what it hands out (`Entry` tuples), so only the claimer's few thousand a second pay it.
+unpacks what it hands out (`Entry` tuples): only what the claimer takes pays for that.
 """
 
 from __future__ import annotations
