@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -213,3 +214,80 @@ def test_a_large_heap_trims_at_a_sampled_cut_and_keeps_the_cursor_rule() -> None
     assert heap.evicted > 0
     for r in refs + extra:
         assert (r.task_id in kept) == (r.key <= heap.cursor)
+
+
+async def _model_run(seed: int, catchup_on: bool) -> int:
+    """One random run against a model store (see the test below); how many loads found the
+    horizon split."""
+    import random as rnd
+
+    from scheduler.engine.delayed.horizon import Catchup, Horizon
+
+    r = rnd.Random(seed)
+    bound = r.choice([10, 16, 40])
+    catchup = Catchup(0.5, lag_ms=20) if catchup_on else None
+    horizon = Horizon(HorizonHeap(max_tasks=bound), page=8, catchup=catchup)
+    pending: dict[str, TaskRef] = {}
+    claimed: list[str] = []
+    splits = now = seq = 0
+
+    async def fetch(after: tuple[int, int, int], until: int, limit: int) -> list[TaskRef]:
+        if pending and r.random() < 0.3:  # meanwhile a put-back overfills it: a trim
+            horizon.put_back(r.sample(list(pending.values()), min(len(pending), bound)))
+        keys = sorted(
+            (t.key, t.task_id) for t in pending.values() if after < t.key <= (until, 99, 0)
+        )
+        return [pending[i] for _, i in keys[:limit]]
+
+    def claim(until: int, limit: int, backlog_limit: int | None = None) -> list[TaskRef]:
+        out = []
+        for due, priority, s, task_id in horizon.take_due(until, limit, backlog_limit):
+            task = pending.get(task_id)
+            if task is None or task.key != (due, priority, s):
+                continue  # claimed already, or a stale entry: the claim skips it
+            assert task.due_ms <= until
+            out.append(pending.pop(task_id))
+            claimed.append(task_id)
+        return out
+
+    for _ in range(150):
+        op = r.random()
+        if op < 0.3:
+            now += r.randrange(0, 30)
+            await horizon.load(fetch, now + 100, now)
+            splits += horizon.backlog is not None
+        elif op < 0.65:
+            seq += 1
+            t = TaskRef(f"t{seq}", now + r.randrange(-200, 150), r.randrange(1, 11), seq)
+            pending[t.task_id] = t
+            await horizon.offer_all([t])
+        elif op < 0.9:
+            claim(now + 5, r.randrange(1, 12), r.choice([None, 0, 3]))
+        else:
+            taken = claim(now + 5, r.randrange(1, 6))
+            for t in taken:  # the claim failed: pending again, back on the heap
+                pending[t.task_id] = t
+                claimed.remove(t.task_id)
+            horizon.put_back(taken)
+        assert len(horizon) <= bound
+    for _ in range(2_000):
+        if not pending:
+            break
+        now += 50
+        await horizon.load(fetch, now + 100, now)
+        claim(now + 5, bound)
+    assert not pending, seed
+    assert sorted(claimed) == sorted(f"t{i}" for i in range(1, seq + 1)), seed
+    return splits
+
+
+@pytest.mark.parametrize("catchup_on", [False, True])
+async def test_the_horizon_never_loses_or_doubles_against_a_model_store(catchup_on: bool) -> None:
+    """With catch-up off, and on (`Catchup`): random loads as time moves on, offers at any
+    key, claims (pops; a popped task is claimed if still pending) and failed claims put back,
+    trims while a page is read, with small bounds, so the horizon trims, and splits a backlog
+    off and joins it again, many times. Every claim takes a pending task that is due, the
+    bounds hold, and once time has moved past every due time and all is loaded, each task was
+    claimed exactly once."""
+    splits = [await _model_run(seed, catchup_on) for seed in range(60)]
+    assert (sum(splits) > 100) == catchup_on, splits  # split and joined, when on
