@@ -22,7 +22,7 @@ table must not keep fired rows); it is reported, not part of `pass`.
 
 With `--instant N` (issue 28), N tasks due at one instant, twice, on fresh servers each, the
 daemon's RSS sampled every 0.25 s throughout: `through_intake` publishes them on the delay lane
-while the leader runs (due at T = now + 10 s + N / 10,000/s, so intake has committed them
+while the leader runs (due at T = now + 10 s + N / 5,000/s, so intake has committed them
 before T; drain rate = N / (last arrival - T)); `takeover` COPYs them into PostgreSQL already
 due, then starts a fresh daemon (a new leader taking office over an overdue backlog; drain rate
 = N / (last arrival - the daemon's start)). Baseline in the same run: the daemon's own publish
