@@ -140,7 +140,7 @@ class HorizonHeap:
         self.bytes = sum(map(cost, kept))
         return gone
 
-    def _adopt(self, entries: list[bytes]) -> None:
+    def adopt(self, entries: list[bytes]) -> None:
         """Take over packed entries (split off another heap)."""
         for e in entries:
             heapq.heappush(self._heap, e)
@@ -219,7 +219,7 @@ class HorizonHeap:
         lesser of this cursor and `at`, this one's the greater."""
         edge = _KEY.pack(at[0] + _DUE_OFFSET, at[1], at[2])
         below = HorizonHeap(self.max_tasks, self.max_bytes)
-        below._adopt(self._retain(lambda e: e[:KEY_BYTES] > edge))
+        below.adopt(self._retain(lambda e: e[:KEY_BYTES] > edge))
         below.cursor = min(self.cursor, at)
         self.cursor = max(self.cursor, at)
         return below
