@@ -142,6 +142,9 @@ class FairHeap(HorizonHeap):
         self.bytes = sum(cost(e) for heap in self._orgs.values() for e in heap)
         return gone
 
+    def _keep_below(self, cut: bytes) -> int:
+        return len(self._retain(lambda e: e < cut))
+
     def _current(self, due: int, org: str) -> bool:
         heap = self._orgs.get(org)
         return bool(heap and due_of(heap[0]) == due)
