@@ -512,7 +512,9 @@ def main() -> None:
     profile = os.path.abspath(a.profile) if a.profile else None
     runs = [run(measure(c, a.seconds, not a.no_fire and k == 0)) for k, c in enumerate(counts)]
     instants = [
-        run(instant(a.instant, mode, profile)) for mode in a.instant_modes.split(",") if a.instant
+        run(instant(a.instant, mode, profile))
+        for mode in a.instant_modes.split(",")
+        if a.instant and mode
     ]
     instants += [
         run(instant(a.instant, "takeover", None, policy))
