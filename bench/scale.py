@@ -1,7 +1,10 @@
 """Scale: N pending tasks (default 1,000,000; 3,000,000 too with --with-3m) due over the next day.
 
 Rows are copied straight into PostgreSQL `delayed_messages` (after `scheduler.daemon.migrate`), due
-between 2 min and 1 day ahead, plus one probe task due 0.5 s after the daemon's process starts.
+between 2 min and 1 day ahead (due times in whole milliseconds, as the daemon stores them;
+`--sub-ms` keeps the microseconds, as this bench did before issue 28: the loader then reads the
+rows of its cursor's millisecond again on every page), plus one probe task due 0.5 s after the
+daemon's process starts.
 Measured: time from process start to the probe's arrival at a JetStream consumer, and the
 daemon's RSS sampled every 0.25 s for 20 s. Memory must follow the horizon, not the pending count.
 Targets (issue 3): RSS <= 300 MB, first fire < 2 s, RSS at 3M not meaningfully above (<= 15 %
@@ -17,25 +20,43 @@ arrival), lost/doubled/early, the daemon's RSS while firing, and every other tab
 `rows_kept_after_fire` is true when more than 100 rows are left once all fired (issue 19: the
 table must not keep fired rows); it is reported, not part of `pass`.
 
+With `--instant N` (issue 28), N tasks due at one instant, twice, on fresh servers each, the
+daemon's RSS sampled every 0.25 s throughout: `through_intake` publishes them on the delay lane
+while the leader runs (due at T = now + 10 s + N / 5,000/s, so intake has committed them
+before T; drain rate = N / (last arrival - T)); `takeover` COPYs them into PostgreSQL already
+due, then starts a fresh daemon (a new leader taking office over an overdue backlog; drain rate
+= N / (last arrival - the daemon's start)). Baseline in the same run: the daemon's own publish
+path (`burst.baseline`, no PostgreSQL) on min(N, 100,000) of the same messages. Targets:
+every task once, none early, RSS <= 200 MB throughout, drain >= 0.5 of the baseline. With
+`--catchup due_order,on_time_first` the takeover runs once more per policy (issue 28 item 4),
+100 tasks/s due 0.2 s after they are published arriving on the lane meanwhile (to their own
+stream): their lateness while the backlog drains, beside the backlog's drain rate.
+
     .venv/bin/python bench/scale.py [--counts 1000000] [--with-3m] [--no-fire] [--out FILE]
+    .venv/bin/python bench/scale.py --instant 1000000 [--counts 0] [--profile FILE]
+        [--catchup due_order,on_time_first] [--sub-ms]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
+import signal
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+import burst
 import nats
 from common import Daemon, Env, add_target_stream, report, run, servers
 from rawnats import RawCollector
-from traffic import Collector, envelope
+from traffic import Collector, Pipeline, envelope
 
 from scheduler.daemon import migrate
+from scheduler.records import ceil_ms
 
 COLUMNS = [
     "id",
@@ -50,8 +71,18 @@ COLUMNS = [
 ]
 
 
-def row(task_id: str, due: float, now: float) -> tuple[Any, ...]:
+SUB_MS = False  # --sub-ms: due times with microseconds, as this bench wrote them before
+
+
+def due_at(due: float) -> datetime:
+    """`due` as the daemon stores a due time: rounded up to the millisecond (intake, retries
+    and reschedules all do), unless --sub-ms."""
     at = datetime.fromtimestamp(due, UTC)
+    return at if SUB_MS else ceil_ms(at)
+
+
+def row(task_id: str, due: float, now: float) -> tuple[Any, ...]:
+    at = due_at(due)
     return (task_id, "mq.bench.x", envelope(task_id, due, now), "{}", 5, at, at, None, "pending")
 
 
@@ -265,18 +296,233 @@ async def bookkeeping_done(dsn: str, deadline: float) -> bool:
         await conn.close()
 
 
+INSTANT_RSS_MAX_MB = 200
+BASELINE_MAX = 100_000
+
+
+async def sample_rss_fast(daemon: Daemon, out: list[float]) -> None:
+    while daemon.proc is not None and daemon.proc.poll() is None:
+        try:
+            out.append(daemon.rss_mb())
+        except OSError:  # the process just ended
+            return
+        await asyncio.sleep(0.25)
+
+
+async def until_ready(daemon: Daemon) -> None:
+    while not daemon.ready():  # noqa: ASYNC110 (an HTTP poll, no event to wait on)
+        await asyncio.sleep(0.05)
+
+
+def profiled(daemon: Daemon, profile: str | None) -> None:
+    """cProfile the daemon's drain into `profile` (bench/profhook), when asked."""
+    if profile:
+        daemon.env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (burst.PROFHOOK, daemon.env.get("PYTHONPATH")) if p
+        )
+        daemon.env["MQS_PROFILE"] = profile
+
+
+PRESENT_RATE = 100  # tasks/s through intake while a takeover drains (--present)
+PRESENT_DELAY = 0.2  # each due this long after it is published
+
+
+async def present_tasks(nc: Any, stop: asyncio.Event) -> int:
+    """Tasks due now, on the lane at PRESENT_RATE while the backlog drains; how many."""
+    pipe = await Pipeline(nc).start()
+    n = 0
+    start = time.time()
+    while not stop.is_set():
+        now = time.time()
+        task_id = f"present-{n}"
+        body = envelope(task_id, now + PRESENT_DELAY, now)
+        await pipe.publish("mq.delay.present.x", body, {"Nats-Msg-Id": task_id})
+        n += 1
+        await asyncio.sleep(max(0.0, start + n / PRESENT_RATE - time.time()))
+    await pipe.drain()
+    return n
+
+
+async def instant(
+    count: int, mode: str, profile: str | None, catchup: str | None = None
+) -> dict[str, Any]:
+    """`count` tasks due at one instant, through intake or in PostgreSQL for a new leader (see
+    the module), on fresh servers; with the baseline publish path in the same run. With
+    `catchup` (takeover only): the daemon's SCHEDULER_CATCHUP, and tasks due now arrive on the
+    lane at PRESENT_RATE while the backlog drains; their lateness is reported apart."""
+    with servers() as env:
+        due = time.time() + 10 + count / 5_000  # intake commits ~10,000/s on 2 cores
+        tasks = burst.build(count, due)
+        if mode == "takeover":
+            await migrate.upgrade_async(env.database_url)
+            await copy_tasks(env.database_url, tasks, time.time())
+        nc = await nats.connect(env.nats_url)
+        daemon = Daemon(env, **({"catchup": catchup} if catchup else {}))
+        profiled(daemon, profile and f"{profile}.{mode}")
+        rss: list[float] = []
+        present_stop = asyncio.Event()
+        present: asyncio.Task[int] | None = None
+        present_seen: RawCollector | None = None
+        try:
+            js = nc.jetstream()
+            await add_target_stream(js)
+            collector = await RawCollector(env.nats_url, js, "BENCH", "mq.bench.>").start()
+            if catchup:
+                await add_target_stream(js, "PRESENT", "mq.present.>")
+                present_seen = await RawCollector(
+                    env.nats_url, js, "PRESENT", "mq.present.>"
+                ).start()
+            daemon.start(wait_ready=False)
+            sampler = asyncio.create_task(sample_rss_fast(daemon, rss))
+            if catchup:
+                await until_ready(daemon)
+                present = asyncio.create_task(present_tasks(nc, present_stop))
+            if mode == "through_intake":
+                await until_ready(daemon)
+                pipe = await Pipeline(nc).start()
+                for task_id, body in tasks:
+                    await pipe.publish("mq.delay.bench.x", body, {"Nats-Msg-Id": task_id})
+                await pipe.drain()
+                intake_s = await burst.intake_drained(js, due)
+                start = due
+            else:
+                intake_s, start = None, daemon.started_at
+            if profile:
+                await until_ready(daemon)
+                os.kill(daemon.pid, signal.SIGUSR1)
+            complete = await wait_progress(collector, count, max(start, time.time()))
+            if profile:
+                os.kill(daemon.pid, signal.SIGUSR2)
+                await asyncio.sleep(2.0)
+            sent = 0
+            if present is not None and present_seen is not None:
+                present_stop.set()
+                sent = await present
+                await present_seen.wait_for(sent, 10.0)
+                await present_seen.stop()
+            await collector.stop()
+        finally:
+            present_stop.set()
+            daemon.stop()
+        await sampler
+        try:
+            base = await burst.baseline(nc, tasks[:BASELINE_MAX], due)
+        finally:
+            await nc.close()
+    summary = collector.summary(count)
+    last = collector.last_arrival - start if complete else None
+    rate = round(count / last) if last else None
+    return {
+        "mode": mode,
+        "count": count,
+        "complete": complete,
+        "missing": summary["missing"],
+        "duplicates": summary["duplicates"],
+        "early": summary["lateness_ms"].get("early"),
+        "intake_done_before_due": None if mode != "through_intake" else intake_s is not None,
+        "drain_seconds": None if last is None else round(last, 2),
+        "drain_rate": rate,
+        "baseline_rate": base["rate"],
+        "ratio_to_baseline": None if rate is None else round(rate / max(base["rate"], 1), 3),
+        "rss_max_mb": round(max(rss, default=0)),
+        "rss_samples": len(rss),
+    } | ({"catchup": catchup, "present": present_figures(present_seen, sent)} if catchup else {})
+
+
+def present_figures(seen: RawCollector | None, sent: int) -> dict[str, Any]:
+    """The tasks due now while the backlog drained: how many, how late (ms)."""
+    if seen is None:
+        return {}
+    summary = seen.summary(sent)
+    return {
+        "sent": sent,
+        "missing": summary["missing"],
+        "duplicates": summary["duplicates"],
+        "lateness_ms": summary["lateness_ms"],
+    }
+
+
+async def copy_tasks(dsn: str, tasks: list[tuple[str, bytes]], due: float) -> None:
+    """The tasks as pending rows all due at `due`, by COPY in chunks."""
+    at = due_at(due)
+    conn = await asyncpg.connect(dsn)
+    try:
+        for start in range(0, len(tasks), 200_000):
+            rows = [
+                (task_id, "mq.bench.x", body, "{}", 5, at, at, None, "pending")
+                for task_id, body in tasks[start : start + 200_000]
+            ]
+            await conn.copy_records_to_table("delayed_messages", records=rows, columns=COLUMNS)
+        await conn.execute("ANALYZE delayed_messages")
+    finally:
+        await conn.close()
+
+
+def instant_line(r: dict[str, Any]) -> str:
+    line = (
+        f"{r['count']:,} at one instant {r['mode']}: {r['drain_rate']}/s "
+        f"({r['ratio_to_baseline']} of the publish path's {r['baseline_rate']}/s), RSS max "
+        f"{r['rss_max_mb']} MB, missing {r['missing']}, dup {r['duplicates']}, "
+        f"early {r['early']}"
+    )
+    if r.get("catchup"):
+        late = r["present"].get("lateness_ms", {})
+        line += (
+            f" [catchup {r['catchup']}: tasks due now p50 {late.get('p50')} p99 "
+            f"{late.get('p99')} max {late.get('max')} ms]"
+        )
+    return line
+
+
+def instant_passed(r: dict[str, Any]) -> bool:
+    return bool(
+        r["complete"]
+        and r["duplicates"] == 0
+        and r["early"] == 0
+        and r["rss_max_mb"] <= INSTANT_RSS_MAX_MB
+        and (r["ratio_to_baseline"] or 0) >= 0.5
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--counts", default="1000000", help="comma-separated pending counts")
+    ap.add_argument("--counts", default="1000000", help="comma-separated pending counts (0: none)")
     ap.add_argument("--with-3m", action="store_true", help="also run 3,000,000")
     ap.add_argument("--seconds", type=float, default=20, help="RSS sampling window")
     ap.add_argument("--no-fire", action="store_true", help="skip firing all of the first count")
+    ap.add_argument("--instant", type=int, default=0, help="N due at one instant (issue 28)")
+    ap.add_argument(
+        "--instant-modes", default="through_intake,takeover", help="through_intake,takeover"
+    )
+    ap.add_argument("--profile", default=None, help="cProfile the instant drains into FILE.*")
+    ap.add_argument(
+        "--catchup",
+        default="",
+        help="takeover with tasks due now arriving meanwhile, once per SCHEDULER_CATCHUP "
+        "given (due_order,on_time_first)",
+    )
+    ap.add_argument(
+        "--sub-ms", action="store_true", help="COPY due times with microseconds (not whole ms)"
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    counts = [int(c) for c in a.counts.split(",")] + ([3_000_000] if a.with_3m else [])
+    global SUB_MS
+    SUB_MS = a.sub_ms
+    counts = [int(c) for c in a.counts.split(",") if int(c)] + ([3_000_000] if a.with_3m else [])
+    profile = os.path.abspath(a.profile) if a.profile else None
     runs = [run(measure(c, a.seconds, not a.no_fire and k == 0)) for k, c in enumerate(counts)]
+    instants = [
+        run(instant(a.instant, mode, profile))
+        for mode in a.instant_modes.split(",")
+        if a.instant and mode
+    ]
+    instants += [
+        run(instant(a.instant, "takeover", None, policy))
+        for policy in a.catchup.split(",")
+        if a.instant and policy
+    ]
     rss = [r["rss_max_mb"] for r in runs]
-    flat = rss[-1] <= rss[0] * 1.15 + 10
+    flat = not rss or rss[-1] <= rss[0] * 1.15 + 10
     passed = flat and all(
         r["rss_max_mb"] <= 300
         and r["first_fire_seconds"] is not None
@@ -284,7 +530,8 @@ def main() -> None:
         and r["daemon_alive"]
         for r in runs
     )
-    fire = runs[0].get("fire_all")
+    passed = passed and all(instant_passed(r) for r in instants)
+    fire = runs[0].get("fire_all") if runs else None
     if fire:  # every refilled task fired, once, none early (the size figures are reported)
         passed = passed and fire["complete"] and fire["duplicates"] == 0 and fire["early"] == 0
     line = "; ".join(
@@ -302,16 +549,18 @@ def main() -> None:
             f"{d['fired']['n_dead_tup']}) -> VACUUM {d['after_vacuum']['total_mb']}; "
             f"rows kept after fire: {fire['rows_kept_after_fire']}"
         )
+    line = "; ".join(x for x in (line, *map(instant_line, instants)) if x)
     report(
         "scale",
         {k: v for k, v in vars(a).items() if k != "out"},
-        {"runs": runs, "rss_flat": flat},
+        {"runs": runs, "rss_flat": flat, "instant": instants},
         {
             "rss_mb_max": 300,
             "first_fire_seconds_max": 2,
             "rss_growth": "<= 15 % + 10 MB",
             "fire_all": "every task fired once, none early",
             "rows_kept_after_fire": "false (issue 19; reported, not in pass)",
+            "instant": "once, none early, RSS <= 200 MB, drain >= 0.5 of the publish path",
         },
         passed,
         line,

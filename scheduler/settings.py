@@ -114,6 +114,17 @@ class Settings(BaseSettings):
     target_allow: CommaList = ["mq.>"]
     provision: bool = True
     horizon: Duration = timedelta(minutes=5)
+    # the horizon heap's bounds besides time (engine/delayed/horizon.py): entries, and their
+    # bytes; past them the loader waits and the heap gives up its latest tasks to PostgreSQL
+    horizon_max_tasks: int = Field(default=500_000, ge=10, le=50_000_000)
+    horizon_max_bytes: ByteSize = Field(
+        default=ByteSize(64 * 1024 * 1024), ge=64 * 1024, le=16 * 1024**3
+    )
+    # while an overdue backlog drains (engine/delayed/horizon.py, `Catchup`): `due_order` takes
+    # every task in firing order; `on_time_first` claims what falls due now first and gives the
+    # backlog (tasks overdue by over a second when it formed) this share of each claim
+    catchup: Literal["due_order", "on_time_first"] = "due_order"
+    catchup_backlog_share: float = Field(default=0.5, gt=0.0, le=1.0)
     batch: int = Field(default=1000, ge=1, le=100_000)
     max_attempts: int = Field(default=5, ge=1, le=1000)
     backoff: Duration = timedelta(seconds=1)

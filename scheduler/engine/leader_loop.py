@@ -21,7 +21,7 @@ from scheduler.engine.delayed.dead_letters import DeadLetterCopies
 from scheduler.engine.delayed.dispatch import Dispatcher
 from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.engine.delayed.fairness import horizon_heap
-from scheduler.engine.delayed.horizon import Horizon
+from scheduler.engine.delayed.horizon import Catchup, Horizon
 from scheduler.engine.delayed.intake import Intake
 from scheduler.engine.delayed.quota import OrgLedger
 from scheduler.engine.office import Office
@@ -32,8 +32,7 @@ from scheduler.settings import Settings
 
 log = logging.getLogger("scheduler.engine")
 
-PAGE = 20_000
-MAX_HEAP = 500_000
+PAGE = 20_000  # tasks per loader page at most (the heap's room decides: `Horizon.page_size`)
 SWEEP_EVERY = 5.0
 COUNT_EVERY = 15.0
 ANALYZE_EVERY = 5.0  # at most; see TaskStore.analyze_if_stale
@@ -69,7 +68,7 @@ class LeaderEngine:
         self.clock = clock
         self._events = events
         self.intake_stream = intake_stream or settings.intake_stream
-        self.horizon = Horizon(horizon_heap(settings))
+        self.horizon = Horizon(horizon_heap(settings), PAGE, Catchup.of(settings))
         self.ledger: OrgLedger | None = None  # per-org quotas of this term, when on
         self.warnings: dict[str, str] = {}  # stream -> why its duplicate window is too short
         self._checked_streams: set[str] = set()
@@ -236,12 +235,16 @@ class LeaderEngine:
             log.info("engine.link_revalidated epoch=%d", epoch)
 
     async def _loader(self, stop: asyncio.Event, dispatcher: Dispatcher, epoch: int) -> None:
-        """Keep the heap filled up to now + horizon; sweep for stragglers; count pending."""
+        """Keep the heap filled up to now + horizon, within its bounds; sweep for stragglers;
+        count pending. Between pages it waits up to a second, or until the claimer has made
+        room for a page (`Horizon.hungry`): a heap at its bound refills as it drains."""
         # The first count of pending tasks waits a few seconds: over millions of rows it costs
         # PostgreSQL a fraction of a second, which the first claims after taking office need.
         last_sweep, last_count = 0.0, self.clock.monotonic() - COUNT_EVERY + 3.0
         last_analyze = 0.0
+        hungry = self.horizon.hungry
         while not stop.is_set() and self.office.may_act():
+            hungry.clear()
             try:
                 full = await self.load_once()
                 now = self.clock.monotonic()
@@ -260,28 +263,33 @@ class LeaderEngine:
                 log.warning("loader.failed error=%r", exc)
                 full = False
             if not full:
-                await wait_or_stop(stop, 1.0)
+                await first_of(hungry.wait(), wait_or_stop(stop, 1.0))
 
     async def load_once(self) -> bool:
-        """Load one page past the cursor; return True when the page was full (more to load)."""
-        if len(self.horizon) >= MAX_HEAP:
-            return False
-        until_ms = to_ms(self.clock.now() + self.settings.horizon)
-        page = await self.horizon.load(
-            lambda cursor: self.tasks.load_page(cursor, from_ms(until_ms), PAGE), PAGE, until_ms
+        """Load one page past the cursor, as large as the heap has room for (at most `PAGE`;
+        while a backlog is split off, one for each range); return True when a page was full
+        (there may be more to load now)."""
+        now = self.clock.now()
+        until_ms = to_ms(now + self.settings.horizon)
+        got, more = await self.horizon.load(
+            lambda cursor, until, limit: self.tasks.load_page(cursor, from_ms(until), limit),
+            until_ms,
+            to_ms(now),
         )
-        if page:
+        if got:
             self._events.horizon_sized(len(self.horizon))
-        return len(page) == PAGE
+        return more
 
     async def sweep(self) -> None:
-        """Re-offer pending tasks overdue by over a second: a lost reschedule notice, say."""
+        """Re-offer pending tasks overdue by over a second: a lost reschedule notice, say.
+        Offered like intake's (under the lock, only within the loaded range): a task past the
+        cursor is the loader's to read, in order."""
         nxt = self.horizon.next_due()
         now_ms = to_ms(self.clock.now())
         if nxt is not None and nxt < now_ms - 1000:
             return  # firing is behind; overdue tasks are on the heap already
         overdue = await self.tasks.overdue(self.clock.now() - timedelta(seconds=2), 1000)
-        self.horizon.put_back(overdue, wake=True)
+        await self.horizon.offer_all(overdue)
 
     async def _on_rescheduled(self, data: bytes) -> None:
         try:

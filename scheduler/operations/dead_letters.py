@@ -43,6 +43,7 @@ from scheduler.operations.paging import (
     us,
 )
 from scheduler.operations.tasks import TaskOperations
+from scheduler.records import ceil_ms
 from scheduler.settings import Settings
 from scheduler.store.postgres.dead_letters import DeadLetterFilter, DeadLetterStore
 
@@ -117,7 +118,7 @@ class DeadLetterOperations:
         if task["expires_at"] is not None and task["expires_at"] <= now:
             detail = f"task {task_id}'s ttl ran out at {task['expires_at']}; it would expire"
             return Outcome("expired", ident, detail)
-        done = await self.store.requeue(dead["id"], task_id, now, who)
+        done = await self.store.requeue(dead["id"], task_id, ceil_ms(now), who)  # whole ms
         if done.status != "replayed" or done.ref is None:
             detail = f"task {task_id} is {done.task_status}" if done.task_status else ""
             return Outcome(done.status, ident, detail, {"task_id": task_id})

@@ -38,10 +38,18 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from scheduler.engine.delayed.armed import AFTER_PRIORITIES, LAST_ARMING, Armed, Slot
-from scheduler.engine.delayed.horizon import AFTER_ALL, HorizonHeap
+from scheduler.engine.delayed.horizon import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_TASKS,
+    HorizonHeap,
+    cost,
+    due_bound,
+    due_of,
+    unpack,
+)
 from scheduler.records import ClaimedTask, Entry, TaskRef, to_ms
 from scheduler.settings import Settings
 
@@ -82,12 +90,19 @@ def _org(ref: TaskRef) -> str:
 
 
 class FairHeap(HorizonHeap):
-    """The horizon's heap kept per organisation; `pop_due` takes turns (see the module)."""
+    """The horizon's heap kept per organisation; `pop_due` takes turns (see the module). Its
+    bounds and trims are the `HorizonHeap`'s, over all organisations together (the cursor
+    is one, in firing order)."""
 
-    def __init__(self, shares: Mapping[str, int] | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        shares: Mapping[str, int] | None = None,
+        max_tasks: int = DEFAULT_MAX_TASKS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        super().__init__(max_tasks, max_bytes)
         self.shares = dict(shares or {})
-        self._orgs: dict[str, list[Entry]] = {}
+        self._orgs: dict[str, list[bytes]] = {}
         # (due ms of an org's first task, org), lazily pruned: an entry is current while that
         # org's first task is due at that ms
         self._firsts: list[tuple[int, str]] = []
@@ -96,35 +111,43 @@ class FairHeap(HorizonHeap):
     def __len__(self) -> int:
         return self._size
 
-    def _push(self, org: str, entry: Entry) -> None:
+    def _push(self, ref: TaskRef, packed: bytes) -> None:
+        org = _org(ref)
         heap = self._orgs.get(org)
         if heap is None:
             heap = self._orgs[org] = []
-        if not heap or entry < heap[0]:
-            heapq.heappush(self._firsts, (entry[0], org))
-        heapq.heappush(heap, entry)
+        if not heap or packed < heap[0]:
+            heapq.heappush(self._firsts, (ref.due_ms, org))
+        heapq.heappush(heap, packed)
         self._size += 1
+        self.bytes += cost(packed)
+
+    def _entries(self) -> list[bytes]:
+        return [e for heap in self._orgs.values() for e in heap]
+
+    def _retain(self, keep: Callable[[bytes], bool]) -> list[bytes]:
+        gone: list[bytes] = []
+        for org in list(self._orgs):
+            heap: list[bytes] = []
+            for e in self._orgs[org]:
+                (heap if keep(e) else gone).append(e)
+            if heap:
+                heapq.heapify(heap)
+                self._orgs[org] = heap
+            else:
+                del self._orgs[org]
+        self._firsts = [(due_of(heap[0]), org) for org, heap in self._orgs.items()]
+        heapq.heapify(self._firsts)
+        self._size = sum(map(len, self._orgs.values()))
+        self.bytes = sum(cost(e) for heap in self._orgs.values() for e in heap)
+        return gone
+
+    def _keep_below(self, cut: bytes) -> int:
+        return len(self._retain(lambda e: e < cut))
 
     def _current(self, due: int, org: str) -> bool:
         heap = self._orgs.get(org)
-        return bool(heap and heap[0][0] == due)
-
-    def offer(self, ref: TaskRef) -> bool:
-        if ref.key <= self.cursor:
-            self._push(_org(ref), ref.entry)
-            return True
-        return False
-
-    def push(self, ref: TaskRef) -> None:
-        self._push(_org(ref), ref.entry)
-
-    def loaded(self, refs: list[TaskRef], complete_until_ms: int | None) -> None:
-        for ref in refs:
-            self._push(_org(ref), ref.entry)
-        if refs:
-            self.cursor = max(self.cursor, refs[-1].key)
-        if complete_until_ms is not None:
-            self.cursor = max(self.cursor, (complete_until_ms, *AFTER_ALL))
+        return bool(heap and due_of(heap[0]) == due)
 
     def next_due_ms(self) -> int | None:
         firsts = self._firsts
@@ -151,6 +174,7 @@ class FairHeap(HorizonHeap):
         """Up to `limit` entries due by `until_ms`: each organisation with one due gives up
         to its share per round, the earliest-due organisation first."""
         firsts, orgs = self._firsts, self._orgs
+        bound = due_bound(until_ms)
         due_orgs: list[str] = []
         seen: set[str] = set()
         while firsts and firsts[0][0] <= until_ms:
@@ -158,10 +182,10 @@ class FairHeap(HorizonHeap):
             if self._current(due, org) and org not in seen:
                 seen.add(org)
                 due_orgs.append(org)
-        out: list[Entry] = []
+        out: list[bytes] = []
         if len(due_orgs) == 1:  # one organisation: its own order, no turns to take
             heap = orgs[due_orgs[0]]
-            while heap and heap[0][0] <= until_ms and len(out) < limit:
+            while heap and heap[0] < bound and len(out) < limit:
                 out.append(heapq.heappop(heap))
         active = due_orgs if len(due_orgs) > 1 else []
         while active and len(out) < limit:
@@ -169,10 +193,10 @@ class FairHeap(HorizonHeap):
             for org in active:
                 heap = orgs[org]
                 for _ in range(min(self.shares.get(org, 1), limit - len(out))):
-                    if not heap or heap[0][0] > until_ms:
+                    if not heap or heap[0] >= bound:
                         break
                     out.append(heapq.heappop(heap))
-                if heap and heap[0][0] <= until_ms:
+                if heap and heap[0] < bound:
                     still.append(org)
                 if len(out) >= limit:
                     break
@@ -180,11 +204,12 @@ class FairHeap(HorizonHeap):
         for org in due_orgs:
             heap = orgs[org]
             if heap:
-                heapq.heappush(firsts, (heap[0][0], org))
+                heapq.heappush(firsts, (due_of(heap[0]), org))
             else:
                 del orgs[org]
         self._size -= len(out)
-        return out
+        self.bytes -= sum(map(cost, out))
+        return [unpack(e) for e in out]
 
     def reset(self) -> None:
         super().reset()
@@ -326,7 +351,10 @@ class FairArmed(Armed):
 
 def horizon_heap(settings: Settings) -> HorizonHeap:
     """The heap the settings ask for: fair by organisation, or plain FIFO."""
-    return FairHeap(settings.org_shares) if settings.fair_firing else HorizonHeap()
+    bounds = (settings.horizon_max_tasks, settings.horizon_max_bytes)
+    if settings.fair_firing:
+        return FairHeap(settings.org_shares, *bounds)
+    return HorizonHeap(*bounds)
 
 
 def armed_set(settings: Settings) -> Armed:

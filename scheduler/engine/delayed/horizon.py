@@ -7,43 +7,170 @@ same instant the higher priority (lower number) fires first, then intake order.
 
 The *cursor* is the key of the last task loaded from PostgreSQL: the heap holds every pending
 task whose key is <= cursor (minus those already popped). A task arriving from intake goes onto
-the heap only if its key is <= cursor; otherwise the loader will read it in order later. So
-memory is bounded by what is due within the horizon (and a hard cap), not by the pending count.
+the heap only if its key is <= cursor; otherwise the loader will read it in order later.
+
+**Bounded by time, count and bytes.** The loader reads no further than `SCHEDULER_HORIZON`
+ahead, and no more than the heap has room for (`SCHEDULER_HORIZON_MAX_TASKS` entries,
+`SCHEDULER_HORIZON_MAX_BYTES` of them), so a million tasks due in one minute cost the heap
+its bound, not a million entries. What intake, a retry or a reschedule notice pushes inside
+the loaded range can still overfill it; then the heap gives up its *tail*: it keeps the
+earliest entries (about 7/8 of the bound, `trim`) and moves the cursor back to just before the
+first one it dropped. The dropped tasks are pending in PostgreSQL with keys past the new
+cursor, so the loader reads them again, in order, when there is room: nothing is lost, and
+nothing is taken out of order (every task on the heap comes before every task past the
+cursor).
+
+Why that is safe against everything else that touches the heap:
+- a trim only moves the cursor back, to just before the first task it gave up, and every task
+  it keeps lies at or before the new cursor;
+- a load in flight (`Horizon.load`, awaiting PostgreSQL) read from the cursor it started
+  with; if the cursor moved back meanwhile its page is dropped, not pushed (its tasks lie past
+  the new cursor and are read again);
+- intake's and a retry's write-then-offer (`arm`) hold the lock across the write: a trim
+  during the write only lowers the cursor, and the offer after it compares with the new one;
+- an entry pushed twice (the loader rereading a task whose claim is in flight, a put-back,
+  a sweep) is harmless: a claim takes only a task still pending, unclaimed and due (so a
+  stale entry can neither fire a task twice nor early), and the armed set keeps an id once.
+
+**A cheap entry.** An entry is one `bytes` object: the key packed big-endian (due ms with
+an offset so earlier instants sort first, priority, sequence: 17 bytes) followed by the task
+id, so bytes order is firing order. About 80 B per task with a 26-character id, where the
+tuple of four objects it replaces took ~217 B; comparing two is one `memcmp`. `pop_due`
+unpacks what it hands out (`Entry` tuples): only what the claimer takes pays for that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
+import random
+import struct
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from scheduler.records import MAX_PRIORITY, Entry, Key, TaskRef
+from scheduler.settings import Settings
+
+log = logging.getLogger("scheduler.engine")
 
 AFTER_ALL = (MAX_PRIORITY + 1, 2**63 - 1)
+BEFORE_ALL: Key = (-1, 0, 0)
 T = TypeVar("T")
+
+_KEY = struct.Struct(">QBQ")  # due ms + _DUE_OFFSET, priority, sequence
+KEY_BYTES = _KEY.size
+_DUE_OFFSET = 1 << 63  # due ms may be negative (a task due before 1970 fires at once)
+# What one entry costs beyond its task id: the bytes object (header + packed key, rounded by
+# the allocator) and its slot in the heap's list.
+ENTRY_OVERHEAD = 64
+DEFAULT_MAX_TASKS = 500_000
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+KEEP = 7 / 8  # a trim keeps this share of the bound, so the next one is far away
+EXACT_TRIM = 4_096  # heaps up to this size are trimmed at an exact cut (a sort)
+TRIM_SAMPLE = 2_048  # larger ones at a cut read off a sorted sample of this many entries
+
+
+def pack(ref: TaskRef) -> bytes:
+    """The heap entry of `ref`: packed key, then the id (bytes order is firing order)."""
+    return _KEY.pack(ref.due_ms + _DUE_OFFSET, ref.priority, ref.seq) + ref.task_id.encode()
+
+
+def unpack(packed: bytes) -> Entry:
+    due, priority, seq = _KEY.unpack_from(packed)
+    return (due - _DUE_OFFSET, priority, seq, packed[KEY_BYTES:].decode())
+
+
+def due_of(packed: bytes) -> int:
+    """The due time (epoch ms) of an entry."""
+    return int.from_bytes(packed[:8], "big") - _DUE_OFFSET
+
+
+def due_bound(until_ms: int) -> bytes:
+    """Greater than every entry due by `until_ms`, less than every entry due later."""
+    return _KEY.pack(until_ms + 1 + _DUE_OFFSET, 0, 0)
+
+
+def key_before(packed: bytes) -> Key:
+    """The greatest key below the entry's (a cursor that stops just short of it)."""
+    due, priority, seq = _KEY.unpack_from(packed)
+    return (due - _DUE_OFFSET, priority, seq - 1)
+
+
+def cost(packed: bytes) -> int:
+    """The bytes an entry is counted for (see `ENTRY_OVERHEAD`)."""
+    return ENTRY_OVERHEAD + len(packed)
 
 
 class HorizonHeap:
-    """A min-heap of due tasks plus the loader's cursor."""
+    """A min-heap of due tasks plus the loader's cursor, within `max_tasks` entries and
+    `max_bytes` (see the module: a trim gives up the tail and moves the cursor back)."""
 
-    def __init__(self) -> None:
-        self._heap: list[Entry] = []
-        self.cursor: Key = (-1, 0, 0)
+    def __init__(
+        self, max_tasks: int = DEFAULT_MAX_TASKS, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        self._heap: list[bytes] = []
+        self.cursor: Key = BEFORE_ALL
+        self.max_tasks = max(1, max_tasks)
+        self.max_bytes = max(1, max_bytes)
+        self.bytes = 0  # the entries' cost (`cost`)
+        self.evicted = 0  # entries given up by trims, over the heap's life
 
     def __len__(self) -> int:
         return len(self._heap)
 
+    # -- the storage; FairHeap keeps one heap per organisation instead ----------------------
+
+    def _push(self, ref: TaskRef, packed: bytes) -> None:
+        heapq.heappush(self._heap, packed)
+        self.bytes += ENTRY_OVERHEAD + len(packed)
+
+    def _entries(self) -> list[bytes]:
+        return self._heap
+
+    def _retain(self, keep: Callable[[bytes], bool]) -> list[bytes]:
+        """Keep the entries `keep` accepts; return the others."""
+        kept: list[bytes] = []
+        gone: list[bytes] = []
+        for e in self._heap:
+            (kept if keep(e) else gone).append(e)
+        heapq.heapify(kept)
+        self._heap = kept
+        self.bytes = sum(map(cost, kept))
+        return gone
+
+    def _keep_below(self, cut: bytes) -> int:
+        """Keep the entries below `cut` (`_retain` for a trim, without a call per entry);
+        return how many went."""
+        heap = self._heap
+        kept = [e for e in heap if e < cut]
+        gone = [e for e in heap if e >= cut]
+        heapq.heapify(kept)
+        self._heap = kept
+        self.bytes -= sum(map(cost, gone))
+        return len(gone)
+
+    def adopt(self, entries: list[bytes]) -> None:
+        """Take over packed entries (split off another heap)."""
+        for e in entries:
+            heapq.heappush(self._heap, e)
+        self.bytes += sum(map(cost, entries))
+
+    # -- the bookkeeping ------------------------------------------------------------------
+
     def offer(self, ref: TaskRef) -> bool:
         """Push `ref` if the loader has passed its key; return whether it was pushed."""
         if ref.key <= self.cursor:
-            heapq.heappush(self._heap, ref.entry)
+            self._push(ref, pack(ref))
+            self._bound()
             return True
         return False
 
     def push(self, ref: TaskRef) -> None:
         """Push unconditionally (a retry or a reschedule of a known task)."""
-        heapq.heappush(self._heap, ref.entry)
+        self._push(ref, pack(ref))
+        self._bound()
 
     def loaded(self, refs: list[TaskRef], complete_until_ms: int | None) -> None:
         """Record a loader page: push it, and advance the cursor to its last key.
@@ -52,27 +179,104 @@ class HorizonHeap:
         cursor may move to the end of that millisecond even if the page was short.
         """
         for ref in refs:
-            heapq.heappush(self._heap, ref.entry)
+            self._push(ref, pack(ref))
         if refs:
             self.cursor = max(self.cursor, refs[-1].key)
         if complete_until_ms is not None:
             self.cursor = max(self.cursor, (complete_until_ms, *AFTER_ALL))
+        self._bound()
+
+    def room(self) -> int:
+        """How many more entries the bounds allow (bytes at the heap's mean entry cost)."""
+        n = len(self)
+        mean = self.bytes / n if n else ENTRY_OVERHEAD + KEY_BYTES + 26
+        by_bytes = int((self.max_bytes - self.bytes) / mean)
+        return max(0, min(self.max_tasks - n, by_bytes))
+
+    def _bound(self) -> None:
+        while (len(self) > self.max_tasks or self.bytes > self.max_bytes) and self.trim():
+            pass
+
+    def trim(self) -> int:
+        """Give up the tail down to about `KEEP` of the bounds and move the cursor back before
+        it; return how many entries went (the loader reads them again from PostgreSQL).
+
+        The cut is exact on a small heap; on a large one it is read off a sorted random sample
+        (`TRIM_SAMPLE` entries, within a percent or so of `KEEP`), then one pass keeps what is
+        below it and rebuilds the heap: ~0.1 s for 500,000 entries where a full sort blocked
+        the event loop several times longer."""
+        entries = self._entries()
+        n = len(entries)
+        if not n:
+            return 0
+        mean = self.bytes / n
+        keep = max(1, min(int(self.max_tasks * KEEP), int(self.max_bytes * KEEP / mean)))
+        if keep >= n:
+            return 0
+        if n <= EXACT_TRIM:
+            cut = sorted(entries)[keep]
+        else:
+            sample = sorted(random.sample(entries, TRIM_SAMPLE))
+            cut = sample[keep * TRIM_SAMPLE // n]
+        self.cursor = min(self.cursor, key_before(cut))  # every entry from `cut` on goes
+        gone = self._keep_below(cut)
+        self.evicted += gone
+        log.info("horizon.trimmed evicted=%d kept=%d cursor=%s", gone, len(self), self.cursor)
+        return gone
+
+    def split_off(self, at: Key) -> HorizonHeap:
+        """Move the entries with keys <= `at` into a new (FIFO) heap with this one's bounds;
+        each keeps the cursor invariant over its own range: the new heap's cursor is the
+        lesser of this cursor and `at`, this one's the greater."""
+        edge = _KEY.pack(at[0] + _DUE_OFFSET, at[1], at[2])
+        below = HorizonHeap(self.max_tasks, self.max_bytes)
+        below.adopt(self._retain(lambda e: e[:KEY_BYTES] > edge))
+        below.cursor = min(self.cursor, at)
+        self.cursor = max(self.cursor, at)
+        return below
+
+    def bound(self, max_tasks: int, max_bytes: int) -> None:
+        """New bounds; trimmed at once if over them."""
+        self.max_tasks, self.max_bytes = max(1, max_tasks), max(1, max_bytes)
+        self._bound()
 
     def next_due_ms(self) -> int | None:
-        return self._heap[0][0] if self._heap else None
+        return due_of(self._heap[0]) if self._heap else None
 
     def pop_due(self, until_ms: int, limit: int) -> list[Entry]:
         """Pop up to `limit` entries due at or before `until_ms`, in firing order."""
-        out: list[Entry] = []
-        heap = self._heap
-        while heap and heap[0][0] <= until_ms and len(out) < limit:
+        out: list[bytes] = []
+        heap, bound = self._heap, due_bound(until_ms)
+        while heap and heap[0] < bound and len(out) < limit:
             out.append(heapq.heappop(heap))
-        return out
+        self.bytes -= sum(map(cost, out))
+        return [unpack(e) for e in out]
 
     def reset(self) -> None:
         """Forget everything (on losing office the next leader reloads from PostgreSQL)."""
-        self._heap.clear()
-        self.cursor = (-1, 0, 0)
+        self._heap = []
+        self.bytes = 0
+        self.cursor = BEFORE_ALL
+
+
+CATCHUP_LAG_MS = 1_000  # overdue by more than this when a backlog forms: part of it
+
+
+@dataclass(frozen=True, slots=True)
+class Catchup:
+    """`SCHEDULER_CATCHUP=on_time_first`: while tasks overdue by more than `lag_ms` wait
+    (a backlog), the horizon keeps them apart from the present, and each claim takes what
+    falls due now first, giving the backlog `share` of it (all of it when nothing else is
+    due). See `Horizon` and docs/operations.md."""
+
+    share: float
+    lag_ms: int = CATCHUP_LAG_MS
+
+    @staticmethod
+    def of(settings: Settings) -> Catchup | None:
+        if settings.catchup != "on_time_first":
+            return None
+        return Catchup(settings.catchup_backlog_share)
 
 
 class Horizon:
@@ -83,15 +287,39 @@ class Horizon:
     Whatever puts a task on the heap after writing it to PostgreSQL (intake, a retry, the loader)
     does both under the lock (`arm` with the write): otherwise the loader could read past a task
     written but not yet offered, move its cursor beyond it, and the offer would be refused.
+    `hungry` is set when the claimer has taken enough off the heap for the loader to read a
+    page (the loader waits on it).
+
+    **Catch-up** (`catchup`, off by default: due order). When on and tasks overdue by more than
+    its lag wait (on the heap, or in PostgreSQL behind the cursor), the horizon splits at
+    `split_at` = that instant: the tasks with keys <= it go to a heap of their own, the
+    *backlog*, with its own cursor, loaded from PostgreSQL up to `split_at` only; `heap` keeps
+    the present, loaded from `split_at` on. Each range keeps the cursor rule on its own, and
+    every offer, put-back and page goes to the range its key falls in, so nothing changes for
+    correctness; each range gets half the bounds. `take_due` serves the present first and the
+    backlog its share. When the backlog is loaded to `split_at` and empty, the two are one
+    again.
     """
 
-    def __init__(self, heap: HorizonHeap | None = None) -> None:
+    def __init__(
+        self, heap: HorizonHeap | None = None, page: int = 20_000, catchup: Catchup | None = None
+    ) -> None:
         self.heap = heap if heap is not None else HorizonHeap()
         self.wake = asyncio.Event()  # set when tasks go on the heap (the claimer waits on it)
+        self.hungry = asyncio.Event()  # set when the loader has room for a page again
+        self.page = page
+        self.catchup = catchup
+        self.backlog: HorizonHeap | None = None  # while split: the tasks with keys <= split_at
+        self.split_at: Key | None = None
+        self._bounds = (self.heap.max_tasks, self.heap.max_bytes)
         self._lock = asyncio.Lock()
 
     def __len__(self) -> int:
-        return len(self.heap)
+        return len(self.heap) + (len(self.backlog) if self.backlog is not None else 0)
+
+    def _heap_for(self, key: Key) -> HorizonHeap:
+        backlog, at = self.backlog, self.split_at
+        return backlog if backlog is not None and at is not None and key <= at else self.heap
 
     async def arm(
         self,
@@ -104,49 +332,134 @@ class Horizon:
         (and `wake`). Returns the write's result and how many were pushed."""
         async with self._lock:
             result = await write
-            pushed = sum(self.heap.offer(ref) for ref in refs_of(result))
+            pushed = sum(self._heap_for(ref.key).offer(ref) for ref in refs_of(result))
         if pushed and wake:
             self.wake.set()
         return result, pushed
 
     async def offer(self, ref: TaskRef) -> bool:
         """Offer one task known to be pending (a reschedule notice); wake if it went on."""
+        return await self.offer_all([ref]) > 0
+
+    async def offer_all(self, refs: Iterable[TaskRef]) -> int:
+        """Offer tasks known to be pending (notices, the sweep); wake if any went on."""
         async with self._lock:
-            pushed = self.heap.offer(ref)
+            pushed = sum(self._heap_for(ref.key).offer(ref) for ref in refs)
         if pushed:
             self.wake.set()
         return pushed
 
+    def page_size(self, heap: HorizonHeap | None = None) -> int:
+        """The page the loader may read now into `heap` (the present's by default): its room,
+        at most `page`; 0 while the room is less than a page (or half the bound), so a nearly
+        full heap is not topped up a few tasks at a time."""
+        heap = heap if heap is not None else self.heap
+        room = min(heap.room(), self.page)
+        return room if room >= min(self.page, max(1, heap.max_tasks // 2)) else 0
+
     async def load(
-        self, fetch: Callable[[Key], Awaitable[list[TaskRef]]], page: int, until_ms: int
-    ) -> list[TaskRef]:
-        """Load the next page past the cursor (`fetch(cursor)`, at most `page` tasks, all due
-        by `until_ms`) under the lock; a short page means every task up to `until_ms` is in."""
+        self,
+        fetch: Callable[[Key, int, int], Awaitable[list[TaskRef]]],
+        until_ms: int,
+        now_ms: int,
+    ) -> tuple[int, bool]:
+        """Load the next page past each range's cursor (`fetch(cursor, until ms, limit)`, in
+        firing order) within the heap's room, under the lock: the present's up to `until_ms`,
+        the backlog's (while split) up to `split_at`. Returns how many tasks were loaded and
+        whether a page was full (more to load now). A short page means every task up to its
+        limit is in. A page read while a trim moved its cursor back is dropped (read again)."""
         async with self._lock:
-            refs = await fetch(self.heap.cursor)
-            self.heap.loaded(refs, None if len(refs) == page else until_ms)
-        if refs:
+            self._split_or_merge(now_ms)
+            got, more = await self._load_into(self.heap, fetch, until_ms)
+            if self.backlog is not None and self.split_at is not None:
+                b_got, b_more = await self._load_into(self.backlog, fetch, self.split_at[0])
+                got, more = got + b_got, more or b_more
+                self._split_or_merge(now_ms)
+        if got:
             self.wake.set()
-        return refs
+        return got, more
+
+    async def _load_into(
+        self,
+        heap: HorizonHeap,
+        fetch: Callable[[Key, int, int], Awaitable[list[TaskRef]]],
+        until_ms: int,
+    ) -> tuple[int, bool]:
+        page = self.page_size(heap)
+        start = heap.cursor
+        if page <= 0 or start >= (until_ms, *AFTER_ALL):
+            return 0, False
+        refs = await fetch(start, until_ms, page)
+        if heap.cursor != start:
+            return 0, False
+        heap.loaded(refs, None if len(refs) >= page else until_ms)
+        return len(refs), len(refs) >= page
+
+    def _split_or_merge(self, now_ms: int) -> None:
+        """Split a backlog off (catch-up on, tasks overdue by more than its lag on the heap or
+        behind the cursor), or join it back once it is loaded and drained."""
+        catchup = self.catchup
+        if catchup is None:
+            return
+        backlog, at = self.backlog, self.split_at
+        if backlog is not None and at is not None:
+            if not len(backlog) and backlog.cursor >= at:
+                self.backlog = self.split_at = None
+                self.heap.bound(*self._bounds)
+                log.info("horizon.caught_up")
+            return
+        edge = now_ms - catchup.lag_ms
+        first = self.heap.next_due_ms()
+        if self.heap.cursor[0] >= edge and (first is None or first >= edge):
+            return
+        at = (edge, *AFTER_ALL)
+        self.backlog = self.heap.split_off(at)
+        self.split_at = at
+        half = (max(1, self._bounds[0] // 2), max(1, self._bounds[1] // 2))
+        self.backlog.bound(*half)
+        self.heap.bound(*half)
+        log.info("horizon.backlog_split at_ms=%d on_heap=%d", edge, len(self.backlog))
 
     def put_back(self, refs: Iterable[TaskRef], wake: bool = False) -> None:
-        """Push tasks taken but not claimed (or found overdue) back, unconditionally."""
+        """Push tasks taken but not claimed back, unconditionally."""
         for ref in refs:
-            self.heap.push(ref)
+            self._heap_for(ref.key).push(ref)
             if wake:
                 self.wake.set()
 
     def next_due(self) -> int | None:
         """The due time (epoch ms) of the first task on the heap."""
-        return self.heap.next_due_ms()
+        first = self.heap.next_due_ms()
+        if self.backlog is None:
+            return first
+        other = self.backlog.next_due_ms()
+        return other if first is None else first if other is None else min(first, other)
 
-    def take_due(self, until_ms: int, limit: int) -> list[Entry]:
-        """Pop up to `limit` tasks due by `until_ms`, in firing order."""
-        return self.heap.pop_due(until_ms, limit)
+    def take_due(self, until_ms: int, limit: int, backlog_limit: int | None = None) -> list[Entry]:
+        """Pop up to `limit` tasks due by `until_ms`, in firing order; wake the loader when
+        that made room for a page. While a backlog is split off: the present first, leaving
+        the backlog its share of `limit` (at most `backlog_limit`), and all the rest when the
+        present has nothing due."""
+        backlog = self.backlog
+        if backlog is None or self.catchup is None:
+            out = self.heap.pop_due(until_ms, limit)
+        else:
+            cap = limit if backlog_limit is None else max(0, min(limit, backlog_limit))
+            first = backlog.next_due_ms()
+            reserve = 0
+            if cap and first is not None and first <= until_ms:
+                reserve = min(cap, max(1, int(limit * self.catchup.share)))
+            out = self.heap.pop_due(until_ms, limit - reserve)
+            out += backlog.pop_due(until_ms, min(cap, limit - len(out)))
+        if out and (self.page_size() or (backlog is not None and self.page_size(backlog))):
+            self.hungry.set()
+        return out
 
     def disarm(self) -> None:
         """Forget every task (office lost: the next leader reloads from PostgreSQL)."""
         self.heap.reset()
+        self.heap.bound(*self._bounds)
+        self.backlog = self.split_at = None
 
     def wake_up(self) -> None:
         self.wake.set()
