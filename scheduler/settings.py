@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     horizon: Duration = timedelta(minutes=5)
     # the horizon heap's bounds besides time (engine/delayed/horizon.py): entries, and their
     # bytes; past them the loader waits and the heap gives up its latest tasks to PostgreSQL
-    horizon_max_tasks: int = Field(default=500_000, ge=10, le=50_000_000)
+    horizon_max_tasks: int = Field(default=200_000, ge=10, le=50_000_000)
     horizon_max_bytes: ByteSize = Field(
         default=ByteSize(64 * 1024 * 1024), ge=64 * 1024, le=16 * 1024**3
     )

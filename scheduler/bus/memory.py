@@ -200,7 +200,9 @@ class MemorySource:
     async def start(self) -> MemorySource:
         return self
 
-    async def take(self, timeout: float, linger: float = 0.002) -> list[MemoryDelivery]:
+    async def take(
+        self, timeout: float, linger: float = 0.002, limit: int | None = None
+    ) -> list[MemoryDelivery]:
         if not self._ready():
             self._woken.clear()
             self.streams.stored.clear()
@@ -212,7 +214,8 @@ class MemorySource:
                     wait.cancel()
             if self._ready() and linger > 0:
                 await asyncio.sleep(linger)
-        return [self._deliver(m) for m in self._next_batch()]
+        most = self.batch if limit is None else min(limit, self.batch)
+        return [self._deliver(m) for m in self._next_batch(most)]
 
     def interrupt(self) -> None:
         self._woken.set()
@@ -230,10 +233,10 @@ class MemorySource:
         d = self.durable
         return bool(d.again) or any(m.seq >= d.next_seq for m in self._held())
 
-    def _next_batch(self) -> list[Stored]:
+    def _next_batch(self, most: int) -> list[Stored]:
         d = self.durable
-        out, d.again = d.again[: self.batch], d.again[self.batch :]
-        fresh = [m for m in self._held() if m.seq >= d.next_seq][: self.batch - len(out)]
+        out, d.again = d.again[:most], d.again[most:]
+        fresh = [m for m in self._held() if m.seq >= d.next_seq][: most - len(out)]
         if fresh:
             d.next_seq = fresh[-1].seq + 1
         return out + fresh

@@ -279,9 +279,12 @@ class Source(Protocol):
         """Subscribe and ask for the first batch."""
         ...
 
-    async def take(self, timeout: float, linger: float = 0.002) -> Sequence[Delivery]:
-        """The next deliveries: wait up to `timeout` s for one, then gather more until the
-        oldest has waited `linger` s (or a whole batch is in)."""
+    async def take(
+        self, timeout: float, linger: float = 0.002, limit: int | None = None
+    ) -> Sequence[Delivery]:
+        """The next deliveries, at most a batch (and at most `limit`): wait up to `timeout` s
+        for one, then gather more until the oldest has waited `linger` s (or that many are
+        in). Those past `limit` stay for the next `take`, in order."""
         ...
 
     def interrupt(self) -> None:

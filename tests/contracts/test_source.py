@@ -99,6 +99,25 @@ async def test_take_gives_the_lane_messages_in_order_as_deliveries(side: Side) -
         await source.close()
 
 
+async def test_take_hands_at_most_its_limit_and_keeps_the_rest_in_order(side: Side) -> None:
+    """`take(limit=n)` gives at most `n` deliveries; the others come with the next takes, in
+    stream order, none lost or repeated."""
+    for i in range(5):
+        await side.put(f"lane.t{i}", f"p{i}".encode(), {"Nats-Msg-Id": uuid.uuid4().hex})
+    source = await side.source()
+    try:
+        async with asyncio.timeout(5):
+            first: list[Any] = []
+            while not first:
+                first = list(await source.take(timeout=1.0, linger=0.2, limit=2))
+        assert 1 <= len(first) <= 2
+        rest = await take_all(source, 5 - len(first))
+        assert [d.data for d in first + rest] == [f"p{i}".encode() for i in range(5)]
+        assert await source.take(timeout=0.2) == []
+    finally:
+        await source.close()
+
+
 async def test_take_waits_for_a_message_then_returns_it(side: Side) -> None:
     """An empty lane: `take` waits up to its timeout and gives nothing; a message stored while
     it waits is returned before the timeout."""

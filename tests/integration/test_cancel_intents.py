@@ -19,11 +19,11 @@ from scheduler import client
 from scheduler.metrics import Metrics
 from scheduler.records import NewTask
 from scheduler.settings import Settings
-from scheduler.store.postgres import intents, task_admin, task_intake
+from scheduler.store.postgres import intents, task_admin
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.intents import IntentLimits
 from scheduler.store.postgres.tasks import TaskStore
-from tests.support.helpers import DaemonRunner
+from tests.support.helpers import DaemonRunner, waiting_on_locks
 
 TARGET = "mq.tasks.work"
 
@@ -85,25 +85,36 @@ def seam(
 
 
 async def test_cancel_waits_for_an_intake_insert_in_flight_and_cancels_the_task(
-    store: tuple[TaskStore, asyncpg.Pool], monkeypatch: pytest.MonkeyPatch
+    store: tuple[TaskStore, asyncpg.Pool], database_url: str
 ) -> None:
-    """Intake first: its insert is done but uncommitted when the cancel runs; the cancel waits
-    on the id, then cancels the stored task (`cancelled`), and a claim finds nothing."""
+    """Intake first: its insert has stored the task but not committed when the cancel runs
+    (it waits on a batch neighbour's id, held by another transaction); the cancel waits on the
+    id, then cancels the stored task (`cancelled`), and a claim finds nothing."""
     tasks, pool = store
-    task = new_task(f"t_{uuid.uuid4().hex}")
-    reached, release = seam(
-        monkeypatch, task_intake, "_drop_fired"
-    )  # after the INSERT, before commit
-    inserting = asyncio.create_task(tasks.insert_batch([task]))
-    async with asyncio.timeout(5):
-        await reached.wait()
-    cancelling = asyncio.create_task(tasks.cancel(task.id, TARGET))
-    await blocked_on_lock(pool, cancelling)
-    release.set()
+    task, neighbour = new_task(f"t_{uuid.uuid4().hex}"), new_task(f"t_{uuid.uuid4().hex}")
+    blocker = await asyncpg.connect(database_url)
+    try:
+        hold = blocker.transaction()
+        await hold.start()
+        await blocker.execute(
+            "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for) "
+            "VALUES ($1, $2, ''::bytea, now(), now())",
+            neighbour.id,
+            TARGET,
+        )
+        # `task` first: inserted, then the insert waits on the neighbour's uncommitted row.
+        inserting = asyncio.create_task(tasks.insert_batch([task, neighbour]))
+        await waiting_on_locks(pool, 1)
+        cancelling = asyncio.create_task(tasks.cancel(task.id, TARGET))
+        await waiting_on_locks(pool, 2)
+        assert not cancelling.done()
+        await hold.rollback()
+    finally:
+        await blocker.close()
     async with asyncio.timeout(5):
         answer, insertion = await cancelling, await inserting
     assert answer == "cancelled"
-    assert [r.task_id for r in insertion.stored] == [task.id]  # stored, then cancelled
+    assert sorted(r.task_id for r in insertion.stored) == sorted([task.id, neighbour.id])
     assert (await tasks.get(task.id))["status"] == "cancelled"
     epoch = await pool.fetchval("UPDATE leadership SET epoch = epoch + 1 RETURNING epoch")
     far = datetime.now(UTC) + timedelta(days=1)

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
 
 from scheduler.metrics import Metrics
-from scheduler.records import NewTask
+from scheduler.records import Fired, NewTask
+from scheduler.store.postgres import epoch as epoch_module
+from scheduler.store.postgres import tasks as tasks_module
 from scheduler.store.postgres.connect import PostgresStore, create_pool
-from scheduler.store.postgres.tasks import TaskStore
+from scheduler.store.postgres.epoch import take_office
+from scheduler.store.postgres.tasks import FIRED_CHUNK, TaskStore
+from tests.support.helpers import waiting_on_locks
 
 
 def batch(n: int, due: datetime) -> list[NewTask]:
@@ -102,7 +110,8 @@ async def test_a_resend_inserted_while_its_task_is_booked_fired_is_refused(
 ) -> None:
     """A resend of a task whose `mark_fired` commits while the insert runs (the insert waits on
     the deleted row, then finds no conflict) is still refused: the tombstone check after the
-    insert takes a new snapshot, so the id is neither stored nor claimable, and is `resent`."""
+    insert, a second statement inside the volatile `scheduler_intake_insert`, takes a new
+    snapshot, so the id is neither stored nor claimable, and is `resent`."""
     import asyncio
 
     import asyncpg
@@ -120,19 +129,6 @@ async def test_a_resend_inserted_while_its_task_is_booked_fired_is_refused(
         await tasks.insert([task])
         (claimed,) = await tasks.claim(epoch, [task.id], due)
 
-        async def waiting() -> int:  # not on `blocker`: its transaction caches the view
-            return int(
-                await pool.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND datname = current_database()"
-                )
-            )
-
-        async def until_waiting(n: int) -> None:
-            async with asyncio.timeout(5):
-                while await waiting() < n:  # noqa: ASYNC110 (a server's state, no event)
-                    await asyncio.sleep(0.02)
-
         # An uncommitted tombstone holds mark_fired after its DELETE, before its commit.
         lock = blocker.transaction()
         await lock.start()
@@ -142,9 +138,9 @@ async def test_a_resend_inserted_while_its_task_is_booked_fired_is_refused(
         booking = asyncio.create_task(
             tasks.mark_fired(epoch, [Fired(claimed, datetime.now(UTC), "S", 1)], "t")
         )
-        await until_waiting(1)
+        await waiting_on_locks(pool, 1)  # counted on the pool, not `blocker`
         resend = asyncio.create_task(tasks.insert_batch([task]))  # waits on the deleted row
-        await until_waiting(2)
+        await waiting_on_locks(pool, 2)
         await lock.rollback()
         await booking
         got = await resend
@@ -219,17 +215,6 @@ async def test_a_cancel_racing_a_claim_on_the_same_row(database_url: str) -> Non
         first, second = batch(2, due)
         await tasks.insert([first, second])
 
-        async def until_waiting(n: int) -> None:
-            async with asyncio.timeout(5):
-                while (  # noqa: ASYNC110 (a server's state, no event)
-                    await pool.fetchval(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                        "AND datname = current_database()"
-                    )
-                    < n
-                ):
-                    await asyncio.sleep(0.02)
-
         async def held(task: NewTask, *steps: object) -> list[object]:
             """Run `steps` (coroutines) one after another into the queue of the row's lock,
             then release it; their results in that order."""
@@ -241,7 +226,7 @@ async def test_a_cancel_racing_a_claim_on_the_same_row(database_url: str) -> Non
             running = []
             for n, step in enumerate(steps, 1):
                 running.append(asyncio.create_task(step))  # type: ignore[arg-type]
-                await until_waiting(n)
+                await waiting_on_locks(pool, n)
             await lock.rollback()
             return list(await asyncio.gather(*running))
 
@@ -348,3 +333,110 @@ async def test_a_replayed_dead_letter_is_pending_again_under_its_organisation(
         assert await tasks.load_page((-1, 0, 0), now + timedelta(seconds=1), 10) == [done.ref]
     finally:
         await pool.close()
+
+
+async def test_a_burst_is_booked_in_statements_of_at_most_fired_chunk(database_url: str) -> None:
+    """A flush of 12,000 deliveries goes to PostgreSQL as statements of at most FIRED_CHUNK
+    (one statement of 20,000 once ran on a generic plan that did not finish in 30 s, see
+    `FIRED_CHUNK`), and every task is booked once, with its log row."""
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    tasks = TaskStore(PostgresStore(pool, Metrics()))
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    sizes: list[int] = []
+    real = tasks._mark_fired
+
+    async def counted(epoch: int, fired: Sequence[Fired], instance: str) -> None:
+        sizes.append(len(fired))
+        await real(epoch, fired, instance)
+
+    tasks._mark_fired = counted  # type: ignore[method-assign]
+    try:
+        epoch = await take_office(pool, "test")
+        group = batch(12_000, due)
+        claimed = []
+        for start in range(0, len(group), 4_000):
+            await tasks.insert(group[start : start + 4_000])
+            ids = [t.id for t in group[start : start + 4_000]]
+            claimed += (await tasks.claim_within(epoch, ids, due, 2**62)).ready
+        now = datetime.now(UTC)
+        fired = [Fired(c, now, "TASKS", i + 1) for i, c in enumerate(claimed)]
+        await tasks.mark_fired(epoch, fired, "test")
+        await tasks.mark_fired(epoch, fired[:100], "test")  # a repeat adds nothing
+        left = await pool.fetchval("SELECT count(*) FROM delayed_messages")
+        logged = await pool.fetchval("SELECT count(*) FROM fire_log WHERE kind = 'delayed'")
+        tombs = await pool.fetchval("SELECT count(*) FROM fired_tasks")
+    finally:
+        await pool.close()
+    assert (left, logged, tombs) == (0, 12_000, 12_000)
+    assert sizes[:-1] == [FIRED_CHUNK, FIRED_CHUNK, 12_000 - 2 * FIRED_CHUNK]
+
+
+def _rescans_of_u(node: dict[str, Any], parent: str = "") -> list[str]:
+    """The plan nodes that read the outcome's id array `u` once per row of another input:
+    a scan of `u` as the inner side of a nested loop."""
+    found = []
+    alias = str(node.get("Alias", "")).split("_")[0]
+    if (
+        node.get("Node Type") in ("CTE Scan", "Function Scan")
+        and alias == "u"
+        and parent == "Nested Loop"
+        and node.get("Parent Relationship") == "Inner"
+    ):
+        found.append(f"{node['Node Type']} on u, inner of a nested loop")
+    for child in node.get("Plans", []):
+        found += _rescans_of_u(child, str(node.get("Node Type")))
+    return found
+
+
+async def test_outcomes_read_their_ids_once_whatever_the_statistics_say(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statistics of a table analyzed at rest say nothing is claimed. An outcome's plan
+    must still read its array of ids once (a join by primary key or by hash), never once per
+    claimed row: after a takeover of 200,000 that rescan made one booking of 5,000 run over
+    60 s. Each outcome statement (fired, retry, dead) is explained (not run) under a generic
+    plan, as a pooled connection runs it, over 200,000 rows of which 40,000 are claimed."""
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    tasks = TaskStore(PostgresStore(pool, Metrics()))
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    plans: dict[str, list[str]] = {}
+
+    async def explained(
+        conn: Any, epoch: int, writes: str, *args: Any, rows: str | None = None
+    ) -> list[Any]:
+        name = "retry"
+        if "INSERT INTO " in writes:
+            name = writes.split("INSERT INTO ", 1)[1].split(" ", 1)[0]
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        plan = await conn.fetchval(
+            f"EXPLAIN (FORMAT JSON) WITH {epoch_module._LEAD}, {writes} "
+            "SELECT (SELECT count(*) FROM lead) AS in_office",
+            epoch,
+            *args,
+        )
+        plans[name] = _rescans_of_u(json.loads(plan)[0]["Plan"])
+        return []
+
+    try:
+        epoch = await take_office(pool, "test")
+        await pool.execute(
+            "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for) "
+            "SELECT 't_' || g, 'mq.tasks.x', '{}', $1, $1 FROM generate_series(1, 200000) g",
+            due,
+        )
+        await pool.execute("ANALYZE delayed_messages")  # at rest: nothing claimed
+        claimed = []
+        for start in range(1, 40_001, 5_000):
+            ids = [f"t_{g}" for g in range(start, start + 5_000)]
+            claimed += (await tasks.claim_within(epoch, ids, due, 2**62)).ready
+        assert len(claimed) == 40_000
+        monkeypatch.setattr(tasks_module, "fenced", explained)
+        now = datetime.now(UTC)
+        fired = [Fired(c, now, "TASKS", i + 1) for i, c in enumerate(claimed[:5_000])]
+        await tasks.mark_fired(epoch, fired, "test")
+        later = now + timedelta(minutes=1)
+        await tasks.retry_later(epoch, [(c, later, "nack", False) for c in claimed[5_000:10_000]])
+        await tasks.kill(epoch, [(c, "too big", "too_large") for c in claimed[10_000:15_000]])
+    finally:
+        await pool.close()
+    assert plans == {"fired_tasks": [], "retry": [], "dead_letters": []}

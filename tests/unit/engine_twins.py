@@ -50,13 +50,15 @@ class Lane:
     async def start(self) -> Lane:
         return self
 
-    async def take(self, timeout: float, linger: float = 0.002) -> Sequence[Delivery]:
+    async def take(
+        self, timeout: float, linger: float = 0.002, limit: int | None = None
+    ) -> Sequence[Delivery]:
         try:
             first = await asyncio.wait_for(self.queue.get(), timeout=min(timeout, 0.05))
         except TimeoutError:
             return []
         got = [first]
-        while not self.queue.empty():
+        while not self.queue.empty() and (limit is None or len(got) < limit):
             got.append(self.queue.get_nowait())
         return got
 

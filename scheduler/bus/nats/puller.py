@@ -119,23 +119,28 @@ class Puller:
             return  # the link dropped just now: back-pressure, the next take() asks again
         self._requested += want
 
-    async def take(self, timeout: float, linger: float = 0.002) -> list[Msg]:
+    async def take(
+        self, timeout: float, linger: float = 0.002, limit: int | None = None
+    ) -> list[Msg]:
         """Wait up to `timeout` for messages, then until the oldest is `linger` old (or a whole
-        batch is in) to gather a batch; return them all.
+        batch, or `limit`, is in) to gather a batch; return them, at most a batch and `limit`.
 
         The linger counts from the oldest message's arrival, not from the call: messages that
         came while the caller handled the last batch are not sent on alone, one insert and its
-        round trips for a handful, but wait with the next ones, none longer than `linger`."""
+        round trips for a handful, but wait with the next ones, none longer than `linger`.
+        Messages left buffered past `limit` keep the oldest's arrival time: the next `take`
+        hands them over without lingering again."""
+        most = self.batch if limit is None else min(limit, self.batch)
         if not self._buffer:
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), timeout)
             except TimeoutError:
                 pass
-        if self._buffer and len(self._buffer) < self.batch and linger > 0:
+        if self._buffer and len(self._buffer) < most and linger > 0:
             wait = self._first_at + linger - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-        out, self._buffer = self._buffer[: self.batch], self._buffer[self.batch :]
+        out, self._buffer = self._buffer[:most], self._buffer[most:]
         await self._top_up()
         return out

@@ -9,6 +9,7 @@ stored refusals (`dead_budget`), dead-letter copies (`dead_letters`), the resche
 (`rescheduled`).
 
 1. **Accept** a batch from the lane (`intake.Intake`, whose `run` is the lane loop):
+   `Intake.gather` takes it (longer while every task in it is due far ahead),
    `Intake.validate_all` validates each message alone, then `Intake.accept` stores the good ones
    in one `TaskRepository.insert_batch` (under the horizon's lock, those within the loaded
    horizon go onto the heap: `Horizon.arm`), rejects the bad ones to the dead letters, then acks.

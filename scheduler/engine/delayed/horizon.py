@@ -65,7 +65,7 @@ _DUE_OFFSET = 1 << 63  # due ms may be negative (a task due before 1970 fires at
 # What one entry costs beyond its task id: the bytes object (header + packed key, rounded by
 # the allocator) and its slot in the heap's list.
 ENTRY_OVERHEAD = 64
-DEFAULT_MAX_TASKS = 500_000
+DEFAULT_MAX_TASKS = 200_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 KEEP = 7 / 8  # a trim keeps this share of the bound, so the next one is far away
 EXACT_TRIM = 4_096  # heaps up to this size are trimmed at an exact cut (a sort)

@@ -40,8 +40,9 @@ INTENT = "intent"
 CONTENDED = "id_contended"
 TOO_MANY = "too_many_intents"
 
-# A live intent on the row `d` for the task `excluded` (used by the intake's insert).
-LIVE = "(d.status = 'intent' AND d.target = excluded.target AND d.expires_at > now())"
+# What makes an intent live for the task that meets it (the same target, not expired) is
+# written once, in the function `scheduler_intake_insert` of migration 0019, which intake's
+# insert calls: a change to the rule is a new migration.
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +117,10 @@ async def record_reschedule(
 async def drop_if_fired(conn: asyncpg.Connection, task_id: str) -> bool:
     """Delete the intent just recorded when the id has a tombstone (the task fired).
 
-    A second statement, like intake's `_drop_fired`: the intent's insert may have waited on
-    the unique index for a `mark_fired` deleting the task's row, whose tombstone its snapshot
-    could not see; this statement's snapshot does."""
+    A second statement, like the tombstone check in intake's `scheduler_intake_insert`
+    (migration 0019): the intent's insert may have waited on the unique index for a
+    `mark_fired` deleting the task's row, whose tombstone its snapshot could not see; this
+    statement's snapshot does."""
     gone = await conn.fetchval(
         "DELETE FROM delayed_messages d USING fired_tasks f WHERE d.id = $1 AND "
         "d.status = 'intent' AND f.id = d.id RETURNING d.id",

@@ -1,5 +1,6 @@
 """Delayed tasks in PostgreSQL, intake's statements (a part of `TaskStore`, the engine's): a
-batch of new tasks stored in one round trip, each task judged alone (stored, an exact resend,
+batch of new tasks stored in one round trip (one call of the function `scheduler_intake_insert`
+of migration 0019, which holds the insert's SQL), each task judged alone (stored, an exact resend,
 an id another task holds, refused by PostgreSQL), the messages that were never tasks stored as
 dead letters, and the statistics kept fresh after a burst.
 
@@ -20,36 +21,12 @@ import asyncpg
 from scheduler.messages.headers import printable
 from scheduler.records import Insertion, NewTask, TaskRef
 from scheduler.store.postgres.connect import PostgresStore
-from scheduler.store.postgres.intents import LIVE
-from scheduler.store.postgres.task_rows import EPOCH_US, ONE_US, SEP_SQL, joined, micros, task_ref
+from scheduler.store.postgres.task_rows import SEP_SQL, joined, micros, task_ref
 from scheduler.store.postgres.values import ROW_ERRORS
 
 log = logging.getLogger("scheduler.store")
 
 ANALYZE_AFTER_ROWS = 20_000
-
-
-async def _drop_fired(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> list[asyncpg.Record]:
-    """The rows just inserted minus those whose id has a tombstone (it fired): these are
-    deleted again, in the insert's transaction, and judged as conflicts by the caller.
-
-    A second statement, not a `NOT EXISTS` in the insert: it takes a new snapshot, so it also
-    sees a tombstone committed while the insert ran. The insert waits on the unique index for
-    a concurrent `mark_fired` deleting the same id to commit, so every such tombstone is
-    committed before this statement starts; a check inside the insert's own snapshot would
-    miss it and store the id again."""
-    ids = [r["id"] for r in rows]
-    packed = joined(ids)
-    fired = await conn.fetch(
-        "WITH t AS (SELECT id FROM fired_tasks WHERE id = ANY("
-        f"{'$1::text[]' if packed is None else f'string_to_array($1, {SEP_SQL})'})) "
-        "DELETE FROM delayed_messages d USING t WHERE d.id = t.id RETURNING d.id",
-        ids if packed is None else packed,
-    )
-    if not fired:
-        return rows
-    gone = {r["id"] for r in fired}
-    return [r for r in rows if r["id"] not in gone]
 
 
 def _first_of(tasks: Sequence[NewTask], ids: set[str]) -> list[NewTask]:
@@ -60,24 +37,6 @@ def _first_of(tasks: Sequence[NewTask], ids: set[str]) -> list[NewTask]:
             left.discard(task.id)
             out.append(task)
     return out
-
-
-# What intake's insert does when the id is held: a row that is an intent (never a task) is
-# taken over by the task, honouring the intent when it is live and names the task's target
-# (a cancel stores it `cancelled`, a reschedule at the new time), replaced otherwise; any
-# other row is left alone (the caller judges the conflict).
-_TAKE_INTENT = (
-    "ON CONFLICT (id) DO UPDATE SET target = excluded.target, payload = excluded.payload, "
-    "headers = excluded.headers, priority = excluded.priority, org_id = excluded.org_id, "
-    "expires_at = excluded.expires_at, seq = excluded.seq, created_at = now(), "
-    f"updated_at = now(), status = CASE WHEN {LIVE} AND d.intent = 'cancel' "
-    "THEN 'cancelled' ELSE 'pending' END, "
-    f"due_at = CASE WHEN {LIVE} AND d.intent = 'reschedule' THEN d.due_at "
-    "ELSE excluded.due_at END, "
-    f"scheduled_for = CASE WHEN {LIVE} AND d.intent = 'reschedule' THEN d.scheduled_for "
-    f"ELSE excluded.scheduled_for END, intent = CASE WHEN {LIVE} THEN d.intent END "
-    "WHERE d.status = 'intent'"
-)
 
 
 def _intake_row(r: dict[str, Any], reduced: bool = False) -> tuple[Any, ...]:
@@ -118,7 +77,14 @@ class TaskIntake:
         (scheduler.store.postgres.intents:
         a task meeting its target's live intent takes over the intent's row, honouring it; a
         task meeting another target's intent replaces it). Within the batch, the first task
-        with an id is the one offered (ON CONFLICT DO UPDATE may touch a row once)."""
+        with an id is the one offered (ON CONFLICT DO UPDATE may touch a row once).
+
+        One statement, in its own transaction: `scheduler_intake_insert` (migration 0019)
+        inserts, then deletes again the rows whose id has a tombstone (the task fired) in a
+        second statement with a snapshot of its own, which sees a tombstone committed while
+        the insert waited on the unique index for a concurrent `mark_fired` deleting the same
+        id (a check inside the insert's snapshot would miss it and store the id again). Those
+        rows are left out, so the caller judges them as conflicts."""
         if not tasks:
             return [], set()
         unique = {t.id for t in tasks}
@@ -141,16 +107,10 @@ class TaskIntake:
         # NULL array with NULLs): no expiry, no organisation.
         expiries = [None if t.expires_at is None else micros(t.expires_at) for t in tasks]
         orgs = [t.org_id for t in tasks]
-        async with self.db.timed("insert") as conn, conn.transaction():
+        async with self.db.timed("insert") as conn:
             rows = await conn.fetch(
-                "INSERT INTO delayed_messages AS d (id, target, payload, headers, priority, "
-                "due_at, scheduled_for, expires_at, org_id) SELECT u.id, u.target, u.payload, "
-                f"u.headers, u.priority, {EPOCH_US} + u.due_us * {ONE_US}, "
-                f"{EPOCH_US} + u.sched_us * {ONE_US}, {EPOCH_US} + u.exp_us * {ONE_US}, "
-                f"u.org_id FROM unnest({a}, {b}, $3::bytea[], {c}, $5::smallint[], "
-                "$6::bigint[], $7::bigint[], $8::bigint[], $9::text[]) "
-                "AS u(id, target, payload, headers, priority, due_us, sched_us, exp_us, org_id) "
-                f"{_TAKE_INTENT} RETURNING id, due_at, priority, seq, org_id, status",
+                f"SELECT * FROM scheduler_intake_insert({a}, {b}, $3::bytea[], {c}, "
+                "$5::smallint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::text[])",
                 texts[0],
                 texts[1],
                 [t.payload for t in tasks],
@@ -161,7 +121,6 @@ class TaskIntake:
                 expiries if expiries.count(None) < len(expiries) else None,
                 orgs if orgs.count(None) < len(orgs) else None,
             )
-            rows = await _drop_fired(conn, rows) if rows else rows
         self.inserted += len(rows)
         cancelled = {r["id"] for r in rows if r["status"] == "cancelled"}
         return [task_ref(r) for r in rows if r["status"] != "cancelled"], cancelled

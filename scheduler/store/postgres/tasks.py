@@ -21,6 +21,18 @@ It is due again after a backoff (the leader republishes it with the same `Nats-M
 the target stream's duplicate window drops if it was stored). The loader reads `pending` and
 `in_doubt` tasks alike, in firing order.
 
+**The outcomes' plans.** An outcome (fired, retry, dead) joins an array of task ids, `u`, with
+`delayed_messages` and checks that each row is still claimed by the epoch. The statistics say
+next to nothing is claimed: ANALYZE almost always samples a table at rest, when few or no rows
+hold a `claimed_epoch`. Written as `claimed_epoch = $1`, that estimate made the planner scan
+the claimed rows and join them to `u` by a rescan of `u` for each row. After a takeover or a
+burst, with 40,000 rows claimed, one booking of 5,000 then ran for over 60 s. The check
+therefore compares with `u.epoch`, a column of `u` set to `$1`, and `u` is MATERIALIZED, so
+the planner cannot fold the constant back in. It then joins by the primary key (`u` outer) or
+by a hash, whatever the statistics say: the same booking takes 0.13 s
+(test_task_store.py's `test_outcomes_read_their_ids_once_whatever_the_statistics_say` explains
+all three statements over such a table).
+
 Claims and reclaims return payloads only up to a byte budget (a running sum over the rows the
 statement touched): rows past it come back without their payload, claimed all the same, and
 are fetched later (`load_claimed`), so one statement never pulls more than the budget into
@@ -64,6 +76,11 @@ _TASK_COLUMNS = (
 # falls due before now() + CLAIM_WINDOW and `reclaim_orphans` reads the ready indexes up to
 # there only (the engine claims 80-250 ms ahead).
 CLAIM_WINDOW = "interval '1 minute'"
+# At most this many deliveries a booking statement: a statement's time and locks stay bounded
+# whatever a burst's flush holds. One of 20,000 once did not finish in 30 s; the cause was the
+# rescan the module docstring describes ("The outcomes' plans"), whose work grows with the
+# statement's size; 5,000 take 0.12-0.19 s, 10,000 0.21 s (tables of 300,000 and 1,000,000).
+FIRED_CHUNK = 5_000
 # Payload columns within a byte budget: the rows of `upd` (which must return `_TASK_COLUMNS`
 # and `size`) in firing order; a row whose predecessors already fill the budget comes back
 # with a NULL payload.
@@ -235,13 +252,18 @@ class TaskStore(TaskIntake, TaskAdmin):
             return int(await conn.fetchval("SELECT epoch FROM leadership WHERE id = 1"))
 
     async def mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
-        """Record deliveries in one statement: each task's row deleted, a tombstone in
-        `fired_tasks` (its id stays refused for the retention, migration 0010) and one
-        `fire_log` row.
+        """Record deliveries, one statement per `FIRED_CHUNK` of them: each task's row
+        deleted, a tombstone in `fired_tasks` (its id stays refused for the retention,
+        migration 0010) and one `fire_log` row.
 
         Idempotent: tombstone and log row are written only for a task this statement deletes
         while claimed by `epoch`, which happens once per task (one row per task and attempt),
-        and the unique index `fire_log_once` drops an exact repeat of a row (migration 0006)."""
+        and the unique index `fire_log_once` drops an exact repeat of a row (migration 0006);
+        so a flush that fails after some chunks committed is simply recorded again."""
+        for start in range(0, len(fired), FIRED_CHUNK):
+            await self._mark_fired(epoch, fired[start : start + FIRED_CHUNK], instance)
+
+    async def _mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
         if not fired:
             return
         columns = (
@@ -260,20 +282,21 @@ class TaskStore(TaskIntake, TaskAdmin):
             await fenced(
                 conn,
                 epoch,
-                f"u AS (SELECT u.id, u.subject, {EPOCH_US} + u.sched_us * "
+                f"u AS MATERIALIZED (SELECT u.id, u.subject, {EPOCH_US} + u.sched_us * "
                 f"{ONE_US} AS sched, {EPOCH_US} + u.fired_us * {ONE_US} AS fired_at, "
-                f"u.attempt, u.stream, u.seq FROM unnest({a}, {b}, $5::bigint[], "
-                f"$6::bigint[], $7::int[], {c}, $9::bigint[]) "
+                f"u.attempt, u.stream, u.seq, $1::bigint AS epoch FROM unnest({a}, {b}, "
+                f"$5::bigint[], $6::bigint[], $7::int[], {c}, $9::bigint[]) "
                 "AS u(id, subject, sched_us, fired_us, attempt, stream, seq)), "
                 "upd AS (DELETE FROM delayed_messages d USING u, lead WHERE d.id = u.id AND "
-                f"{states.claimed_by('$1', 'd')} RETURNING d.id, d.target, "
-                "md5(d.payload)::uuid AS digest, u.fired_at), "
+                f"{states.claimed_by('u.epoch', 'd')} RETURNING d.id, d.target, "
+                "md5(d.payload)::uuid AS digest, u.subject, u.sched, u.fired_at, u.attempt, "
+                "u.stream, u.seq), "
                 "tomb AS (INSERT INTO fired_tasks (id, target, digest, fired_at) SELECT id, "
                 "target, digest, fired_at FROM upd ON CONFLICT (id) DO NOTHING), "
                 "ins AS (INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, "
-                "attempt, epoch, instance, stream, stream_seq) SELECT 'delayed', u.id, "
-                "u.subject, u.sched, u.fired_at, u.attempt, $1, $2, u.stream, u.seq "
-                "FROM u JOIN upd ON upd.id = u.id ON CONFLICT DO NOTHING RETURNING 1)",
+                "attempt, epoch, instance, stream, stream_seq) SELECT 'delayed', id, "
+                "subject, sched, fired_at, attempt, $1, $2, stream, seq "
+                "FROM upd ON CONFLICT DO NOTHING RETURNING 1)",
                 instance,
                 texts[0],
                 texts[1],
@@ -296,12 +319,13 @@ class TaskStore(TaskIntake, TaskAdmin):
             await fenced(
                 conn,
                 epoch,
+                "u AS MATERIALIZED (SELECT u.*, $1::bigint AS epoch FROM unnest($2::text[], "
+                "$3::timestamptz[], $4::text[], $5::boolean[]) AS u(id, due, err, doubt)), "
                 "upd AS (UPDATE delayed_messages d SET status = "
                 f"{states.ready_again('d.doubted OR u.doubt')}, doubted = d.doubted OR u.doubt, "
-                f"due_at = u.due, {states.UNCLAIM}, last_error = u.err, updated_at = now() FROM "
-                "unnest($2::text[], $3::timestamptz[], $4::text[], $5::boolean[]) "
-                "AS u(id, due, err, doubt), lead "
-                f"WHERE d.id = u.id AND {states.claimed_by('$1', 'd')} RETURNING 1)",
+                f"due_at = u.due, {states.UNCLAIM}, last_error = u.err, updated_at = now() "
+                f"FROM u, lead WHERE d.id = u.id AND {states.claimed_by('u.epoch', 'd')} "
+                "RETURNING 1)",
                 [t.id for t, _, _, _ in items],
                 [d for _, d, _, _ in items],
                 [e for _, _, e, _ in items],
@@ -329,10 +353,10 @@ class TaskStore(TaskIntake, TaskAdmin):
             await fenced(
                 conn,
                 epoch,
-                "u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[]) "
-                "AS u(id, err, reason)), d AS (UPDATE delayed_messages m "
+                "u AS MATERIALIZED (SELECT u.*, $1::bigint AS epoch FROM unnest($2::text[], "
+                "$3::text[], $4::text[]) AS u(id, err, reason)), d AS (UPDATE delayed_messages m "
                 "SET status = 'dead', last_error = u.err, updated_at = now() FROM u, lead "
-                f"WHERE m.id = u.id AND {states.claimed_by('$1', 'm')} "
+                f"WHERE m.id = u.id AND {states.claimed_by('u.epoch', 'm')} "
                 "RETURNING m.*, u.err, u.reason), "
                 # the task's bytes once, whole (a task fits max_payload), in `raw`
                 "ins AS (INSERT INTO dead_letters (original_id, subject, payload, error, "

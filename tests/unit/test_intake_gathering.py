@@ -1,0 +1,244 @@
+"""Intake's batches on a fake clock: tasks all due far ahead are gathered into one insert, a
+task due soon (or a message that is no task) ends the gathering at once, and nothing is lost,
+reordered, or acked before its commit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from scheduler.bus.memory import MemoryBroker, MemoryStreams
+from scheduler.clock import FakeClock, to_rfc3339, wait_event
+from scheduler.engine.delayed.horizon import Horizon
+from scheduler.engine.delayed.intake import FAR_DUE, GATHER_FOR, INTAKE_LINGER, Intake
+from scheduler.messages.envelope import Limits
+from scheduler.metrics import Metrics
+from scheduler.records import Insertion, NewTask
+from scheduler.settings import Settings
+from scheduler.store.memory import MemoryTaskStore
+from tests.unit.engine_twins import T0, Delivery
+
+MS = 0.001
+
+
+class ClockLane:
+    """The delay lane's `Source` on a fake clock, as the puller behaves: `take` waits for a
+    message, then lingers until the oldest buffered one is `linger` old, and hands over at
+    most a batch (and `limit`), the rest left for the next take."""
+
+    def __init__(self, clock: FakeClock, batch: int) -> None:
+        self.clock, self.batch = clock, batch
+        self.buffer: list[Delivery] = []
+        self.first_at = 0.0
+        self.arrived = asyncio.Event()
+
+    def put(self, msg: Delivery) -> None:
+        if not self.buffer:
+            self.first_at = self.clock.monotonic()
+            self.arrived.set()
+        self.buffer.append(msg)
+
+    async def start(self) -> ClockLane:
+        return self
+
+    async def take(
+        self, timeout: float, linger: float = 0.002, limit: int | None = None
+    ) -> Sequence[Delivery]:
+        most = self.batch if limit is None else min(limit, self.batch)
+        if not self.buffer:
+            self.arrived.clear()
+            await wait_event(self.clock, self.arrived, timeout)
+        if self.buffer and len(self.buffer) < most and linger > 0:
+            await self.clock.sleep(self.first_at + linger - self.clock.monotonic())
+        out, self.buffer = self.buffer[:most], self.buffer[most:]
+        return out
+
+    def interrupt(self) -> None:
+        self.arrived.set()
+
+    async def close(self) -> None:
+        pass
+
+
+@dataclass
+class Inserts(MemoryTaskStore):
+    """The twin store, noting when each insert ran (fake monotonic time) and what it held;
+    `gate`, while clear, holds every insert before it commits."""
+
+    clock: FakeClock = field(default_factory=FakeClock)
+    calls: list[tuple[float, list[str]]] = field(default_factory=list)
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def insert_batch(self, tasks: Sequence[NewTask]) -> Insertion:
+        self.calls.append((self.clock.monotonic(), [t.id for t in tasks]))
+        await self.gate.wait()
+        return await super().insert_batch(tasks)
+
+
+@dataclass
+class Rig:
+    clock: FakeClock
+    lane: ClockLane
+    store: Inserts
+    broker: MemoryBroker
+    stop: asyncio.Event
+    counter: int = 0
+    arrived: dict[str, float] = field(default_factory=dict)
+
+    def send(self, due_in: timedelta, valid: bool = True) -> str:
+        """A producer's envelope on the lane now, due `due_in` from now (or not JSON)."""
+        self.counter += 1
+        task_id = f"task_{self.counter:04d}"
+        doc: dict[str, Any] = {
+            "schema": "hanzo.mq.v1",
+            "id": task_id,
+            "type": "t",
+            "source": "test",
+            "timestamp": to_rfc3339(self.clock.now()),
+            "delay_until": to_rfc3339(self.clock.now() + due_in),
+            "data": {"n": self.counter},
+        }
+        data = json.dumps(doc).encode() if valid else b"not json"
+        self.lane.put(Delivery("mq.delay.inference.chat", data, f"ack.{task_id}"))
+        self.arrived[task_id] = self.clock.monotonic()
+        return task_id
+
+    async def run_for(self, ms: int) -> None:
+        """Move the fake clock `ms` milliseconds, one at a time, letting everything run."""
+        for _ in range(ms):
+            for _ in range(20):
+                await asyncio.sleep(0)
+            self.clock.advance(MS)
+
+    def stored_at(self, task_id: str) -> float:
+        return next(at for at, ids in self.store.calls if task_id in ids)
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    yield await make_rig()
+
+
+async def make_rig(**overrides: Any) -> Rig:
+    clock = FakeClock(T0)
+    lane = ClockLane(clock, Settings(**overrides).batch)
+    store = Inserts(now=clock.now, clock=clock)
+    store.gate.set()
+    broker = MemoryBroker(MemoryStreams(clock.monotonic))
+    return Rig(clock, lane, store, broker, asyncio.Event())
+
+
+async def running(rig: Rig, **overrides: Any) -> asyncio.Task[None]:
+    intake = Intake(
+        settings=Settings(**overrides),
+        horizon=Horizon(),
+        tasks=rig.store,
+        publisher=rig.broker,
+        clock=rig.clock,
+        events=Metrics(),
+        limits=Limits(),
+    )
+    return asyncio.create_task(intake.run(rig.lane, rig.stop, lambda: True))
+
+
+async def stopped(rig: Rig, runner: asyncio.Task[None]) -> None:
+    rig.stop.set()
+    async with asyncio.timeout(3):
+        while not runner.done():
+            await rig.run_for(1)
+    await runner
+
+
+FAR = FAR_DUE + timedelta(seconds=59)
+
+
+async def test_tasks_due_far_ahead_are_gathered_into_one_insert(rig: Rig) -> None:
+    """Ten tasks due a minute ahead, arriving 4 ms apart over 36 ms, go into one insert once
+    the first has waited `GATHER_FOR` (not one insert per 10 ms), in lane order; each is
+    acked after it."""
+    runner = await running(rig)
+    sent = []
+    for _ in range(10):
+        sent.append(rig.send(FAR))
+        await rig.run_for(4)
+    await rig.run_for(30)
+    assert [ids for _, ids in rig.store.calls] == [sent]
+    at, _ = rig.store.calls[0]
+    waited = at - rig.arrived[sent[0]]
+    assert GATHER_FOR - 2 * MS <= waited <= GATHER_FOR + 2 * MS
+    assert rig.broker.acked == [f"ack.{t}" for t in sent]
+    await stopped(rig, runner)
+
+
+async def test_a_task_due_soon_ends_the_gathering_at_once(rig: Rig) -> None:
+    """A task due within `FAR_DUE` among far ones is stored one linger after it came, with
+    those before it; the tasks after it start a batch of their own, nothing lost or
+    reordered."""
+    runner = await running(rig)
+    far = [rig.send(FAR), rig.send(FAR)]
+    await rig.run_for(14)
+    soon = rig.send(FAR_DUE - timedelta(milliseconds=100))
+    await rig.run_for(16)
+    after = rig.send(FAR)
+    await rig.run_for(80)
+    assert [ids for _, ids in rig.store.calls] == [[*far, soon], [after]]
+    assert rig.stored_at(soon) - rig.arrived[soon] <= INTAKE_LINGER + 2 * MS
+    assert rig.stored_at(after) - rig.arrived[after] >= GATHER_FOR - 2 * MS
+    assert rig.broker.acked == [f"ack.{t}" for t in (*far, soon, after)]
+    await stopped(rig, runner)
+
+
+async def test_a_task_due_now_waits_only_the_linger(rig: Rig) -> None:
+    """A lone task due at once is stored `INTAKE_LINGER` after it came, not `GATHER_FOR`."""
+    runner = await running(rig)
+    now = rig.send(timedelta(0))
+    await rig.run_for(60)
+    assert [ids for _, ids in rig.store.calls] == [[now]]
+    assert rig.stored_at(now) - rig.arrived[now] <= INTAKE_LINGER + 2 * MS
+    await stopped(rig, runner)
+
+
+async def test_a_message_that_is_no_task_ends_the_gathering(rig: Rig) -> None:
+    """A message that fails validation among far tasks is dead-lettered without waiting for
+    more: its batch commits one linger after it came."""
+    runner = await running(rig)
+    far = rig.send(FAR)
+    await rig.run_for(14)
+    bad = rig.send(FAR, valid=False)
+    await rig.run_for(60)
+    assert [ids for _, ids in rig.store.calls] == [[far]]
+    assert rig.stored_at(far) - rig.arrived[bad] <= INTAKE_LINGER + 2 * MS
+    assert [d["reason"] for d in rig.store.dead_letters] == ["unparseable"]
+    await stopped(rig, runner)
+
+
+async def test_gathering_stops_at_a_whole_batch_in_lane_order() -> None:
+    """Twelve far tasks at once with a batch of five: inserts of five, five and two, in lane
+    order, each taking no more than the batch."""
+    rig = await make_rig(batch=5)
+    runner = await running(rig, batch=5)
+    sent = [rig.send(FAR) for _ in range(12)]
+    await rig.run_for(120)
+    assert [ids for _, ids in rig.store.calls] == [sent[:5], sent[5:10], sent[10:]]
+    assert rig.broker.acked == [f"ack.{t}" for t in sent]
+    await stopped(rig, runner)
+
+
+async def test_a_gathered_batch_is_acked_only_after_its_commit(rig: Rig) -> None:
+    """While the insert of a gathered batch has not returned, none of its messages is acked."""
+    rig.store.gate.clear()
+    runner = await running(rig)
+    sent = [rig.send(FAR) for _ in range(3)]
+    await rig.run_for(70)
+    assert [ids for _, ids in rig.store.calls] == [sent]
+    assert rig.broker.acked == []
+    rig.store.gate.set()
+    await rig.run_for(1)
+    assert rig.broker.acked == [f"ack.{t}" for t in sent]
+    await stopped(rig, runner)
