@@ -15,10 +15,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from fastapi import FastAPI
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler import __version__
@@ -41,7 +37,7 @@ from scheduler.metrics import Metrics
 from scheduler.operations.build import Operations
 from scheduler.settings import Settings
 
-__all__ = ["ApiBackend", "Served", "build_api", "build_metrics_app", "serve"]
+__all__ = ["ApiBackend", "Served", "build_api", "serve"]
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -146,10 +142,3 @@ class _CountRequests:
             path = getattr(route, "path", None) or "unmatched"
             method = scope["method"] if scope["method"] in _METHODS else "other"
             self.events.request_served(path, method, status[0])
-
-
-def build_metrics_app(metrics: Metrics) -> Starlette:
-    async def render(_: Request) -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    return Starlette(routes=[Route("/metrics", render)])

@@ -12,8 +12,9 @@ body is parsed or a dependency checks a token:
 - `BodyGuard` refuses a declared `Content-Length` over `SCHEDULER_API_MAX_BODY` with 413
   before a byte of the body is read, counts a streamed body as it arrives and stops at the
   same bound, and checks the admin token of a write that carries a body before the body is
-  read (`scheduler.api.auth.write_refusal`). Its refusals close the connection, so a client
-  that keeps sending makes the daemon read nothing more.
+  read (`scheduler.api.auth.write_refusal`). Its refusals close the connection: the daemon
+  discards at most 1 MiB more for at most 2 s so the answer is not lost to a reset
+  (`scheduler.api.lingering`), then reads nothing more of a client that keeps sending.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The socket is bound here, so a taken port or a refused address fails the start with one line
 naming the address (uvicorn itself would log and `sys.exit`). uvicorn's own signal handling and
 logging set-up are left out: the CLI owns both. Instead of uvicorn's main loop (a 100 ms timer)
-a 1 s tick keeps the `Date` header current.
+a 1 s tick keeps the `Date` header current. Connections close lingering
+(`scheduler.api.lingering`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 import uvicorn
 
+from scheduler.api.lingering import LingeringH11Protocol
+
 log = logging.getLogger("scheduler.api")
 
 GRACE = 2.0  # seconds for requests in flight at shutdown
@@ -27,6 +30,25 @@ class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield  # the daemon's own handlers stay in charge of SIGINT/SIGTERM
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown without its fixed 0.1 s sleeps (two ports: 0.2 s of every
+        stop): stop listening, ask each connection to close, wait for them and the requests
+        in flight every 5 ms for up to the grace, then cancel what is left. Lifespan is off."""
+        for server in self.servers:
+            server.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.timeout_graceful_shutdown or GRACE)
+        state = self.server_state
+        while (state.connections or state.tasks) and not self.force_exit:
+            if loop.time() >= deadline:
+                log.error("api.shutdown cancelled=%d (grace exceeded)", len(state.tasks))
+                for task in state.tasks:
+                    task.cancel()
+                break
+            await asyncio.sleep(0.005)
 
 
 @dataclass
@@ -55,6 +77,7 @@ async def serve(app: Any, host: str, port: int) -> Served:
     sock = _bind(host, port)
     config = uvicorn.Config(
         app,
+        http=LingeringH11Protocol,  # an answer is never lost to a reset (scheduler.api.lingering)
         log_config=None,
         access_log=False,
         lifespan="off",

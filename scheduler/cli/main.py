@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import shlex
@@ -55,6 +56,18 @@ reached, was not mq-scheduler's, or failed (operator verbs); 4 NATS or PostgreSQ
 for SCHEDULER_STARTUP_TIMEOUT; 130 interrupted; 141 output cut short (`... | head`).
 `scheduler status` exits 1 while the schedules YAML has errors.
 """
+
+
+def console_main() -> int:
+    """The `scheduler` command and `python -m scheduler`: `main`, then a quick exit. The
+    interpreter's last garbage collection at exit walks every object the imported modules
+    made (the API, SQLAlchemy, Alembic): 0.9 s on a 2-core host, after everything had already
+    stopped. Frozen, they are left to the end of the process; nothing runs after this but
+    the interpreter's own teardown (the daemon has closed what it opened)."""
+    try:
+        return main()
+    finally:  # argparse's --help and --version leave by SystemExit
+        gc.freeze()
 
 
 def main(argv: list[str] | None = None) -> int:

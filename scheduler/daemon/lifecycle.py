@@ -1,8 +1,10 @@
 """The daemon: wires settings, NATS, PostgreSQL, HTTP and the background loops into one lifecycle.
 
-Start order: HTTP first (so `/healthz` answers while we connect; `listeners`), then the embedded
-servers if asked (`embedded.start_missing`), NATS, migrations, the PostgreSQL pool,
-provisioning (with the checks of `preflight`), and the loops: leadership, the role loop
+Start order: HTTP first (so `/healthz` answers while we connect; `listeners`; the management API
+itself is built in a worker thread meanwhile and swapped in before the daemon reports itself
+running: `scheduler.api.starting`), then the embedded servers if asked
+(`embedded.start_missing`), NATS, migrations, the PostgreSQL pool, provisioning (with the
+checks of `preflight`), and the loops: leadership, the role loop
 (`terms.TermLoop`), housekeeping (`upkeep`). Every component registers its own cleanup on one
 AsyncExitStack; `stop()` only signals, and shutdown is bounded by `SCHEDULER_SHUTDOWN_GRACE`. A
 stop during the start abandons it at once (whatever phase it is in) and unwinds what was
@@ -13,10 +15,12 @@ started; `stopped_during_start` then names the phase. What the daemon answers ab
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import gc
 import logging
+import threading
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,14 +29,14 @@ from nats.js.errors import NotFoundError
 
 from scheduler import __version__
 from scheduler.aio import first_of
-from scheduler.api.app import Served, build_metrics_app
 from scheduler.api.nats_service import SchedulerService
+from scheduler.api.server import Served
+from scheduler.api.starting import MetricsApp, StartingApp
 from scheduler.bus.nats.connection import NatsBus, ProvisionNote, lane_window_warning, provision
 from scheduler.clock import Clock, SystemClock
-from scheduler.console.console import build_app
 from scheduler.daemon import migrate
 from scheduler.daemon.embedded import start_missing
-from scheduler.daemon.listeners import listen
+from scheduler.daemon.listeners import api_imported, build_api_app, listen
 from scheduler.daemon.preflight import check_api_exposure, check_lease_bucket, check_server_version
 from scheduler.daemon.upkeep import (
     activity_upkeep,
@@ -117,6 +121,8 @@ class Daemon:
         self.phase = "starting"
         self.stopped_during_start: str | None = None
         self.started = asyncio.Event()
+        self.http_app = StartingApp(self)  # the API port's app; the full API once built
+        self._api_build: asyncio.Future[Any] | None = None
         self._stop = asyncio.Event()
         self._done_leading = asyncio.Event()  # set once the engine ended and the lease is given up
         self.metrics.daemon_started(__version__, settings.instance_id)
@@ -137,9 +143,6 @@ class Daemon:
             async with AsyncExitStack() as stack:
                 if not await self._start_unless_stopped(stack):
                     return
-                self.state = RunState.RUNNING
-                self.started.set()
-                log.info("daemon.running instance=%s", self.settings.instance_id)
                 assert self.leadership is not None and self.store is not None
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self.leadership.run(self._done_leading), name="leadership")
@@ -173,6 +176,10 @@ class Daemon:
                     assert self.clock_check is not None
                     tg.create_task(self.clock_check.run(self._done_leading), name="clock-check")
                     tg.create_task(self._stop.wait(), name="stop-signal")
+                    await self._serve_api()  # the loops above run (and fire) meanwhile
+                    self.state = RunState.RUNNING
+                    self.started.set()
+                    log.info("daemon.running instance=%s", self.settings.instance_id)
                 self.state = RunState.STOPPING
                 log.info("daemon.stopping")
         finally:
@@ -281,15 +288,67 @@ class Daemon:
     async def _open_http(self, stack: AsyncExitStack) -> None:
         s = self.settings
         self._enter("opening the HTTP ports")
-        api_app, metrics_app = build_app(self), build_metrics_app(self.metrics)
-        api = await listen(api_app, s, s.http_port, "SCHEDULER_HTTP_PORT", self.embedded)
+        self._api_build = self._build_api()
+        stack.push_async_callback(self._drop_api_build)
+        api = await listen(self.http_app, s, s.http_port, "SCHEDULER_HTTP_PORT", self.embedded)
         stack.push_async_callback(api.close)
         metrics = await listen(
-            metrics_app, s, s.metrics_port, "SCHEDULER_METRICS_PORT", self.embedded
+            MetricsApp(self.metrics.render),
+            s,
+            s.metrics_port,
+            "SCHEDULER_METRICS_PORT",
+            self.embedded,
         )
         stack.push_async_callback(metrics.close)
         self.endpoints.api, self.endpoints.metrics = api, metrics
         self._warn(check_api_exposure(s))
+
+    def _build_api(self) -> asyncio.Future[Any]:
+        """Build the management API in a daemon thread (`scheduler.api.starting`): a stop
+        during the start must not wait for its imports, and asyncio.run would wait for a
+        thread of the default executor. Once the process has imported it (another daemon
+        in the same process, as in the tests), the build takes ~25 ms and is done here: a
+        thread would fight the loop for the GIL for a second (a start took 1.2 s, not 0.2)."""
+        loop = asyncio.get_running_loop()
+        built: asyncio.Future[Any] = loop.create_future()
+        if api_imported():
+            try:
+                built.set_result(build_api_app(self))
+            except Exception as exc:  # raised where it is awaited, as from the thread
+                built.set_exception(exc)
+            return built
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if built.done():  # cancelled: the start was abandoned
+                return
+            if error is not None:
+                built.set_exception(error)
+            else:
+                built.set_result(result)
+
+        def build() -> None:
+            result, error = None, None
+            try:
+                result = build_api_app(self)
+            except BaseException as exc:  # handed to the loop, raised where it is awaited
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, result, error)
+
+        threading.Thread(target=build, name="api-build", daemon=True).start()
+        return built
+
+    async def _serve_api(self) -> None:
+        """Swap the management API in once its thread has built it."""
+        assert self._api_build is not None
+        self.http_app.app = await self._api_build
+
+    async def _drop_api_build(self) -> None:
+        """At the end (or a failed start): the build's outcome is collected, never left
+        pending; a thread still importing finishes by itself."""
+        if self._api_build is not None:
+            self._api_build.cancel()
+            await asyncio.gather(self._api_build, return_exceptions=True)
 
     async def _start_embedded(self, stack: AsyncExitStack) -> Settings:
         """Start whichever server has no URL (embedded mode), or fail naming the variable."""

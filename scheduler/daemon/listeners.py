@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import sys
 from typing import Any
 
-from scheduler.api.app import Served, serve
+from scheduler.api.server import Served, serve
 from scheduler.errors import ConfigError
 from scheduler.settings import Settings
 
@@ -32,6 +33,23 @@ async def listen(
             log.info("embedded.port_taken %s=%d: listening on a free port", variable, port)
             return await listen(app, settings, 0, variable, embedded)
         raise listen_error(exc, variable, host, port) from None
+
+
+API_MODULE = "scheduler.console.console"
+
+
+def build_api_app(backend: Any) -> Any:
+    """Import and build the management API with the console (`API_MODULE`). A cold daemon
+    runs this in a worker thread while it starts, so the import is deferred on purpose
+    (`scheduler.api.starting`)."""
+    from scheduler.console.console import build_app
+
+    return build_app(backend)
+
+
+def api_imported() -> bool:
+    """Whether this process has imported the API already (then building it takes ~25 ms)."""
+    return API_MODULE in sys.modules
 
 
 def listen_error(exc: OSError, variable: str, host: str, port: int) -> ConfigError:

@@ -8,6 +8,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
+
 from scheduler.clock import Clock
 from scheduler.daemon.lifecycle import Daemon
 from scheduler.settings import Settings
@@ -65,3 +67,16 @@ async def served_text(daemon: Daemon) -> str:
         daemon.endpoints.metrics.url + "/metrics",
     ]
     return "\n".join([await asyncio.to_thread(http_text, u) for u in urls])
+
+
+async def waiting_on_locks(pool: asyncpg.Pool, n: int, within: float = 5.0) -> None:
+    """Wait (bounded) until `n` statements of this database wait on a lock."""
+    async with asyncio.timeout(within):
+        while (  # noqa: ASYNC110 (a server's state, no event)
+            await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
+            < n
+        ):
+            await asyncio.sleep(0.01)

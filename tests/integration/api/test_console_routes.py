@@ -207,6 +207,7 @@ async def test_the_console_mounted_elsewhere_keeps_to_its_path(api: ApiHarness) 
     there sets the cookie for that path and returns to the page asked for; every page, its
     style sheet, script and links stay under the path, and `/ui/` is nobody's page."""
     await api.start()
+    await synced(api)
     async with elsewhere(api) as http:
         asked = await http.get(f"{BASE}/schedules")
         assert asked.status_code == 303
