@@ -54,7 +54,8 @@ from common import Daemon, Env, cpu_of_servers, report, run, servers
 from rawnats import RawProducer
 from traffic import Item, envelope
 
-from scheduler.store.postgres.intents import LIVE
+# The intent rule of the old statement (the A side), as migration 0019 now holds it.
+LIVE = "(d.status = 'intent' AND d.target = excluded.target AND d.expires_at > now())"
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFHOOK = os.path.join(ROOT, "bench", "profhook")
