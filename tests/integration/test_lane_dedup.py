@@ -173,8 +173,10 @@ async def test_an_unprovisioned_lane_with_a_window_earns_a_warning(
         assert "120s" in warning and "MQ_DELAY" in warning
         assert daemon.bus is not None and daemon.bus.server_version in warning
     finally:
-        await runner.stop()
-        await nc.close()
+        try:
+            await runner.stop()
+        finally:
+            await nc.close()
 
 
 async def test_instances_provisioning_together_all_start(nats_url: str) -> None:

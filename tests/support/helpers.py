@@ -35,18 +35,42 @@ class DaemonRunner:
         settings = self.settings.with_overrides(**overrides) if overrides else self.settings
         self.daemon = Daemon(settings, clock=self.clock)
         self.task = asyncio.create_task(self.daemon.run())
-        async with asyncio.timeout(20):
-            while not self.daemon.started.is_set():
-                if self.task.done():
-                    self.task.result()
-                await asyncio.sleep(0.01)
+        deadline = asyncio.get_running_loop().time() + 20
+        while not self.daemon.started.is_set():
+            if self.task.done():
+                self.task.result()
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"no start within 20 s: {stuck(self.daemon)}")
+            await asyncio.sleep(0.01)
         return self.daemon
 
     async def stop(self) -> None:
+        """Stop and wait (20 s); a daemon that does not stop is cancelled, and the error says
+        where it waited."""
         if self.daemon is not None and self.task is not None:
-            self.daemon.stop()
-            await asyncio.wait_for(self.task, 20)
+            daemon, task = self.daemon, self.task
             self.daemon = self.task = None
+            daemon.stop()
+            done, _ = await asyncio.wait([task], timeout=20)
+            if not done:
+                where = stuck(daemon)
+                task.cancel()
+                await asyncio.wait([task], timeout=5)
+                raise AssertionError(f"no stop within 20 s: {where}")
+            task.result()
+
+
+def stuck(daemon: Daemon) -> str:
+    """Where a daemon that did not start or stop in time is: its phase and state, and where
+    each other task of this loop waits (a CI log then names the await that hung)."""
+    waits = []
+    for task in asyncio.all_tasks():
+        if task is asyncio.current_task():
+            continue
+        frames = task.get_stack(limit=3)
+        where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
+        waits.append(f"{task.get_name()} at {where or '?'}")
+    return f"phase {daemon.phase!r}, state {daemon.state}; tasks: " + "; ".join(sorted(waits))
 
 
 def http_text(url: str) -> str:
