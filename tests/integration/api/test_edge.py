@@ -250,12 +250,11 @@ async def test_an_idle_connection_does_not_linger_at_shutdown(api: ApiHarness) -
         writer.close()
 
 
-async def test_a_request_in_flight_at_shutdown_is_answered_and_the_stop_waits_for_it(
-    api: ApiHarness,
-) -> None:
-    """A request whose body is still arriving when the daemon is told to stop is served once
-    it is complete, the connection is closed after its answer, and the stop ends right after
-    it, within the 2 s grace."""
+async def _open_patch(
+    api: ApiHarness, framing: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str]:
+    """Start the API, connect, and the head of an admin's PATCH whose body is framed by
+    `framing` (the body is the caller's to send, or not)."""
     await api.start()
     url = urlsplit(api.url)
     reader, writer = await asyncio.open_connection(url.hostname, url.port)
@@ -264,9 +263,19 @@ async def test_a_request_in_flight_at_shutdown_is_answered_and_the_stop_waits_fo
         "PATCH",
         "/v1/delayed/x",
         "Content-Type: application/json",
-        "Transfer-Encoding: chunked",
+        framing,
         f"Authorization: Bearer {ADMIN}",
     )
+    return reader, writer, head
+
+
+async def test_a_request_in_flight_at_shutdown_is_answered_and_the_stop_waits_for_it(
+    api: ApiHarness,
+) -> None:
+    """A request whose body is still arriving when the daemon is told to stop is served once
+    it is complete, the connection is closed after its answer, and the stop ends right after
+    it, within the 2 s grace."""
+    reader, writer, head = await _open_patch(api, "Transfer-Encoding: chunked")
     soon = (datetime.now(UTC) + timedelta(days=1)).isoformat()
     body = json.dumps({"delay_until": soon}).encode()
     loop = asyncio.get_running_loop()
@@ -294,17 +303,7 @@ async def test_a_request_in_flight_at_shutdown_is_answered_and_the_stop_waits_fo
 async def test_a_request_never_finished_is_cut_at_the_grace(api: ApiHarness) -> None:
     """A request whose body never completes holds the stop for the 2 s grace at most: then
     it is cancelled and the daemon stops."""
-    await api.start()
-    url = urlsplit(api.url)
-    _, writer = await asyncio.open_connection(url.hostname, url.port)
-    head = head_of(
-        api,
-        "PATCH",
-        "/v1/delayed/x",
-        "Content-Type: application/json",
-        "Content-Length: 100",
-        f"Authorization: Bearer {ADMIN}",
-    )
+    _, writer, head = await _open_patch(api, "Content-Length: 100")
     loop = asyncio.get_running_loop()
     try:
         writer.write(head.encode("latin-1") + b'{"delay')
