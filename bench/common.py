@@ -86,6 +86,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of `pid` (none once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def cpu_by_command(names: tuple[str, ...] = ("nats-server", "postgres")) -> dict[str, float]:
     """CPU seconds so far of every live process whose command name is one of `names`, summed
     per name (PostgreSQL's backends and the nats-server of this run and any other)."""
@@ -275,7 +284,9 @@ class Daemon:
             return "(no log)"
 
     def cpu_seconds(self) -> float:
-        return cpu_seconds(self.pid)
+        """The engine's CPU and its edge child's (`scheduler run` runs the two roles as two
+        processes): what the daemon costs."""
+        return cpu_seconds(self.pid) + sum(cpu_seconds_or_zero(c) for c in children(self.pid))
 
     def rss_mb(self) -> float:
         return rss_mb(self.pid)
@@ -299,7 +310,7 @@ class Daemon:
             return {}
         buckets: list[tuple[float, float]] = []
         for line in text.splitlines():
-            if line.startswith(name + "_bucket{"):
+            if line.startswith(name + "_bucket{") and 'role="edge"' not in line:
                 le = line.split('le="', 1)[1].split('"', 1)[0]
                 buckets.append(
                     (float("inf") if le == "+Inf" else float(le), float(line.split()[-1]))

@@ -65,6 +65,7 @@ _DURATION_FIELDS = (
     "api_statement_timeout",
     "intent_ttl",
     "activity_retention",
+    "metrics_export_interval",
 )
 
 
@@ -155,6 +156,12 @@ class Settings(BaseSettings):
     leader_bucket: str = "scheduler_leader"
     state_bucket: str = "scheduler_state"
     data_dir: Path = Path(".scheduler-data")
+    # the two roles (docs/architecture.md "Two roles"): the folder an engine writes its
+    # status and metrics to for the edge beside it, and how often it renders its metrics there
+    run_dir: Path | None = None
+    metrics_export_interval: Duration = Field(
+        default=timedelta(seconds=2), ge=timedelta(milliseconds=100), le=timedelta(minutes=5)
+    )
     shutdown_grace: Duration = timedelta(seconds=20)
     startup_timeout: Duration = timedelta(seconds=60)
     allow_unsafe_nats: bool = False

@@ -14,6 +14,8 @@ import asyncio
 import gc
 import json
 import os
+import shutil
+import tempfile
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -82,8 +84,14 @@ def nats_service(
 def pg_admin_dsn(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A DSN with the right to create databases, on the session's PostgreSQL (never the
     machine's own: tests/support/compat.py)."""
-    with session_postgres(servers, tmp_path_factory.mktemp("pg")) as dsn:
-        yield dsn
+    # Outside pytest's own temp root: every pytest session that starts resets that root to
+    # 0700, which locks out pgserver's system user (two sessions at once lost their server).
+    data = Path(tempfile.mkdtemp(prefix="mq-scheduler-test-pg-"))
+    try:
+        with session_postgres(servers, data) as dsn:
+            yield dsn
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def _dsn_for(admin_dsn: str, database: str) -> str:

@@ -75,18 +75,30 @@ class StartingApp:
         await _answer(send, method, 503, "application/problem+json", problem, {"retry-after": "1"})
 
 
+class HostCheck(Protocol):
+    """The API's Host policy (`scheduler.api.edge.HostPolicy`)."""
+
+    def allows(self, host: str, local: str | None) -> bool: ...
+
+
 class MetricsApp:
     """The metrics port's app: `GET /metrics` (and HEAD) in Prometheus' text format; 405 for
-    another method there, 404 elsewhere."""
+    another method there, 404 elsewhere; 400 for a Host the API's policy refuses (`hosts`:
+    the same guard against DNS rebinding as the API's). It never reads a request body, and
+    `render` is the edge's cached exposition (`scheduler.daemon.edge.CachedRender`)."""
 
-    def __init__(self, render: Callable[[], bytes]) -> None:
+    def __init__(self, render: Callable[[], bytes], hosts: HostCheck | None = None) -> None:
         self.render = render
+        self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         method = scope["method"]
-        if scope["path"] != "/metrics":
+        if self.hosts is not None and not self._host_allowed(scope):
+            text = "text/plain; charset=utf-8"
+            await _send(send, method, 400, text, b"Host not allowed", {"connection": "close"})
+        elif scope["path"] != "/metrics":
             await _send(send, method, 404, "text/plain; charset=utf-8", b"Not Found", {})
         elif method not in READ_METHODS:
             text, allow = "text/plain; charset=utf-8", {"allow": "GET, HEAD"}
@@ -94,6 +106,16 @@ class MetricsApp:
         else:
             text = "text/plain; version=0.0.4; charset=utf-8"
             await _send(send, method, 200, text, self.render(), {})
+
+    def _host_allowed(self, scope: Scope) -> bool:
+        assert self.hosts is not None
+        host = ""
+        for name, value in scope.get("headers") or []:
+            if name == b"host":
+                host = value.decode("latin-1")
+                break
+        server = scope.get("server")
+        return self.hosts.allows(host, server[0] if server else None)
 
 
 async def _answer(

@@ -89,21 +89,28 @@ def main(argv: list[str] | None = None) -> int:
         from scheduler.cli.apiclient import stdout_closed
 
         return stdout_closed()
-    except ConfigError as exc:
-        print(f"scheduler: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except ServiceUnavailableError as exc:
-        print(f"scheduler: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
     except SchedulerError as exc:
-        print(f"scheduler: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        known = error_line(exc)
+        assert known is not None
+        print(known[1], file=sys.stderr)
+        return known[0]
     except KeyboardInterrupt:
         print("scheduler: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+
+
+def error_line(exc: BaseException) -> tuple[int, str] | None:
+    """The exit status and the one line for an error the CLI reports without a traceback."""
+    if isinstance(exc, ConfigError):
+        return EXIT_CONFIG, f"scheduler: configuration error: {exc}"
+    if isinstance(exc, ServiceUnavailableError):
+        return EXIT_UNAVAILABLE, f"scheduler: {exc}"
+    if isinstance(exc, SchedulerError):
+        return EXIT_FAILED, f"scheduler: {exc}"
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -123,6 +130,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start a local nats-server and PostgreSQL for whichever URL is not set",
     )
+    run.add_argument(
+        "--role",
+        choices=("engine", "edge"),
+        help="run one role alone: the engine (leadership, intake, firing, cron; no HTTP) or "
+        "the edge (HTTP API, console, metrics, NATS request verbs); default: both, the "
+        "engine in this process and the edge in a child process",
+    )
     run.set_defaults(func=cmd_run)
 
     mig = sub.add_parser("migrate", help="bring the PostgreSQL schema up to date (idempotent)")
@@ -131,6 +145,12 @@ def _parser() -> argparse.ArgumentParser:
     mig.add_argument("--down", action="store_true", help="downgrade to --revision instead")
     mig.add_argument("--embedded", action="store_true", help="migrate the embedded PostgreSQL")
     mig.set_defaults(func=cmd_migrate)
+
+    from scheduler.cli import probe
+
+    prb = sub.add_parser("probe", help="the engine's liveness, for an exec probe")
+    probe.configure(prb)
+    prb.set_defaults(func=probe.cmd_probe)
 
     _schedule_commands(sub)
     _audit_commands(sub)
@@ -177,15 +197,28 @@ def _settings(args: argparse.Namespace) -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging(settings.log_level, settings.log_format)
-    from scheduler.daemon.lifecycle import Daemon
-
+    if args.role == "edge":
+        return _run_edge(settings, args)
     tokens = None
-    if args.embedded:  # dev mode: the CLI and the console work without setting anything
+    if args.embedded and args.role is None:  # dev mode: the CLI and the console just work
         from scheduler.daemon.embedded import with_dev_tokens
 
         settings, tokens = with_dev_tokens(settings)
-    daemon = Daemon(settings, embedded=args.embedded)
-    code = _run_async(_run_daemon(daemon, tokens))
+    daemon: Any
+    if args.role == "engine":
+        from scheduler.daemon.engine import EngineDaemon
+
+        daemon = EngineDaemon(settings, embedded=args.embedded, run_dir=settings.run_dir)
+        code = _run_async(_run_daemon(daemon, banner=False))
+    else:
+        from scheduler.daemon.supervisor import EdgeFailed, Pair
+
+        daemon = Pair(settings, embedded=args.embedded, argv=_passed_on(args))
+        try:
+            code = _run_async(_run_daemon(daemon, tokens))
+        except EdgeFailed as exc:  # the edge's own one line, printed once, after it exited
+            print(exc.line, file=sys.stderr)
+            return exc.code
     if daemon.stopped_during_start is not None:
         print(
             f"scheduler: stopped during start-up (while {daemon.stopped_during_start})",
@@ -194,7 +227,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-async def _run_daemon(daemon: Any, tokens: DevAccess | None = None) -> int:
+def _passed_on(args: argparse.Namespace) -> list[str]:
+    """The options of `scheduler run` its edge child takes too."""
+    words = []
+    if args.config:
+        words += ["--config", args.config]
+    if args.data_dir:
+        words += ["--data-dir", args.data_dir]
+    return words
+
+
+def _run_edge(settings: Any, args: argparse.Namespace) -> int:
+    """`scheduler run --role edge`: alone, or as the child of `scheduler run`, which then
+    prints this process's one-line error (`scheduler.daemon.supervisor`)."""
+    from scheduler.daemon import supervisor
+    from scheduler.daemon.edge import EdgeDaemon, FolderEngine
+
+    parent = supervisor.paired_parent()
+    if parent is not None:
+        supervisor.die_with_parent(parent)
+    run_dir = settings.run_dir
+    edge = EdgeDaemon(
+        settings,
+        FolderEngine(run_dir) if run_dir is not None else None,
+        embedded=args.embedded,
+        announce=lambda e: supervisor.report_listening(run_dir, e),
+    )
+    if parent is None:
+        code = _run_async(_run_daemon(edge, banner=False))
+        if edge.stopped_during_start is not None:
+            print(
+                f"scheduler: stopped during start-up (while {edge.stopped_during_start})",
+                file=sys.stderr,
+            )
+        return code
+    try:
+        return _run_async(_run_daemon(edge, banner=False))
+    except KeyboardInterrupt:  # SIGTERM from `scheduler run` before the loop took signals
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        known = error_line(exc)
+        if known is None:
+            raise
+        supervisor.report_exit(run_dir, *known)
+        return known[0]
+
+
+async def _run_daemon(daemon: Any, tokens: DevAccess | None = None, banner: bool = True) -> int:
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     signals = {"count": 0}
@@ -208,17 +287,20 @@ async def _run_daemon(daemon: Any, tokens: DevAccess | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    loop.add_signal_handler(signal.SIGHUP, daemon.reload)
+    if hasattr(daemon, "reload"):
+        loop.add_signal_handler(signal.SIGHUP, daemon.reload)
     runner = asyncio.create_task(daemon.run(), name="daemon")
     started = asyncio.create_task(daemon.started.wait(), name="started")
     await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
     if started.done() and not runner.done():
-        access = None
-        if daemon.embedded:
-            from scheduler.daemon.embedded import publish_dev_access
+        if banner:
+            access = None
+            if daemon.embedded:
+                from scheduler.daemon.embedded import publish_dev_access
 
-            access = publish_dev_access(daemon.settings.data_dir, daemon.endpoints.api.url, tokens)
-        print_banner(daemon, tokens, access)
+                url = daemon.endpoints.api.url
+                access = publish_dev_access(daemon.settings.data_dir, url, tokens)
+            print_banner(daemon, tokens, access)
         from scheduler.daemon.lifecycle import tune_gc
 
         tune_gc()

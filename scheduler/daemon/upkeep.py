@@ -32,10 +32,8 @@ async def fire_log_upkeep(
     tasks: TaskAdmin | None,
     settings: Settings,
     stop: asyncio.Event,
-    expired_keys: Callable[[], Awaitable[int]] | None = None,
 ) -> None:
-    """Hourly: fire-log partitions two days ahead, expired ones dropped, old tasks purged,
-    expired idempotency keys deleted (`expired_keys`)."""
+    """Hourly: fire-log partitions two days ahead, expired ones dropped, old tasks purged."""
     while not stop.is_set():
         try:
             for change in await store.fire_log_upkeep(settings.fire_log_retention):
@@ -43,8 +41,6 @@ async def fire_log_upkeep(
             if tasks is not None:
                 purged = await tasks.purge_finished(settings.fire_log_retention)
                 log.info("delayed_messages.purged rows=%d", purged)
-            if expired_keys is not None:
-                log.info("api_idempotency.pruned rows=%d", await expired_keys())
         except Exception as exc:  # upkeep must never take the daemon down; retried next hour
             log.warning("fire_log.upkeep_failed error=%r", exc)
         await wait_or_stop(stop, UPKEEP_INTERVAL)
@@ -99,6 +95,18 @@ async def activity_upkeep(
             log.info("activity_log.pruned rows=%d", pruned)
         except Exception as exc:  # upkeep must never take the daemon down; retried next hour
             log.warning("activity_log.upkeep_failed error=%r", exc)
+        await wait_or_stop(stop, UPKEEP_INTERVAL)
+
+
+async def idempotency_upkeep(
+    expired_keys: Callable[[], Awaitable[int]], stop: asyncio.Event
+) -> None:
+    """Hourly: expired idempotency keys deleted (the API's stored answers; on the edge)."""
+    while not stop.is_set():
+        try:
+            log.info("api_idempotency.pruned rows=%d", await expired_keys())
+        except Exception as exc:  # upkeep must never take the daemon down; retried next hour
+            log.warning("api_idempotency.upkeep_failed error=%r", exc)
         await wait_or_stop(stop, UPKEEP_INTERVAL)
 
 

@@ -60,12 +60,7 @@ class KvLease:
 
     async def holder(self) -> dict[str, Any]:
         """The lease's current value ({instance, epoch, since}), read for display only."""
-        try:
-            entry = await asyncio.wait_for(self._kv.get(LEASE_KEY), timeout=1.0)
-            doc = json.loads(entry.value or b"{}")
-        except Exception:  # no key (no leader), not our JSON, or NATS away
-            return {}
-        return doc if isinstance(doc, dict) else {}
+        return await read_holder(self._kv)
 
     async def watch(self) -> None:
         """Follow the key forever: `vacant` is set when it is deleted or purged."""
@@ -105,3 +100,14 @@ async def _stop_watcher(watcher: KeyValue.KeyWatcher, log: logging.Logger) -> No
         await watcher.stop()
     except Exception as exc:  # a closed connection has no subscription left to remove
         log.debug("leader.watch_stop_failed error=%r", exc)
+
+
+async def read_holder(kv: KeyValue) -> dict[str, Any]:
+    """The lease's current value ({instance, epoch, since}) in the leader bucket `kv`, read
+    for display only (an edge shows it; leadership is never decided by a read)."""
+    try:
+        entry = await asyncio.wait_for(kv.get(LEASE_KEY), timeout=1.0)
+        doc = json.loads(entry.value or b"{}")
+    except Exception:  # no key (no leader), not our JSON, or NATS away
+        return {}
+    return doc if isinstance(doc, dict) else {}

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.daemon import lifecycle
+from scheduler.daemon import edge as edge_role
 from scheduler.daemon.lifecycle import Daemon
 from scheduler.settings import Settings
 from tests.support.hostile import Reader, hostile
@@ -35,14 +35,14 @@ async def test_a_due_task_fires_while_the_management_api_is_still_being_built(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = threading.Event()
-    build = lifecycle.build_api_app
+    build = edge_role.build_api_app
 
     def held_build(backend: Any) -> Any:
         gate.wait(30)  # the worker thread's import and build, held until the test lets go
         return build(backend)
 
-    monkeypatch.setattr(lifecycle, "build_api_app", held_build)
-    monkeypatch.setattr(lifecycle, "api_imported", lambda: False)  # as in a fresh process
+    monkeypatch.setattr(edge_role, "build_api_app", held_build)
+    monkeypatch.setattr(edge_role, "api_imported", lambda: False)  # as in a fresh process
     async with hostile(settings) as h:
         await h.prepare()
         task_id, _ = await h.control(0.2)  # waits on the lane before the daemon starts

@@ -1,0 +1,456 @@
+"""The edge role: everything an outsider drives, in a process of its own.
+
+The HTTP management API, the console, `/docs`, the metrics exposition and the NATS request
+verbs (`scheduler.v1.*`) run here, on their own NATS connection and PostgreSQL pools; the
+engine (`scheduler.daemon.engine`) takes no input from outside and never shares this loop or
+this GIL (in `scheduler run`, and as separate containers in the chart). The two talk only
+through PostgreSQL and NATS (the lane, the reschedule notice); what the edge shows of the
+engine beside it (its state, role, warnings, metrics) it reads from the run folder the engine
+writes (`scheduler.daemon.pair`), or, in the one-process daemon of the tests
+(`scheduler.daemon.lifecycle`), from the engine object itself.
+
+Start order: the HTTP ports first (so `/healthz` answers at once; the management API is built
+in a worker thread meanwhile and swapped in before the edge reports itself running), then
+NATS, the schema (migrated by whichever process gets there first; the other waits on the same
+lock), the API's pools, the NATS service and the operations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from scheduler import __version__
+from scheduler.api.nats_service import SchedulerService
+from scheduler.api.server import Served
+from scheduler.api.starting import MetricsApp, StartingApp
+from scheduler.bus.nats.connection import NatsBus
+from scheduler.clock import Clock, SystemClock
+from scheduler.daemon import migrate
+from scheduler.daemon.listeners import api_imported, build_api_app, listen
+from scheduler.daemon.pair import (
+    ENGINE_METRICS,
+    STALE_AFTER,
+    EngineReport,
+    merge_expositions,
+    read_engine_report,
+)
+from scheduler.daemon.preflight import check_api_exposure
+from scheduler.daemon.runstate import Phased, RunState
+from scheduler.daemon.upkeep import activity_upkeep, idempotency_upkeep, loop_lag_probe
+from scheduler.errors import ConfigError, ServiceUnavailableError
+from scheduler.leadership.lease import read_holder
+from scheduler.metrics import Metrics
+from scheduler.operations import paging
+from scheduler.operations.build import Operations, build_operations
+from scheduler.operations.instances import read_instances
+from scheduler.settings import Settings
+from scheduler.store.postgres.connect import PostgresStore, create_pool
+from scheduler.store.postgres.intents import IntentLimits
+from scheduler.store.postgres.task_admin import TaskAdmin
+
+log = logging.getLogger(__name__)
+
+SERVICE_POOL_SIZE = 4  # the NATS verbs' own connections (producers' cancel/reschedule/get)
+METRICS_CACHE = 1.0  # seconds a rendered exposition is served to every scraper
+
+
+class EngineView(Protocol):
+    """What the edge knows of the engine beside it: its latest report, or None when there is
+    no engine beside it (an edge alone) or it has not reported yet."""
+
+    paired: bool
+
+    def report(self) -> EngineReport | None: ...
+
+    def metrics(self) -> bytes | None: ...
+
+
+class NoEngine:
+    """An edge run alone (`--role edge` without SCHEDULER_RUN_DIR)."""
+
+    paired = False
+
+    def report(self) -> EngineReport | None:
+        return None
+
+    def metrics(self) -> bytes | None:
+        return None
+
+
+class FolderEngine:
+    """The engine beside this edge, through the run folder (`scheduler.daemon.pair`)."""
+
+    paired = True
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def report(self) -> EngineReport | None:
+        return read_engine_report(self.run_dir)
+
+    def metrics(self) -> bytes | None:
+        try:
+            return (self.run_dir / ENGINE_METRICS).read_bytes()
+        except OSError:
+            return None
+
+
+class CachedRender:
+    """An exposition rendered at most once per `max_age` seconds, whatever the scrapers do."""
+
+    def __init__(self, render: Callable[[], bytes], max_age: float = METRICS_CACHE) -> None:
+        self._render, self.max_age = render, max_age
+        self._at, self._data = -float("inf"), b""
+
+    def __call__(self) -> bytes:
+        now = time.monotonic()
+        if now - self._at >= self.max_age:
+            self._data, self._at = self._render(), now
+        return self._data
+
+
+@dataclass
+class EdgeEndpoints:
+    api: Served | None = None
+    metrics: Served | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class EdgeDaemon(Phased):
+    """One edge: the API, console, metrics and NATS verbs of one instance."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: EngineView | None = None,
+        *,
+        embedded: bool = False,
+        clock: Clock | None = None,
+        metrics: Metrics | None = None,
+        own_metrics: bool = True,
+        announce: Callable[[EdgeDaemon], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.engine_view: EngineView = engine or NoEngine()
+        self.embedded = embedded
+        self.clock = clock or SystemClock()
+        self.metrics = metrics or Metrics()
+        self.endpoints = EdgeEndpoints()
+        self.bus: NatsBus | None = None
+        self.api_store: PostgresStore | None = None
+        self.service_store: PostgresStore | None = None
+        self.operations: Operations | None = None
+        self.state_kv: Any = None
+        self.leader_kv: Any = None
+        self.warnings: list[str] = []
+        self.migrated = False
+        self.http_app = StartingApp(self)
+        self._api_build: asyncio.Future[Any] | None = None
+        self._announce = announce or (lambda edge: None)  # where it listens, once and running
+        self._render = CachedRender(self._exposition if own_metrics else self.metrics.render)
+        if own_metrics:
+            self.metrics.daemon_started(__version__, settings.instance_id)
+
+    # -- alone (`scheduler run --role edge`, and `scheduler run`'s child) ----------------------
+    async def run(self) -> None:
+        try:
+            async with AsyncExitStack() as stack:
+                if not await self._start_unless_stopped(self._start_all(stack)):
+                    return
+                async with asyncio.TaskGroup() as tg:
+                    self.spawn(tg)
+                    tg.create_task(self._stop.wait(), name="stop-signal")
+                    await self.serve_api()
+                    self.state = RunState.RUNNING
+                    self.started.set()
+                    self._announce(self)
+                    log.info("daemon.running role=edge instance=%s", self.settings.instance_id)
+                self.state = RunState.STOPPING
+                log.info("daemon.stopping role=edge")
+        finally:
+            self.state = RunState.STOPPED
+            log.info("daemon.stopped role=edge")
+
+    async def _start_all(self, stack: AsyncExitStack) -> None:
+        await self.open_http(stack)
+        await self.start(stack)
+
+    # -- parts -------------------------------------------------------------------------------
+    async def open_http(self, stack: AsyncExitStack) -> None:
+        from scheduler.api.edge import host_policy  # the framework, in the edge only
+
+        s = self.settings
+        self._enter("opening the HTTP ports")
+        self._api_build = self._build_api()
+        stack.push_async_callback(self._drop_api_build)
+        api = await listen(self.http_app, s, s.http_port, "SCHEDULER_HTTP_PORT", self.embedded)
+        stack.push_async_callback(api.close)
+        scrape = MetricsApp(self._render, host_policy(s))
+        metrics = await listen(scrape, s, s.metrics_port, "SCHEDULER_METRICS_PORT", self.embedded)
+        stack.push_async_callback(metrics.close)
+        self.endpoints.api, self.endpoints.metrics = api, metrics
+        self._warn(check_api_exposure(s))
+        self._announce(self)
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """NATS, the schema, the pools, the NATS service and the operations."""
+        s = self.settings
+        if s.nats_url is None:
+            raise ConfigError("SCHEDULER_NATS_URL", "not set (the edge connects to the engine's)")
+        if s.database_url is None:
+            raise ConfigError("SCHEDULER_DATABASE_URL", "not set (the edge reads the engine's)")
+        budget = s.startup_timeout.total_seconds()
+        self._enter("connecting to NATS")
+        self.bus = NatsBus(s, self.metrics)
+        stack.push_async_callback(self.bus.close)
+        await self.bus.connect(budget)
+        nc = self.bus.nc
+        assert nc is not None and self.bus.js is not None
+        dsn = s.database_dsn
+        assert dsn is not None
+        self._enter("connecting to PostgreSQL")
+        await migrate.current_revision(dsn, budget)
+        self._enter("migrating the schema")
+        await migrate.upgrade_async(dsn, budget=budget)
+        self.migrated = True
+        self._enter("opening the PostgreSQL pools")
+        self.api_store = await self._open_api_pool(stack, budget)
+        self.service_store = await self._open_pool(stack, budget, SERVICE_POOL_SIZE)
+        self._enter("opening the buckets")
+        await self._open_buckets(budget)
+        self._enter("starting the service")
+        limits = IntentLimits(s.intent_ttl, s.intent_max_per_target)
+        own = build_operations(
+            nc,
+            s,
+            self.service_store,
+            TaskAdmin(self.service_store, limits),
+            self.clock,
+            self.leader,
+        )
+        self.operations = build_operations(
+            nc, s, self.api_store, TaskAdmin(self.api_store, limits), self.clock, self.leader
+        )
+        stack.callback(setattr, self, "operations", None)  # API: 503 before the pool closes
+        service = SchedulerService(nc, s, own.tasks, self.clock, self.stats)
+        await service.start()
+        stack.push_async_callback(service.stop)
+
+    def spawn(self, tg: asyncio.TaskGroup) -> None:
+        """The edge's loops, owned by `tg`; they end when `stop()` is called."""
+        ops, s, stop = self.operations, self.settings, self._stop
+        assert ops is not None
+        tg.create_task(ops.backlog.run(stop), name="write-backlog")
+        pruned = activity_upkeep(ops.activity, s, self.metrics, stop)
+        tg.create_task(pruned, name="activity-upkeep")
+        expired = idempotency_upkeep(lambda: ops.idempotency.prune(self.clock.now()), stop)
+        tg.create_task(expired, name="idempotency-upkeep")
+        tg.create_task(loop_lag_probe(self.metrics, stop), name="edge-loop-lag")
+
+    async def serve_api(self) -> None:
+        """Swap the management API in once its thread has built it."""
+        assert self._api_build is not None
+        self.http_app.app = await self._api_build
+
+    # -- start-up steps ------------------------------------------------------------------------
+    def _build_api(self) -> asyncio.Future[Any]:
+        """Build the management API in a daemon thread: a stop during the start must not wait
+        for its imports, and asyncio.run would wait for a thread of the default executor.
+        Once the process has imported it (another daemon in the same process, as in the
+        tests), the build takes ~25 ms and is done here."""
+        loop = asyncio.get_running_loop()
+        built: asyncio.Future[Any] = loop.create_future()
+        if api_imported():
+            try:
+                built.set_result(build_api_app(self))
+            except Exception as exc:  # raised where it is awaited, as from the thread
+                built.set_exception(exc)
+            return built
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if built.done():  # cancelled: the start was abandoned
+                return
+            if error is not None:
+                built.set_exception(error)
+            else:
+                built.set_result(result)
+
+        def build() -> None:
+            result, error = None, None
+            try:
+                result = build_api_app(self)
+            except BaseException as exc:  # handed to the loop, raised where it is awaited
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(settle, result, error)
+
+        threading.Thread(target=build, name="api-build", daemon=True).start()
+        return built
+
+    async def _drop_api_build(self) -> None:
+        if self._api_build is not None:
+            self._api_build.cancel()
+            await asyncio.gather(self._api_build, return_exceptions=True)
+
+    async def _open_api_pool(self, stack: AsyncExitStack, budget: float) -> PostgresStore:
+        """The management API's pool: SCHEDULER_API_POOL_SIZE connections whose statements
+        PostgreSQL cuts at SCHEDULER_API_STATEMENT_TIMEOUT."""
+        s = self.settings
+        timeout = s.api_statement_timeout.total_seconds()
+        return await self._open_pool(stack, budget, s.api_pool_size, timeout)
+
+    async def _open_pool(
+        self, stack: AsyncExitStack, budget: float, size: int, timeout: float | None = None
+    ) -> PostgresStore:
+        dsn = self.settings.database_dsn
+        assert dsn is not None
+        pool = await create_pool(dsn, budget, min_size=1, max_size=size, statement_timeout=timeout)
+        store = PostgresStore(pool, self.metrics, acquire_timeout=timeout)
+        stack.push_async_callback(store.close)
+        return store
+
+    async def _open_buckets(self, budget: float) -> None:
+        """The lease and state buckets (read only here); an edge that starts before any
+        engine provisioned them waits for them within the start-up budget."""
+        assert self.bus is not None and self.bus.js is not None
+        js, s = self.bus.js, self.settings
+        deadline = time.monotonic() + budget
+        while True:
+            try:
+                self.leader_kv = await js.key_value(s.leader_bucket)
+                self.state_kv = await js.key_value(s.state_bucket)
+                break
+            except Exception as exc:  # not provisioned yet: the engine creates them
+                if time.monotonic() >= deadline:
+                    raise ServiceUnavailableError(
+                        "NATS", f"the buckets {s.leader_bucket}/{s.state_bucket}: {exc!r}"
+                    ) from exc
+                await asyncio.sleep(0.2)
+        await paging.load_key(self.state_kv)  # cursors signed alike by every instance
+
+    def _warn(self, warning: str | None) -> None:
+        if warning is not None:
+            self.warnings.append(warning)
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def _exposition(self) -> bytes:
+        """This edge's metrics and, beside them, the engine's latest export."""
+        parts = [("edge", self.metrics.render())]
+        engine = self.engine_view.metrics()
+        if engine is not None:
+            parts.insert(0, ("engine", engine))
+        return merge_expositions(parts)
+
+    # -- what the edge answers -------------------------------------------------------------------
+    def engine_report(self) -> EngineReport | None:
+        """The engine's report while it is fresh; a stale one (the engine stopped answering)
+        counts as none."""
+        report = self.engine_view.report()
+        if report is None or (self.engine_view.paired and report.age() > STALE_AFTER):
+            return None
+        return report
+
+    def stats(self) -> dict[str, Any]:
+        """What `scheduler.v1.stats` answers."""
+        report = self.engine_report()
+        return {
+            "instance": self.settings.instance_id,
+            "role": report.role if report else self._alone_role(),
+            "epoch": report.epoch if report else None,
+            "heap": report.heap if report else 0,
+            "version": __version__,
+        }
+
+    def _alone_role(self) -> str:
+        return "unknown" if self.engine_view.paired else "edge"
+
+    async def leader(self) -> dict[str, Any]:
+        """What `GET /v1/leader` answers: who leads (as the lease says, read for display
+        only), and this instance's engine's view."""
+        report = self.engine_report()
+        me = report.leader if report else {"instance": self.settings.instance_id}
+        holder = await read_holder(self.leader_kv) if self.leader_kv is not None else {}
+        return {
+            "instance": holder.get("instance"),
+            "epoch": holder.get("epoch"),
+            "since": holder.get("since"),
+            "self": me,
+        }
+
+    async def instances(self) -> list[dict[str, Any]]:
+        """What `GET /v1/instances` answers: every instance's latest heartbeat."""
+        if self.state_kv is None:
+            raise ServiceUnavailableError("NATS", "the state bucket is not open yet")
+        return await read_instances(self.state_kv, self.clock.now())
+
+    def is_alive(self) -> bool:
+        nc = self.bus.nc if self.bus is not None else None
+        if self.state is RunState.RUNNING and nc is not None and nc.is_closed:
+            return False
+        return self.state in (RunState.STARTING, RunState.RUNNING)
+
+    def edge_body(self) -> dict[str, Any]:
+        nats_ok = self.bus is not None and self.bus.is_connected
+        closed = self.bus is not None and self.bus.nc is not None and self.bus.nc.is_closed
+        ready = self.state is RunState.RUNNING and nats_ok and self.migrated
+        return {
+            "ready": ready,
+            "state": self.state.value,
+            "nats": "closed" if closed else ("connected" if nats_ok else "disconnected"),
+            "postgres": "migrated" if self.migrated else "pending",
+            "warnings": list(self.warnings),
+        }
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """`/readyz`: ready when this edge is, and (with an engine beside it) that engine too.
+        The top-level fields are the engine's (role, epoch) as before the split; `roles`
+        tells each role's own readiness."""
+        edge = self.edge_body()
+        report = self.engine_report()
+        engine = None
+        if report is not None:
+            engine = {
+                "ready": report.ready,
+                "state": report.state,
+                "role": report.role,
+                "epoch": report.epoch,
+                "nats": report.nats,
+                "postgres": report.postgres,
+                "pid": report.pid,
+            }
+        elif self.engine_view.paired:
+            engine = {"ready": False, "state": "unknown", "role": "unknown"}
+        ready = edge["ready"] and (engine is None or bool(engine["ready"]))
+        if not self.engine_view.paired:
+            ready = edge["ready"]
+        state = edge["state"] if engine is None or engine["state"] == "running" else engine["state"]
+        body = {
+            "state": state,
+            "role": engine["role"] if engine else "edge",
+            "epoch": engine.get("epoch") if engine else None,
+            "instance": self.settings.instance_id,
+            "nats": edge["nats"] if engine is None else _worst(edge["nats"], engine.get("nats")),
+            "postgres": _pg(edge["postgres"], engine.get("postgres") if engine else None),
+            "warnings": (list(report.warnings) if report else []) + edge["warnings"],
+            "roles": {"engine": engine, "edge": edge},
+        }
+        return ready, body
+
+
+def _worst(a: str, b: Any) -> str:
+    order = ["closed", "disconnected", "connected"]
+    return min((a, str(b or "disconnected")), key=lambda v: order.index(v) if v in order else 0)
+
+
+def _pg(a: str, b: Any) -> str:
+    return "migrated" if a == "migrated" and b in (None, "migrated") else "pending"

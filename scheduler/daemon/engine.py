@@ -1,0 +1,383 @@
+"""The engine role: leadership, intake, the horizon, claims, firing, cron and the fence.
+
+It takes input only from the delay lane, NATS KV and PostgreSQL: it serves no HTTP, answers
+no NATS request and parses no byte an operator sends (the edge does, `scheduler.daemon.edge`).
+What the edge beside it shows of it (state, role, metrics) it writes to the run folder
+(`scheduler.daemon.pair`) and never reads back.
+
+Start order: the embedded servers if asked (`embedded.start_missing`; `on_servers` is told the
+settings with their URLs, so `scheduler run` can start its edge), NATS, migrations, the
+PostgreSQL pool, provisioning (with the checks of `preflight`), then the loops: leadership and
+its heartbeat, the role loop (`terms.TermLoop`), housekeeping (`upkeep`), the leader's gauges
+(`Refresher`), the clock check and the status export. Every component registers its own
+cleanup on one AsyncExitStack; `stop()` only signals, and shutdown is bounded by
+`SCHEDULER_SHUTDOWN_GRACE`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from nats.js.errors import NotFoundError
+
+from scheduler import __version__
+from scheduler.aio import first_of
+from scheduler.bus.nats.connection import NatsBus, ProvisionNote, lane_window_warning, provision
+from scheduler.clock import Clock, SystemClock
+from scheduler.daemon import migrate
+from scheduler.daemon.embedded import start_missing
+from scheduler.daemon.pair import (
+    ENGINE_METRICS,
+    ENGINE_STATUS,
+    STATUS_EVERY,
+    EngineReport,
+    write_atomic,
+    write_json,
+)
+from scheduler.daemon.preflight import check_lease_bucket, check_server_version
+from scheduler.daemon.runstate import Phased, RunState
+from scheduler.daemon.upkeep import dead_letter_upkeep, fire_log_upkeep, loop_lag_probe
+from scheduler.engine.cron.firing import CronEngine
+from scheduler.engine.leader_loop import LeaderEngine
+from scheduler.leadership.election import Leadership
+from scheduler.leadership.skew import ClockCheck
+from scheduler.leadership.terms import TermLoop
+from scheduler.metrics import Metrics
+from scheduler.operations import paging
+from scheduler.operations.stats import Refresher
+from scheduler.settings import Settings
+from scheduler.store.postgres.connect import PostgresStore, create_pool
+from scheduler.store.postgres.cron_jobs import ScheduleStore
+from scheduler.store.postgres.dead_letters import DeadLetterStore
+from scheduler.store.postgres.epoch import database_time
+from scheduler.store.postgres.intents import IntentLimits
+from scheduler.store.postgres.overview import OverviewStore
+from scheduler.store.postgres.tasks import TaskStore
+
+log = logging.getLogger(__name__)
+
+
+class EngineDaemon(Phased):
+    """One engine: stands for office, fires while it holds it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        embedded: bool = False,
+        clock: Clock | None = None,
+        metrics: Metrics | None = None,
+        run_dir: Path | None = None,
+        on_servers: Callable[[Settings, list[str]], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.embedded = embedded
+        self.clock = clock or SystemClock()
+        self.metrics = metrics or Metrics()
+        self.run_dir = run_dir
+        self.on_servers = on_servers
+        self.embedded_started: list[str] = []
+        self.bus: NatsBus | None = None
+        self.store: PostgresStore | None = None
+        self.tasks: TaskStore | None = None
+        self.leadership: Leadership | None = None
+        self.clock_check: ClockCheck | None = None
+        self.state_kv: Any = None
+        self.leader_kv: Any = None
+        self.engine: LeaderEngine | None = None
+        self.cron: CronEngine | None = None
+        self.refresher: Refresher | None = None
+        self.provisioned: list[ProvisionNote] = []
+        self.warnings: list[str] = []
+        self.migrated = False
+        self.done_leading = asyncio.Event()  # set once the engine ended and the lease is given up
+        self.metrics.daemon_started(__version__, settings.instance_id)
+
+    def reload(self) -> None:
+        """Re-read the schedules YAML (SIGHUP)."""
+        if self.cron is not None:
+            self.cron.request_reload()
+
+    # -- alone (`scheduler run --role engine`, and `scheduler run`'s own process) ---------------
+    async def run(self) -> None:
+        """Run until `stop()`; everything started is torn down on the way out."""
+        try:
+            async with AsyncExitStack() as stack:
+                if not await self._start_unless_stopped(self.start(stack)):
+                    return
+                async with asyncio.TaskGroup() as tg:
+                    self.spawn(tg)
+                    tg.create_task(self._stop.wait(), name="stop-signal")
+                    self.state = RunState.RUNNING
+                    self.started.set()
+                    log.info("daemon.running role=engine instance=%s", self.settings.instance_id)
+                self.state = RunState.STOPPING
+                log.info("daemon.stopping role=engine")
+        finally:
+            self.state = RunState.STOPPED
+            self._export_status()
+            log.info("daemon.stopped role=engine")
+
+    # -- parts, for `run` and for the one-process daemon (`scheduler.daemon.lifecycle`) ------
+    async def start(self, stack: AsyncExitStack) -> None:
+        s = self.settings = await self._start_embedded(stack)
+        if self.on_servers is not None:
+            await self.on_servers(s, self.embedded_started)
+        budget = s.startup_timeout.total_seconds()
+        self._enter("connecting to NATS")
+        self.bus = NatsBus(s, self.metrics)
+        stack.push_async_callback(self.bus.close)
+        await self.bus.connect(budget)
+        self.check_server_version()
+        self.store = await self._open_postgres(stack, budget)
+        self._enter("provisioning streams and buckets")
+        self.leader_kv = await self.bus.setup(self._provision())
+        self._enter("starting the lease")
+        self.tasks = TaskStore(self.store, IntentLimits(s.intent_ttl, s.intent_max_per_target))
+        self.clock_check = ClockCheck(
+            functools.partial(database_time, self.store.pool),
+            self.clock,
+            s.max_clock_skew.total_seconds(),
+            self.metrics,
+        )
+        await self.clock_check.measure()
+        self.leadership = Leadership(
+            self.leader_kv,
+            self.store.pool,
+            s,
+            self.clock,
+            self.metrics,
+            clock_ok=self.clock_check.ok,
+            clock_check=self.clock_check.measure,
+        )
+        self.metrics.standing_by()
+        self._build_engine()
+
+    def _build_engine(self) -> None:
+        s = self.settings
+        assert self.store is not None and self.bus is not None and self.leadership is not None
+        assert self.tasks is not None
+        schedules = ScheduleStore(self.store)
+        self.cron = CronEngine(s, schedules, self.leadership, self.clock, self.metrics, self.bus)
+        self.engine = LeaderEngine(
+            s,
+            self.bus,
+            self.tasks,
+            self.leadership,
+            self.clock,
+            self.metrics,
+            self.intake_stream(),
+            self.cron,
+        )
+        self.refresher = Refresher(
+            s,
+            OverviewStore(self.store),
+            DeadLetterStore(self.store),
+            schedules,
+            self.metrics,
+            self.clock,
+            self.leadership.may_act,
+            self._intake_backlog,
+            self.cron,
+        )
+
+    def spawn(self, tg: asyncio.TaskGroup) -> None:
+        """The engine's loops, owned by `tg`; they end when `stop()` is called."""
+        assert self.leadership is not None and self.store is not None
+        assert self.refresher is not None and self.bus is not None and self.bus.nc is not None
+        assert self.clock_check is not None
+        s, stop = self.settings, self._stop
+        tg.create_task(self.leadership.run(self.done_leading), name="leadership")
+        tg.create_task(
+            self.leadership.heartbeat(self.state_kv, self.done_leading), name="heartbeat"
+        )
+        tg.create_task(fire_log_upkeep(self.store, self.tasks, s, stop), name="fire-log-upkeep")
+        dead = DeadLetterStore(self.store)
+        pruning = dead_letter_upkeep(dead, s, self.clock, self.metrics, stop)
+        tg.create_task(pruning, name="dead-letter-upkeep")
+        tg.create_task(self._term_loop().run(), name="engine")
+        tg.create_task(loop_lag_probe(self.metrics, stop), name="loop-lag")
+        tg.create_task(self.refresher.run(self.bus.nc, stop), name="refresher")
+        tg.create_task(self.clock_check.run(self.done_leading), name="clock-check")
+        if self.run_dir is not None:
+            tg.create_task(self._export(stop), name="status-export")
+
+    # -- the run folder --------------------------------------------------------------------------
+    async def _export(self, stop: asyncio.Event) -> None:
+        """`engine.json` every STATUS_EVERY s and at once on a change of role; `engine.prom`
+        every SCHEDULER_METRICS_EXPORT_INTERVAL (`scheduler.daemon.pair`)."""
+        every = self.settings.metrics_export_interval.total_seconds()
+        rendered = 0.0
+        while not stop.is_set():
+            self._export_status()
+            if time.monotonic() - rendered >= every:
+                self._export_metrics()
+                rendered = time.monotonic()
+            await first_of(asyncio.sleep(STATUS_EVERY), stop.wait(), self._role_change())
+
+    def _role_change(self) -> Awaitable[object]:
+        """Set when this engine's role changes (the status is rewritten at once)."""
+        if self.leadership is None:
+            return asyncio.Event().wait()
+        tenure = self.leadership.tenure
+        return tenure.lost.wait() if self.role() == "leader" else tenure.gained.wait()
+
+    def _export_status(self) -> None:
+        if self.run_dir is None:
+            return
+        try:
+            write_json(self.run_dir / ENGINE_STATUS, self.report().to_json())
+        except OSError as exc:  # the folder went away: the edge shows the engine as stale
+            log.warning("engine.status_export_failed error=%r", exc)
+
+    def _export_metrics(self) -> None:
+        assert self.run_dir is not None
+        try:
+            write_atomic(self.run_dir / ENGINE_METRICS, self.metrics.render())
+        except OSError as exc:
+            log.warning("engine.metrics_export_failed error=%r", exc)
+
+    # -- what the engine says about itself ------------------------------------------------------
+    def role(self) -> str:
+        held = self.leadership is not None and self.leadership.may_act()
+        return "leader" if held else "standby"
+
+    def ready(self) -> bool:
+        nats_ok = self.bus is not None and self.bus.is_connected
+        return self.state is RunState.RUNNING and nats_ok and self.migrated
+
+    def nats_state(self) -> str:
+        if self.nats_closed():
+            return "closed"
+        return "connected" if self.bus is not None and self.bus.is_connected else "disconnected"
+
+    def nats_closed(self) -> bool:
+        nc = self.bus.nc if self.bus is not None else None
+        return self.state is RunState.RUNNING and nc is not None and nc.is_closed
+
+    def all_warnings(self) -> list[str]:
+        check = self.clock_check.warning if self.clock_check else None
+        return (
+            list(self.warnings)
+            + ([check] if check else [])
+            + (self.cron.errors if self.cron else [])
+            + (list(self.engine.warnings.values()) if self.engine else [])
+        )
+
+    def report(self) -> EngineReport:
+        me = self.leadership.info() if self.leadership else {"instance": self.settings.instance_id}
+        return EngineReport(
+            instance=self.settings.instance_id,
+            state=self.state.value,
+            role=self.role(),
+            epoch=self.leadership.epoch if self.leadership else None,
+            nats=self.nats_state(),
+            postgres="migrated" if self.migrated else "pending",
+            ready=self.ready(),
+            heap=len(self.engine.horizon) if self.engine else 0,
+            warnings=self.all_warnings(),
+            leader=me,
+            pid=os.getpid(),
+            at=time.time(),
+        )
+
+    def is_alive(self) -> bool:
+        """Starting or running, with a NATS connection that can still come back: nats-py
+        closes one for good on some protocol errors, and then only a restart helps."""
+        if self.nats_closed():
+            return False
+        return self.state in (RunState.STARTING, RunState.RUNNING)
+
+    # -- start-up steps --------------------------------------------------------------------------
+    async def _start_embedded(self, stack: AsyncExitStack) -> Settings:
+        """Start whichever server has no URL (embedded mode), or fail naming the variable."""
+        s, started = await start_missing(self.settings, self.embedded, stack, self._enter)
+        self.embedded_started += started
+        return s
+
+    def check_server_version(self) -> None:
+        assert self.bus is not None
+        self._warn(check_server_version(self.bus, self.settings))
+
+    def _warn(self, warning: str | None) -> None:
+        """Keep a start-up check's warning for `/readyz`."""
+        if warning is not None:
+            self.warnings.append(warning)
+
+    async def _open_postgres(self, stack: AsyncExitStack, budget: float) -> PostgresStore:
+        """First contact (retried for `budget` s), migrations, then the pool."""
+        dsn = self.settings.database_dsn
+        assert dsn is not None
+        self._enter("connecting to PostgreSQL")
+        await migrate.current_revision(dsn, budget)
+        self._enter("migrating the schema")
+        await migrate.upgrade_async(dsn, budget=budget)
+        self.migrated = True
+        self._enter("opening the PostgreSQL pool")
+        store = PostgresStore(await create_pool(dsn, budget), self.metrics)
+        stack.push_async_callback(store.close)
+        self.metrics.postgres_connected()
+        return store
+
+    async def _provision(self) -> Any:
+        """Provision (when asked), check the lease bucket, open both buckets; the lease KV."""
+        assert self.bus is not None and self.bus.js is not None
+        if self.settings.provision:
+            self.provisioned = await provision(self.bus, embedded=self.embedded)
+        await self._check_lane_window()
+        self._warn(await check_lease_bucket(self.bus, self.settings))
+        leader_kv = await self.bus.js.key_value(self.settings.leader_bucket)
+        self.state_kv = await self.bus.js.key_value(self.settings.state_bucket)
+        await paging.load_key(self.state_kv)  # cursors signed alike by every instance
+        return leader_kv
+
+    async def _check_lane_window(self) -> None:
+        """One warning at start when the delay lane keeps a duplicate window (docs/operations.md,
+        "The delay lane's duplicate window"); the lane is checked, never refused: with
+        provisioning off an operator may not have updated it yet, and tasks must still flow."""
+        assert self.bus is not None
+        if self.settings.intake_duplicate_window is not None:
+            log.warning(
+                "settings.ignored SCHEDULER_INTAKE_DUPLICATE_WINDOW: the delay lane keeps no "
+                "duplicate window (nats-server 2.14+) or the shortest one, 100ms"
+            )
+        try:
+            warning = await lane_window_warning(self.bus, self.intake_stream())
+        except NotFoundError:
+            warning = f"the delay lane's stream {self.intake_stream()} does not exist yet"
+        if warning is not None:
+            log.warning("nats.lane_duplicate_window %s", warning)
+        self._warn(warning)
+
+    def intake_stream(self) -> str:
+        """The configured intake stream, or the stream found covering the delay lane."""
+        for note in self.provisioned:
+            if note.kind == "stream" and note.name == self.settings.intake_stream:
+                return note.detail if note.status == "covered" else note.name
+        return self.settings.intake_stream
+
+    def _term_loop(self) -> TermLoop:
+        assert self.engine is not None and self.leadership is not None
+        grace = self.settings.shutdown_grace.total_seconds()
+        return TermLoop(self.engine, self.leadership, grace, self._stop, self.done_leading)
+
+    async def _intake_backlog(self) -> int | None:
+        """Messages on the delay lane the intake consumer has not taken yet (None: unknown)."""
+        assert self.bus is not None and self.bus.js is not None
+        try:
+            info = await self.bus.js.consumer_info(
+                self.intake_stream(), self.settings.intake_consumer
+            )
+        except Exception as exc:  # no consumer yet, or NATS away: the gauge keeps its value
+            log.debug("intake.backlog_unknown error=%r", exc)
+            return None
+        return int(info.num_pending or 0)
