@@ -160,7 +160,7 @@ class Settings(BaseSettings):
     # status and metrics to for the edge beside it, and how often it renders its metrics there
     run_dir: Path | None = None
     metrics_export_interval: Duration = Field(
-        default=timedelta(seconds=2), ge=timedelta(milliseconds=100), le=timedelta(minutes=5)
+        default=timedelta(seconds=5), ge=timedelta(milliseconds=100), le=timedelta(minutes=5)
     )
     shutdown_grace: Duration = timedelta(seconds=20)
     startup_timeout: Duration = timedelta(seconds=60)

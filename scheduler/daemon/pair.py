@@ -10,8 +10,8 @@ the child of `scheduler run`) the engine writes into the run folder, and never r
   `scheduler.v1.stats` and `GET /v1/leader`'s `self`, and treats one older than `STALE_AFTER`
   as an engine that stopped answering (SIGSTOP, a stuck loop, a crash).
 - `engine.prom`: the engine's metrics in Prometheus' text format, rendered every
-  `SCHEDULER_METRICS_EXPORT_INTERVAL` whatever the number of scrapers (one render costs the
-  engine ~1-3 ms, once per interval); the edge serves it beside its own with a `role` label.
+  `SCHEDULER_METRICS_EXPORT_INTERVAL` whatever the number of scrapers (one render, in a worker
+  thread, per interval); the edge serves it beside its own with a `role` label.
 - `edge.json` (written by the edge, read by `scheduler run`): where the edge listens, and
   `edge-exit.json`: a paired edge's start-up failure, the one line `scheduler run` prints.
 
