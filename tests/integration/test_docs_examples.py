@@ -93,7 +93,7 @@ def test_examples_work_as_written(
     env = _env(dev_daemon, tmp_path)
     monkeypatch.chdir(tmp_path)
     for block in blocks(page):
-        if block.marker == "skip" or block.lang == "text":
+        if block.marker in ("skip", "region") or block.lang == "text":
             continue
         if block.marker == "file":
             (tmp_path / block.argument).parent.mkdir(parents=True, exist_ok=True)

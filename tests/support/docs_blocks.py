@@ -4,7 +4,9 @@ blocks in the docs").
 Every fenced block either runs or is marked, on the line above its fence, with
 `<!-- docs-test: skip REASON -->` (not run here: helm, kubectl, a fragment) or
 `<!-- docs-test: file NAME -->` (saved as NAME in the page's scratch directory, for the blocks
-after it); `text` blocks are prose in a box and never run.
+after it) or `<!-- docs-test: region PATH NAME -->` (not run here: the block must equal the
+lines between `region NAME` and `endregion NAME` comments in the repo's file PATH, which a test
+of its own runs); `text` blocks are prose in a box and never run.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ class Block:
     line: int  # of the opening fence, 1-based
     lang: str
     text: str
-    marker: str = ""  # "skip" | "file" | "" (none)
-    argument: str = ""  # the skip reason or the file name
+    marker: str = ""  # "skip" | "file" | "region" | "" (none)
+    argument: str = ""  # the skip reason, the file name, or "PATH NAME" of a region
 
     @property
     def where(self) -> str:
@@ -76,11 +78,13 @@ def _marker_above(lines: list[str], fence_index: int) -> tuple[str, str]:
 
 def problem(block: Block) -> str | None:
     """Why `block` breaks the convention, or None."""
-    if block.marker and block.marker not in ("skip", "file"):
-        return f"{block.where}: unknown marker 'docs-test: {block.marker}' (skip or file)"
+    if block.marker and block.marker not in ("skip", "file", "region"):
+        return f"{block.where}: unknown marker 'docs-test: {block.marker}' (skip, file or region)"
     if block.marker and not block.argument:
-        what = "a reason" if block.marker == "skip" else "a file name"
+        what = {"skip": "a reason", "file": "a file name"}.get(block.marker, "a path and a name")
         return f"{block.where}: 'docs-test: {block.marker}' needs {what}"
+    if block.marker == "region":
+        return _region_problem(block)
     if block.marker or block.lang == "text":
         return None
     if block.lang not in RUNNABLE:
@@ -90,6 +94,44 @@ def problem(block: Block) -> str | None:
         )
     if block.lang == "yaml" and "scheduled_jobs" not in block.text:
         return f"{block.where}: only scheduled_jobs YAML runs; mark other YAML (skip or file)"
+    return None
+
+
+def region(path: Path, name: str) -> str:
+    """The lines of `path` between the comment lines `region NAME` and `endregion NAME`
+    (`//` or `#` comments), without the blank lines at either end."""
+    lines = path.read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if _is_comment(line, f"region {name}")]
+    ends = [i for i, line in enumerate(lines) if _is_comment(line, f"endregion {name}")]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise ValueError(
+            f"{path.name}: region {name!r} needs one 'region {name}' comment line and one "
+            f"'endregion {name}' after it (found {len(starts)} and {len(ends)})"
+        )
+    return "\n".join(lines[starts[0] + 1 : ends[0]]).strip("\n") + "\n"
+
+
+def _is_comment(line: str, words: str) -> bool:
+    stripped = line.strip()
+    return any(stripped == f"{lead} {words}" for lead in ("//", "#"))
+
+
+def _region_problem(block: Block) -> str | None:
+    path_text, _, name = block.argument.partition(" ")
+    path = ROOT / path_text
+    if not name or " " in name.strip():
+        return f"{block.where}: 'docs-test: region' needs a path and a name, got {block.argument!r}"
+    if not path.is_file():
+        return f"{block.where}: 'docs-test: region {block.argument}': no file {path_text}"
+    try:
+        expected = region(path, name.strip())
+    except ValueError as exc:
+        return f"{block.where}: {exc}"
+    if block.text != expected:
+        return (
+            f"{block.where}: the block is not region {name.strip()!r} of {path_text} as it is "
+            "now: copy the region into the page"
+        )
     return None
 
 

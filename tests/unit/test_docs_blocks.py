@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.docs_blocks import blocks, console_steps, pages, problem
+import pytest
+
+from tests.support.docs_blocks import blocks, console_steps, pages, problem, region
 
 PAGE = """\
 # A page
@@ -78,3 +80,21 @@ def test_console_transcripts_split_into_commands_and_output() -> None:
     """A console block is a list of `$ command` lines, each with the output under it."""
     steps = console_steps("$ scheduler validate\n4 jobs OK\n$ true\n$ echo a\na\n\n")
     assert steps == [("scheduler validate", "4 jobs OK"), ("true", ""), ("echo a", "a")]
+
+
+def test_region_blocks_equal_the_regions_of_their_files(tmp_path: Path) -> None:
+    """A `docs-test: region PATH NAME` block must be exactly the lines between the file's
+    `region NAME` and `endregion NAME` comments; an edited file or block is flagged."""
+    source = tmp_path / "main.go"
+    source.write_text("package main\n\n// region hello\n\nfunc hello() {}\n\n// endregion hello\n")
+    assert region(source, "hello") == "func hello() {}\n"
+    page = tmp_path / "page.md"
+    marker = f"<!-- docs-test: region {source} hello -->"  # an absolute path stays one
+    page.write_text(
+        f"{marker}\n```go\nfunc hello() {{}}\n```\n\n{marker}\n```go\nfunc x() {{}}\n```\n"
+    )
+    same, edited = blocks(page)
+    assert problem(same) is None
+    assert "is not region 'hello'" in str(problem(edited))
+    with pytest.raises(ValueError, match="region 'nope' needs one 'region nope' comment line"):
+        region(source, "nope")
