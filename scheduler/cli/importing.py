@@ -89,6 +89,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     """Read every source, write the YAML, report; the exit status says how complete it was."""
     if args.out is not None and args.out.exists() and not args.force:
         return _fail(f"{args.out} exists (pass --force to overwrite it)")
+    if args.out is not None and not args.out.parent.is_dir():
+        return _fail(f"--out {args.out}: folder {args.out.parent} does not exist")
     try:
         parsed = [_read(path, args) for path in args.files]
     except UnreadableInput as exc:
@@ -98,7 +100,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     for line in report(outcome):
         print(line, file=sys.stderr)
     if args.out is not None:
-        _write(args.out, text)
+        try:
+            _write(args.out, text)
+        except OSError as exc:
+            return _fail(f"--out {args.out}: {exc.strerror or exc}")
     else:
         sys.stdout.write(text)
     lost = sum(1 for job in outcome.jobs if job.lost)

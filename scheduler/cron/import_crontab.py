@@ -42,9 +42,11 @@ def parse_crontab(text: str, source: str, system: bool = False) -> Parsed:
             _set(state, env.group(1), _unquote(env.group(2)), number)
             continue
         entries.append(_entry(line, number, state, system))
+    has_env = any("env" in e.job.get("data", {}) for e in entries)
+    with_env = " (with data.env)" if has_env else ""
     notes = [
         "mq-scheduler runs no command: it publishes to the job's subject, and a worker there "
-        "runs data.command (with data.env)"
+        f"runs data.command{with_env}"
     ]
     if any(e.skipped is None and "timezone" not in e.job for e in entries):
         notes.append(

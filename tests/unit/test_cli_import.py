@@ -140,6 +140,9 @@ def test_an_existing_out_file_needs_force(
     assert out.read_text() == "keep me"
     assert run(capsys, *argv, "--force")[0] == 0
     assert "backup-sh-full" in out.read_text()
+    elsewhere = str(tmp_path / "nowhere" / "out.yaml")
+    code, _, err = run(capsys, *argv[:-1], elsewhere)
+    assert code == 2 and f"folder {tmp_path / 'nowhere'} does not exist" in err
 
 
 @pytest.mark.parametrize(
