@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from scheduler.cron.expression import CronExpr, CronSyntaxError
-from scheduler.cron.imported import Entry, Parsed, UnreadableInput, human_seconds, interval_cron
+from scheduler.cron.imported import (
+    MAX_INTERVAL,
+    Entry,
+    Parsed,
+    UnreadableInput,
+    human_seconds,
+    interval_cron,
+)
 
 SCHEDULE_NAMES = {"beat_schedule", "CELERYBEAT_SCHEDULE", "CELERY_BEAT_SCHEDULE"}
 ZONE_NAMES = {"timezone", "CELERY_TIMEZONE"}
@@ -147,6 +155,13 @@ def _entry(key: ast.expr | None, value: ast.expr) -> Entry:
     return Entry(line, name, job, lost=tuple(lost), notes=tuple(notes))
 
 
+def _number(value: Any) -> bool:
+    """An int or a finite float (True is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value)
+
+
 def _is_str(node: ast.expr | None) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
@@ -227,8 +242,8 @@ def _interval(node: ast.expr | None, job: dict[str, Any], notes: list[str]) -> s
 
 def _seconds(node: ast.expr) -> float | None:
     value = _literal(node)
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+    if _number(value):
+        return float(value) if abs(value) <= MAX_INTERVAL else None
     if _call_name(node) != "timedelta" or not isinstance(node, ast.Call):
         return None
     total = 0.0
@@ -238,7 +253,7 @@ def _seconds(node: ast.expr) -> float | None:
         return None
     for unit, arg in parts:
         amount = _literal(arg)
-        if unit not in _SECONDS or not isinstance(amount, int | float) or isinstance(amount, bool):
+        if unit not in _SECONDS or not _number(amount) or abs(amount) > MAX_INTERVAL:
             return None
         total += amount * _SECONDS[unit]
     return total
@@ -285,9 +300,10 @@ def _cron_field(name: str, node: ast.expr) -> str | None:
             return ",".join(str(v) for v in sorted(value))
     if _call_name(node) == "range" and isinstance(node, ast.Call):
         bounds = [_literal(a) for a in node.args]
-        if all(isinstance(b, int) for b in bounds) and 1 <= len(bounds) <= 3:
+        small = all(_number(b) and isinstance(b, int) and abs(b) <= 1000 for b in bounds)
+        if small and 1 <= len(bounds) <= 3 and (len(bounds) < 3 or bounds[2] != 0):
             numbers = range(*bounds)
-            return ",".join(str(n) for n in numbers) if numbers else None
+            return ",".join(str(n) for n in numbers) if 0 < len(numbers) <= 60 else None
     return None
 
 
@@ -309,7 +325,7 @@ def _options(
     if not isinstance(options, dict):
         return f"'options' {NOT_LITERAL}"
     for key, value in options.items():
-        if key == "expires" and isinstance(value, int | float) and value > 0:
+        if key == "expires" and _number(value) and 0 < value <= MAX_INTERVAL:
             job["ttl_seconds"] = max(1, round(value))
             notes.append(f"options expires={value} -> ttl_seconds: {job['ttl_seconds']}")
         elif key in _ROUTING:

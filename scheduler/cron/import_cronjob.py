@@ -68,7 +68,13 @@ def parse_cronjobs(text: str, source: str) -> Parsed:
 
 
 def _documents(text: str, source: str) -> list[tuple[int, Any]]:
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:  # a control character, before any parsing
+        line = text.count("\n", 0, exc.position) + 1
+        raise UnreadableInput(
+            f"{source}:{line}: not YAML: character #x{exc.character:04x}"
+        ) from None
     found: list[tuple[int, Any]] = []
     try:
         while loader.check_node():

@@ -23,6 +23,7 @@ from scheduler.cron.jobs import TOP_KEY, JobSpec
 MAX_INPUT_CHARS = 1024 * 1024  # a source is read whole, as a schedules file is
 MAX_NAME = 100  # JobSpec's bound on `name`
 TEMPLATE_FIELDS = ("name",)
+MAX_INTERVAL = 400 * 86400.0  # seconds; longer intervals have no cron form anyway
 _NOT_KEBAB = re.compile(r"[^a-z0-9]+")
 _LW = re.compile(r"\d*[LW]|LW", re.IGNORECASE)  # last day, nearest weekday (Quartz, cronie)
 
@@ -119,7 +120,7 @@ def kebab(text: str) -> str:
 def interval_cron(seconds: float) -> str | None:
     """A cron expression firing every `seconds` on the clock's multiples, or None when no
     cron expression fires at that interval (it does not divide a minute, hour or day)."""
-    if seconds <= 0 or seconds != int(seconds):
+    if not 0 < seconds <= MAX_INTERVAL or seconds != int(seconds):  # inf and NaN too
         return None
     s = int(seconds)
     if s < 60 and 60 % s == 0:
@@ -134,9 +135,9 @@ def interval_cron(seconds: float) -> str | None:
 
 def human_seconds(seconds: float) -> str:
     """`90` -> `1m30s`: a duration as the YAML writes them."""
-    whole = int(seconds)
-    if whole != seconds or whole <= 0:
+    if not 0 < seconds <= MAX_INTERVAL or seconds != int(seconds):
         return f"{seconds}s"
+    whole = int(seconds)
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if whole >= size:

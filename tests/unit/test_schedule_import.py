@@ -3,17 +3,21 @@ Celery beat configs become jobs that the YAML loader accepts, or are refused wit
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import islice
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from scheduler.cron.expression import CronExpr, occurrences
 from scheduler.cron.imported import (
     Outcome,
+    Parsed,
     UnreadableInput,
     assemble,
     check_template,
@@ -461,3 +465,102 @@ def test_the_zone_rules_are_those_of_the_output() -> None:
     after = datetime(2027, 3, 13, 12, tzinfo=UTC)
     first = next(occurrences(CronExpr.parse(job["cron"]), after, ZoneInfo(job["timezone"])))
     assert first == datetime(2027, 3, 14, 7, tzinfo=UTC)  # 02:30 does not exist: 03:00 EDT
+
+
+# -- fuzz: only UnreadableInput escapes, and what is written always loads ------------------------
+FUZZ = settings(
+    max_examples=100,
+    deadline=timedelta(seconds=1),
+    suppress_health_check=[HealthCheck.too_slow],
+)
+CRON_TOKENS = st.sampled_from(
+    ["*", "*/5", "0", "30", "1-5", "mon-fri", "jan", "L", "15W", "5#2", "?", "99", "7", "0-6/2",
+     "@daily", "@reboot", "@every", "CRON_TZ=Europe/Paris", "TZ=Nowhere/Zone", "MAILTO=", "%",
+     "/bin/run", "root", "--flag", ">>", "Ünïcode", "\t", ""]
+)  # fmt: skip
+ANY_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+SPEC_VALUES = st.fixed_dictionaries(
+    {},
+    optional={
+        "schedule": st.one_of(
+            st.lists(CRON_TOKENS, min_size=1, max_size=7).map(" ".join),
+            st.sampled_from(["@every 90s", "@every 1h30m", "@every 9" * 60 + "h"]),
+            ANY_VALUE,
+        ),
+        "timeZone": st.sampled_from(["UTC", "Asia/Tokyo", "Nowhere/Zone", ""]) | ANY_VALUE,
+        "concurrencyPolicy": st.sampled_from(["Allow", "Forbid", "Replace", "Never"]) | ANY_VALUE,
+        "suspend": ANY_VALUE,
+        "startingDeadlineSeconds": ANY_VALUE,
+        "jobTemplate": ANY_VALUE,
+    },
+)
+CELERY_SCHEDULES = st.sampled_from(
+    ["crontab(minute={v})", "crontab({v}, {v}, {v}, {v}, {v})", "crontab(day_of_week={v})",
+     "timedelta(minutes={v})", "timedelta({v}, {v})", "schedule({v})", "{v}", "solar({v})",
+     "crontab(hour=range({v}, {v}, {v}))"]
+)  # fmt: skip
+CELERY_VALUES = st.sampled_from(
+    ["0", "'*/15'", "'mon-fri'", "'monday'", "[0, 30]", "{1, 2}", "1e999", "-5", "10**9",
+     "'L'", "x", "os.environ['A']", "True", "None", "'1-31/2'", "999999999999999999999999", "0.5"]
+)  # fmt: skip
+
+
+def written_loads(parsed: Parsed) -> None:
+    outcome = assemble([parsed], SUBJECT)
+    assert load_text(render(outcome)).errors == ()
+    report(outcome)
+
+
+@FUZZ
+@given(st.lists(st.lists(CRON_TOKENS, max_size=8).map(" ".join), max_size=8), st.booleans())
+def test_fuzzed_crontabs_are_read_or_refused_never_crash(lines: list[str], system: bool) -> None:
+    """Any crontab is read: each line a job, a skipped entry or a setting."""
+    written_loads(read_source("\n".join(lines), "crontab", "src", system=system))
+
+
+@FUZZ
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {"kind": st.sampled_from(["CronJob", "CronJob", "Deployment"]) | ANY_VALUE},
+            optional={"metadata": st.fixed_dictionaries({}, optional={"name": ANY_VALUE}),
+                      "spec": SPEC_VALUES | ANY_VALUE},
+        ),
+        max_size=4,
+    )
+)  # fmt: skip
+def test_fuzzed_cronjob_manifests_are_read_or_refused_never_crash(docs: list[Any]) -> None:
+    """Any manifest of CronJob-like documents is read; what is written loads."""
+    text = yaml.safe_dump_all(docs)
+    written_loads(read_source(text, "cronjob", "src"))
+
+
+@FUZZ
+@given(st.text(max_size=200))
+def test_fuzzed_text_is_read_or_unreadable(text: str) -> None:
+    """Random text: each reader answers, or says the input is unreadable."""
+    for kind in ("crontab", "cronjob", "celery"):
+        try:
+            parsed = read_source(text, kind, "src")
+        except UnreadableInput:
+            continue
+        written_loads(parsed)
+
+
+@FUZZ
+@given(st.lists(st.tuples(CELERY_SCHEDULES, st.lists(CELERY_VALUES, min_size=5, max_size=5))))
+def test_fuzzed_celery_schedules_are_read_or_refused_never_crash(
+    entries: list[tuple[str, list[str]]],
+) -> None:
+    """Any beat entry built of literal and non-literal parts maps or is skipped, never runs."""
+    body = ",\n".join(
+        f"    'e{i}': {{'task': 't', 'schedule': {pattern.replace('{v}', '{}').format(*values)}}}"
+        for i, (pattern, values) in enumerate(entries)
+    )
+    written_loads(read_source(f"beat_schedule = {{\n{body}\n}}\n", "celery", "src"))
