@@ -88,18 +88,23 @@ class Outcome:
 
 
 def check_template(template: str) -> str:
-    """The subject template, or ValueError naming what is wrong: only `{name}` may appear."""
+    """The subject template, or ValueError naming what is wrong: `{name}` is its only
+    placeholder, with no conversion or format spec."""
     try:
         parts = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise ValueError(f"--subject {template!r}: {exc}") from None
+        raise ValueError(f"subject template {template!r}: {exc}") from None
+    known = ", ".join(f"{{{f}}}" for f in TEMPLATE_FIELDS)
     for _, field_name, spec, conversion in parts:
         if field_name is None:
             continue
-        if field_name not in TEMPLATE_FIELDS or spec or conversion:
-            known = ", ".join(f"{{{f}}}" for f in TEMPLATE_FIELDS)
-            raise ValueError(f"--subject {template!r}: unknown placeholder {{{field_name}}} "
-                             f"(known: {known})")  # fmt: skip
+        if field_name not in TEMPLATE_FIELDS:
+            problem = f"unknown placeholder {{{field_name}}} (known: {known})"
+        elif spec or conversion:
+            problem = f"{{{field_name}}} takes no conversion or format spec"
+        else:
+            continue
+        raise ValueError(f"subject template {template!r}: {problem}")
     return template
 
 

@@ -161,3 +161,13 @@ def test_wrong_arguments_exit_2_naming_the_flag(
         main(["schedules", "import", str(tmp_path / "crontab"), *argv])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_help_names_the_guide_and_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    """`scheduler schedules import --help` points at docs/migrating.md, which exists."""
+    with pytest.raises(SystemExit) as info:
+        main(["schedules", "import", "--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "docs/migrating.md" in text and "Exit status: 0 every entry mapped; 1 some" in text
+    assert (Path(__file__).resolve().parents[2] / "docs" / "migrating.md").is_file()

@@ -429,7 +429,8 @@ def test_an_interval_maps_only_when_it_divides_the_clock(seconds: float, cron: s
     [
         ("mq.{job}", "unknown placeholder {job}"),
         ("mq.{name.upper}", "unknown placeholder {name.upper}"),
-        ("mq.{name!r}", "unknown placeholder {name}"),
+        ("mq.{name!r}", "{name} takes no conversion or format spec"),
+        ("mq.{name:>9}", "{name} takes no conversion or format spec"),
         ("mq.{name", "expected '}'"),
     ],
 )
