@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from scheduler.cli import activity, authoring
+from scheduler.cli import activity, authoring, importing
 from scheduler.cli.apiclient import OK, REFUSED, ApiClient, ApiFailure, emit, fail, table
 from scheduler.cli.args import instant
 from scheduler.cli.render import (
@@ -161,7 +161,7 @@ def _leader(leader: dict[str, Any]) -> str:
 # -- schedules ---------------------------------------------------------------------------------
 def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
     group = sub.add_parser(
-        "schedules", help="cron jobs: list, show, pause, resume, trigger, backfill"
+        "schedules", help="cron jobs: list, show, pause, resume, trigger, backfill, import"
     )
     verbs = group.add_subparsers(title="verbs", metavar="VERB", required=True)
     ls = verbs.add_parser("list", parents=[common], help="cron jobs with their state")
@@ -180,6 +180,7 @@ def _schedules(sub: Any, common: argparse.ArgumentParser) -> None:
         if name == "pause":
             p.add_argument("--note", help="why (kept with the job until resumed; 500 chars)")
     authoring.register_schedules(verbs, common, _runner)
+    importing.register(verbs)  # reads files only: no --url, --token
 
 
 def _schedules_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, int]:

@@ -316,8 +316,8 @@ def _read_yaml(text: str, filename: str, out: _FileResult) -> tuple[Any, _LineLo
         return None
     try:
         node = loader.get_single_node()
-        if node is not None and (too_big := _too_big(node)) is not None:
-            out.errors.append(ScheduleError(filename, node.start_mark.line + 1, None, too_big))
+        if node is not None and (refused := too_big(node)) is not None:
+            out.errors.append(ScheduleError(filename, node.start_mark.line + 1, None, refused))
             return None
         return (loader.construct_document(node) if node is not None else None), loader
     except yaml.YAMLError as exc:
@@ -344,7 +344,7 @@ def _read_yaml(text: str, filename: str, out: _FileResult) -> tuple[Any, _LineLo
         loader.dispose()
 
 
-def _too_big(root: yaml.Node) -> str | None:
+def too_big(root: yaml.Node) -> str | None:
     """Why a composed document is refused before it is built, or None: more than
     MAX_YAML_VALUES values once aliases are expanded, or nested deeper than MAX_YAML_DEPTH.
     Each distinct node is visited once, so an alias bomb costs its size in lines, not values."""
