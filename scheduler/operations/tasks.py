@@ -35,7 +35,7 @@ from scheduler.operations.paging import (
     from_us,
     kind_of,
 )
-from scheduler.records import TaskRef
+from scheduler.records import TaskRef, ceil_ms
 from scheduler.settings import Settings
 from scheduler.store.postgres.overview import Listed, OverviewStore, TaskFilter
 from scheduler.store.postgres.task_admin import TaskAdmin
@@ -101,7 +101,7 @@ class TaskOperations:
         # no Nats-Msg-Id: the lane's window is shared by all producers (see client.publish_delayed)
         await self.nc.jetstream().publish(subject, raw)
         self._remember(env.id, target)
-        due = env.due_at(now or self.clock.now())
+        due = ceil_ms(env.due_at(now or self.clock.now()))  # as intake stores it
         return {"status": "scheduled", "id": env.id, "target": target, "due_at": to_rfc3339(due)}
 
     def _remember(self, task_id: str, target: str) -> None:
@@ -167,7 +167,7 @@ class TaskOperations:
         if ref is None:
             return Outcome(status, task_id, _explain(status, task_id))
         await self.notify_leader(ref)
-        return Outcome(status, task_id, data={"due_at": to_rfc3339(due)})
+        return Outcome(status, task_id, data={"due_at": to_rfc3339(ceil_ms(due))})  # as stored
 
     def check_due(self, due: datetime) -> None:
         try:  # a time PostgreSQL or the engine's arithmetic cannot hold (year 1, year 9999)

@@ -332,6 +332,9 @@ async def test_reschedule_earlier_and_later(harness: Harness) -> None:
     assert ts(got[sooner["id"]].headers["Mq-Fired-At"]) < new_sooner + timedelta(seconds=1)
     assert ts(got[later["id"]].headers["Mq-Fired-At"]) >= truncate_ms(new_later)
     assert await status_soon(harness, TARGET, later["id"], "fired") == "fired"
+    # the answer names the time the task is stored at and fires at (whole ms, rounded up)
+    assert r1["due_at"] == got[sooner["id"]].headers["Mq-Scheduled-For"]
+    assert r2["due_at"] == got[later["id"]].headers["Mq-Scheduled-For"]
 
 
 async def test_cancel_racing_a_firing_batch(harness: Harness) -> None:
