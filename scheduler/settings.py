@@ -159,6 +159,7 @@ class Settings(BaseSettings):
     # the two roles (docs/architecture.md "Two roles"): the folder an engine writes its
     # status and metrics to for the edge beside it, and how often it renders its metrics there
     run_dir: Path | None = None
+    edge_nice: int = Field(default=10, ge=0, le=19)
     metrics_export_interval: Duration = Field(
         default=timedelta(seconds=5), ge=timedelta(milliseconds=100), le=timedelta(minutes=5)
     )

@@ -16,6 +16,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import shlex
 import shutil
 import signal
@@ -246,6 +247,9 @@ def _run_edge(settings: Any, args: argparse.Namespace) -> int:
     parent = supervisor.paired_parent()
     if parent is not None:
         supervisor.die_with_parent(parent)
+    # Below the engine's CPU priority: on a host where both wait for a core (an edge busy
+    # with a crowd of clients), the engine's timers run first.
+    os.nice(settings.edge_nice)
     run_dir = settings.run_dir
     edge = EdgeDaemon(
         settings,

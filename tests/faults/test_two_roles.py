@@ -73,6 +73,7 @@ async def test_the_engine_listens_on_nothing_and_the_edge_serves_both_roles(
     assert await wait_delivered(own_nats.url, len(expected), 15) == len(expected)
     engine, edge = psutil.Process(member.pid), await edge_of(member)
     assert listening_ports(engine) == set(), "the engine must serve nothing"
+    assert edge.nice() == engine.nice() + 10  # SCHEDULER_EDGE_NICE: below the engine's priority
     metrics_port = int(member.env["SCHEDULER_METRICS_PORT"])
     assert {member.port, metrics_port} <= listening_ports(edge)
     body = await member.readyz()
