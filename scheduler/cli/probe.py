@@ -35,7 +35,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         return 2
     report = read_engine_report(run_dir)
     if report is None:
-        print(f"scheduler probe: no engine status in {run_dir}", file=sys.stderr)
+        print(f"scheduler probe: {run_dir} holds no report of an engine", file=sys.stderr)
         return 1
     age = report.age()
     if age > args.max_age:
