@@ -61,11 +61,43 @@ CHART_MANAGED_SETTINGS = {
     "log_level",
     "log_format",
     "data_dir",  # embedded mode only
+    "run_dir",  # the daemon pod's shared folder of the engine and the edge
 }
 
 
-def daemon_container(manifests: Manifests) -> dict[str, Any]:
-    return one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+DAEMON = "rel-mq-scheduler"  # the daemon Deployment's name (the edge-only one ends in -edge)
+RUN_DIR = "/run/mq-scheduler"
+
+
+def daemon_pod(manifests: Manifests) -> dict[str, Any]:
+    return dict(one(manifests, "Deployment", DAEMON)["spec"]["template"]["spec"])
+
+
+def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    (c,) = [c for c in pod["containers"] if c["name"] == name]
+    return dict(c)
+
+
+def engine_container(manifests: Manifests) -> dict[str, Any]:
+    """The daemon pod's engine: leadership, intake, firing, cron; no port."""
+    return container(daemon_pod(manifests), "engine")
+
+
+def edge_container(manifests: Manifests) -> dict[str, Any]:
+    """The daemon pod's edge: the API, console, /metrics and NATS verbs beside the engine."""
+    return container(daemon_pod(manifests), "edge")
+
+
+def edge_pod(manifests: Manifests) -> dict[str, Any]:
+    return dict(one(manifests, "Deployment", "-edge")["spec"]["template"]["spec"])
+
+
+def daemon_containers(manifests: Manifests) -> list[dict[str, Any]]:
+    """Every container that runs `scheduler run`: the daemon pods' two, the edge-only pods'."""
+    found = list(daemon_pod(manifests)["containers"])
+    if any(m["metadata"]["name"].endswith("-edge") for m in manifests if m["kind"] == "Deployment"):
+        found += edge_pod(manifests)["containers"]
+    return found
 
 
 def audit_pod(manifests: Manifests) -> dict[str, Any]:
@@ -110,7 +142,7 @@ def test_rendered_manifests_pass_kubernetes_validate_strict(
         assert all("PrometheusRule" in ln or "ServiceMonitor" in ln for ln in unchecked), "\n".join(
             unchecked
         )
-        assert sum("passed" in ln for ln in lines) >= 9
+        assert sum("passed" in ln for ln in lines) >= (11 if values else 9)
 
 
 def test_kubernetes_validate_strict_catches_a_misspelt_field(
@@ -120,7 +152,7 @@ def test_kubernetes_validate_strict_catches_a_misspelt_field(
     reported."""
     manifests = render(values={"extraEnv": [{"name": "X", "vaule": "1"}]})
     manifest = tmp_path / "bad.yaml"
-    manifest.write_text(yaml.safe_dump(one(manifests, "Deployment")))
+    manifest.write_text(yaml.safe_dump(one(manifests, "Deployment", DAEMON)))
     validator = Path(sys.executable).with_name("kubernetes-validate")
     proc = subprocess.run(
         [str(validator), "--strict", "-k", KUBE_VERSIONS[0], str(manifest)],
@@ -142,7 +174,7 @@ def test_deployment_runs_two_hot_standby_replicas_that_roll_without_a_gap(
     an old one stops."""
     deploy = one(default_manifests, "Deployment")
     assert deploy["spec"]["replicas"] == 2
-    assert one(ha_manifests, "Deployment")["spec"]["replicas"] == 3
+    assert one(ha_manifests, "Deployment", DAEMON)["spec"]["replicas"] == 3
     rolling = deploy["spec"]["strategy"]["rollingUpdate"]
     assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (1, 0)
     labels = deploy["spec"]["template"]["metadata"]["labels"]
@@ -152,9 +184,9 @@ def test_deployment_runs_two_hot_standby_replicas_that_roll_without_a_gap(
 def test_probes_ports_and_the_settings_the_daemon_needs_in_a_pod(
     default_manifests: Manifests,
 ) -> None:
-    """Readiness on /readyz and liveness on /healthz of the API port; 8055 and 9090 exposed; the
-    API binds all interfaces and each replica is named after its pod."""
-    c = daemon_container(default_manifests)
+    """The edge: readiness on /readyz and liveness on /healthz of the API port; 8055 and 9090
+    exposed; the API binds all interfaces and each replica is named after its pod."""
+    c = edge_container(default_manifests)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"http": 8055, "metrics": 9090}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
@@ -166,20 +198,24 @@ def test_probes_ports_and_the_settings_the_daemon_needs_in_a_pod(
     assert env["SCHEDULER_METRICS_PORT"]["value"] == "9090"
     assert env["SCHEDULER_INSTANCE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["SCHEDULER_SCHEDULES_DIR"]["value"] == "/etc/mq-scheduler/schedules"
-    assert c["args"] == ["run"]
+    assert c["args"] == ["run", "--role", "edge"]
 
 
 def test_every_setting_the_chart_sets_is_one_the_daemon_reads(ha_manifests: Manifests) -> None:
-    """Each SCHEDULER_* variable in the pod names a real setting, so none is silently ignored."""
+    """Each SCHEDULER_* variable in every daemon and edge container names a real setting, so
+    none is silently ignored."""
     fields = {f"SCHEDULER_{name.upper()}" for name in Settings.model_fields}
-    names = set(env_of(daemon_container(ha_manifests)))
-    assert {n for n in names if n.startswith("SCHEDULER_")} <= fields
-    assert {"SCHEDULER_LEASE_TTL", "SCHEDULER_TARGET_ALLOW"} <= names
+    containers = daemon_containers(ha_manifests)
+    assert [c["name"] for c in containers] == ["engine", "edge", "edge"]
+    for c in containers:
+        names = set(env_of(c))
+        assert {n for n in names if n.startswith("SCHEDULER_")} <= fields
+        assert {"SCHEDULER_LEASE_TTL", "SCHEDULER_TARGET_ALLOW"} <= names
 
 
 def test_config_values_become_scheduler_variables(ha_manifests: Manifests) -> None:
     """`config` keys become SCHEDULER_<KEY>; a list is joined with commas as the daemon reads it."""
-    env = env_of(daemon_container(ha_manifests))
+    env = env_of(engine_container(ha_manifests))
     assert env["SCHEDULER_LEASE_TTL"]["value"] == "5"
     assert env["SCHEDULER_TARGET_ALLOW"]["value"] == "mq.>,jobs.>"
     assert env["SCHEDULER_INTENT_TTL"]["value"] == "12h"
@@ -196,10 +232,11 @@ def test_config_values_become_scheduler_variables(ha_manifests: Manifests) -> No
 
 
 def test_shutdown_is_bounded_inside_the_pods_grace(default_manifests: Manifests) -> None:
-    """The preStop wait plus the daemon's SIGTERM handover (SCHEDULER_SHUTDOWN_GRACE) end before
-    the kubelet's SIGKILL."""
+    """The edge's preStop wait plus the SIGTERM handover (SCHEDULER_SHUTDOWN_GRACE) end before
+    the kubelet's SIGKILL; the engine has no preStop wait (it hands the lease over at once)."""
     deploy = one(default_manifests, "Deployment")
-    c = daemon_container(default_manifests)
+    c = edge_container(default_manifests)
+    assert "lifecycle" not in engine_container(default_manifests)
     grace = int(env_of(c)["SCHEDULER_SHUTDOWN_GRACE"]["value"].removesuffix("s"))
     pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
@@ -228,7 +265,7 @@ def test_replicas_spread_across_nodes_and_zones(
     """Topology spread over zones and nodes on the pod's own labels: soft by default (a one-node
     cluster still runs both), hard across three zones in the HA values."""
     for manifests, hard in ((default_manifests, False), (ha_manifests, True)):
-        spec = one(manifests, "Deployment")["spec"]
+        spec = one(manifests, "Deployment", DAEMON)["spec"]
         constraints = {
             c["topologyKey"]: c for c in spec["template"]["spec"]["topologySpreadConstraints"]
         }
@@ -241,14 +278,16 @@ def test_replicas_spread_across_nodes_and_zones(
         assert constraints["topology.kubernetes.io/zone"].get("minDomains") == (3 if hard else None)
 
 
-@pytest.mark.parametrize("which", ["daemon", "migrate", "audit"])
+@pytest.mark.parametrize("which", ["daemon", "edge", "migrate", "audit"])
 def test_pods_run_non_root_read_only_without_privileges(
     ha_manifests: Manifests, which: str
 ) -> None:
-    """Daemon, migration and audit pods: non-root, read-only root with an emptyDir /tmp, no
-    privilege escalation, every capability dropped, seccomp RuntimeDefault."""
+    """Daemon (both containers), edge-only, migration and audit pods: non-root, read-only root
+    with an emptyDir /tmp, no privilege escalation, every capability dropped, seccomp
+    RuntimeDefault."""
     pod = {
-        "daemon": lambda: one(ha_manifests, "Deployment")["spec"]["template"]["spec"],
+        "daemon": lambda: daemon_pod(ha_manifests),
+        "edge": lambda: edge_pod(ha_manifests),
         "migrate": lambda: one(ha_manifests, "Job")["spec"]["template"]["spec"],
         "audit": lambda: audit_pod(ha_manifests),
     }[which]()
@@ -256,16 +295,199 @@ def test_pods_run_non_root_read_only_without_privileges(
     assert pod["securityContext"]["runAsUser"] == 10001
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["automountServiceAccountToken"] is False
-    (c,) = pod["containers"]
-    sc = c["securityContext"]
-    assert sc["readOnlyRootFilesystem"] is True
-    assert sc["allowPrivilegeEscalation"] is False
-    assert sc["privileged"] is False
-    assert sc["capabilities"] == {"drop": ["ALL"]}
-    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert "emptyDir" in volumes[mounts["/tmp"]]
-    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert len(pod["containers"]) == (2 if which == "daemon" else 1)
+    for c in pod["containers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["privileged"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert "emptyDir" in volumes[mounts["/tmp"]]
+        assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+
+
+# -- the two roles: an engine and an edge per daemon pod, edge-only pods -------------------
+
+
+def test_daemon_pod_runs_an_engine_and_an_edge_beside_it(default_manifests: Manifests) -> None:
+    """Two containers of the same image: the engine (`run --role engine`) and the edge
+    (`run --role edge`), the engine first."""
+    pod = daemon_pod(default_manifests)
+    assert [(c["name"], c["args"]) for c in pod["containers"]] == [
+        ("engine", ["run", "--role", "engine"]),
+        ("edge", ["run", "--role", "edge"]),
+    ]
+    assert len({c["image"] for c in pod["containers"]}) == 1
+
+
+@pytest.mark.parametrize("values", ["default", "ha", "auth", "audit"])
+def test_engine_and_edge_take_the_same_env_and_mounts(
+    render: Render, default_manifests: Manifests, ha_manifests: Manifests, values: str
+) -> None:
+    """Same settings, secrets, env from extraEnvFrom and mounts in both containers (a pair must
+    agree on everything, the instance id included), whatever the values turn on."""
+    manifests = {
+        "default": lambda: default_manifests,
+        "ha": lambda: ha_manifests,
+        "auth": lambda: render(
+            values={**AUTH_VALUES, "extraEnvFrom": [{"secretRef": {"name": "x"}}]}
+        ),
+        "audit": lambda: render(
+            values={
+                "audit": {"output": {"pvc": {"mountInDaemons": True}}},
+                "extraEnv": [{"name": "X", "value": "1"}],
+            }
+        ),
+    }[values]()
+    engine, edge = engine_container(manifests), edge_container(manifests)
+    assert engine["env"] == edge["env"]
+    assert engine.get("envFrom") == edge.get("envFrom")
+    assert engine["volumeMounts"] == edge["volumeMounts"]
+    assert engine["securityContext"] == edge["securityContext"]
+    instance = env_of(engine)["SCHEDULER_INSTANCE_ID"]["valueFrom"]["fieldRef"]
+    assert instance == {"fieldPath": "metadata.name"}
+
+
+def test_the_pair_shares_a_small_in_memory_run_folder(default_manifests: Manifests) -> None:
+    """SCHEDULER_RUN_DIR names the mount of the `run` volume in both containers: an emptyDir in
+    memory with a small size limit (engine.json and engine.prom only), writable by both."""
+    pod = daemon_pod(default_manifests)
+    (run,) = [v for v in pod["volumes"] if v["name"] == "run"]
+    assert run["emptyDir"]["medium"] == "Memory"
+    assert run["emptyDir"]["sizeLimit"] == "16Mi"
+    for c in pod["containers"]:
+        assert env_of(c)["SCHEDULER_RUN_DIR"]["value"] == RUN_DIR
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "run"]
+        assert mount["mountPath"] == RUN_DIR and not mount.get("readOnly")
+
+
+def test_the_engine_has_no_port_and_an_exec_probe(default_manifests: Manifests) -> None:
+    """The engine opens no port (nothing an outsider sends reaches it): no ports, no HTTP probe,
+    no readiness probe (the edge's /readyz includes it); its startup and liveness probes run
+    `scheduler probe engine`, with the probes' periods and thresholds and a timeout of its own."""
+    engine = engine_container(default_manifests)
+    assert "ports" not in engine
+    assert "readinessProbe" not in engine
+    edge = edge_container(default_manifests)
+    for name in ("startupProbe", "livenessProbe"):
+        probe = engine[name]
+        assert probe["exec"] == {"command": ["scheduler", "probe", "engine"]}
+        assert "httpGet" not in probe
+        assert probe["timeoutSeconds"] == 5
+        for key in ("periodSeconds", "failureThreshold"):
+            assert probe[key] == edge[name][key], (name, key)
+
+
+def test_probes_can_be_turned_off_in_both_containers(render: Render) -> None:
+    """startupProbe/livenessProbe/readinessProbe.enabled=false drop the probe from each
+    container that has it; engine.probeTimeoutSeconds sets the exec probes' timeout."""
+    off = {"enabled": False}
+    manifests = render(values={"startupProbe": off, "livenessProbe": off, "readinessProbe": off})
+    for c in daemon_pod(manifests)["containers"]:
+        assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(c), c["name"]
+    slow = engine_container(render(values={"engine": {"probeTimeoutSeconds": 9}}))
+    assert slow["livenessProbe"]["timeoutSeconds"] == slow["startupProbe"]["timeoutSeconds"] == 9
+
+
+def test_resources_are_the_engines_and_edge_resources_the_edges(render: Render) -> None:
+    """`resources` keeps meaning what it did (the container that fires), `edge.resources` sizes
+    every edge container, in the daemon pods and the edge-only pods."""
+    engine_res = {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    edge_res = {"requests": {"cpu": "300m", "memory": "200Mi"}, "limits": {"memory": "300Mi"}}
+    manifests = render(
+        values={"resources": engine_res, "edge": {"replicaCount": 1, "resources": edge_res}}
+    )
+    assert engine_container(manifests)["resources"] == engine_res
+    assert edge_container(manifests)["resources"] == edge_res
+    assert container(edge_pod(manifests), "edge")["resources"] == edge_res
+
+
+def test_no_edge_only_deployment_by_default(default_manifests: Manifests) -> None:
+    """edge.replicaCount defaults to 0: the daemon Deployment is the only one."""
+    names = [m["metadata"]["name"] for m in default_manifests if m["kind"] == "Deployment"]
+    assert names == [DAEMON]
+
+
+def test_edge_only_pods_run_the_edge_alone(render: Render) -> None:
+    """With edge.replicaCount the `-edge` Deployment runs that many pods of one container: the
+    daemon pod's edge without the run folder (an edge alone), same settings otherwise, its own
+    selector; the daemon Deployment's selector is unchanged (immutable on upgrade)."""
+    manifests = render(values={"edge": {"replicaCount": 3}})
+    deploy = one(manifests, "Deployment", "-edge")
+    assert deploy["metadata"]["name"] == "rel-mq-scheduler-edge"
+    assert deploy["spec"]["replicas"] == 3
+    pod = edge_pod(manifests)
+    (alone,) = pod["containers"]
+    paired = edge_container(manifests)
+    assert alone["args"] == ["run", "--role", "edge"]
+    assert "SCHEDULER_RUN_DIR" not in env_of(alone)
+    assert [e for e in paired["env"] if e["name"] != "SCHEDULER_RUN_DIR"] == alone["env"]
+    assert [m for m in paired["volumeMounts"] if m["name"] != "run"] == alone["volumeMounts"]
+    assert all(v["name"] != "run" for v in pod["volumes"])
+    for key in ("ports", "readinessProbe", "livenessProbe", "startupProbe", "lifecycle"):
+        assert alone[key] == paired[key], key
+    daemon = one(manifests, "Deployment", DAEMON)
+    assert daemon["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "mq-scheduler",
+        "app.kubernetes.io/instance": "rel",
+        "app.kubernetes.io/component": "daemon",
+    }
+    edge_selector = deploy["spec"]["selector"]["matchLabels"]
+    assert edge_selector["app.kubernetes.io/component"] == "edge"
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert edge_selector.items() <= labels.items()
+    assert not daemon["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    spread = pod["topologySpreadConstraints"]
+    assert all(c["labelSelector"]["matchLabels"] == edge_selector for c in spread)
+    assert (
+        pod["terminationGracePeriodSeconds"]
+        == daemon_pod(manifests)["terminationGracePeriodSeconds"]
+    )
+
+
+def _pod_labels(manifests: Manifests) -> dict[str, dict[str, str]]:
+    """Each pod template's labels by the name of the object that makes it."""
+    found = {}
+    for m in manifests:
+        spec = m.get("spec", {})
+        if m["kind"] == "CronJob":
+            spec = spec["jobTemplate"]["spec"]
+        if m["kind"] == "Pod":
+            found[m["metadata"]["name"]] = m["metadata"]["labels"]
+        elif "template" in spec:
+            found[m["metadata"]["name"]] = spec["template"]["metadata"]["labels"]
+    return found
+
+
+def test_service_network_policy_and_service_monitor_cover_every_edge(
+    ha_manifests: Manifests,
+) -> None:
+    """The Service selects the daemon pods and the edge-only pods (the serves-api label) and no
+    other pod of the release (migration, audit, helm test); the NetworkPolicy admits and lets
+    out the same pods; the ServiceMonitor scrapes that Service, so every edge's /metrics."""
+    pods = _pod_labels(ha_manifests)
+    assert set(pods) == {
+        DAEMON,
+        "rel-mq-scheduler-edge",
+        "rel-mq-scheduler-migrate",
+        "rel-mq-scheduler-drift-audit",
+        "rel-mq-scheduler-test-readyz",
+    }
+    svc = one(ha_manifests, "Service")
+    np = one(ha_manifests, "NetworkPolicy", DAEMON)
+    for selector in (svc["spec"]["selector"], np["spec"]["podSelector"]["matchLabels"]):
+        assert selector["mq-scheduler.dev/serves-api"] == "true"
+        selected = {name for name, labels in pods.items() if selector.items() <= labels.items()}
+        assert selected == {DAEMON, "rel-mq-scheduler-edge"}
+    sm = one(ha_manifests, "ServiceMonitor")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert "metrics" in {p["name"] for p in svc["spec"]["ports"]}
+    assert {p["name"] for p in container(edge_pod(ha_manifests), "edge")["ports"]} == {
+        "http",
+        "metrics",
+    }
 
 
 # -- secrets --------------------------------------------------------------------------------
@@ -280,7 +502,7 @@ def test_secrets_are_referenced_never_inlined(
     manifests = default_manifests if values == "default" else ha_manifests
     assert "Secret" not in kinds(manifests)
     containers = [
-        daemon_container(manifests),
+        *daemon_containers(manifests),
         one(manifests, "Job")["spec"]["template"]["spec"]["containers"][0],
     ]
     containers += audit_pod(manifests)["containers"]
@@ -298,22 +520,22 @@ def test_secrets_are_referenced_never_inlined(
 
 def test_ha_values_wire_each_secret_to_its_consumer(ha_manifests: Manifests) -> None:
     """Database URL, migration role, NATS credentials file and CA, API tokens and the audit's JDBC
-    URL each come from the Secret the values name."""
-    c = daemon_container(ha_manifests)
-    env = env_of(c)
+    URL each come from the Secret the values name (in the engine, the edge beside it and the
+    edge-only pods alike)."""
     ref = lambda e: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])  # noqa: E731
-    assert ref(env["SCHEDULER_DATABASE_URL"]) == ("mq-scheduler-db", "database-url")
-    assert ref(env["SCHEDULER_ADMIN_TOKEN"]) == ("mq-scheduler-api", "admin-token")
-    assert ref(env["SCHEDULER_READ_TOKEN"]) == ("mq-scheduler-api", "read-token")
-    assert env["SCHEDULER_NATS_CREDS"]["value"] == "/etc/mq-scheduler/nats/nats.creds"
-    assert env["SCHEDULER_NATS_TLS_CA"]["value"] == "/etc/mq-scheduler/tls/ca.crt"
-    volumes = {
-        v["name"]: v for v in one(ha_manifests, "Deployment")["spec"]["template"]["spec"]["volumes"]
-    }
-    assert volumes["nats-credentials"]["secret"]["secretName"] == "mq-scheduler-nats"
-    assert volumes["nats-ca"]["secret"]["secretName"] == "nats-ca"
-    mounts = {m["name"]: m for m in c["volumeMounts"]}
-    assert mounts["nats-credentials"]["readOnly"] and mounts["nats-ca"]["readOnly"]
+    for pod in (daemon_pod(ha_manifests), edge_pod(ha_manifests)):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["nats-credentials"]["secret"]["secretName"] == "mq-scheduler-nats"
+        assert volumes["nats-ca"]["secret"]["secretName"] == "nats-ca"
+        for c in pod["containers"]:
+            env = env_of(c)
+            assert ref(env["SCHEDULER_DATABASE_URL"]) == ("mq-scheduler-db", "database-url")
+            assert ref(env["SCHEDULER_ADMIN_TOKEN"]) == ("mq-scheduler-api", "admin-token")
+            assert ref(env["SCHEDULER_READ_TOKEN"]) == ("mq-scheduler-api", "read-token")
+            assert env["SCHEDULER_NATS_CREDS"]["value"] == "/etc/mq-scheduler/nats/nats.creds"
+            assert env["SCHEDULER_NATS_TLS_CA"]["value"] == "/etc/mq-scheduler/tls/ca.crt"
+            mounts = {m["name"]: m for m in c["volumeMounts"]}
+            assert mounts["nats-credentials"]["readOnly"] and mounts["nats-ca"]["readOnly"]
     job_env = env_of(one(ha_manifests, "Job")["spec"]["template"]["spec"]["containers"][0])
     assert ref(job_env["SCHEDULER_DATABASE_URL"]) == ("mq-scheduler-db-owner", "database-url")
     audit_env = env_of(audit_pod(ha_manifests)["containers"][0])
@@ -343,22 +565,23 @@ def test_nkey_client_certificate_database_password_and_ca_are_mounted_files(
     if migration_role == "owner":
         values["database"]["migration"] = {"existingSecret": "sched-db-owner"}
     manifests = render(values=values)
-    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
-    env = env_of(daemon_container(manifests))
-    assert env["SCHEDULER_NATS_NKEY_SEED"]["value"] == "/etc/mq-scheduler/nats-nkey/nkey.seed"
-    assert env["SCHEDULER_NATS_TLS_CERT"]["value"] == "/etc/mq-scheduler/nats-client/tls.crt"
-    assert env["SCHEDULER_NATS_TLS_KEY"]["value"] == "/etc/mq-scheduler/nats-client/tls.key"
-    assert env["SCHEDULER_DATABASE_PASSWORD_FILE"]["value"] == (
-        "/etc/mq-scheduler/database-password/password"
-    )
+    pod = daemon_pod(manifests)
     volumes = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
     assert volumes["nats-nkey"]["secretName"] == "sched-nkey"
     assert [i["key"] for i in volumes["nats-client-tls"]["items"]] == ["tls.crt", "tls.key"]
     assert volumes["database-password"]["secretName"] == "sched-db-password"
     assert volumes["postgres-ca"]["secretName"] == "pg-ca"
-    mounts = {m["name"]: m for m in daemon_container(manifests)["volumeMounts"]}
-    for name in ("nats-nkey", "nats-client-tls", "database-password", "postgres-ca"):
-        assert mounts[name]["readOnly"], name
+    for c in pod["containers"]:
+        env = env_of(c)
+        assert env["SCHEDULER_NATS_NKEY_SEED"]["value"] == "/etc/mq-scheduler/nats-nkey/nkey.seed"
+        assert env["SCHEDULER_NATS_TLS_CERT"]["value"] == "/etc/mq-scheduler/nats-client/tls.crt"
+        assert env["SCHEDULER_NATS_TLS_KEY"]["value"] == "/etc/mq-scheduler/nats-client/tls.key"
+        assert env["SCHEDULER_DATABASE_PASSWORD_FILE"]["value"] == (
+            "/etc/mq-scheduler/database-password/password"
+        )
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        for name in ("nats-nkey", "nats-client-tls", "database-password", "postgres-ca"):
+            assert mounts[name]["readOnly"], (c["name"], name)
     job = one(manifests, "Job")["spec"]["template"]["spec"]
     job_mounts = {m["name"] for m in job["containers"][0]["volumeMounts"]}
     job_env = env_of(job["containers"][0])
@@ -371,8 +594,9 @@ def test_nkey_client_certificate_database_password_and_ca_are_mounted_files(
 def test_a_nats_token_comes_from_its_secret(render: Render) -> None:
     """nats.token names the Secret whose key becomes SCHEDULER_NATS_TOKEN (never a value)."""
     manifests = render(values={"nats": {"token": {"existingSecret": "sched-token"}}})
-    ref = env_of(daemon_container(manifests))["SCHEDULER_NATS_TOKEN"]["valueFrom"]
-    assert ref["secretKeyRef"] == {"name": "sched-token", "key": "token"}
+    for c in daemon_pod(manifests)["containers"]:
+        ref = env_of(c)["SCHEDULER_NATS_TOKEN"]["valueFrom"]
+        assert ref["secretKeyRef"] == {"name": "sched-token", "key": "token"}
 
 
 # -- the values schema ----------------------------------------------------------------------
@@ -391,6 +615,9 @@ def test_a_nats_token_comes_from_its_secret(render: Render) -> None:
         ({"config": {"horizon": "soon"}}, r"config.horizon"),
         ({"nats": {"url": "http://nats:4222"}}, r"nats.url: Does not match pattern"),
         ({"service": {"ports": {"http": 70000}}}, r"service.ports.http: Must be less than"),
+        ({"edge": {"replicas": 2}}, r"edge: Additional property replicas is not allowed"),
+        ({"edge": {"replicaCount": -1}}, r"edge.replicaCount: Must be greater than or equal"),
+        ({"config": {"run_dir": "/x"}}, r"config: Additional property run_dir"),
     ],
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else "",
 )
@@ -419,7 +646,7 @@ def test_chart_readme_lists_every_value() -> None:
     rows = set(re.findall(r"^\| `([^`]+)` \|", readme, re.M))
 
     whole = {"updateStrategy", "resources", "podSecurityContext", "containerSecurityContext"}
-    whole |= {"migration.resources", "audit.resources"}
+    whole |= {"migration.resources", "audit.resources", "edge.resources"}
 
     def leaves(node: Any, prefix: str = "") -> list[str]:
         if isinstance(node, dict) and node and prefix.rstrip(".") not in whole:
@@ -455,7 +682,7 @@ def test_migration_job_is_a_pre_install_and_pre_upgrade_hook(
     assert "serviceAccountName" not in pod  # the chart's does not exist yet at pre-install
     (c,) = pod["containers"]
     assert c["args"] == ["migrate"]
-    assert c["image"] == daemon_container(default_manifests)["image"]
+    assert c["image"] == engine_container(default_manifests)["image"]
     ref = env_of(c)["SCHEDULER_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": "rel-mq-scheduler-database", "key": "database-url"}
 
@@ -477,11 +704,12 @@ def test_schedules_configmap_holds_the_charts_files_and_values_files(
     chart_files = {p.name for p in (CHART / "schedules").glob("*.yaml")}
     assert set(cm["data"]) == chart_files | {"extra.yaml"}
     assert "hourly-compaction" in cm["data"]["extra.yaml"]
-    pod = one(ha_manifests, "Deployment")["spec"]["template"]["spec"]
-    vol = next(v for v in pod["volumes"] if v["name"] == "schedules")
-    assert vol["configMap"]["name"] == cm["metadata"]["name"]
-    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "schedules")
-    assert mount["mountPath"] == "/etc/mq-scheduler/schedules" and mount["readOnly"]
+    for pod in (daemon_pod(ha_manifests), edge_pod(ha_manifests)):
+        vol = next(v for v in pod["volumes"] if v["name"] == "schedules")
+        assert vol["configMap"]["name"] == cm["metadata"]["name"]
+        for c in pod["containers"]:
+            mount = next(m for m in c["volumeMounts"] if m["name"] == "schedules")
+            assert mount["mountPath"] == "/etc/mq-scheduler/schedules" and mount["readOnly"]
 
 
 def test_a_schedules_change_rolls_the_pods_unless_reload_is_live(render: Render) -> None:
@@ -505,7 +733,7 @@ def test_an_existing_configmap_replaces_the_charts(render: Render) -> None:
     """schedules.existingConfigMap mounts that ConfigMap; the chart renders none of its own."""
     manifests = render(values={"schedules": {"existingConfigMap": "team-jobs"}})
     assert "ConfigMap" not in kinds(manifests)
-    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    pod = daemon_pod(manifests)
     assert (
         next(v for v in pod["volumes"] if v["name"] == "schedules")["configMap"]["name"]
         == "team-jobs"
@@ -531,12 +759,16 @@ def test_chart_schedules_are_the_repositorys_and_valid() -> None:
 
 
 def test_service_exposes_api_and_metrics_of_every_replica(default_manifests: Manifests) -> None:
-    """The Service maps 8055 (http) and 9090 (metrics) onto the daemon pods, leader and standby."""
+    """The Service maps 8055 (http) and 9090 (metrics) onto the daemon pods, leader and standby
+    (their edge container's ports)."""
     svc = one(default_manifests, "Service")
     ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
     assert ports == {"http": (8055, "http"), "metrics": (9090, "metrics")}
     deploy = one(default_manifests, "Deployment")
-    assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert (
+        svc["spec"]["selector"].items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert {p["name"] for p in edge_container(default_manifests)["ports"]} == {"http", "metrics"}
 
 
 def test_pdb_lets_one_replica_go_at_a_time(default_manifests: Manifests) -> None:
@@ -557,8 +789,14 @@ def test_network_policy_admits_the_two_ports_and_reaches_only_nats_postgres_and_
     """Ingress on http and metrics only, from the release's namespace and the listed ones; egress
     to DNS (53), NATS (4222) and PostgreSQL (5432) and nothing else, to the peers given."""
     np = one(ha_manifests, "NetworkPolicy", "rel-mq-scheduler")
-    deploy = one(ha_manifests, "Deployment")
-    assert np["spec"]["podSelector"] == deploy["spec"]["selector"]
+    selector = np["spec"]["podSelector"]["matchLabels"].items()
+    for name in (DAEMON, "-edge"):  # the daemon pods and the edge-only pods
+        assert (
+            selector
+            <= one(ha_manifests, "Deployment", name)["spec"]["template"]["metadata"][
+                "labels"
+            ].items()
+        )
     assert set(np["spec"]["policyTypes"]) == {"Ingress", "Egress"}
     (ingress,) = np["spec"]["ingress"]
     assert _rule_ports(ingress) == {("TCP", "http"), ("TCP", "metrics")}
@@ -764,17 +1002,18 @@ def test_daemons_can_read_the_audit_reports(render: Render) -> None:
     """With audit.output.pvc.mountInDaemons the daemon pods mount the audit's claim read-only
     at /audit and SCHEDULER_AUDIT_DIR points there (the console's drift page); by default they
     don't, and an explicit config.audit_dir is left alone."""
-    assert "SCHEDULER_AUDIT_DIR" not in env_of(daemon_container(render()))
+    assert "SCHEDULER_AUDIT_DIR" not in env_of(edge_container(render()))
     pvc = {"enabled": True, "mountInDaemons": True, "accessModes": ["ReadWriteMany"]}
     manifests = render(values={"audit": {"output": {"pvc": pvc}}})
-    container = daemon_container(manifests)
+    container = edge_container(manifests)  # the console and GET /v1/audits are the edge's
     assert env_of(container)["SCHEDULER_AUDIT_DIR"] == {
         "name": "SCHEDULER_AUDIT_DIR",
         "value": "/audit",
     }
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/audit")
     assert mount["readOnly"] is True
-    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    assert engine_container(manifests)["volumeMounts"] == container["volumeMounts"]
+    pod = daemon_pod(manifests)
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
     claim = one(manifests, "PersistentVolumeClaim")
     assert volume["persistentVolumeClaim"] == {
@@ -783,12 +1022,12 @@ def test_daemons_can_read_the_audit_reports(render: Render) -> None:
     }
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     own = render(values={"audit": {"output": {"pvc": pvc}}, "config": {"audit_dir": "/elsewhere"}})
-    env = [e for e in daemon_container(own)["env"] if e["name"] == "SCHEDULER_AUDIT_DIR"]
+    env = [e for e in edge_container(own)["env"] if e["name"] == "SCHEDULER_AUDIT_DIR"]
     assert env == [{"name": "SCHEDULER_AUDIT_DIR", "value": "/elsewhere"}]
     to_store = render(
         values={"audit": {"output": {"pvc": pvc, "objectStorePath": "s3a://reports/drift"}}}
     )
-    assert "SCHEDULER_AUDIT_DIR" not in env_of(daemon_container(to_store))
+    assert "SCHEDULER_AUDIT_DIR" not in env_of(edge_container(to_store))
 
 
 def test_audit_can_be_turned_off(render: Render) -> None:
@@ -840,13 +1079,11 @@ def test_open_mode_allows_the_services_names_as_hosts(render: Render) -> None:
     """Without API tokens the daemon answers only allowed Host names (DNS rebinding guard), so
     the chart allows the Service's names; with tokens (any Host is served) or an explicit
     config.api_allowed_hosts it sets nothing of its own."""
-    env = env_of(daemon_container(render()))["SCHEDULER_API_ALLOWED_HOSTS"]["value"]
+    env = env_of(edge_container(render()))["SCHEDULER_API_ALLOWED_HOSTS"]["value"]
     names = env.split(",")
     assert names[0] == "rel-mq-scheduler" and "rel-mq-scheduler.sched.svc" in names
     tokens = render(values={"api": {"tokens": {"existingSecret": "api-tokens"}}})
-    assert "SCHEDULER_API_ALLOWED_HOSTS" not in env_of(daemon_container(tokens))
+    assert "SCHEDULER_API_ALLOWED_HOSTS" not in env_of(edge_container(tokens))
     own = render(values={"config": {"api_allowed_hosts": "sched.example.com"}})
-    env_list = [
-        e for e in daemon_container(own)["env"] if e["name"] == "SCHEDULER_API_ALLOWED_HOSTS"
-    ]
+    env_list = [e for e in edge_container(own)["env"] if e["name"] == "SCHEDULER_API_ALLOWED_HOSTS"]
     assert env_list == [{"name": "SCHEDULER_API_ALLOWED_HOSTS", "value": "sched.example.com"}]

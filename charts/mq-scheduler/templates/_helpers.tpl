@@ -300,3 +300,317 @@ valueFrom:
 {{- $out := .Values.audit.output -}}
 {{- if and .Values.audit.enabled $out.pvc.enabled $out.pvc.mountInDaemons (not $out.objectStorePath) -}}true{{- end -}}
 {{- end }}
+
+{{/* The two roles (docs/deploy.md, "Chart layout"): a daemon pod runs the engine and an edge
+that share the run folder; an edge-only pod runs an edge alone. Their containers take the same
+env and mounts, from the templates below: (dict "root" $ "runDir" bool). */}}
+{{- define "mq-scheduler.runDir" -}}/run/mq-scheduler{{- end -}}
+
+{{/* The label the Service, NetworkPolicy and ServiceMonitor select on: every pod with an edge. */}}
+{{- define "mq-scheduler.servesApiLabel" -}}
+mq-scheduler.dev/serves-api: "true"
+{{- end -}}
+
+{{- define "mq-scheduler.servesApiSelector" -}}
+{{ include "mq-scheduler.selectorLabels" . }}
+{{ include "mq-scheduler.servesApiLabel" . }}
+{{- end -}}
+
+{{- define "mq-scheduler.daemonEnv" -}}
+{{- $root := .root -}}
+- name: SCHEDULER_INSTANCE_ID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: SCHEDULER_HTTP_HOST
+  value: "0.0.0.0"
+- name: SCHEDULER_HTTP_PORT
+  value: {{ $root.Values.containerPorts.http | quote }}
+- name: SCHEDULER_METRICS_PORT
+  value: {{ $root.Values.containerPorts.metrics | quote }}
+- name: SCHEDULER_SCHEDULES_DIR
+  value: /etc/mq-scheduler/schedules
+{{- if .runDir }}
+# The pair's folder: the engine writes its status and metrics here, the edge serves them.
+- name: SCHEDULER_RUN_DIR
+  value: {{ include "mq-scheduler.runDir" $root }}
+{{- end }}
+{{- if and (include "mq-scheduler.auditInDaemons" $root) (not (hasKey $root.Values.config "audit_dir")) }}
+- name: SCHEDULER_AUDIT_DIR
+  value: /audit
+{{- end }}
+{{- if and (not $root.Values.api.tokens.existingSecret) (not (hasKey $root.Values.config "api_allowed_hosts")) }}
+{{- $svc := include "mq-scheduler.fullname" $root }}
+# Open mode (no tokens): the API answers only these Host names besides loopback and
+# the pod's own address (DNS rebinding guard); config.api_allowed_hosts replaces them.
+- name: SCHEDULER_API_ALLOWED_HOSTS
+  value: "{{ $svc }},{{ $svc }}.{{ $root.Release.Namespace }},{{ $svc }}.{{ $root.Release.Namespace }}.svc,{{ $svc }}.{{ $root.Release.Namespace }}.svc.cluster.local"
+{{- end }}
+- name: SCHEDULER_SHUTDOWN_GRACE
+  value: "{{ $root.Values.shutdownGraceSeconds }}s"
+- name: SCHEDULER_LOG_LEVEL
+  value: {{ $root.Values.logLevel | quote }}
+- name: SCHEDULER_LOG_FORMAT
+  value: {{ $root.Values.logFormat | quote }}
+{{ include "mq-scheduler.connectionEnv" $root }}
+- name: SCHEDULER_DATABASE_URL
+  {{- include "mq-scheduler.secretEnv" (dict "secret" (include "mq-scheduler.databaseSecret" $root) "key" $root.Values.database.urlKey) | nindent 2 }}
+{{- with include "mq-scheduler.databaseFileEnv" (dict "root" $root "password" true) | trim }}
+{{ . }}
+{{- end }}
+{{- with $root.Values.api.tokens.existingSecret }}
+- name: SCHEDULER_ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $root.Values.api.tokens.adminTokenKey }}
+      optional: true
+- name: SCHEDULER_READ_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $root.Values.api.tokens.readTokenKey }}
+      optional: true
+{{- end }}
+{{- range $key, $value := $root.Values.config }}
+- name: SCHEDULER_{{ upper $key }}
+  value: {{ if kindIs "slice" $value }}{{ join "," $value | quote }}{{ else }}{{ $value | toString | quote }}{{ end }}
+{{- end }}
+{{- with $root.Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "mq-scheduler.daemonMounts" -}}
+{{- $root := .root -}}
+- name: tmp
+  mountPath: /tmp
+- name: schedules
+  mountPath: /etc/mq-scheduler/schedules
+  readOnly: true
+{{- if .runDir }}
+- name: run
+  mountPath: {{ include "mq-scheduler.runDir" $root }}
+{{- end }}
+{{- with include "mq-scheduler.natsMounts" $root | trim }}
+{{ . }}
+{{- end }}
+{{- with include "mq-scheduler.databaseMounts" (dict "root" $root "password" true) | trim }}
+{{ . }}
+{{- end }}
+{{- if include "mq-scheduler.auditInDaemons" $root }}
+- name: audit
+  mountPath: /audit
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "mq-scheduler.daemonVolumes" -}}
+{{- $root := .root -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+- name: schedules
+  configMap:
+    name: {{ include "mq-scheduler.schedulesConfigMap" $root }}
+{{- if .runDir }}
+# Small and in memory: engine.json (~1 KB) and engine.prom (the engine's metrics).
+- name: run
+  emptyDir:
+    medium: Memory
+    sizeLimit: 16Mi
+{{- end }}
+{{- with include "mq-scheduler.natsVolumes" $root | trim }}
+{{ . }}
+{{- end }}
+{{- with include "mq-scheduler.databaseVolumes" (dict "root" $root "password" true) | trim }}
+{{ . }}
+{{- end }}
+{{- if include "mq-scheduler.auditInDaemons" $root }}
+- name: audit
+  persistentVolumeClaim:
+    claimName: {{ default (printf "%s-audit" (include "mq-scheduler.fullname" $root)) $root.Values.audit.output.pvc.existingClaim }}
+    readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The edge container: the HTTP API, console and /metrics on their ports, the NATS verbs. */}}
+{{- define "mq-scheduler.edgeContainer" -}}
+{{- $root := .root -}}
+- name: edge
+  image: {{ include "mq-scheduler.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  args: ["run", "--role", "edge"]
+  ports:
+    - name: http
+      containerPort: {{ $root.Values.containerPorts.http }}
+      protocol: TCP
+    - name: metrics
+      containerPort: {{ $root.Values.containerPorts.metrics }}
+      protocol: TCP
+  env:
+    {{- include "mq-scheduler.daemonEnv" . | nindent 4 }}
+  {{- with $root.Values.extraEnvFrom }}
+  envFrom:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $root.Values.startupProbe }}
+  {{- if .enabled }}
+  startupProbe:
+    httpGet:
+      path: /healthz
+      port: http
+    periodSeconds: {{ .periodSeconds }}
+    timeoutSeconds: {{ .timeoutSeconds }}
+    failureThreshold: {{ .failureThreshold }}
+  {{- end }}
+  {{- end }}
+  {{- with $root.Values.readinessProbe }}
+  {{- if .enabled }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: http
+    periodSeconds: {{ .periodSeconds }}
+    timeoutSeconds: {{ .timeoutSeconds }}
+    failureThreshold: {{ .failureThreshold }}
+  {{- end }}
+  {{- end }}
+  {{- with $root.Values.livenessProbe }}
+  {{- if .enabled }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: http
+    periodSeconds: {{ .periodSeconds }}
+    timeoutSeconds: {{ .timeoutSeconds }}
+    failureThreshold: {{ .failureThreshold }}
+  {{- end }}
+  {{- end }}
+  lifecycle:
+    preStop:
+      # Endpoints drop the pod while its edge still serves; SIGTERM then stops the edge.
+      exec:
+        command: ["sleep", "{{ $root.Values.preStopSleepSeconds }}"]
+  resources:
+    {{- toYaml $root.Values.edge.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $root.Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    {{- include "mq-scheduler.daemonMounts" . | nindent 4 }}
+{{- end -}}
+
+{{/* The engine container: leadership, intake, firing, cron. No port: nothing an outsider sends
+reaches it; its probes read the status it writes to the run folder. */}}
+{{- define "mq-scheduler.engineContainer" -}}
+{{- $root := .root -}}
+- name: engine
+  image: {{ include "mq-scheduler.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  args: ["run", "--role", "engine"]
+  env:
+    {{- include "mq-scheduler.daemonEnv" . | nindent 4 }}
+  {{- with $root.Values.extraEnvFrom }}
+  envFrom:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $root.Values.startupProbe }}
+  {{- if .enabled }}
+  startupProbe:
+    exec:
+      command: ["scheduler", "probe", "engine"]
+    periodSeconds: {{ .periodSeconds }}
+    timeoutSeconds: {{ $root.Values.engine.probeTimeoutSeconds }}
+    failureThreshold: {{ .failureThreshold }}
+  {{- end }}
+  {{- end }}
+  {{- with $root.Values.livenessProbe }}
+  {{- if .enabled }}
+  livenessProbe:
+    exec:
+      command: ["scheduler", "probe", "engine"]
+    periodSeconds: {{ .periodSeconds }}
+    timeoutSeconds: {{ $root.Values.engine.probeTimeoutSeconds }}
+    failureThreshold: {{ .failureThreshold }}
+  {{- end }}
+  {{- end }}
+  # No preStop wait: SIGTERM hands the lease over at once (a standby takes office).
+  resources:
+    {{- toYaml $root.Values.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $root.Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    {{- include "mq-scheduler.daemonMounts" . | nindent 4 }}
+{{- end -}}
+
+{{/* The pod spec's placement and identity, shared by the daemon and edge-only pods:
+(dict "root" $ "component" "daemon"). */}}
+{{- define "mq-scheduler.podPlacement" -}}
+{{- $root := .root -}}
+serviceAccountName: {{ include "mq-scheduler.serviceAccountName" $root }}
+automountServiceAccountToken: {{ $root.Values.serviceAccount.automountServiceAccountToken }}
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+securityContext:
+  {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
+terminationGracePeriodSeconds: {{ include "mq-scheduler.terminationGrace" $root }}
+{{- if $root.Values.topologySpread.enabled }}
+{{- $selector := include "mq-scheduler.componentSelector" (dict "ctx" $root "component" .component) }}
+topologySpreadConstraints:
+  - topologyKey: topology.kubernetes.io/zone
+    maxSkew: {{ $root.Values.topologySpread.zone.maxSkew }}
+    whenUnsatisfiable: {{ $root.Values.topologySpread.zone.whenUnsatisfiable }}
+    {{- if and $root.Values.topologySpread.zone.minDomains (eq $root.Values.topologySpread.zone.whenUnsatisfiable "DoNotSchedule") }}
+    minDomains: {{ $root.Values.topologySpread.zone.minDomains }}
+    {{- end }}
+    labelSelector:
+      matchLabels:
+        {{- $selector | nindent 8 }}
+    matchLabelKeys: [pod-template-hash]
+  - topologyKey: kubernetes.io/hostname
+    maxSkew: {{ $root.Values.topologySpread.node.maxSkew }}
+    whenUnsatisfiable: {{ $root.Values.topologySpread.node.whenUnsatisfiable }}
+    labelSelector:
+      matchLabels:
+        {{- $selector | nindent 8 }}
+    matchLabelKeys: [pod-template-hash]
+{{- end }}
+{{- with $root.Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The pod template's metadata: (dict "root" $ "component" "daemon"). */}}
+{{- define "mq-scheduler.podMetadata" -}}
+{{- $root := .root -}}
+labels:
+  {{- include "mq-scheduler.componentLabels" (dict "ctx" $root "component" .component) | nindent 2 }}
+  {{- include "mq-scheduler.servesApiLabel" $root | nindent 2 }}
+  {{- with $root.Values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- $roll := and (eq $root.Values.schedules.reload "roll") (not $root.Values.schedules.existingConfigMap) }}
+{{- if or $roll $root.Values.podAnnotations }}
+annotations:
+  {{- if $roll }}
+  checksum/schedules: {{ include "mq-scheduler.schedulesData" $root | sha256sum }}
+  {{- end }}
+  {{- with $root.Values.podAnnotations }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+{{- end -}}
