@@ -35,7 +35,8 @@ async def fire_log_upkeep(
     expired_keys: Callable[[], Awaitable[int]] | None = None,
 ) -> None:
     """Hourly: fire-log partitions two days ahead, expired ones dropped, old tasks purged,
-    expired idempotency keys deleted (`expired_keys`)."""
+    expired idempotency keys and the oldest past SCHEDULER_IDEMPOTENCY_MAX_KEYS deleted
+    (`expired_keys`)."""
     while not stop.is_set():
         try:
             for change in await store.fire_log_upkeep(settings.fire_log_retention):
@@ -90,8 +91,9 @@ async def dead_letter_upkeep(
 async def activity_upkeep(
     activity: ActivityOperations, settings: Settings, events: DaemonEvents, stop: asyncio.Event
 ) -> None:
-    """Hourly: activity-log rows older than SCHEDULER_ACTIVITY_RETENTION deleted (on the
-    API's pool; instances skip each other's rows)."""
+    """Hourly: activity-log rows older than SCHEDULER_ACTIVITY_RETENTION, then the oldest past
+    SCHEDULER_ACTIVITY_MAX_ROWS, deleted (on the API's pool; instances skip each other's
+    rows)."""
     while not stop.is_set():
         try:
             pruned = await activity.prune(settings.activity_retention)
