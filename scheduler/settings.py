@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     intent_ttl: Duration = timedelta(hours=24)
     intent_max_per_target: int = Field(default=10_000, ge=1, le=10_000_000)
     intent_max_per_org: int = Field(default=50_000, ge=1, le=100_000_000)
-    intent_max_total: int = Field(default=200_000, ge=1, le=100_000_000)
+    intent_max_total: int = Field(default=100_000, ge=1, le=100_000_000)
     target_allow: CommaList = ["mq.>"]
     provision: bool = True
     horizon: Duration = timedelta(minutes=5)

@@ -90,6 +90,7 @@ class TaskAdmin:
     def __init__(self, db: PostgresStore, intent_limits: IntentLimits | None = None) -> None:
         self.db = db
         self.intent_limits = intent_limits or IntentLimits()
+        self.seen_full = intents.SeenFull()
 
     async def cancel(self, task_id: str, target: str) -> str:
         """`cancelled` (now or before, or an intent recorded for a task not yet taken off the
@@ -124,7 +125,11 @@ class TaskAdmin:
         """Cancel `task_id` of `target` whatever arrives first, the task or this cancel
         (scheduler.store.postgres.intents); the status to answer from."""
         limits = self.intent_limits
-        refused = None if status is not None else await intents.at_limit(conn, target, limits)
+        refused = (
+            None
+            if status is not None
+            else await intents.refusal(conn, target, limits, self.seen_full)
+        )
         if refused is not None:
             return refused
         got = await intents.record_cancel(conn, task_id, target, limits)
@@ -166,7 +171,11 @@ class TaskAdmin:
     ) -> tuple[str, TaskRef | None]:
         """Reschedule `task_id` of `target` whatever arrives first (see `_cancel_ahead`)."""
         limits = self.intent_limits
-        refused = None if status is not None else await intents.at_limit(conn, target, limits)
+        refused = (
+            None
+            if status is not None
+            else await intents.refusal(conn, target, limits, self.seen_full)
+        )
         if refused is not None:
             return refused, None
         row = await intents.record_reschedule(conn, task_id, target, due, limits)
