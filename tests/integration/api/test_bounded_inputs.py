@@ -25,6 +25,7 @@ from scheduler.store.postgres.idempotency import KeyUse
 from scheduler.store.postgres.intents import IntentLimits
 from scheduler.store.postgres.task_admin import TaskAdmin
 from tests.integration.api.harness import READ, ApiHarness, poll
+from tests.integration.api.test_cli_ops import Cli
 from tests.integration.test_cancel_intents import hold_lease
 from tests.integration.test_delayed import envelope
 
@@ -230,12 +231,13 @@ async def test_idempotency_answers_and_activity_rows_are_bounded_by_count(
 
 
 async def test_a_cancel_naming_no_target_on_another_instance_holds_for_a_task_on_the_lane(
-    api: ApiHarness,
+    api: ApiHarness, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A task scheduled through one instance's API path and cancelled right after through
-    another instance's `DELETE /v1/delayed/{id}` without `target` answers `cancelled` and is
-    never delivered: while intake is held (the task surely on the lane), and in 20 races
-    with intake running."""
+    another instance's `DELETE /v1/delayed/{id}` (or `scheduler delayed cancel`) without
+    `target` answers `cancelled` and is never delivered: while intake is held (the task surely
+    on the lane), and in 20 races with intake running. A task published to the lane directly
+    is cancelled by `scheduler delayed cancel --target`."""
     kv = await hold_lease(api.js, api.settings.with_overrides(lease_ttl=30.0))
     await api.start(lease_ttl=30.0)
     async with instance(api.settings) as other:
@@ -244,8 +246,16 @@ async def test_a_cancel_naming_no_target_on_another_instance_holds_for_a_task_on
         await other.tasks.schedule(TARGET, json.dumps(held).encode())
         r = await api.call("DELETE", f"/v1/delayed/{held['id']}")
         assert r.status == 200 and r.body["status"] == "cancelled", r
+        by_cli, direct = envelope(soon), envelope(soon)
+        await other.tasks.schedule(TARGET, json.dumps(by_cli).encode())
+        await api.publish(TARGET, direct)
+        cli = Cli(api, capsys)
+        code, out, _ = await cli("delayed", "cancel", by_cli["id"])
+        assert code == 0 and out.strip() == f"{by_cli['id']}: cancelled"
+        code, out, _ = await cli("delayed", "cancel", direct["id"], "--target", TARGET)
+        assert code == 0 and out.strip() == f"{direct['id']}: cancelled"
         await kv.delete("leader")  # the daemon takes office and drains the lane
-        ids = [held["id"]]
+        ids = [held["id"], by_cli["id"], direct["id"]]
         for _ in range(20):
             doc = envelope(datetime.now(UTC) + timedelta(milliseconds=300))
             await other.tasks.schedule(TARGET, json.dumps(doc).encode())
