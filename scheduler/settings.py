@@ -112,6 +112,8 @@ class Settings(BaseSettings):
     # cancel/reschedule intents for tasks still on the delay lane (store/postgres/intents.py)
     intent_ttl: Duration = timedelta(hours=24)
     intent_max_per_target: int = Field(default=10_000, ge=1, le=10_000_000)
+    intent_max_per_org: int = Field(default=50_000, ge=1, le=100_000_000)
+    intent_max_total: int = Field(default=100_000, ge=1, le=100_000_000)
     target_allow: CommaList = ["mq.>"]
     provision: bool = True
     horizon: Duration = timedelta(minutes=5)
@@ -182,6 +184,9 @@ class Settings(BaseSettings):
     ui_session_ttl: Duration = Field(default=timedelta(hours=12), gt=timedelta(0))
     # operator actions in `activity_log` (scheduler/api/activity.py), pruned hourly past this
     activity_retention: Duration = Field(default=timedelta(days=90), gt=timedelta(0))
+    # count bounds beside the age bounds, enforced by the hourly upkeep (oldest rows first)
+    activity_max_rows: int = Field(default=1_000_000, ge=1, le=1_000_000_000)
+    idempotency_max_keys: int = Field(default=100_000, ge=1, le=1_000_000_000)
     ui_secure_cookie: bool = False
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")

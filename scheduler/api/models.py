@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -18,6 +19,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from scheduler.messages.envelope import bounded_instant
 
 TASK_ID = r"^[\x21-\x7e]{1,200}$"  # the envelope's id rule: printable ASCII, no spaces
 JOB_NAME = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
@@ -36,8 +39,15 @@ def _rfc3339_text(value: Any) -> Any:
     raise ValueError("must be an RFC 3339 date-time with an offset, e.g. 2026-11-22T06:00:00Z")
 
 
-# An aware instant given as RFC 3339 text (query parameters and bodies).
-Instant = Annotated[AwareDatetime, BeforeValidator(_rfc3339_text)]
+def _bounded(value: datetime) -> datetime:
+    """The instant in UTC if it lies where an envelope's may (1970 to 9000,
+    `scheduler.messages.envelope.bounded_instant`): a year-1 or year-9999 time is a 422 naming
+    the field, never an OverflowError further on."""
+    return bounded_instant(value)
+
+
+# An aware instant given as RFC 3339 text (query parameters and bodies), in the envelope's range.
+Instant = Annotated[AwareDatetime, BeforeValidator(_rfc3339_text), AfterValidator(_bounded)]
 
 
 class Body(BaseModel):

@@ -2,13 +2,16 @@
 
 The `<rest>` of the subject names the task's target `mq.<rest>`, so NATS permissions on these
 subjects bound whose tasks a caller may touch. Replies are JSON; errors carry a code and a
-message: `{"error": {"code": "bad_request", "message": "..."}}`.
+message: `{"error": {"code": "bad_request", "message": "..."}}`. An unexpected failure answers
+code `internal` with an error id, and the server logs the exception once under that id: no
+exception text reaches a caller.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -21,6 +24,7 @@ from nats.micro.service import Service
 from scheduler import __version__
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.errors import EnvelopeError, RequestError, TargetRefusedError
+from scheduler.messages.envelope import ID_RULE, duplicate_key, valid_id
 from scheduler.messages.subjects import check_target, target_from_rest
 from scheduler.operations.tasks import TaskOperations, parse_due
 from scheduler.settings import Settings
@@ -87,9 +91,7 @@ class SchedulerService:
                 target = check_target(
                     target_from_rest(req.subject[len(prefix) :]), self.settings.target_allow
                 )
-                body = json.loads(req.data) if verb != "schedule" else {}
-                if not isinstance(body, dict):
-                    raise RequestError("bad_request", "body must be a JSON object")
+                body = _body(req.data) if verb != "schedule" else {}
                 reply = await handler(target, body, req.data)
             except (TargetRefusedError, EnvelopeError) as exc:
                 reply = _error("bad_request", str(exc))
@@ -97,6 +99,8 @@ class SchedulerService:
                 reply = _error(exc.code, str(exc))
             except ValueError as exc:
                 reply = _error("bad_request", f"body is not JSON: {exc}")
+            except Exception:  # the caller gets a code and an id, the log the exception
+                reply = _internal(verb, req.subject)
             log.info(
                 "api.%s subject=%s result=%s",
                 verb,
@@ -128,11 +132,32 @@ class SchedulerService:
         return {"status": "found", "task": {k: _plain(v) for k, v in task.items()}}
 
 
+def _body(data: bytes) -> dict[str, Any]:
+    """A verb's JSON object body; RequestError for another value or a key named twice."""
+    body = json.loads(data)
+    if not isinstance(body, dict):
+        raise RequestError("bad_request", "body must be a JSON object")
+    key = duplicate_key(data)
+    if key is not None:
+        raise RequestError("bad_request", f"{key}: appears more than once in the body", key)
+    return body
+
+
 def _task_id(body: dict[str, Any]) -> str:
     task_id = body.get("id")
-    if not isinstance(task_id, str) or not task_id:
-        raise RequestError("bad_request", "id: must be a non-empty string", "id")
+    if not isinstance(task_id, str):
+        raise RequestError("bad_request", f"id: must be a string ({ID_RULE})", "id")
+    if not valid_id(task_id):
+        shown = json.dumps(task_id[:40]) + ("..." if len(task_id) > 40 else "")
+        raise RequestError("bad_request", f"id: {ID_RULE} (got {shown})", "id")
     return task_id
+
+
+def _internal(verb: str, subject: str) -> dict[str, Any]:
+    """Log the exception being handled once, under a fresh id, and the reply naming only it."""
+    error_id = uuid.uuid4().hex[:12]
+    log.exception("api.%s.failed subject=%s error_id=%s", verb, subject, error_id)
+    return _error("internal", f"the request failed on the server (error id {error_id}, in its log)")
 
 
 def _plain(value: Any) -> Any:

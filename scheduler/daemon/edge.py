@@ -229,7 +229,7 @@ class EdgeDaemon(Phased):
         self._enter("opening the buckets")
         await self._open_buckets(budget)
         self._enter("starting the service")
-        limits = IntentLimits(s.intent_ttl, s.intent_max_per_target)
+        limits = IntentLimits.from_settings(s)
         own = build_operations(
             nc,
             s,

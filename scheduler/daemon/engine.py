@@ -145,7 +145,7 @@ class EngineDaemon(Phased):
         self._enter("provisioning streams and buckets")
         self.leader_kv = await self.bus.setup(self._provision())
         self._enter("starting the lease")
-        self.tasks = TaskStore(self.store, IntentLimits(s.intent_ttl, s.intent_max_per_target))
+        self.tasks = TaskStore(self.store, IntentLimits.from_settings(s))
         self.clock_check = ClockCheck(
             functools.partial(database_time, self.store.pool),
             self.clock,

@@ -86,8 +86,9 @@ async def dead_letter_upkeep(
 async def activity_upkeep(
     activity: ActivityOperations, settings: Settings, events: DaemonEvents, stop: asyncio.Event
 ) -> None:
-    """Hourly: activity-log rows older than SCHEDULER_ACTIVITY_RETENTION deleted (on the
-    API's pool; instances skip each other's rows)."""
+    """Hourly: activity-log rows older than SCHEDULER_ACTIVITY_RETENTION, then the oldest past
+    SCHEDULER_ACTIVITY_MAX_ROWS, deleted (on the API's pool; instances skip each other's
+    rows)."""
     while not stop.is_set():
         try:
             pruned = await activity.prune(settings.activity_retention)
@@ -101,7 +102,8 @@ async def activity_upkeep(
 async def idempotency_upkeep(
     expired_keys: Callable[[], Awaitable[int]], stop: asyncio.Event
 ) -> None:
-    """Hourly: expired idempotency keys deleted (the API's stored answers; on the edge)."""
+    """Hourly: expired idempotency keys, and the oldest past SCHEDULER_IDEMPOTENCY_MAX_KEYS,
+    deleted (the API's stored answers; on the edge)."""
     while not stop.is_set():
         try:
             log.info("api_idempotency.pruned rows=%d", await expired_keys())

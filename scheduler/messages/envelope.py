@@ -9,6 +9,14 @@ the bytes are plainly valid, and None whenever anything needs a closer look; `de
 (pydantic) then decides and words every error. The fast one accepts a subset of what the strict
 one accepts, with the same values: tests/unit/test_envelope.py and test_fuzz.py compare the
 two on generated input, valid and invalid.
+
+Duplicate keys. JSON parsers disagree on which of two equal keys wins (ours keep the last, many
+workers' the first), so an envelope whose top level names a key twice is refused
+(`duplicate_key`, naming the key) by both decoders: the daemon's checks (org rule, id, times)
+and the worker must read the same fields. Inside `data` and unknown fields the daemon reads
+nothing and delivers the bytes as sent. The fast decoder proves a document free of duplicates
+from byte counts alone (`_unique_keys`, no Python object per value); the strict one names the
+key (`duplicate_key`).
 """
 
 from __future__ import annotations
@@ -68,7 +76,7 @@ class EnvelopeModel(BaseModel):
     @classmethod
     def _id(cls, v: str) -> str:
         if not _ID.fullmatch(v):
-            raise ValueError("must be 1-200 printable ASCII characters without spaces")
+            raise ValueError(ID_RULE)
         return v
 
     @field_validator("type")
@@ -103,6 +111,16 @@ class EnvelopeModel(BaseModel):
         if v is not None and not 0 < v <= MAX_TTL_SECONDS:
             raise ValueError(f"must be from 1 to {MAX_TTL_SECONDS} (100 years)")
         return v
+
+
+ID_RULE = "must be 1-200 printable ASCII characters without spaces"
+
+
+def valid_id(value: object) -> bool:
+    """Whether `value` is a task id by the envelope's rule (`_ID`): every verb and API path
+    that takes an id checks it with this, so no id is stored or looked up that no envelope
+    could carry (no newlines, at most 200 characters)."""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
 
 
 def bounded_instant(v: datetime) -> datetime:
@@ -218,6 +236,7 @@ class _Plain(msgspec.Struct):
 
 
 _PLAIN = msgspec.json.Decoder(_Plain)
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])  # the top level's keys, values undecoded
 # What the strict parser reads the same way whenever msgspec accepts it: RFC 3339 with `T`,
 # 0-6 fraction digits and `Z` or an offset of at most 23:59 (fromisoformat would also take
 # `+01:60` and `+01`, pydantic would not)
@@ -247,6 +266,8 @@ def decode_fast(raw: bytes) -> Envelope | None:
         return None
     try:
         doc = _PLAIN.decode(raw)
+        if not _unique_keys(raw):
+            return None
     except msgspec.DecodeError:  # NaN, wrong types, broken JSON: the strict path words it
         return None
     ttl = doc.ttl_seconds
@@ -271,6 +292,58 @@ def decode_fast(raw: bytes) -> Envelope | None:
     )  # fmt: skip
 
 
+_WHITESPACE = b" \t\n\r"  # JSON's whitespace
+
+
+def _unique_keys(raw: bytes) -> bool:
+    """True only if `raw`'s top level surely names no key twice, from byte counts alone.
+
+    Written compactly (`{"k":v,...}`), its distinct keys and values (the values as the
+    source's own bytes) take `written` bytes; the source is longer by its whitespace between
+    top-level tokens, any escape in a key (a character written takes at least one byte) and
+    any pair a later one of the same key replaced (at least 4 bytes besides whitespace). The
+    whitespace is counted too: all of it, minus what lies inside the kept values and keys.
+    So `raw` is exactly as long as `written` plus that whitespace only without a second
+    occurrence and without escapes in keys; anything else is False, and the strict decoder
+    decides (and names the key)."""
+    top = _TOP.decode(raw)
+    slack = len(raw) - (1 + 4 * len(top) + sum(map(len, top)) + sum(map(len, top.values())))
+    if slack == 0:
+        return True
+    values = b"".join(top.values())
+    spaces = len(raw) - len(raw.translate(None, _WHITESPACE))
+    inside = len(values) - len(values.translate(None, _WHITESPACE))
+    return slack == spaces - inside - "\x00".join(top).count(" ")
+
+
+def duplicate_key(raw: bytes | str) -> str | None:
+    """The first key named twice at the top level of the JSON object `raw`, else None (also
+    for text that is not a JSON object: the parse's own checks report that)."""
+    try:
+        pairs = json.loads(raw, object_pairs_hook=list)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(pairs, list) or not pairs or not isinstance(pairs[0], tuple):
+        return None  # a JSON array (or an empty object) decodes to a list too: no keys
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return str(key)
+        seen.add(key)
+    return None
+
+
+def refuse_duplicate_key(raw: bytes | str) -> None:
+    """EnvelopeError (`duplicate_key`) naming the key `raw` names twice at its top level."""
+    key = duplicate_key(raw)
+    if key is not None:
+        problem = (
+            "appears more than once at the top level: JSON keys must be unique (parsers "
+            "disagree which one counts)"
+        )
+        raise EnvelopeError([(key, problem)], "duplicate_key")
+
+
 def _instant(text: str) -> datetime | None:
     """`text` as a bounded UTC instant when `_INSTANT` matches it and it is in range, else None."""
     if _INSTANT.fullmatch(text) is None:
@@ -286,6 +359,7 @@ def _instant(text: str) -> datetime | None:
 
 def decode_strict(raw: bytes) -> Envelope:
     """The envelope in `raw` (no time checks), or EnvelopeError naming every broken rule."""
+    refuse_duplicate_key(raw)
     try:
         model = EnvelopeModel.model_validate_json(raw)
     except ValidationError as exc:

@@ -65,9 +65,10 @@ def bounded(*sources: dict[str, Any]) -> dict[str, Any]:
 
 
 class ActivityOperations:
-    def __init__(self, store: ActivityStore, clock: Clock) -> None:
+    def __init__(self, store: ActivityStore, clock: Clock, max_rows: int | None = None) -> None:
         self.store = store
         self.clock = clock
+        self.max_rows = max_rows  # SCHEDULER_ACTIVITY_MAX_ROWS; None: bounded by age only
 
     async def record(self, row: Activity) -> None:
         await self.store.record(row)
@@ -82,12 +83,25 @@ class ActivityOperations:
         return page(rows, limit, lambda r: (us(r["at"]), r["id"]), CURSOR)
 
     async def prune(self, retention: timedelta, batch: int = PRUNE_BATCH) -> int:
-        """Delete the rows older than `retention` (by this clock), `batch` at a time, at most
-        PRUNE_BATCHES batches a pass; how many went."""
+        """Delete the rows older than `retention` (by this clock), then the oldest past
+        `max_rows`, `batch` at a time, at most PRUNE_BATCHES batches each a pass; how many
+        went."""
         before = self.clock.now() - retention
         total = 0
         for _ in range(PRUNE_BATCHES):
             deleted = await self.store.prune(before, batch)
+            total += deleted
+            if deleted < batch:
+                break
+        return total + await self._prune_over(batch)
+
+    async def _prune_over(self, batch: int) -> int:
+        """Delete the oldest rows past `max_rows`, `batch` at a time; how many."""
+        if self.max_rows is None:
+            return 0
+        total = 0
+        for _ in range(PRUNE_BATCHES):
+            deleted = await self.store.prune_over(self.max_rows, batch)
             total += deleted
             if deleted < batch:
                 break

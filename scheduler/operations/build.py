@@ -54,8 +54,8 @@ def build_operations(
         stats=StatsOperations(
             overview, dead, clock, lease, settings.forecast_interval.total_seconds()
         ),
-        idempotency=IdempotencyStore(db),
+        idempotency=IdempotencyStore(db, settings.idempotency_max_keys),
         backlog=backlog,
         clock=clock,
-        activity=ActivityOperations(ActivityStore(db), clock),
+        activity=ActivityOperations(ActivityStore(db), clock, settings.activity_max_rows),
     )

@@ -11,7 +11,6 @@ lost notice is caught by the leader's sweep.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from datetime import datetime
 from typing import Any
 
@@ -20,7 +19,14 @@ from nats.aio.client import Client
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.engine.delayed import rescheduled
 from scheduler.errors import RequestError
-from scheduler.messages.envelope import Limits, bounded_instant, check_org, parse_envelope
+from scheduler.messages.envelope import (
+    ID_RULE,
+    Limits,
+    bounded_instant,
+    check_org,
+    parse_envelope,
+    valid_id,
+)
 from scheduler.messages.subjects import delay_lane_prefix, delay_subject
 from scheduler.operations import Outcome
 from scheduler.operations.paging import (
@@ -42,10 +48,6 @@ from scheduler.store.postgres.task_admin import TaskAdmin
 
 CURSOR = "delayed"
 FIRED_CURSOR = "delayed_fired"  # continues among fired tasks (`fired_at`, id)
-# Tasks this instance put on the delay lane, id -> target, newest last: a cancel or reschedule
-# that names no target, sent right after the `scheduled` answer, finds the target here while
-# the task is still on the lane (so it records an intent instead of answering not_found).
-RECENT_MAX = 10_000
 
 
 def parse_due(raw: Any) -> datetime:
@@ -81,7 +83,6 @@ class TaskOperations:
         self.tasks = tasks
         self.overview = overview
         self.clock = clock
-        self._recent: OrderedDict[str, str] = OrderedDict()
 
     async def schedule(
         self, target: str, raw: bytes, now: datetime | None = None
@@ -98,20 +99,16 @@ class TaskOperations:
         env = parse_envelope(raw, now or self.clock.now(), limits)
         check_org(env, target)
         subject = delay_subject(target, delay_lane_prefix(self.settings.intake_subject))
+        # before the publish: a cancel naming no target, on any instance, finds it from then on
+        await self.tasks.note_lane(env.id, target)
         # no Nats-Msg-Id: the lane's window is shared by all producers (see client.publish_delayed)
         await self.nc.jetstream().publish(subject, raw)
-        self._remember(env.id, target)
         due = ceil_ms(env.due_at(now or self.clock.now()))  # as intake stores it
         return {"status": "scheduled", "id": env.id, "target": target, "due_at": to_rfc3339(due)}
 
-    def _remember(self, task_id: str, target: str) -> None:
-        self._recent[task_id] = target
-        self._recent.move_to_end(task_id)
-        while len(self._recent) > RECENT_MAX:
-            self._recent.popitem(last=False)
-
     async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
         """A task's state (no payload), only if it targets `target` when one is given."""
+        check_id(task_id)
         return await self.tasks.get(task_id, target)
 
     async def detail(self, task_id: str) -> dict[str, Any] | None:
@@ -151,6 +148,7 @@ class TaskOperations:
 
     async def cancel(self, task_id: str, target: str | None = None) -> Outcome:
         """`cancelled` (no delivery will happen), `too_late`, `not_found`, or the store's word."""
+        check_id(task_id)
         target = target or await self._target_of(task_id)
         if target is None:
             return Outcome("not_found", task_id, f"no delayed task with id {task_id!r}")
@@ -159,6 +157,7 @@ class TaskOperations:
 
     async def reschedule(self, task_id: str, due: datetime, target: str | None = None) -> Outcome:
         """Move a pending task to `due`: `rescheduled`, `too_late`, `not_found`, or the store's."""
+        check_id(task_id)
         self.check_due(due)
         target = target or await self._target_of(task_id)
         if target is None:
@@ -188,9 +187,17 @@ class TaskOperations:
         await self.nc.publish(rescheduled.SUBJECT, rescheduled.encode(ref))
 
     async def _target_of(self, task_id: str) -> str | None:
-        """The stored task's target, else the target this instance just scheduled it for."""
+        """The stored task's target, else the one noted when the API or the `schedule` verb
+        put it on the delay lane (scheduler.store.postgres.lane_notes), on any instance."""
         task = await self.tasks.get(task_id)
-        return self._recent.get(task_id) if task is None else str(task["target"])
+        return await self.tasks.lane_target(task_id) if task is None else str(task["target"])
+
+
+def check_id(task_id: str) -> None:
+    """RequestError (`bad_request`, field `id`) unless `task_id` follows the envelope's id rule:
+    an id no envelope can carry is never looked up or stored as an intent."""
+    if not valid_id(task_id):
+        raise RequestError("bad_request", f"id: {ID_RULE}", "id")
 
 
 def _fired_key(cursor: str | None) -> list[Any] | None:
@@ -208,6 +215,11 @@ _WHY = {
     "on the delay lane; nothing was changed: ask again once your task was taken off the lane",
     "too_many_intents": "this target already has SCHEDULER_INTENT_MAX_PER_TARGET cancels or "
     "reschedules waiting for tasks not yet taken off the delay lane; nothing was recorded",
+    "too_many_intents_org": "the organisation this target names already has "
+    "SCHEDULER_INTENT_MAX_PER_ORG cancels or reschedules waiting for tasks not yet taken off "
+    "the delay lane; nothing was recorded",
+    "too_many_intents_total": "the scheduler already holds SCHEDULER_INTENT_MAX_TOTAL cancels "
+    "or reschedules waiting for tasks not yet taken off the delay lane; nothing was recorded",
 }
 
 

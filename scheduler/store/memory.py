@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from scheduler.errors import FencedError
+from scheduler.messages.subjects import org_of
 from scheduler.records import (
     Claimed,
     ClaimedTask,
@@ -41,7 +42,14 @@ from scheduler.records import (
     to_ms,
 )
 from scheduler.store.postgres import task_states as states
-from scheduler.store.postgres.intents import CONTENDED, TOO_MANY, IntentLimits
+from scheduler.store.postgres.intents import (
+    CONTENDED,
+    REFUSALS,
+    TOO_MANY,
+    TOO_MANY_ORG,
+    TOO_MANY_TOTAL,
+    IntentLimits,
+)
 
 READY = states.READY_STATUSES  # the statuses a claim takes (the rule: task_states)
 CLAIM_WINDOW = timedelta(minutes=1)  # a claim takes only tasks due within this of now
@@ -112,6 +120,7 @@ class MemoryTaskStore:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     intent_limits: IntentLimits = field(default_factory=IntentLimits)
     intents: dict[str, Intent] = field(default_factory=dict)  # by task id, as PostgreSQL's rows
+    lane_notes: dict[str, str] = field(default_factory=dict)  # task id -> target (lane_notes)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # -- leadership (scheduler.store.postgres.epoch)
@@ -361,7 +370,7 @@ class MemoryTaskStore:
             status = self._intend(task_id, target, "cancel", None)
         if status == "cancelled":
             return "cancelled"
-        if status in (CONTENDED, TOO_MANY):
+        if status in (CONTENDED, *REFUSALS):
             return status
         return {None: "not_found", "in_doubt": "in_flight"}.get(status, "too_late")
 
@@ -377,12 +386,28 @@ class MemoryTaskStore:
             if self._live(held):
                 return "too_late"  # a live cancel is never turned into a reschedule
         if held is None:
-            mine = [i for i in self.intents.values() if i.target == target and self._live(i)]
-            if len(mine) >= self.intent_limits.max_per_target:
-                return TOO_MANY
+            refused = self._at_limit(target)
+            if refused is not None:
+                return refused
         expires = self.now() + self.intent_limits.ttl
         self.intents[task_id] = Intent(target, kind, due, expires)
         return "cancelled" if kind == "cancel" else "rescheduled"
+
+    def _at_limit(self, target: str) -> str | None:
+        """The refusal of one more intent of `target` past a bound (intents.at_limit)."""
+        live = [i.target for i in self.intents.values() if self._live(i)]
+        org, limits = org_of(target), self.intent_limits
+        if live.count(target) >= limits.max_per_target:
+            return TOO_MANY
+        if org is not None and [org_of(t) for t in live].count(org) >= limits.max_per_org:
+            return TOO_MANY_ORG
+        return TOO_MANY_TOTAL if len(live) >= limits.max_total else None
+
+    async def note_lane(self, task_id: str, target: str) -> None:
+        self.lane_notes[task_id] = target
+
+    async def lane_target(self, task_id: str) -> str | None:
+        return self.lane_notes.get(task_id)
 
     async def purge_intents(self) -> int:
         """Delete the intents past their time (the hourly upkeep's part); how many."""
@@ -402,7 +427,7 @@ class MemoryTaskStore:
         status = self._answer_status(task_id, target)
         if status is None:
             status = self._intend(task_id, target, "reschedule", due)
-        if status in ("rescheduled", CONTENDED, TOO_MANY):
+        if status in ("rescheduled", CONTENDED, *REFUSALS):
             return str(status), None
         return {None: "not_found", "in_doubt": "in_flight"}.get(status, "too_late"), None
 

@@ -372,6 +372,28 @@ async def test_intents_are_capped_per_target(repo: Repo) -> None:
     assert [r.task_id for r in got.stored] == [extra.id]
 
 
+async def test_intents_are_capped_per_organisation_and_in_total(repo: Repo) -> None:
+    """Past `max_per_org` live intents over an organisation's targets a cancel of a new id
+    there answers `too_many_intents_org`, past `max_total` anywhere `too_many_intents_total`,
+    recording nothing; a stored task is still cancelled past both."""
+    repo.tasks.intent_limits = IntentLimits(timedelta(minutes=1), 3, max_per_org=2, max_total=3)
+    acme = [task(0, target=f"mq.org.acme.t{n}") for n in range(3)]
+    assert [await repo.tasks.cancel(t.id, t.target) for t in acme[:2]] == ["cancelled"] * 2
+    assert await repo.tasks.cancel(acme[2].id, acme[2].target) == "too_many_intents_org"
+    assert (await repo.tasks.reschedule(acme[2].id, acme[2].target, NOW))[0] == (
+        "too_many_intents_org"
+    )
+    plain, more = task(0, target="mq.t.a"), task(0, target="mq.t.b")
+    assert await repo.tasks.cancel(plain.id, plain.target) == "cancelled"
+    assert await repo.tasks.cancel(more.id, more.target) == "too_many_intents_total"
+    stored = task(3600, target="mq.t.b")
+    await repo.tasks.insert_batch([stored])
+    assert await repo.tasks.cancel(stored.id, stored.target) == "cancelled"
+    got = await repo.tasks.insert_batch([acme[2], more])
+    assert sorted(r.task_id for r in got.stored) == sorted([acme[2].id, more.id])
+    assert await status(repo, acme[2]) == "pending"
+
+
 async def test_a_lapsed_intent_is_not_honoured(repo: Repo) -> None:
     """An intent older than its TTL no longer acts: the task arriving after it is stored
     pending as sent, and the lapsed intent does not count against the cap."""

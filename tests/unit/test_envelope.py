@@ -392,3 +392,36 @@ def test_the_fast_decoder_accepts_only_what_the_strict_one_accepts(data: bytes) 
         got = (exc.reason, exc.problems)
     if isinstance(strict, tuple):
         assert got == strict
+
+
+_COMPACT = json.dumps(envelope(), separators=(",", ":")).encode()
+_SPACED = json.dumps(envelope(), indent=2).encode()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _COMPACT[:-1] + b',"org_id":"evil"}',
+        _SPACED[:-2] + b',\n  "org_id" : "evil"\n}',
+        _COMPACT.replace(b'"org_id"', b'"\\u006frg_id"')[:-1] + b',"org_id":"evil"}',
+        _COMPACT.replace(b'"org_id":"org_hanzo",', b"")[:-1] + b',"org_id":"a","org_id":"a"}',
+    ],
+    ids=["compact", "spaced", "escaped", "equal-values"],
+)
+def test_a_key_named_twice_at_the_top_level_is_refused_by_both_decoders(raw: bytes) -> None:
+    """`org_id` twice (however written) is `duplicate_key` naming it: the fast decoder
+    declines and the strict one refuses, so no check reads another value than a worker."""
+    assert decode_fast(raw) is None
+    with pytest.raises(EnvelopeError) as err:
+        parse_envelope(raw, NOW)
+    assert err.value.reason == "duplicate_key"
+    assert err.value.problems[0][0] == "org_id"
+
+
+@pytest.mark.parametrize("raw", [_COMPACT, _SPACED, b" " + _COMPACT + b"\n"])
+def test_unique_keys_keep_the_fast_path_and_nested_duplicates_pass_as_sent(raw: bytes) -> None:
+    """Compact or spaced, an envelope naming each key once takes the fast path; a key named
+    twice inside `data` (the daemon reads nothing there) is delivered byte for byte."""
+    assert decode_fast(raw) is not None
+    nested = raw.replace(b'"k"', b'"k": 0, "k"')
+    assert parse_envelope(nested, NOW).raw == nested

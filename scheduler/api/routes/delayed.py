@@ -31,7 +31,13 @@ from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done, json
 from scheduler.clock import to_rfc3339
 from scheduler.durations import parse_duration
 from scheduler.errors import DurationError, EnvelopeError, TargetRefusedError
-from scheduler.messages.envelope import SCHEMA, Limits, check_org, parse_envelope
+from scheduler.messages.envelope import (
+    SCHEMA,
+    Limits,
+    check_org,
+    parse_envelope,
+    refuse_duplicate_key,
+)
 from scheduler.messages.subjects import check_target
 from scheduler.operations import Outcome
 from scheduler.store.postgres.idempotency import Claim
@@ -283,6 +289,10 @@ def _object(raw: bytes) -> dict[str, Any]:
             f"body: must be a JSON object (an envelope or the short form), got {type(doc).__name__}"
         )
         raise ApiProblem(422, "validation", detail, errors=[{"field": "body", "message": detail}])
+    try:  # either form: parsers disagree which of two equal keys counts
+        refuse_duplicate_key(raw)
+    except EnvelopeError as exc:
+        raise _refused(exc) from None
     return doc
 
 

@@ -96,6 +96,19 @@ class ActivityStore:
             )
         return [{**dict(r), "detail": json.loads(r["detail"])} for r in rows]
 
+    async def prune_over(self, keep: int, batch: int) -> int:
+        """Delete up to `batch` of the rows older than the newest `keep`, oldest first; how
+        many (the cut is read over the index on `at`, newest first)."""
+        async with self.db.timed("activity_prune") as conn:
+            status = await conn.execute(
+                "DELETE FROM activity_log WHERE id IN (SELECT id FROM activity_log "
+                "WHERE (at, id) <= (SELECT at, id FROM activity_log ORDER BY at DESC, id DESC "
+                "OFFSET $1 LIMIT 1) ORDER BY at, id LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                keep,
+                batch,
+            )
+        return int(status.split()[-1])
+
     async def prune(self, before: datetime, batch: int) -> int:
         """Delete up to `batch` rows recorded before `before`, oldest first; how many."""
         async with self.db.timed("activity_prune") as conn:

@@ -69,8 +69,9 @@ RETURNING t.first_at
 
 
 class IdempotencyStore:
-    def __init__(self, db: PostgresStore) -> None:
+    def __init__(self, db: PostgresStore, max_keys: int | None = None) -> None:
         self.db = db
+        self.max_keys = max_keys  # SCHEDULER_IDEMPOTENCY_MAX_KEYS; None: bounded by age only
 
     async def claim(
         self, use: KeyUse, now: datetime, lock: timedelta, keep: timedelta
@@ -130,7 +131,18 @@ class IdempotencyStore:
             )
 
     async def prune(self, now: datetime) -> int:
-        """Delete the rows past their expiry; how many."""
+        """Delete the rows past their expiry, then the oldest (soonest to expire) past
+        `max_keys` (never one whose request still runs); how many. A retry whose answer went
+        this way runs again, as after its 24 h."""
         async with self.db.timed("idempotency_prune") as conn:
             done = await conn.execute("DELETE FROM api_idempotency WHERE expires_at <= $1", now)
-        return int(done.split()[-1])
+            over = "DELETE 0"
+            if self.max_keys is not None:
+                over = await conn.execute(
+                    "DELETE FROM api_idempotency WHERE state <> 'running' AND "
+                    "(expires_at, scope, key) <= (SELECT expires_at, scope, key FROM "
+                    "api_idempotency ORDER BY expires_at DESC, scope DESC, key DESC "
+                    "OFFSET $1 LIMIT 1)",
+                    self.max_keys,
+                )
+        return int(done.split()[-1]) + int(over.split()[-1])

@@ -21,24 +21,38 @@ that arrives with the same id replaces the intent and is stored as sent. A cance
 live intent of another target answers `id_contended` (nothing changed; ask again once the task
 was taken off the lane), never `not_found`.
 
-**Bounds.** An intent lives SCHEDULER_INTENT_TTL (default 24 h) and is purged after it, and a
-target holds at most SCHEDULER_INTENT_MAX_PER_TARGET live intents: past it a cancel of an id
-not stored answers `too_many_intents` (nothing recorded). Storage so grows by at most that many
-small rows per target, each gone after the TTL.
+**Bounds.** An intent lives SCHEDULER_INTENT_TTL (default 24 h) and is purged after it; a
+target holds at most SCHEDULER_INTENT_MAX_PER_TARGET live intents, an organisation (the one its
+target names, `mq.org.<org>.>`, kept in the intent's `org_id`) at most
+SCHEDULER_INTENT_MAX_PER_ORG over all its targets, and the deployment at most
+SCHEDULER_INTENT_MAX_TOTAL: past any of them a cancel of an id not stored answers
+`too_many_intents` naming the bound (nothing recorded). Ids follow the envelope's rule (1-200
+printable ASCII characters), so storage grows by at most the total's worth of small rows, each
+gone after the TTL. Each count reads a partial index and stops at its bound (~95 ns a live
+intent here: ~19 ms at 200,000, hence the total's default of 100,000); an organisation or the
+total found full is not counted again for FULL_FOR (1 s) by that process (`SeenFull`), so a
+flood at the bound costs PostgreSQL nothing per refusal, at the price of a refusal up to 1 s
+stale.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import asyncpg
 
+from scheduler.messages.subjects import org_of
+from scheduler.settings import Settings
 from scheduler.store.postgres import task_states as states
 
 INTENT = "intent"
 CONTENDED = "id_contended"
-TOO_MANY = "too_many_intents"
+TOO_MANY = "too_many_intents"  # the target's bound; the organisation's and the total's:
+TOO_MANY_ORG = "too_many_intents_org"
+TOO_MANY_TOTAL = "too_many_intents_total"
+REFUSALS = (TOO_MANY, TOO_MANY_ORG, TOO_MANY_TOTAL)
 
 # What makes an intent live for the task that meets it (the same target, not expired) is
 # written once, in the function `scheduler_intake_insert` of migration 0019, which intake's
@@ -47,28 +61,41 @@ TOO_MANY = "too_many_intents"
 
 @dataclass(frozen=True, slots=True)
 class IntentLimits:
-    """How long an intent lives, and how many one target may hold."""
+    """How long an intent lives, and how many one target, one organisation and all may hold."""
 
     ttl: timedelta = timedelta(hours=24)
     max_per_target: int = 10_000
+    max_per_org: int = 50_000
+    max_total: int = 100_000
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> IntentLimits:
+        """The limits SCHEDULER_INTENT_TTL and SCHEDULER_INTENT_MAX_* set."""
+        return cls(
+            settings.intent_ttl,
+            settings.intent_max_per_target,
+            settings.intent_max_per_org,
+            settings.intent_max_total,
+        )
 
 
 _PENDING = states.unclaimed(states.PENDING, "d")  # a task a cancel or reschedule may still change
 # The intent row: no payload, due at its expiry (a cancel) or at the new time (a reschedule).
 _INSERT = (
     "INSERT INTO delayed_messages AS d (id, target, payload, due_at, scheduled_for, "
-    "expires_at, status, intent) SELECT $1, $2, ''::bytea, {due}, {due}, now() + $3::interval, "
-    "'intent', '{kind}' WHERE NOT EXISTS (SELECT 1 FROM fired_tasks WHERE id = $1) "
+    "expires_at, status, intent, org_id) SELECT $1, $2, ''::bytea, {due}, {due}, "
+    "now() + $3::interval, 'intent', '{kind}', {org} "
+    "WHERE NOT EXISTS (SELECT 1 FROM fired_tasks WHERE id = $1) "
     "ON CONFLICT (id) DO UPDATE SET "
 )
-_CANCEL = _INSERT.format(due="now() + $3::interval", kind="cancel") + (
+_CANCEL = _INSERT.format(due="now() + $3::interval", kind="cancel", org="$4::text") + (
     "status = CASE WHEN d.status = 'intent' THEN 'intent' ELSE 'cancelled' END, "
     "intent = CASE WHEN d.status = 'intent' THEN 'cancel' ELSE d.intent END, "
     "expires_at = CASE WHEN d.status = 'intent' THEN excluded.expires_at ELSE d.expires_at END, "
     f"updated_at = now() WHERE d.target = excluded.target AND ({_PENDING} OR "
     "d.status = 'intent') RETURNING d.status"
 )
-_RESCHEDULE = _INSERT.format(due="$4::timestamptz", kind="reschedule") + (
+_RESCHEDULE = _INSERT.format(due="$4::timestamptz", kind="reschedule", org="$5::text") + (
     "due_at = excluded.due_at, scheduled_for = excluded.scheduled_for, "
     "intent = CASE WHEN d.status = 'intent' THEN 'reschedule' ELSE d.intent END, "
     "expires_at = CASE WHEN d.status = 'intent' THEN excluded.expires_at ELSE d.expires_at END, "
@@ -78,15 +105,68 @@ _RESCHEDULE = _INSERT.format(due="$4::timestamptz", kind="reschedule") + (
 )
 
 
-async def at_limit(conn: asyncpg.Connection, target: str, limits: IntentLimits) -> bool:
-    """Whether `target` already holds its share of live intents (read over the partial index)."""
-    held = await conn.fetchval(
-        "SELECT count(*) FROM (SELECT 1 FROM delayed_messages WHERE status = 'intent' AND "
-        "target = $1 AND expires_at > now() LIMIT $2) AS i",
-        target,
-        limits.max_per_target,
-    )
-    return int(held) >= limits.max_per_target
+_COUNT = (
+    "SELECT count(*) FROM (SELECT 1 FROM delayed_messages WHERE status = 'intent' AND {scope} "
+    "expires_at > now() LIMIT $1) AS i"
+)
+_BY_TARGET = _COUNT.format(scope="target = $2 AND")
+_BY_ORG = _COUNT.format(scope="org_id = $2 AND")
+_ALL = _COUNT.format(scope="")
+
+
+async def at_limit(conn: asyncpg.Connection, target: str, limits: IntentLimits) -> str | None:
+    """The refusal (`TOO_MANY`, `TOO_MANY_ORG`, `TOO_MANY_TOTAL`) of one more intent of
+    `target` when a bound is reached, else None; each count reads a partial index and stops
+    at its bound, the narrowest first."""
+    if await conn.fetchval(_BY_TARGET, limits.max_per_target, target) >= limits.max_per_target:
+        return TOO_MANY
+    org = org_of(target)
+    if org is not None and await conn.fetchval(_BY_ORG, limits.max_per_org, org) >= (
+        limits.max_per_org
+    ):
+        return TOO_MANY_ORG
+    if await conn.fetchval(_ALL, limits.max_total) >= limits.max_total:
+        return TOO_MANY_TOTAL
+    return None
+
+
+FULL_FOR = 1.0  # seconds a bound found full is taken as full without counting again
+
+
+class SeenFull:
+    """The organisations, and the total (key None), found at their bound in the last
+    FULL_FOR seconds (monotonic clock), by this process."""
+
+    def __init__(self) -> None:
+        self._until: dict[str | None, float] = {}
+
+    def refusal(self, target: str) -> str | None:
+        now = time.monotonic()
+        if self._until.get(None, 0.0) > now:
+            return TOO_MANY_TOTAL
+        org = org_of(target)
+        if org is not None and self._until.get(org, 0.0) > now:
+            return TOO_MANY_ORG
+        return None
+
+    def saw(self, target: str, refusal: str | None) -> None:
+        now = time.monotonic()
+        if refusal in (TOO_MANY_ORG, TOO_MANY_TOTAL):
+            self._until = {k: t for k, t in self._until.items() if t > now}  # stays small
+            key = org_of(target) if refusal == TOO_MANY_ORG else None
+            self._until[key] = now + FULL_FOR
+
+
+async def refusal(
+    conn: asyncpg.Connection, target: str, limits: IntentLimits, seen: SeenFull
+) -> str | None:
+    """`at_limit`, answered from `seen` while a bound it found full is fresh."""
+    cached = seen.refusal(target)
+    if cached is not None:
+        return cached  # not recorded again: a bound is counted at least every FULL_FOR
+    refused = await at_limit(conn, target, limits)
+    seen.saw(target, refused)
+    return refused
 
 
 async def record_cancel(
@@ -96,7 +176,9 @@ async def record_cancel(
     statement; the row's status after it (`cancelled` or `intent`), None if it changed
     nothing. Run inside a transaction (see `drop_if_fired`)."""
     async with conn.transaction():
-        status: str | None = await conn.fetchval(_CANCEL, task_id, target, limits.ttl)
+        status: str | None = await conn.fetchval(
+            _CANCEL, task_id, target, limits.ttl, org_of(target)
+        )
         if status == INTENT and await drop_if_fired(conn, task_id):
             return None
     return status
@@ -108,7 +190,7 @@ async def record_reschedule(
     """Move the pending task `task_id` of `target` to `due` or record a reschedule intent, in
     one statement; the row (its `status` says which), None if it changed nothing."""
     async with conn.transaction():
-        row = await conn.fetchrow(_RESCHEDULE, task_id, target, limits.ttl, due)
+        row = await conn.fetchrow(_RESCHEDULE, task_id, target, limits.ttl, due, org_of(target))
         if row is not None and row["status"] == INTENT and await drop_if_fired(conn, task_id):
             return None
     return row

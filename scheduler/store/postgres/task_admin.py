@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 
 from scheduler.records import TaskRef, ceil_ms
-from scheduler.store.postgres import intents
+from scheduler.store.postgres import intents, lane_notes
 from scheduler.store.postgres import task_states as states
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.intents import IntentLimits
@@ -27,7 +27,7 @@ from scheduler.store.postgres.task_rows import task_ref
 
 IN_FLIGHT = "in_flight"  # what cancel and reschedule answer for a task in doubt
 _TOO_LATE: dict[str | None, str] = {None: "not_found", states.IN_DOUBT: IN_FLIGHT}
-_INTENT_ANSWERS = (intents.CONTENDED, intents.TOO_MANY)
+_INTENT_ANSWERS = (intents.CONTENDED, *intents.REFUSALS)
 RACE_RETRIES = 3  # see _update_or_status
 
 
@@ -90,12 +90,13 @@ class TaskAdmin:
     def __init__(self, db: PostgresStore, intent_limits: IntentLimits | None = None) -> None:
         self.db = db
         self.intent_limits = intent_limits or IntentLimits()
+        self.seen_full = intents.SeenFull()
 
     async def cancel(self, task_id: str, target: str) -> str:
         """`cancelled` (now or before, or an intent recorded for a task not yet taken off the
         delay lane), `in_flight` (published, acknowledgement outstanding: it may be
         delivered), `too_late` (claimed or done), `id_contended` or `too_many_intents`
-        (scheduler.store.postgres.intents; nothing changed).
+        (`_org`, `_total`: scheduler.store.postgres.intents; nothing changed).
 
         A claim racing the cancel either commits first (the cancel then waits on the row lock,
         re-checks its `WHERE` on the claimed row, changes nothing and answers `too_late`) or
@@ -124,8 +125,13 @@ class TaskAdmin:
         """Cancel `task_id` of `target` whatever arrives first, the task or this cancel
         (scheduler.store.postgres.intents); the status to answer from."""
         limits = self.intent_limits
-        if status is None and await intents.at_limit(conn, target, limits):
-            return intents.TOO_MANY
+        refused = (
+            None
+            if status is not None
+            else await intents.refusal(conn, target, limits, self.seen_full)
+        )
+        if refused is not None:
+            return refused
         got = await intents.record_cancel(conn, task_id, target, limits)
         return got or await self._why_not(conn, task_id, target)
 
@@ -165,8 +171,13 @@ class TaskAdmin:
     ) -> tuple[str, TaskRef | None]:
         """Reschedule `task_id` of `target` whatever arrives first (see `_cancel_ahead`)."""
         limits = self.intent_limits
-        if status is None and await intents.at_limit(conn, target, limits):
-            return intents.TOO_MANY, None
+        refused = (
+            None
+            if status is not None
+            else await intents.refusal(conn, target, limits, self.seen_full)
+        )
+        if refused is not None:
+            return refused, None
         row = await intents.record_reschedule(conn, task_id, target, due, limits)
         if row is None:
             why = await self._why_not(conn, task_id, target)
@@ -174,6 +185,17 @@ class TaskAdmin:
         if row["status"] == intents.INTENT:
             return "rescheduled", None
         return "rescheduled", task_ref(row)
+
+    async def note_lane(self, task_id: str, target: str) -> None:
+        """Note, before the task is published to the delay lane, that `task_id` goes to
+        `target` (scheduler.store.postgres.lane_notes), for as long as an intent lives."""
+        async with self.db.timed("lane_note") as conn:
+            await lane_notes.write(conn, task_id, target, self.intent_limits.ttl)
+
+    async def lane_target(self, task_id: str) -> str | None:
+        """The target noted for `task_id` when it was put on the lane, None without one."""
+        async with self.db.timed("lane_note") as conn:
+            return await lane_notes.target_of(conn, task_id)
 
     async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
         """A task's state for the API (no payload bytes)."""
@@ -204,5 +226,5 @@ class TaskAdmin:
                 "DELETE FROM fired_tasks WHERE fired_at < now() - make_interval(days => $1)",
                 retention_days,
             )
-            lapsed = await intents.purge(conn)
+            lapsed = await intents.purge(conn) + await lane_notes.purge(conn)
         return int(status.split()[-1]) + int(tombs.split()[-1]) + lapsed
