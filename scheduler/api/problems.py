@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from scheduler.errors import RequestError, ServiceUnavailableError
 from scheduler.operations import Outcome
 
-log = logging.getLogger("scheduler.api")
+log = logging.getLogger(__name__)
 
 MEDIA_TYPE = "application/problem+json"
 TYPE_BASE = "https://mq-scheduler.dev/problems/"

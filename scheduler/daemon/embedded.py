@@ -40,7 +40,7 @@ from scheduler.settings import Settings
 if TYPE_CHECKING:  # pgserver is the embedded extra's: imported when a server starts
     from pgserver.postgres_server import PostgresServer
 
-log = logging.getLogger("scheduler.daemon.embedded")
+log = logging.getLogger(__name__)
 
 
 class EmbeddedError(SchedulerError, RuntimeError):

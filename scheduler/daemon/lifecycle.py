@@ -65,7 +65,7 @@ from scheduler.store.postgres.intents import IntentLimits
 from scheduler.store.postgres.task_admin import TaskAdmin
 from scheduler.store.postgres.tasks import TaskStore
 
-log = logging.getLogger("scheduler.daemon.lifecycle")
+log = logging.getLogger(__name__)
 
 
 class RunState(enum.Enum):

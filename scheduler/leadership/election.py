@@ -55,7 +55,7 @@ class Leadership:
         # this host's wall clock against PostgreSQL's (engine.skew): the last verdict, and a
         # fresh measurement taken before taking office
         self._clock_check = clock_check
-        self._log = log or logging.getLogger("scheduler.leader")
+        self._log = log or logging.getLogger(__name__)
         self._take_office = take_office
         self.instance = settings.instance_id
         self._ttl = settings.lease_ttl

@@ -33,7 +33,7 @@ from scheduler.bus.nats.puller import Puller
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.settings import Settings, nkey_seed, redact_url
 
-log = logging.getLogger("scheduler.nats")
+log = logging.getLogger(__name__)
 
 MIN_SERVER_VERSION = (2, 10, 23)
 # The first release whose streams accept `duplicate_window: 0` (when they have `sources`,

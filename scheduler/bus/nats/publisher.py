@@ -42,7 +42,7 @@ from scheduler.clock import to_rfc3339
 from scheduler.messages.prepared import PreparedMessage, StampedMessage
 from scheduler.records import BatchItem, ClaimedTask, Done, PubAck, PublishError
 
-log = logging.getLogger("scheduler.publisher")
+log = logging.getLogger(__name__)
 
 
 # Prepared messages this publisher could not frame, sent one by one: hand the socket each batch

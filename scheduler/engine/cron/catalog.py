@@ -17,7 +17,7 @@ from scheduler.clock import Clock
 from scheduler.cron.jobs import Job, load_dir, schedule_files
 from scheduler.engine.ports import ScheduleRepository
 
-log = logging.getLogger("scheduler.cron.expression")
+log = logging.getLogger(__name__)
 
 
 class CronCatalog:

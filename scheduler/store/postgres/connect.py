@@ -20,7 +20,7 @@ from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.settings import redact_url
 from scheduler.store.postgres.events import StoreEvents
 
-log = logging.getLogger("scheduler.postgres")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
