@@ -1,4 +1,5 @@
-"""Leadership: a JetStream KV lease for liveness, a PostgreSQL epoch for safety (design section 5).
+"""Leadership: a JetStream KV lease for liveness, a PostgreSQL epoch for safety
+(docs/leadership.md).
 
 A standby campaigns with a create of the lease key (`bus.lease.KvLease`) every
 `campaign_interval` and at once when its watcher sees the key deleted or purged. The winner

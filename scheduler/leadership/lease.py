@@ -1,4 +1,4 @@
-"""The leader lease as a JetStream KV key: written only with revision checks (design section 5).
+"""The leader lease as a JetStream KV key: written only with revision checks (docs/leadership.md).
 
 The key `leader` lives in a bucket whose TTL (`max_age`) is the lease TTL. `create` succeeds only
 on an absent key, `update` and `delete` only while nobody wrote the key since the revision given:

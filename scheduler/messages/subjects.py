@@ -2,7 +2,8 @@
 
 A task published to `mq.delay.<rest>` is delivered to `mq.<rest>`; NATS permissions on the delay
 lane therefore bound what a producer can make the daemon publish. The target is also checked
-against the daemon's own allow-list and a fixed list of refused prefixes (design section 5a).
+against the daemon's own allow-list and a fixed list of refused prefixes (docs/security.md,
+"Threat model").
 """
 
 from __future__ import annotations

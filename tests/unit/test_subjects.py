@@ -1,4 +1,4 @@
-"""Target derivation and the trust boundary of design section 5a."""
+"""Target derivation and the trust boundary of docs/security.md ("Threat model")."""
 
 from __future__ import annotations
 

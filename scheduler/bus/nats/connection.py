@@ -2,7 +2,7 @@
 
 The connection reconnects forever with jittered waits and has the client's reconnect publish
 buffer disabled (`pending_size=0`): a process cut off from NATS gets an error on publish instead
-of flushing stale publishes when it comes back (design section 5).
+of flushing stale publishes when it comes back (docs/leadership.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The cron jobs this leader fires: the YAML loaded, synced to the repository, reloaded on change.
 
-YAML is the source of truth (design section 3): a sync upserts the valid jobs and deactivates
+YAML is the source of truth (docs/cron.md): a sync upserts the valid jobs and deactivates
 those gone from the files; errors are logged and kept for `/readyz`, and the valid jobs still
 run. A reload is due on SIGHUP (`request_reload`) or when a file's modification time changes.
 """
