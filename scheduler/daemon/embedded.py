@@ -268,10 +268,6 @@ def _signal_children(names: set[str], sig: int) -> None:
                 child.send_signal(sig)
 
 
-def default_data_dir() -> Path:
-    return Path(os.environ.get("SCHEDULER_DATA_DIR", ".scheduler-data"))
-
-
 async def start_missing(
     settings: Settings, embedded: bool, stack: AsyncExitStack, enter: Callable[[str], None]
 ) -> tuple[Settings, list[str]]:

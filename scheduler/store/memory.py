@@ -384,13 +384,6 @@ class MemoryTaskStore:
         self.intents[task_id] = Intent(target, kind, due, expires)
         return "cancelled" if kind == "cancel" else "rescheduled"
 
-    async def purge_intents(self) -> int:
-        """Delete the intents past their time (the hourly upkeep's part); how many."""
-        gone = [k for k, i in self.intents.items() if not self._live(i)]
-        for key in gone:
-            del self.intents[key]
-        return len(gone)
-
     async def reschedule(
         self, task_id: str, target: str, due: datetime
     ) -> tuple[str, TaskRef | None]:
