@@ -610,6 +610,13 @@ def stream_configs(
     return configs
 
 
+# How the start-up log explains the empty stream (docs/operations.md quotes it)
+NODEDUP_DETAIL = (
+    "sealed, empty on purpose: the delay lane sources it, which lets the lane keep no "
+    "duplicate window (docs/operations.md)"
+)
+
+
 async def ensure_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNote:
     """The empty stream the delay lane sources: its only subject is its own name, and it is
     sealed (a sealed stream refuses every publish and delete, for good), so it stays empty.
@@ -649,7 +656,7 @@ async def _seal_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNote
         info = await js.add_stream(config)
     info.config.sealed = True
     await js.update_stream(info.config)
-    return ProvisionNote("stream", name, status, "sealed, empty")
+    return ProvisionNote("stream", name, status, NODEDUP_DETAIL)
 
 
 async def ensure_lane_window(js: JetStreamContext, config: js_api.StreamConfig) -> ProvisionNote:
