@@ -33,13 +33,6 @@ def delay_lane_prefix(intake_subject: str) -> str:
     return intake_subject[:-1]
 
 
-def target_from_delay_subject(subject: str, lane_prefix: str = "mq.delay.") -> str:
-    """`mq.delay.inference.chat` -> `mq.inference.chat`."""
-    if not subject.startswith(lane_prefix) or len(subject) == len(lane_prefix):
-        raise TargetRefusedError(subject, f"is not under the delay lane {lane_prefix}>")
-    return "mq." + subject[len(lane_prefix) :]
-
-
 def target_from_rest(rest: str) -> str:
     """The `<rest>` of a delay-lane or API subject (`mq.delay.<rest>`,
     `scheduler.v1.cancel.<rest>`) -> the target `mq.<rest>`."""
