@@ -53,20 +53,3 @@ def _parse_text(text: str) -> float:
     if pos != len(text) or not text:
         raise DurationError(text, f"is not a duration {_EXAMPLES}")
     return total
-
-
-def format_duration(td: timedelta) -> str:
-    """The shortest exact spelling of a duration, for messages and docs."""
-    seconds = td.total_seconds()
-    if seconds == 0:
-        return "0s"
-    if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    out, rest = [], seconds
-    for unit in ("d", "h", "m"):
-        n, rest = divmod(rest, _UNITS[unit])
-        if n:
-            out.append(f"{int(n)}{unit}")
-    if rest:
-        out.append(f"{rest:g}s")
-    return "".join(out)

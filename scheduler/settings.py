@@ -74,7 +74,7 @@ def _default_instance_id() -> str:
 
 
 class Settings(BaseSettings):
-    """Every knob of the daemon; defaults as in docs/configuration (design section 9)."""
+    """Every knob of the daemon; each one and its default in README.md, "Configuration"."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, extra="forbid", validate_default=True, frozen=True

@@ -50,7 +50,7 @@ from scheduler.operations.activity import DETAIL_TEXT, bounded, clip
 from scheduler.operations.build import Operations
 from scheduler.store.postgres.activity import Activity
 
-log = logging.getLogger("scheduler.api")
+log = logging.getLogger(__name__)
 
 CONSOLE_SCOPE = "mq_scheduler.console_session"
 RECORD_TIMEOUT = 1.0

@@ -47,7 +47,7 @@ from scheduler.operations.backlog import TRANSIENT
 from scheduler.operations.build import Operations
 from scheduler.store.postgres.idempotency import Claim, KeyUse, Recorded
 
-log = logging.getLogger("scheduler.api")
+log = logging.getLogger(__name__)
 
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotency-Replayed"

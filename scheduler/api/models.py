@@ -27,6 +27,8 @@ JOB_NAME = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
 SUBJECT = r"^[\x21-\x7e]{1,255}$"
 WORD = r"^[a-z][a-z0-9_]{0,63}$"
 Stage = Literal["intake", "firing", "replay"]
+# What `GET /v1/delayed?status=` accepts (a task's status in every answer is one of these).
+TASK_STATUSES = ("pending", "in_doubt", "claimed", "fired", "cancelled", "expired", "dead")
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
 
 

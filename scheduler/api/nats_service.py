@@ -29,7 +29,7 @@ from scheduler.messages.subjects import check_target, target_from_rest
 from scheduler.operations.tasks import TaskOperations, parse_due
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.api.nats_service")
+log = logging.getLogger(__name__)
 
 PREFIX = "scheduler.v1"
 Handler = Callable[[str, dict[str, Any], bytes], Awaitable[dict[str, Any]]]

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from scheduler.errors import RequestError, ServiceUnavailableError
 from scheduler.operations import Outcome
 
-log = logging.getLogger("scheduler.api")
+log = logging.getLogger(__name__)
 
 MEDIA_TYPE = "application/problem+json"
 TYPE_BASE = "https://mq-scheduler.dev/problems/"
@@ -122,7 +122,8 @@ def links(parameter: str, pointer: str, *operations: str) -> dict[int | str, dic
 
 
 _DESCRIBE = {
-    400: "The request is malformed (body is not JSON, or a cursor was altered).",
+    400: "The request is malformed (body is not JSON, a cursor was altered, or a status "
+    "filter names no task status).",
     401: "No bearer token, or one the daemon does not know.",
     403: "The token may not do this (a read token on a write), or writes are disabled "
     "because SCHEDULER_ADMIN_TOKEN is not set.",

@@ -21,7 +21,7 @@ import uvicorn
 
 from scheduler.api.lingering import LingeringH11Protocol
 
-log = logging.getLogger("scheduler.api")
+log = logging.getLogger(__name__)
 
 GRACE = 2.0  # seconds for requests in flight at shutdown
 

@@ -1,5 +1,5 @@
-"""The drift audit (design section 7): did every cron occurrence fire once, on time, and did every
-delayed task go out when it was due?
+"""The drift audit (docs/drift-audit.md): did every cron occurrence fire once, on time, and did
+every delayed task go out when it was due?
 
 `scheduler audit` reads a day of the execution log (`fire_log`: JSON lines, Parquet or JDBC),
 expands each cron job's expected occurrences on the Spark executors with the daemon's own cron

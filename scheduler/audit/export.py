@@ -2,8 +2,9 @@
 
 Rows are read through a server-side cursor and written as they come, so memory stays bounded
 whatever the day's size. The window is the audit's: occurrences due in the day, delivered within
-the grace around it. JSON lines carry the record of design section 7 with times as RFC 3339 UTC
-milliseconds, formatted by PostgreSQL; Parquet keeps them as UTC timestamps (µs).
+the grace around it. JSON lines carry the record of docs/drift-audit.md ("The input") with
+times as RFC 3339 UTC milliseconds, formatted by PostgreSQL; Parquet keeps them as UTC
+timestamps (µs).
 """
 
 from __future__ import annotations

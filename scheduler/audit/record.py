@@ -1,4 +1,5 @@
-"""The execution-log record (design section 7) and checks of a log's columns. Pure."""
+"""The execution-log record (docs/drift-audit.md, "The input") and checks of a log's columns.
+Pure."""
 
 from __future__ import annotations
 

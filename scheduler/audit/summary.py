@@ -1,4 +1,5 @@
-"""From aggregated counts to `summary.json` and the SLO verdict (design section 7). Pure.
+"""From aggregated counts to `summary.json` and the SLO verdict (docs/drift-audit.md, "What
+each count means"). Pure.
 
 The Spark job hands over one plain row per schedule, per subject and per kind; this module
 shapes them into the document, judges the SLO and says why each breach is one.

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler import __version__
 from scheduler.cli.apiclient import URL_ENV
+from scheduler.cli.global_options import hoist
 from scheduler.errors import ConfigError, SchedulerError, ServiceUnavailableError
 
 if TYPE_CHECKING:
@@ -46,10 +47,11 @@ EPILOG = """\
 Try it: `scheduler run --embedded` starts a local nats-server and PostgreSQL (scripts/dev
 does this from a checkout); the operator verbs then find it by themselves from the same folder
 (.scheduler-data/api.json). Settings are SCHEDULER_* environment variables or --config FILE.
-`scheduler COMMAND --help` describes a command. Read more in the README ("Quick start",
-"Commands", "Configuration") and docs/: producers.md (publishing delayed tasks), cron.md (cron
-jobs), operations.md (running it, "Start-up errors" and exit statuses, metrics),
-leadership.md (high availability).
+`scheduler COMMAND --help` describes a command; its --url, --token, --json, --config and
+--data-dir may also come before it (`scheduler --token T delayed list`).
+Read more in the README ("Quick start", "Commands", "Configuration") and docs/: producers.md
+(publishing delayed tasks), cron.md (cron jobs), operations.md (running it, "Start-up errors"
+and exit statuses, metrics), leadership.md (high availability).
 
 Exit status: 0 done or stopped by a signal; 1 failed (operator verbs: refused or not found);
 2 a setting or an argument is wrong (the message names it); 3 the management API could not be
@@ -73,7 +75,7 @@ def console_main() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(hoist(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -447,5 +449,6 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     quiet = max(logging.getLevelName(level), logging.WARNING)
-    for noisy in ("nats", "pgserver", "uvicorn", "alembic.runtime.plugins"):
+    # httpx logs every request at INFO: the console's calls to the API, one line each
+    for noisy in ("nats", "pgserver", "uvicorn", "alembic.runtime.plugins", "httpx"):
         logging.getLogger(noisy).setLevel(quiet)

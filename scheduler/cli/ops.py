@@ -431,7 +431,8 @@ def _dlq_list(client: ApiClient, args: argparse.Namespace) -> tuple[Any, str, in
         return doc, f"no {args.state} dead letters (--state all lists every one)", OK
     columns = {"ID": _field("id"), "STATE": _dlq_state, "STAGE": _field("stage")}
     columns["REASON"] = _field("reason")
-    columns["SUBJECT"] = lambda d: d["target"] or d["subject"]
+    # as `dlq show` and the console name it: the target, else (none known) the subject it came on
+    columns["TARGET"] = lambda d: d["target"] or f"- ({d['subject']})"
     columns["ATTEMPTS"] = _field("attempts")
     columns["LAST FAILED"] = lambda d: when(d["last_failed"])
     return _listing(doc, columns)

@@ -10,12 +10,14 @@ from urllib.parse import quote
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
+from scheduler.api.models import TASK_STATUSES
 from scheduler.console.view import Actor, Viewer, shown
 from scheduler.durations import parse_duration
 
 router = APIRouter(prefix="/delayed", include_in_schema=False)
 PAGE_SIZE = 50
-STATUSES = ("pending", "in_doubt", "claimed", "fired", "cancelled", "expired", "dead")
+STATUSES = TASK_STATUSES
+ANY = "any"  # the status select's "any" option (no status filter), also typed in a URL
 FILTERS = ("subject", "org_id", "status", "due_after", "due_before")
 
 
@@ -31,6 +33,7 @@ async def search(
     cursor: str = "",
 ) -> Response:
     query = {"id": id.strip(), "subject": subject.strip(), "org_id": org_id.strip()}
+    status = "" if status == ANY else status
     query |= {"status": status, "due_after": due_after.strip(), "due_before": due_before.strip()}
     context: dict[str, Any] = {
         "active": "delayed",

@@ -36,6 +36,8 @@ async def overview(view: Viewer, window: str = "1h") -> HTMLResponse:
         view.api.get("/v1/stats/health"),
     )
     problems = [a.detail for a in (stats, instances, history, health) if not a.ok]
+    yaml_problems = schedules.body.get("problems", []) if schedules.ok else []
+    ready_doc = ready.body or {}
     return fragment_or(
         view,
         "overview.html",
@@ -48,15 +50,22 @@ async def overview(view: Viewer, window: str = "1h") -> HTMLResponse:
         history_path=view.url("/"),
         stats=stats.body if stats.ok else None,
         instances=instances.body["items"] if instances.ok else [],
-        ready=ready.body or {},
+        ready=ready_doc,
+        warnings=other_warnings(ready_doc.get("warnings") or [], yaml_problems),
         leader=leader.body or {},
-        yaml_problems=schedules.body.get("problems", []) if schedules.ok else [],
+        yaml_problems=yaml_problems,
         history=history.body if history.ok else None,
         charts=charts(history.body) if history.ok else None,
         health=health.body if health.ok else None,
         summary=await schedule_summary(view),
         problems=problems,
     )
+
+
+def other_warnings(warnings: list[str], yaml_problems: list[dict[str, Any]]) -> list[str]:
+    """/readyz's warnings less the schedules YAML's errors, which the banner above shows."""
+    shown = [str(p.get("message", "")) for p in yaml_problems]
+    return [w for w in warnings if not any(m and m in w for m in shown)]
 
 
 async def schedule_summary(view: View) -> Summary | None:

@@ -1,6 +1,6 @@
 """The `scheduled_jobs` YAML files: the job model, a lint-friendly loader, per-occurrence jitter.
 
-YAML is the source of truth for cron jobs (design section 3). The loader reads every `*.yaml` /
+YAML is the source of truth for cron jobs (docs/cron.md). The loader reads every `*.yaml` /
 `*.yml` file of a folder, validates each job strictly (pydantic at the edge) and collects every
 problem with its `file:line` instead of stopping at the first, so `scheduler validate` can list
 them all. Valid jobs become frozen `Job` values with a parsed `CronExpr` and a `ZoneInfo`.

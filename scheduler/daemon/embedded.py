@@ -40,7 +40,7 @@ from scheduler.settings import Settings
 if TYPE_CHECKING:  # pgserver is the embedded extra's: imported when a server starts
     from pgserver.postgres_server import PostgresServer
 
-log = logging.getLogger("scheduler.daemon.embedded")
+log = logging.getLogger(__name__)
 
 
 class EmbeddedError(SchedulerError, RuntimeError):
@@ -266,10 +266,6 @@ def _signal_children(names: set[str], sig: int) -> None:
         with contextlib.suppress(psutil.Error):
             if child.name() in names:
                 child.send_signal(sig)
-
-
-def default_data_dir() -> Path:
-    return Path(os.environ.get("SCHEDULER_DATA_DIR", ".scheduler-data"))
 
 
 async def start_missing(

@@ -16,7 +16,7 @@ from scheduler.api.server import Served, serve
 from scheduler.errors import ConfigError
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.daemon.lifecycle")
+log = logging.getLogger(__name__)
 
 
 async def listen(

@@ -13,7 +13,7 @@ from scheduler.bus.nats.connection import NatsBus
 from scheduler.errors import ConfigError
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.daemon.lifecycle")
+log = logging.getLogger(__name__)
 
 
 def check_server_version(bus: NatsBus, settings: Settings) -> str | None:

@@ -17,7 +17,7 @@ from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.dead_letters import DeadLetterStore
 from scheduler.store.postgres.task_admin import TaskAdmin
 
-log = logging.getLogger("scheduler.daemon.lifecycle")
+log = logging.getLogger(__name__)
 
 UPKEEP_INTERVAL = 3600.0
 LAG_PROBE_EVERY = 0.1

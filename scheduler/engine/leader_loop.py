@@ -30,7 +30,7 @@ from scheduler.messages.envelope import Limits
 from scheduler.records import from_ms, to_ms
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.engine")
+log = logging.getLogger(__name__)
 
 PAGE = 20_000  # tasks per loader page at most (the heap's room decides: `Horizon.page_size`)
 SWEEP_EVERY = 5.0

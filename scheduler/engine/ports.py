@@ -216,9 +216,10 @@ class Broker(Protocol):
         self, tasks: Sequence[ClaimedTask], done: Sequence[Done], fired_at: datetime
     ) -> None:
         """Deliver claimed tasks to their targets, all at once, each with its delivery headers
-        (design section 3: the producer's, then `Nats-Msg-Id` = the task id,
-        `Mq-Scheduled-For`, `Mq-Fired-At` = `fired_at`, `Mq-Attempt`); `done[i]` gets task
-        i's outcome exactly once. The engine's firing path: the broker builds every byte."""
+        (docs/producers.md, "What arrives at the target": the producer's, then `Nats-Msg-Id` =
+        the task id, `Mq-Scheduled-For`, `Mq-Fired-At` = `fired_at`, `Mq-Attempt`); `done[i]`
+        gets task i's outcome exactly once. The engine's firing path: the broker builds every
+        byte."""
         ...
 
     def prepare(self, message: StampedMessage) -> PreparedMessage:

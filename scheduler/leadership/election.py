@@ -1,4 +1,5 @@
-"""Leadership: a JetStream KV lease for liveness, a PostgreSQL epoch for safety (design section 5).
+"""Leadership: a JetStream KV lease for liveness, a PostgreSQL epoch for safety
+(docs/leadership.md).
 
 A standby campaigns with a create of the lease key (`bus.lease.KvLease`) every
 `campaign_interval` and at once when its watcher sees the key deleted or purged. The winner
@@ -31,7 +32,7 @@ from scheduler.settings import Settings
 from scheduler.store.postgres.epoch import take_office
 
 T = TypeVar("T")
-TakeOffice = Callable[[asyncpg.Pool, str], Awaitable[int]]
+TakeOffice = Callable[[asyncpg.Pool, str, int], Awaitable[int]]
 
 
 class Leadership:
@@ -55,7 +56,7 @@ class Leadership:
         # this host's wall clock against PostgreSQL's (engine.skew): the last verdict, and a
         # fresh measurement taken before taking office
         self._clock_check = clock_check
-        self._log = log or logging.getLogger("scheduler.leader")
+        self._log = log or logging.getLogger(__name__)
         self._take_office = take_office
         self.instance = settings.instance_id
         self._ttl = settings.lease_ttl
@@ -173,7 +174,8 @@ class Leadership:
             await self._delete(revision)  # logged by the check; a standby may take it
             return
         try:
-            epoch = await self._bounded(self._take_office(self._pool, self.instance))
+            floor = self.lease.highest_epoch  # never below an epoch seen in use (a restore)
+            epoch = await self._bounded(self._take_office(self._pool, self.instance, floor))
         except Exception as exc:  # PostgreSQL down or slow: hand the lease back, stay standby
             self._log.warning("leader.take_office_failed instance=%s error=%r", self.instance, exc)
             await self._delete(revision)
@@ -184,6 +186,7 @@ class Leadership:
         except Exception as exc:  # lease gone before we acted; the unused epoch is harmless
             self._log.info("leader.lease_lost_on_take epoch=%d error=%r", epoch, exc)
             return
+        self.lease.saw_epoch(epoch)
         if self._resigned:
             return
         self.tenure.begin(epoch, since, sent + self._ttl - self._margin)

@@ -1,4 +1,4 @@
-"""The leader lease as a JetStream KV key: written only with revision checks (design section 5).
+"""The leader lease as a JetStream KV key: written only with revision checks (docs/leadership.md).
 
 The key `leader` lives in a bucket whose TTL (`max_age`) is the lease TTL. `create` succeeds only
 on an absent key, `update` and `delete` only while nobody wrote the key since the revision given:
@@ -25,8 +25,10 @@ LEASE_KEY = "leader"
 class KvLease:
     """One instance's view of the lease key: its `revision` (of the lease this instance last
     wrote, in or out of office, None when it holds none), `lock` (serialising its writes),
-    `vacant` (set when the watcher sees the key deleted or purged) and `seen` (the last holder
-    the watcher saw, for display)."""
+    `vacant` (set when the watcher sees the key deleted or purged), `seen` (the last holder
+    the watcher saw, for display) and `highest_epoch` (the highest epoch written into the
+    lease while this instance watched: the floor of its next epoch, so a database restored
+    from an older backup cannot hand out an epoch again)."""
 
     def __init__(
         self, kv: KeyValue, instance: str, clock: Clock, log: logging.Logger, rewatch: float
@@ -36,6 +38,7 @@ class KvLease:
         self._rewatch = rewatch  # seconds before watching again after the watch failed
         self.revision: int | None = None
         self.seen: str | None = None
+        self.highest_epoch = 0
         self.vacant = asyncio.Event()
         self.lock = asyncio.Lock()
 
@@ -84,15 +87,23 @@ class KvLease:
                 self.seen = None
                 self.vacant.set()
             else:
-                self.seen = _holder_of(entry.value)
+                doc = _lease_doc(entry.value)
+                holder, epoch = doc.get("instance"), doc.get("epoch")
+                self.seen = str(holder) if holder else None
+                if isinstance(epoch, int) and not isinstance(epoch, bool):
+                    self.saw_epoch(epoch)
+
+    def saw_epoch(self, epoch: int) -> None:
+        """Note an epoch in use (written into the lease by this or another instance)."""
+        self.highest_epoch = max(self.highest_epoch, epoch)
 
 
-def _holder_of(value: bytes | None) -> str | None:
+def _lease_doc(value: bytes | None) -> dict[str, Any]:
     try:
-        holder = json.loads(value or b"{}").get("instance")
-    except (ValueError, AttributeError):  # not our JSON: show no holder rather than fail
-        return None
-    return str(holder) if holder else None
+        doc = json.loads(value or b"{}")
+    except ValueError:  # not our JSON: show no holder rather than fail
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 async def _stop_watcher(watcher: KeyValue.KeyWatcher, log: logging.Logger) -> None:

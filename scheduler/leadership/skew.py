@@ -25,7 +25,7 @@ from scheduler.aio import first_of
 from scheduler.clock import Clock
 from scheduler.leadership.events import LeadershipEvents
 
-log = logging.getLogger("scheduler.clock")
+log = logging.getLogger(__name__)
 
 # Given a wall clock, returns (local time sent, PostgreSQL's clock_timestamp(), local time back):
 # `scheduler.store.postgres.epoch.database_time`, or a stand-in. Raises OSError when it cannot ask.

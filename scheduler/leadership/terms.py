@@ -16,7 +16,7 @@ from scheduler.aio import first_of, wait_or_stop
 from scheduler.engine.leader_loop import LeaderEngine
 from scheduler.leadership.election import Leadership
 
-log = logging.getLogger("scheduler.daemon.lifecycle")
+log = logging.getLogger(__name__)
 
 
 class TermLoop:

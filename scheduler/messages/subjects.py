@@ -2,7 +2,8 @@
 
 A task published to `mq.delay.<rest>` is delivered to `mq.<rest>`; NATS permissions on the delay
 lane therefore bound what a producer can make the daemon publish. The target is also checked
-against the daemon's own allow-list and a fixed list of refused prefixes (design section 5a).
+against the daemon's own allow-list and a fixed list of refused prefixes (docs/security.md,
+"Threat model").
 """
 
 from __future__ import annotations
@@ -30,13 +31,6 @@ def delay_lane_prefix(intake_subject: str) -> str:
     if not intake_subject.endswith(".>"):
         raise ValueError(f"intake subject {intake_subject!r} must end in '.>'")
     return intake_subject[:-1]
-
-
-def target_from_delay_subject(subject: str, lane_prefix: str = "mq.delay.") -> str:
-    """`mq.delay.inference.chat` -> `mq.inference.chat`."""
-    if not subject.startswith(lane_prefix) or len(subject) == len(lane_prefix):
-        raise TargetRefusedError(subject, f"is not under the delay lane {lane_prefix}>")
-    return "mq." + subject[len(lane_prefix) :]
 
 
 def target_from_rest(rest: str) -> str:

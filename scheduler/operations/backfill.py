@@ -46,7 +46,7 @@ from scheduler.operations.backlog import TRANSIENT, WriteBacklog
 from scheduler.settings import Settings
 from scheduler.store.postgres.backfill import BackfillStore
 
-log = logging.getLogger("scheduler.operations")
+log = logging.getLogger(__name__)
 
 MAX_BACKFILL = 1000  # occurrences per backfill (docs/operations.md)
 RATE = 500  # publishes per second, at most

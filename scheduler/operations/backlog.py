@@ -21,7 +21,7 @@ import asyncpg
 
 from scheduler.aio import first_of, wait_or_stop
 
-log = logging.getLogger("scheduler.backlog")
+log = logging.getLogger(__name__)
 
 LIMIT = 10_000
 FIRST_WAIT, MAX_WAIT = 0.2, 5.0

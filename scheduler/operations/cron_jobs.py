@@ -51,7 +51,7 @@ from scheduler.store.postgres.backfill import BackfillStore
 from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.overview import OverviewStore
 
-log = logging.getLogger("scheduler.operations")
+log = logging.getLogger(__name__)
 
 CURSOR = "schedules"
 NEXT_COUNT = 10

@@ -47,7 +47,7 @@ from scheduler.records import ceil_ms
 from scheduler.settings import Settings
 from scheduler.store.postgres.dead_letters import DeadLetterFilter, DeadLetterStore
 
-log = logging.getLogger("scheduler.operations")
+log = logging.getLogger(__name__)
 
 CURSOR = "dead-letters"
 PUBLISH_TIMEOUT = 5.0

@@ -43,7 +43,7 @@ from scheduler.store.postgres.dead_letters import DeadLetterStore
 from scheduler.store.postgres.history import HistoryStore
 from scheduler.store.postgres.overview import WINDOWS, OverviewStore
 
-log = logging.getLogger("scheduler.stats")
+log = logging.getLogger(__name__)
 
 OTHER = "other"
 LATENESS_WINDOW = timedelta(minutes=5)

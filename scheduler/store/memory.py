@@ -409,13 +409,6 @@ class MemoryTaskStore:
     async def lane_target(self, task_id: str) -> str | None:
         return self.lane_notes.get(task_id)
 
-    async def purge_intents(self) -> int:
-        """Delete the intents past their time (the hourly upkeep's part); how many."""
-        gone = [k for k, i in self.intents.items() if not self._live(i)]
-        for key in gone:
-            del self.intents[key]
-        return len(gone)
-
     async def reschedule(
         self, task_id: str, target: str, due: datetime
     ) -> tuple[str, TaskRef | None]:

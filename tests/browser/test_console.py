@@ -141,7 +141,7 @@ async def test_delayed_task_found_and_cancelled_is_never_delivered(console: Cons
     ).to_be_visible()
     fired_row = rows.filter(has_text=keep["id"])
     await expect(fired_row).to_contain_text("fired")
-    await expect(fired_row.locator("td[data-label=Priority]")).to_have_text("-")
+    await expect(fired_row.locator("td[data-label=Priority]")).to_have_text("—")  # not kept
     await expect(rows.filter(has_text=drop["id"])).to_have_count(0)
 
 

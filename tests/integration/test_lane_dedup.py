@@ -15,6 +15,7 @@ from nats.js import api as js_api
 
 from scheduler.bus.nats.connection import (
     FALLBACK_WINDOW,
+    NODEDUP_DETAIL,
     NatsBus,
     lane_window_warning,
     nodedup_stream,
@@ -133,6 +134,7 @@ async def test_provisioning_turns_an_older_lanes_window_off_in_place(nats_url: s
             assert warning is None
             empty = await js.stream_info(nodedup_stream(settings))
             assert empty.config.sealed and empty.state.messages == 0
+            assert notes[nodedup_stream(settings)].detail == NODEDUP_DETAIL  # says why
             refused = await nc.request(nodedup_stream(settings), b"x", timeout=2)
             assert b"sealed" in refused.data
         else:

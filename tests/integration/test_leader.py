@@ -158,6 +158,24 @@ async def test_a_fenced_write_fails_under_an_older_epoch(pool: asyncpg.Pool) -> 
         await fenced(conn, old + 1, TOUCH, "b")
 
 
+async def test_take_office_never_reissues_an_epoch_seen_in_use(
+    pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the epoch row behind an epoch seen in use (a restored backup), take_office goes
+    above that epoch, says so in a warning, and the old holder's writes stay fenced."""
+    for _ in range(5):
+        held = await take_office(pool, "before the restore")
+    await pool.execute("UPDATE leadership SET epoch = 2")  # what an older backup holds
+    assert await take_office(pool, "after", floor=held) == held + 1
+    assert "leader.epoch_behind" in caplog.text and f"database_epoch=2 seen={held}" in caplog.text
+    async with pool.acquire() as conn:
+        with pytest.raises(FencedError):
+            await fenced(conn, held, TOUCH, "stale")
+    caplog.clear()
+    assert await take_office(pool, "next", floor=held + 1) == held + 2
+    assert "epoch_behind" not in caplog.text  # the row was not behind: nothing to say
+
+
 # A write fenced by the epoch: the leadership row's instance set again (`$2`)
 TOUCH = "w AS (UPDATE leadership l SET instance = $2 FROM lead WHERE l.id = 1 RETURNING 1)"
 
@@ -189,6 +207,6 @@ async def blocked_on_lock(pool: asyncpg.Pool) -> None:
     async with asyncio.timeout(3):
         while not await pool.fetchval(  # noqa: ASYNC110 (PostgreSQL has no event to await)
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE 'UPDATE leadership SET epoch%'"
+            "AND query LIKE 'UPDATE leadership AS l SET epoch%'"
         ):
             await asyncio.sleep(0.02)

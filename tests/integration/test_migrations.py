@@ -94,7 +94,8 @@ async def test_fire_log_upkeep_creates_ahead_moves_default_rows_and_drops_old(
             assert where == f"fire_log_p{day}"
             assert await store.fire_log_upkeep(retention_days=14, ahead_days=5) == []
             head = ScriptDirectory.from_config(migrate.alembic_config(database_url))
-            assert await store.schema_revision() == head.get_current_head()
+            revision = await conn.fetchval("SELECT version_num FROM alembic_version")
+            assert revision == head.get_current_head()
     finally:
         await store.close()
 

@@ -19,7 +19,7 @@ def subject(name: str, **counts: Any) -> dict[str, Any]:
 
 def test_summary_has_the_design_fields() -> None:
     """date, slo (p99, late_ms, ok, breaches) and per-schedule and per-subject counts and
-    lateness, exactly as design section 7 names them."""
+    lateness, exactly as docs/drift-audit.md names them."""
     doc = build("2026-11-21", Slo(1000, 1000), [row("a", missed=0)], [subject("mq.x")], [], {})
     assert doc["date"] == "2026-11-21"
     assert doc["slo"] == {

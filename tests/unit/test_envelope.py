@@ -1,4 +1,5 @@
-"""Every envelope rule of design section 3, fed a bad value, checked by its message."""
+"""Every envelope rule of docs/producers.md ("The envelope"), fed a bad value, checked by its
+message."""
 
 from __future__ import annotations
 

@@ -37,7 +37,6 @@ from scheduler.messages.subjects import (
     is_literal,
     matches,
     org_of,
-    target_from_delay_subject,
 )
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -287,18 +286,6 @@ def test_subject_checks_raise_only_target_refused_error(subject: str, allow: lis
     assert is_literal(dlq_subject(subject)) or not subject
     org = org_of(subject)
     assert org is None or subject.startswith(f"mq.org.{org}")
-
-
-@FUZZ
-@given(subject=subjects)
-def test_the_delay_lane_mapping_raises_only_target_refused_error(subject: str) -> None:
-    """Any subject maps to `mq.<rest>` when under the lane, else TargetRefusedError."""
-    try:
-        target = target_from_delay_subject(subject)
-    except TargetRefusedError:
-        assert not subject.startswith("mq.delay.") or subject == "mq.delay."
-    else:
-        assert target == "mq." + subject[len("mq.delay.") :]
 
 
 @FUZZ

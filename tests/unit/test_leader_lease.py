@@ -121,16 +121,17 @@ class FakeKV:
 
 
 class Epochs:
-    """Stands in for `take_office`: counts epochs up, or fails like an unreachable database."""
+    """Stands in for `take_office`: counts epochs up from the greater of its own and the floor
+    (as PostgreSQL's `greatest(epoch, floor) + 1`), or fails like an unreachable database."""
 
     def __init__(self) -> None:
         self.epoch = 0
         self.fail = False
 
-    async def __call__(self, pool: asyncpg.Pool, instance: str) -> int:
+    async def __call__(self, pool: asyncpg.Pool, instance: str, floor: int = 0) -> int:
         if self.fail:
             raise ConnectionRefusedError("database down")
-        self.epoch += 1
+        self.epoch = max(self.epoch, floor) + 1
         return self.epoch
 
 
@@ -319,6 +320,26 @@ async def test_depose_ends_the_term(start: Start, clock: FakeClock) -> None:
     assert a.lost.is_set() and not a.may_act() and a.epoch is None
     await step(clock, CAMPAIGN)
     assert a.epoch == 2
+
+
+async def test_epoch_never_goes_back_after_a_restore(
+    start: Start, clock: FakeClock, epochs: Epochs
+) -> None:
+    """With the database restored to an older epoch, the next leader takes one above every
+    epoch it saw in the lease, so no epoch a leader held before the restore is handed out."""
+    a, a_task = start("a")
+    await settle(a.may_act)
+    for _ in range(4):  # terms 1..5: four depositions
+        a.depose()
+        await step(clock, CAMPAIGN)
+    assert a.epoch == 5
+    b, _ = start("b")
+    await step(clock, RENEW)  # b's watcher sees a renew of term 5
+    epochs.epoch = 2  # the database restored from a backup taken during term 2
+    a_task.cancel()
+    await settle(a_task.done)
+    await step(clock, TTL + CAMPAIGN)
+    assert b.epoch == 6
 
 
 async def test_database_down_gives_the_lease_back(

@@ -3,6 +3,7 @@ stood in for by a fake `.venv/bin/python` that records its calls)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,13 +36,16 @@ def checkout(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def dev(checkout: Path) -> subprocess.CompletedProcess[str]:
+def dev(checkout: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run scripts/dev with `env` over this process's environment (less its SCHEDULER_*)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
     return subprocess.run(
         [str(checkout / "scripts" / "dev"), "--data-dir", "d"],
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
+        env=base | env,
     )
 
 
@@ -84,3 +88,33 @@ def test_a_failed_install_stops_and_is_retried(checkout: Path) -> None:
     (checkout / ".venv" / "bin" / "fail").unlink()
     assert dev(checkout).returncode == 0
     assert pip_calls(checkout) == 2
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({}, "(embedded nats-server and PostgreSQL in .scheduler-data/); Ctrl-C stops all three"),
+        (
+            {"SCHEDULER_DATABASE_URL": "postgresql://u:secret@db/x"},
+            "(embedded nats-server in .scheduler-data/, PostgreSQL from SCHEDULER_DATABASE_URL); "
+            "Ctrl-C stops both",
+        ),
+        (
+            {"SCHEDULER_NATS_URL": "nats://u:secret@n:4222"},
+            "(NATS from SCHEDULER_NATS_URL, embedded PostgreSQL in .scheduler-data/)",
+        ),
+        (
+            {"SCHEDULER_NATS_URL": "nats://n:4222", "SCHEDULER_DATABASE_URL": "postgresql://db/x"},
+            "nothing embedded); Ctrl-C stops the daemon",
+        ),
+    ],
+)
+def test_the_start_line_names_only_the_servers_it_embeds(
+    checkout: Path, env: dict[str, str], says: str
+) -> None:
+    """With a URL set, scripts/dev does not claim to embed that server (and never prints the
+    URL, which may hold a password)."""
+    run = dev(checkout, **env)
+    assert run.returncode == 0, run.stderr
+    assert says in run.stderr
+    assert "secret" not in run.stderr

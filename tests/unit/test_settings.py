@@ -1,4 +1,5 @@
-"""Settings: every default of design section 9, precise errors naming the variable, redaction."""
+"""Settings: every default of README.md ("Configuration"), precise errors naming the variable,
+redaction."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ async def test_retries_until_written_then_logs_what_is_lost_at_stop(
             await asyncio.sleep(0.01)
     assert done == ["a", "b"] and len(backlog) == 0
     fails["a"] = 1_000
-    with caplog.at_level(logging.ERROR, logger="scheduler.backlog"):
+    with caplog.at_level(logging.ERROR, logger="scheduler.operations.backlog"):
         backlog.add("row a again", write("a"))
         stop.set()
         async with asyncio.timeout(3):

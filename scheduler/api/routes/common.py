@@ -18,7 +18,7 @@ from scheduler.api.problems import ApiProblem, from_outcome
 from scheduler.operations import Outcome
 from scheduler.operations.build import Operations
 
-log = logging.getLogger("scheduler.api")
+log = logging.getLogger(__name__)
 
 MAX_LIMIT = 500
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description=f"page size, 1..{MAX_LIMIT}")]

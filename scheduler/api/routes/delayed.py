@@ -18,6 +18,7 @@ from scheduler.api.idempotency import IdempotencyKey, once
 from scheduler.api.models import (
     SUBJECT,
     TASK_ID,
+    TASK_STATUSES,
     DelayedScheduled,
     DelayedShort,
     Instant,
@@ -111,6 +112,11 @@ async def list_tasks(
     is the delivery's `scheduled_for`), and without a status they follow the others.
     `status=pending` reads the pending index; `org_id` (the envelope's, kept in an indexed
     column) lists no fired task: their envelopes are deleted."""
+    if status is not None and status not in TASK_STATUSES:
+        allowed = ", ".join(TASK_STATUSES)
+        detail = f"status: {status!r} is not a task status; use one of {allowed} (or none: all)"
+        errors = [{"field": "query.status", "message": detail}]
+        raise ApiProblem(400, "bad_status", detail, errors=errors)
     where = TaskFilter(subject, org_id, status, due_before, due_after)
     got = await ops.tasks.list(where, cursor, limit)
     return json_page(got.items, got.next_cursor)

@@ -2,7 +2,7 @@
 
 The connection reconnects forever with jittered waits and has the client's reconnect publish
 buffer disabled (`pending_size=0`): a process cut off from NATS gets an error on publish instead
-of flushing stale publishes when it comes back (design section 5).
+of flushing stale publishes when it comes back (docs/leadership.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from scheduler.bus.nats.puller import Puller
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.settings import Settings, nkey_seed, redact_url
 
-log = logging.getLogger("scheduler.nats")
+log = logging.getLogger(__name__)
 
 MIN_SERVER_VERSION = (2, 10, 23)
 # The first release whose streams accept `duplicate_window: 0` (when they have `sources`,
@@ -610,6 +610,13 @@ def stream_configs(
     return configs
 
 
+# How the start-up log explains the empty stream (docs/operations.md quotes it)
+NODEDUP_DETAIL = (
+    "sealed, empty on purpose: the delay lane sources it, which lets the lane keep no "
+    "duplicate window (docs/operations.md)"
+)
+
+
 async def ensure_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNote:
     """The empty stream the delay lane sources: its only subject is its own name, and it is
     sealed (a sealed stream refuses every publish and delete, for good), so it stays empty.
@@ -649,7 +656,7 @@ async def _seal_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNote
         info = await js.add_stream(config)
     info.config.sealed = True
     await js.update_stream(info.config)
-    return ProvisionNote("stream", name, status, "sealed, empty")
+    return ProvisionNote("stream", name, status, NODEDUP_DETAIL)
 
 
 async def ensure_lane_window(js: JetStreamContext, config: js_api.StreamConfig) -> ProvisionNote:

@@ -17,8 +17,9 @@ HEADER_LINE = b"NATS/1.0\r\n"
 # as long as every time `to_rfc3339` writes, so a frame built around it keeps its sizes.
 FIRED_AT_PLACEHOLDER = b"1999-12-31T23:59:59.999Z"
 
-# The delivery headers of a task without producer headers (design section 3), in one format
-# operation: Nats-Msg-Id (the task id), Mq-Scheduled-For, Mq-Fired-At, Mq-Attempt.
+# The delivery headers of a task without producer headers (docs/producers.md, "What arrives at
+# the target"), in one format operation: Nats-Msg-Id (the task id), Mq-Scheduled-For,
+# Mq-Fired-At, Mq-Attempt.
 DELIVERY_BLOCK = (
     b"NATS/1.0\r\nNats-Msg-Id: %s\r\nMq-Scheduled-For: %s\r\nMq-Fired-At: %s\r\n"
     b"Mq-Attempt: %d\r\n\r\n"
@@ -44,10 +45,10 @@ def delivery_block(task_id: bytes, scheduled_for: bytes, fired_at: bytes, attemp
 
 
 def delivery_headers(task: ClaimedTask, fired_at: str, fired_at_b: bytes) -> dict[str, str] | bytes:
-    """The delivery's headers (design section 3): the producer's, then ours (`Nats-Msg-Id` =
-    the task id, `Mq-Scheduled-For`, `Mq-Fired-At`, `Mq-Attempt`). A task without producer
-    headers whose id is plain printable ASCII gets its header block built in one step; the
-    rest go through the generic checks of `Wire.frame`."""
+    """The delivery's headers (docs/producers.md, "What arrives at the target"): the producer's,
+    then ours (`Nats-Msg-Id` = the task id, `Mq-Scheduled-For`, `Mq-Fired-At`, `Mq-Attempt`).
+    A task without producer headers whose id is plain printable ASCII gets its header block
+    built in one step; the rest go through the generic checks of `Wire.frame`."""
     tid = task.id
     if not task.headers and tid.isascii() and tid.isprintable():
         scheduled_for = to_rfc3339(task.scheduled_for).encode()

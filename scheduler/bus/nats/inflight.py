@@ -23,7 +23,7 @@ from nats.aio.client import Client
 
 from scheduler.records import Done, Outcome, PubAck, PublishError
 
-log = logging.getLogger("scheduler.publisher")
+log = logging.getLogger(__name__)
 
 MAX_INFLIGHT = 1000
 

@@ -13,7 +13,7 @@ outcome handed to a callback straight from the read loop (no future, no schedule
 coroutine per message). A cron message prepared ahead (`prepare`) is a whole frame with its
 reply subject reserved, only the firing time left to fill in.
 
-A leader must never send a publish after its lease can have passed (design section 5). Every
+A leader must never send a publish after its lease can have passed (docs/leadership.md). Every
 batch is checked against the `fence` (the office's `may_act`) right before it is handed to the
 connection, and against the connection's state: after a reconnect nothing is sent until the
 owner has revalidated its epoch and called `release()`. Frames handed over but still in the
@@ -42,7 +42,7 @@ from scheduler.clock import to_rfc3339
 from scheduler.messages.prepared import PreparedMessage, StampedMessage
 from scheduler.records import BatchItem, ClaimedTask, Done, PubAck, PublishError
 
-log = logging.getLogger("scheduler.publisher")
+log = logging.getLogger(__name__)
 
 
 # Prepared messages this publisher could not frame, sent one by one: hand the socket each batch
@@ -204,9 +204,9 @@ class Publisher(InFlight):
     async def publish_tasks(
         self, tasks: Sequence[ClaimedTask], done: Sequence[Done], fired_at: datetime
     ) -> None:
-        """Deliver claimed tasks to their targets with the delivery headers (design section 3,
-        `scheduler.bus.nats.frames.delivery_headers`), as one batch; `done[i]` gets task i's
-        outcome once."""
+        """Deliver claimed tasks to their targets with the delivery headers (docs/producers.md,
+        "What arrives at the target"; `scheduler.bus.nats.frames.delivery_headers`), as one
+        batch; `done[i]` gets task i's outcome once."""
         fired = to_rfc3339(fired_at)
         fired_b = fired.encode()
         await self.publish_batch(

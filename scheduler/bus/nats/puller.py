@@ -26,7 +26,7 @@ from nats.errors import ConnectionClosedError, ConnectionReconnectingError, Outb
 
 from scheduler.bus.nats.wire import message_of, raw_subscribe, status_of
 
-log = logging.getLogger("scheduler.puller")
+log = logging.getLogger(__name__)
 
 _DONE_STATUSES = {"404", "408", "409"}  # no messages, request expired, request ended
 SILENCE_GRACE = 2.0  # seconds past a request's expiry without a word: it is lost

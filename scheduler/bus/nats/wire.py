@@ -69,17 +69,6 @@ NATS_INTERNALS: tuple[tuple[str, str], ...] = (
 )
 
 
-def missing_internals(owners: Mapping[str, object]) -> list[str]:
-    """The `Owner.attribute` names of `NATS_INTERNALS` that the given objects (an instance or
-    class per owner name) lack: what an installed nats-py no longer provides."""
-    return [
-        f"{owner}.{attr}"
-        for owner, attr in NATS_INTERNALS
-        if not hasattr(owners[owner], attr)
-        and attr not in getattr(owners[owner], "__dataclass_fields__", {})
-    ]
-
-
 def server_version(nc: Client | None) -> str:
     """The version the connected server announced, or "unknown"."""
     info = getattr(nc, "_server_info", None)

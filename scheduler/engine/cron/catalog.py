@@ -1,6 +1,6 @@
 """The cron jobs this leader fires: the YAML loaded, synced to the repository, reloaded on change.
 
-YAML is the source of truth (design section 3): a sync upserts the valid jobs and deactivates
+YAML is the source of truth (docs/cron.md): a sync upserts the valid jobs and deactivates
 those gone from the files; errors are logged and kept for `/readyz`, and the valid jobs still
 run. A reload is due on SIGHUP (`request_reload`) or when a file's modification time changes.
 """
@@ -17,7 +17,7 @@ from scheduler.clock import Clock
 from scheduler.cron.jobs import Job, load_dir, schedule_files
 from scheduler.engine.ports import ScheduleRepository
 
-log = logging.getLogger("scheduler.cron.expression")
+log = logging.getLogger(__name__)
 
 
 class CronCatalog:

@@ -27,7 +27,7 @@ from scheduler.engine.ports import Broker, ScheduleRepository
 from scheduler.records import Advance, CronFailure, PubAck, PublishError
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.cron.expression")
+log = logging.getLogger(__name__)
 
 MIRROR_EVERY = 0.9
 

@@ -31,7 +31,7 @@ from scheduler.errors import FencedError
 from scheduler.records import PubAck, PublishError
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.cron.expression")
+log = logging.getLogger(__name__)
 
 RELOAD_CHECK = 2.0
 # After a long idle sleep the first wake-up here often comes 10-30 ms late (the loop and the

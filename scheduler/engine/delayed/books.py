@@ -25,7 +25,7 @@ from scheduler.errors import FencedError
 from scheduler.records import ClaimedTask, Fired, PubAck, PublishError, TaskRef, ceil_ms, to_ms
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.firing")
+log = logging.getLogger(__name__)
 
 
 class Books:

@@ -28,7 +28,7 @@ from scheduler.errors import FencedError
 from scheduler.records import Claimed, ClaimedTask, Entry, TaskRef, firing_order, from_ms, to_ms
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.firing")  # claims and firing alike
+log = logging.getLogger(__name__)
 
 # Claims run in steps: each claims every task due within LOOKAHEAD_MS, the next one follows
 # CLAIM_STEP_MS later, or sooner when a task would otherwise be claimed less than CLAIM_LEAD_MS

@@ -26,7 +26,7 @@ from scheduler.messages.headers import block_size, printable, split_producer_hea
 from scheduler.messages.subjects import dlq_subject
 from scheduler.records import PubAck
 
-log = logging.getLogger("scheduler.deadletter")
+log = logging.getLogger(__name__)
 
 DLQ_INFLIGHT = 256  # of the publisher's 1,000 slots: firing always keeps the rest
 SLOT_WAIT = 0.5  # seconds a batch of copies waits, in all, for room among DLQ_INFLIGHT

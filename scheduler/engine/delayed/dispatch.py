@@ -37,7 +37,7 @@ from scheduler.messages.subjects import check_target
 from scheduler.records import ClaimedTask, Done, PubAck, PublishError, to_ms
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.firing")
+log = logging.getLogger(__name__)
 
 # Deliveries are booked this often; a failed publish at once, so its retry's backoff starts
 # without this delay. (100 ms saved a few µs of CPU per task, but each flush's arrays, four

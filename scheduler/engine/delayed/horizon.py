@@ -53,7 +53,7 @@ from typing import TypeVar
 from scheduler.records import MAX_PRIORITY, Entry, Key, TaskRef
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.engine")
+log = logging.getLogger(__name__)
 
 AFTER_ALL = (MAX_PRIORITY + 1, 2**63 - 1)
 BEFORE_ALL: Key = (-1, 0, 0)

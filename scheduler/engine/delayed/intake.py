@@ -37,7 +37,7 @@ from scheduler.settings import Settings
 
 T = TypeVar("T")
 
-log = logging.getLogger("scheduler.intake")
+log = logging.getLogger(__name__)
 
 # A small batch waits this long for more: one insert per 10 ms instead of one per message or
 # two at low rates (each statement costs a round trip); tasks are due later than that anyway.

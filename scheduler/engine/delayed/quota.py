@@ -28,7 +28,7 @@ from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.records import NewTask
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.quota")
+log = logging.getLogger(__name__)
 
 UNNAMED = ""
 OTHER = "other"

@@ -20,7 +20,7 @@ from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.settings import redact_url
 from scheduler.store.postgres.events import StoreEvents
 
-log = logging.getLogger("scheduler.postgres")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -186,15 +186,6 @@ class PostgresStore:
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             log.warning("postgres.ping_failed error=%r", exc)
             return False
-
-    async def schema_revision(self) -> str | None:
-        """The Alembic revision the database is at (None before the first migration)."""
-        async with self.timed("schema") as conn:
-            exists = await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL")
-            if not exists:
-                return None
-            revision: str | None = await conn.fetchval("SELECT version_num FROM alembic_version")
-            return revision
 
     async def fire_log_upkeep(self, retention_days: int, ahead_days: int = 2) -> list[str]:
         """Create the fire log's daily partitions ahead and drop those past the retention."""

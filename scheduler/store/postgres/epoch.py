@@ -15,6 +15,7 @@ of deliveries are the hot path), and no way to write outside the lock.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -27,18 +28,37 @@ from scheduler.errors import FencedError, ServiceUnavailableError
 # ends: the first WITH item of every fenced statement.
 _LEAD = "lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 FOR SHARE)"
 _NOTHING = "SELECT true AS fenced_row WHERE false"  # `rows` of a statement that returns none
+_log = logging.getLogger(__name__)
 
 
-async def take_office(pool: asyncpg.Pool, instance: str) -> int:
-    """Increment the fencing epoch in PostgreSQL and return it: every older epoch is now fenced."""
+async def take_office(pool: asyncpg.Pool, instance: str, floor: int = 0) -> int:
+    """Raise the fencing epoch in PostgreSQL above both its own value and `floor` (the highest
+    epoch the caller has seen in use) and return it: every older epoch is now fenced.
+
+    `floor` keeps the epoch from going backwards when the database was restored from an older
+    backup (docs/operations.md, "Backup and restore"): without it the restored value would be
+    incremented into epochs a leader of before the restore held, whose late writes would pass
+    the fence again. A restore found this way is logged (`leader.epoch_behind`)."""
     async with pool.acquire() as conn:
-        return int(
-            await conn.fetchval(
-                "UPDATE leadership SET epoch = epoch + 1, instance = $1, since = now() "
-                "WHERE id = 1 RETURNING epoch",
-                instance,
-            )
+        row = await conn.fetchrow(
+            "UPDATE leadership AS l SET epoch = greatest(l.epoch, $2) + 1, instance = $1, "
+            "since = now() FROM (SELECT epoch FROM leadership WHERE id = 1) AS was "
+            "WHERE l.id = 1 RETURNING l.epoch, was.epoch AS was",
+            instance,
+            floor,
         )
+    assert row is not None  # the migrations insert the one row; nothing deletes it
+    epoch, was = int(row["epoch"]), int(row["was"])
+    if was < floor:
+        _log.warning(
+            "leader.epoch_behind instance=%s database_epoch=%d seen=%d epoch=%d "
+            "(restored from an older backup?)",
+            instance,
+            was,
+            floor,
+            epoch,
+        )
+    return epoch
 
 
 async def fenced(

@@ -24,7 +24,7 @@ from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.task_rows import SEP_SQL, joined, micros, task_ref
 from scheduler.store.postgres.values import ROW_ERRORS
 
-log = logging.getLogger("scheduler.store")
+log = logging.getLogger(__name__)
 
 ANALYZE_AFTER_ROWS = 20_000
 

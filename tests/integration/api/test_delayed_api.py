@@ -7,6 +7,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from scheduler import client
+from scheduler.api.models import TASK_STATUSES
 from tests.integration.api.harness import READ, TARGET, ApiHarness, envelope, poll
 
 
@@ -45,6 +46,10 @@ async def test_list_filters_by_subject_org_status_and_due_window(api: ApiHarness
     window = {"due_after": (base + timedelta(seconds=30)).isoformat()}
     window["due_before"] = (base + timedelta(seconds=90)).isoformat()
     assert await ids(**window) == [b["id"]]
+    r = await api.call("GET", "/v1/delayed", token=READ, params={"status": "bogus"})
+    assert r.status == 400 and r.body["code"] == "bad_status", r
+    assert r.body["errors"] == [{"field": "query.status", "message": r.body["detail"]}]
+    assert "'bogus'" in r.body["detail"] and ", ".join(TASK_STATUSES) in r.body["detail"]
 
 
 async def test_detail_shows_envelope_headers_and_deliveries(api: ApiHarness) -> None:
