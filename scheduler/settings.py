@@ -66,6 +66,9 @@ _DURATION_FIELDS = (
     "intent_ttl",
     "activity_retention",
     "metrics_export_interval",
+    "api_header_timeout",
+    "api_body_timeout",
+    "api_idle_timeout",
 )
 
 
@@ -102,6 +105,11 @@ class Settings(BaseSettings):
     # the HTTP edge (api/edge.py): request bodies at most this big; Host names served
     api_max_body: ByteSize = Field(default=ByteSize(1024 * 1024), ge=1)
     api_allowed_hosts: CommaList = []
+    # the HTTP edge's deadlines (api/deadlines.py, api/edge.py): a request's head, its body, and
+    # an idle keep-alive connection
+    api_header_timeout: Duration = Field(default=timedelta(seconds=10), gt=timedelta(0))
+    api_body_timeout: Duration = Field(default=timedelta(seconds=10), gt=timedelta(0))
+    api_idle_timeout: Duration = Field(default=timedelta(seconds=5), ge=timedelta(seconds=1))
     intake_stream: str = Field(default="MQ_DELAY", min_length=1)
     intake_subject: str = "mq.delay.>"
     intake_consumer: str = "scheduler-intake"

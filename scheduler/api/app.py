@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler import __version__
-from scheduler.api import apidocs, edge, problems
+from scheduler.api import apidocs, edge, problems, refusals
 from scheduler.api.events import ApiEvents
 from scheduler.api.gate import QueryGate, RowBudget
 from scheduler.api.routes import (
@@ -107,9 +107,15 @@ def build_api(backend: ApiBackend, extend: Callable[[FastAPI], None] | None = No
     app.include_router(apidocs.router)
     if extend is not None:
         extend(app)
-    # Added innermost first: a request meets RequestId, then HostGuard, then BodyGuard, all
-    # before FastAPI parses a body or a dependency checks a token (scheduler.api.edge).
-    app.add_middleware(edge.BodyGuard, settings=lambda: backend.settings)
+    # Added innermost first: a request meets RequestId, then HostGuard, then BodyGuard, then
+    # EarlyRefusal, all before FastAPI parses a body or a dependency checks a token
+    # (scheduler.api.edge, scheduler.api.refusals).
+
+    def settings() -> Settings:
+        return backend.settings  # read per request: a test may swap the daemon's settings
+
+    app.add_middleware(refusals.EarlyRefusal, settings=settings, gate=app.state.query_gate)
+    app.add_middleware(edge.BodyGuard, settings=settings, router=app.router)
     app.add_middleware(edge.HostGuard, policy=edge.host_policy(backend.settings))
     app.add_middleware(_CountRequests, events=backend.metrics)
     app.add_middleware(edge.RequestId)

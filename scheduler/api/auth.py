@@ -90,9 +90,20 @@ def reader(request: Request, _: Credentials) -> Caller:
     caller = identify(request, settings)
     if caller is not None:
         return caller
+    refusal = read_refusal(request, settings)
+    if refusal is not None:
+        raise refusal
+    return Caller("anonymous", request.client.host if request.client else "")
+
+
+def read_refusal(request: Request, settings: Settings) -> ApiProblem | None:
+    """401 for a read without a configured token while any token is set, else None. Reads
+    only the headers: the edge asks it before routing (`scheduler.api.refusals`)."""
     if settings.admin_token is None and settings.read_token is None:
-        return Caller("anonymous", request.client.host if request.client else "")
-    raise _unauthorized(request, f"{READ_VAR} or {ADMIN_VAR}")
+        return None
+    if identify(request, settings) is not None:
+        return None
+    return _unauthorized(request, f"{READ_VAR} or {ADMIN_VAR}")
 
 
 def admin(request: Request, _: Credentials) -> Caller:

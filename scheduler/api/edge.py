@@ -9,21 +9,32 @@ body is parsed or a dependency checks a token:
 - `HostGuard` answers 400 `host_not_allowed` to a `Host` not on the allow-list
   (`host_policy`): the guard against DNS rebinding, where a page on `attacker.example`, made
   to resolve to 127.0.0.1, would read an open API as its own origin.
-- `BodyGuard` refuses a declared `Content-Length` over `SCHEDULER_API_MAX_BODY` with 413
-  before a byte of the body is read, counts a streamed body as it arrives and stops at the
-  same bound, and checks the admin token of a write that carries a body before the body is
-  read (`scheduler.api.auth.write_refusal`). Its refusals close the connection: the daemon
-  discards at most 1 MiB more for at most 2 s so the answer is not lost to a reset
+- `BodyGuard` answers 400 `body_not_allowed` to a body on a GET, HEAD, DELETE or OPTIONS
+  route (none takes one) before a byte of it is read; a body on a method or path no route
+  serves gets the app's 404, or 405 with `Allow`, the body unread and the connection closed.
+  It refuses a declared `Content-Length` over `SCHEDULER_API_MAX_BODY` with 413 before a
+  byte is read, counts a streamed body as it arrives and stops at the same bound; checks the
+  admin token of a `/v1/` write that carries a body before the body is read
+  (`scheduler.api.auth.write_refusal`). Then it reads the whole body within
+  `SCHEDULER_API_BODY_TIMEOUT` of the head (408 `body_timeout` past it) before the app runs,
+  so a body still arriving holds no admission slot (`scheduler.api.gate`), and a client that
+  goes away mid-body leaves one `api.body_abandoned` line. Its refusals close the connection:
+  the daemon discards at most 1 MiB more for at most 2 s so the answer is not lost to a reset
   (`scheduler.api.lingering`), then reads nothing more of a client that keeps sending.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
+from typing import Any
 
 from starlette.requests import Request
+from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler.api import auth, problems
@@ -35,7 +46,10 @@ WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 # carry no task, payload or token.
 UNGUARDED = frozenset({"/healthz", "/readyz"})
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # GET, HEAD, DELETE, OPTIONS take none
 _CLOSE = {"Connection": "close"}
+
+log = logging.getLogger("scheduler.api")
 
 
 class RequestId:
@@ -130,29 +144,25 @@ class HostGuard:
         await answer(scope, receive, send)
 
 
-class BodyTooLarge(Exception):
-    """Raised from `receive` once a streamed body passes the bound."""
-
-
 class BodyGuard:
-    """Bodies bounded before they are read; writes authenticated before their body is read."""
+    """Bodies refused where no route takes one, else read whole under their bounds (size,
+    deadline) before the app runs; writes authenticated before their body is read."""
 
-    def __init__(self, app: ASGIApp, settings: Callable[[], Settings]) -> None:
+    def __init__(self, app: ASGIApp, settings: Callable[[], Settings], router: Router) -> None:
         self.app = app
         self.settings = settings  # the daemon's, read per request as the auth dependencies do
         self.limit = int(settings().api_max_body)
+        self.router = router  # the app's: which route, if any, this request reaches
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not _has_body(scope):
             await self.app(scope, receive, send)
             return
         length = _header(scope, b"content-length")
-        chunked = _header(scope, b"transfer-encoding") is not None
         if length is not None and length.isdigit() and int(length) > self.limit:
             await self._too_large(scope, receive, send)
             return
-        has_body = chunked or (length is not None and length not in ("", "0"))
-        if has_body and scope["method"] in WRITES and scope["path"].startswith("/v1/"):
+        if scope["method"] in WRITES and scope["path"].startswith("/v1/"):
             refusal = auth.write_refusal(Request(scope), self.settings())
             if refusal is not None:
                 headers = {**refusal.headers, **_CLOSE}
@@ -161,46 +171,115 @@ class BodyGuard:
                 )
                 await answer(scope, receive, send)
                 return
-        await self._bounded(scope, receive, send)
+        if not self._routed(scope):  # the app's 404, or 405 with `Allow`: the body unread
+            await self.app(scope, _replay(b"", receive), _closing(send))
+            return
+        if scope["method"] not in BODY_METHODS:
+            await _answer(scope, receive, send, 400, "body_not_allowed", _no_body(scope))
+            return
+        body = await self._read(scope, receive, send)
+        if body is not None:
+            await self.app(scope, _replay(body, receive), send)
 
-    async def _bounded(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Run the app with a `receive` that counts body bytes; past the bound the app's own
-        answer is replaced by the 413 (or the 413 is sent, if the app answered nothing)."""
-        seen, over, started = [0], [False], [False]
+    def _routed(self, scope: Scope) -> bool:
+        """Whether a route serves this method and path (only asked of requests with a body)."""
+        return any(route.matches(scope)[0] is Match.FULL for route in self.router.routes)
 
-        async def counted() -> Message:
-            if over[0]:
-                raise BodyTooLarge
-            message = await receive()
-            if message["type"] == "http.request":
-                seen[0] += len(message.get("body", b""))
-                if seen[0] > self.limit:
-                    over[0] = True
-                    raise BodyTooLarge
-            return message
-
-        async def guarded(message: Message) -> None:
-            if over[0]:
-                return  # the app's answer to the exception: the 413 below replaces it
-            started[0] = True
-            await send(message)
-
+    async def _read(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, or None once the client was answered (413, 408) or went away."""
+        timeout = self.settings().api_body_timeout.total_seconds()
         try:
-            await self.app(scope, counted, guarded)
-        except BodyTooLarge:
-            pass  # answered below
-        if over[0] and not started[0]:
+            async with asyncio.timeout(timeout):
+                got = await _collect(receive, self.limit)
+        except TimeoutError:
+            detail = (
+                f"the request body did not arrive within {timeout:g}s "
+                "(SCHEDULER_API_BODY_TIMEOUT); send it at once, or raise the setting"
+            )
+            await _answer(scope, receive, send, 408, "body_timeout", detail)
+            return None
+        if got is _Cut.OVER:
             await self._too_large(scope, receive, send)
+            return None
+        if got is _Cut.GONE:
+            log.info("api.body_abandoned method=%s path=%s", scope["method"], scope["path"])
+            return None
+        return got
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         detail = (
             f"the request body is larger than {self.limit} bytes (SCHEDULER_API_MAX_BODY); "
             "send less (one task or filter per call), or raise the setting"
         )
-        answer = problems.problem_response(
-            413, "body_too_large", detail, dict(_CLOSE), limit=self.limit
-        )
-        await answer(scope, receive, send)
+        await _answer(scope, receive, send, 413, "body_too_large", detail, limit=self.limit)
+
+
+class _Cut(Enum):
+    OVER = "the body passed the bound"
+    GONE = "the client disconnected before the end of its body"
+
+
+async def _collect(receive: Receive, limit: int) -> bytes | _Cut:
+    """Read `http.request` messages to the end of the body: its bytes, or why not."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return _Cut.GONE
+        body += message.get("body", b"")
+        if len(body) > limit:
+            return _Cut.OVER
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives the app `body` (already read, or b"" to leave the client's
+    unread), then the connection's own."""
+    pending = [body]
+
+    async def replayed() -> Message:
+        if pending:
+            return {"type": "http.request", "body": pending.pop(), "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def _closing(send: Send) -> Send:
+    """A `send` whose answer closes the connection (the body left unread is not waited for)."""
+
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [h for h in message.get("headers", []) if h[0] != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return closing
+
+
+def _has_body(scope: Scope) -> bool:
+    if _header(scope, b"transfer-encoding") is not None:
+        return True
+    length = _header(scope, b"content-length")
+    return length is not None and length not in ("", "0")
+
+
+def _no_body(scope: Scope) -> str:
+    method, path = scope["method"], scope["path"]
+    shown = path.encode("unicode_escape").decode()[:100]
+    return (
+        f"{method} {shown} takes no request body: send it without one (no Content-Length "
+        "or Transfer-Encoding); only POST, PUT and PATCH routes take one"
+    )
+
+
+async def _answer(
+    scope: Scope, receive: Receive, send: Send, status: int, code: str, detail: str, **extra: Any
+) -> None:
+    """A problem answer that closes the connection (its body, if any, is left unread)."""
+    answer = problems.problem_response(status, code, detail, dict(_CLOSE), **extra)
+    await answer(scope, receive, send)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

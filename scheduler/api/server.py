@@ -4,7 +4,8 @@ The socket is bound here, so a taken port or a refused address fails the start w
 naming the address (uvicorn itself would log and `sys.exit`). uvicorn's own signal handling and
 logging set-up are left out: the CLI owns both. Instead of uvicorn's main loop (a 100 ms timer)
 a 1 s tick keeps the `Date` header current. Connections close lingering
-(`scheduler.api.lingering`).
+(`scheduler.api.lingering`), and a request's head and an idle connection have deadlines
+(`scheduler.api.deadlines`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from typing import Any
 
 import uvicorn
 
-from scheduler.api.lingering import LingeringH11Protocol
+from scheduler.api.deadlines import ConnectionLimits, protocol_for
 
 log = logging.getLogger(__name__)
 
 GRACE = 2.0  # seconds for requests in flight at shutdown
+DEFAULT_LIMITS = ConnectionLimits()  # the settings' defaults
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -72,12 +74,16 @@ class Served:
         await self.server.shutdown()
 
 
-async def serve(app: Any, host: str, port: int) -> Served:
-    """Start `app` on host:port (port 0 picks a free one) and return where it listens."""
+async def serve(
+    app: Any, host: str, port: int, limits: ConnectionLimits = DEFAULT_LIMITS
+) -> Served:
+    """Start `app` on host:port (port 0 picks a free one) and return where it listens;
+    `limits` are the connection's deadlines (`ConnectionLimits.from_settings`)."""
     sock = _bind(host, port)
     config = uvicorn.Config(
         app,
-        http=LingeringH11Protocol,  # an answer is never lost to a reset (scheduler.api.lingering)
+        http=protocol_for(limits),  # lingering close, head deadline (scheduler.api.deadlines)
+        timeout_keep_alive=limits.idle_timeout,
         log_config=None,
         access_log=False,
         lifespan="off",

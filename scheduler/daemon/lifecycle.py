@@ -153,9 +153,6 @@ class Daemon(Phased):
     def provisioned(self) -> Any:
         return self.core.provisioned
 
-    def _check_server_version(self) -> None:
-        self.core.check_server_version()
-
     def stop(self) -> None:
         super().stop()
         self.core.stop()

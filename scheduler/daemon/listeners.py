@@ -12,6 +12,7 @@ import logging
 import sys
 from typing import Any
 
+from scheduler.api.deadlines import ConnectionLimits
 from scheduler.api.server import Served, serve
 from scheduler.errors import ConfigError
 from scheduler.settings import Settings
@@ -26,7 +27,7 @@ async def listen(
     host = settings.http_host
     field_name = variable.removeprefix("SCHEDULER_").lower()
     try:
-        return await serve(app, host, port)
+        return await serve(app, host, port, ConnectionLimits.from_settings(settings))
     except OSError as exc:
         chosen = field_name in settings.model_fields_set
         if exc.errno == errno.EADDRINUSE and embedded and not chosen:

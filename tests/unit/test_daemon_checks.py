@@ -27,11 +27,11 @@ def test_old_nats_server_is_refused_unless_allowed(tmp_path: Path, version: str)
         daemon = Daemon(s)
         daemon.bus = OldBus(s, Metrics())
         if allow:
-            daemon._check_server_version()
+            daemon.core.check_server_version()
             assert any(version in w for w in daemon.warnings)
         else:
             with pytest.raises(ConfigError, match="SCHEDULER_ALLOW_UNSAFE_NATS"):
-                daemon._check_server_version()
+                daemon.core.check_server_version()
 
 
 @pytest.mark.parametrize("version", ["2.10.23", "2.11.0", "2.15.1-beta"])
@@ -43,7 +43,7 @@ def test_supported_nats_server_passes(tmp_path: Path, version: str) -> None:
 
     daemon = Daemon(Settings(data_dir=tmp_path, instance_id="t"))
     daemon.bus = Bus(daemon.settings, Metrics())
-    daemon._check_server_version()
+    daemon.core.check_server_version()
     assert daemon.warnings == []
 
 
@@ -55,5 +55,5 @@ def test_unparseable_version_only_warns(tmp_path: Path) -> None:
 
     daemon = Daemon(Settings(data_dir=tmp_path, instance_id="t"))
     daemon.bus = Bus(daemon.settings, Metrics())
-    daemon._check_server_version()
+    daemon.core.check_server_version()
     assert any("weird" in w for w in daemon.warnings)

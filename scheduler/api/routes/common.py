@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -50,23 +51,31 @@ async def operations(request: Request) -> AsyncIterator[Operations]:
         with gate.slot():
             yield ops
     except Overloaded as exc:
-        raise ApiProblem(
-            503,
-            "overloaded",
-            f"{exc.limit} management API requests are already running "
-            "(SCHEDULER_API_MAX_CONCURRENT); retry after the Retry-After delay",
-            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-        ) from None
+        raise overloaded(exc.limit) from None
 
 
-async def rows_budget(request: Request, _: Ops) -> None:
+def overloaded(limit: int) -> ApiProblem:
+    """503 `overloaded`: every admission slot is taken (also answered by the edge before
+    routing: `scheduler.api.refusals`)."""
+    return ApiProblem(
+        503,
+        "overloaded",
+        f"{limit} management API requests are already running "
+        "(SCHEDULER_API_MAX_CONCURRENT); retry after the Retry-After delay",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
+
+
+async def rows_budget(request: Request, _: Ops) -> AsyncIterator[None]:
     """A listing pays its `limit` from the API's rows budget (`scheduler.api.gate`) before it
     queries, waiting (up to a second, inside its admission slot: `Ops` is the same slot the
     route uses) until the budget has it; 503 `overloaded` with
-    Retry-After when it would wait longer. A request with no valid token, or a `limit` its
-    route will refuse 422, pays nothing."""
+    Retry-After when it would wait longer. Once the route is done it pays for its time too
+    (`RowBudget.settle`). A request with no valid token, or a `limit` its route will refuse
+    422, pays nothing."""
     limit = _page_size(request.query_params.get("limit", "50"))
     if limit is None or not _may_query(request):
+        yield
         return
     budget: RowBudget = request.app.state.rows_budget
     try:
@@ -81,6 +90,11 @@ async def rows_budget(request: Request, _: Ops) -> None:
         ) from None
     if wait:
         await asyncio.sleep(wait)
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        budget.settle(limit, time.monotonic() - began)
 
 
 def _page_size(raw: str) -> int | None:

@@ -1,0 +1,101 @@
+"""Deadlines on an HTTP connection: a request's head, and an idle keep-alive connection.
+
+uvicorn times out only a keep-alive connection that stays silent, and any byte cancels that
+timer: a client that sends a request's head one byte at a time (slowloris), or a fresh
+connection that sends nothing, holds the connection for ever. Here the head of every request
+must be complete within `header_timeout` of its first byte (of the connection's opening, for the
+first request): past it the client gets 408 and the connection closes. Bytes trickled on an idle
+keep-alive connection start a request's head, so they do not extend the idle timeout by more
+than the head's deadline. The body's own deadline is the edge's (`scheduler.api.edge.BodyGuard`),
+which reads it before the app runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+
+from scheduler.api.lingering import LingeringH11Protocol
+from scheduler.settings import Settings
+
+log = logging.getLogger("scheduler.api")
+
+_TIMED_OUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """Seconds a request's head may take (`SCHEDULER_API_HEADER_TIMEOUT`) and an idle
+    keep-alive connection may stay open (`SCHEDULER_API_IDLE_TIMEOUT`, whole seconds: uvicorn's
+    `timeout_keep_alive`)."""
+
+    header_timeout: float = 10.0
+    idle_timeout: int = 5
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ConnectionLimits:
+        idle = max(1, round(settings.api_idle_timeout.total_seconds()))
+        return cls(settings.api_header_timeout.total_seconds(), idle)
+
+
+def protocol_for(limits: ConnectionLimits) -> type[HeadDeadlineProtocol]:
+    """The connection protocol class uvicorn builds per connection, with these limits."""
+
+    class Bounded(HeadDeadlineProtocol):
+        header_timeout = limits.header_timeout
+
+    return Bounded
+
+
+class HeadDeadlineProtocol(LingeringH11Protocol):
+    """uvicorn's h11 protocol (lingering on close) whose request heads have a deadline."""
+
+    header_timeout = 10.0
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:
+            self._arm_head_timer()  # the first byte of a head (no-op when already armed)
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._cancel_head_timer()  # the head is in: the body has the edge's deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout, self._head_too_slow)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+            return  # a head arrived meanwhile (pipelined): its request runs
+        detail = (
+            f"the request's head did not arrive within {self.header_timeout:g}s "
+            "(SCHEDULER_API_HEADER_TIMEOUT)\n"
+        ).encode()
+        log.info("api.header_timeout client=%s", _client(self.client))
+        self.transport.write(_TIMED_OUT % (len(detail), detail))
+        self.transport.close()
+
+
+def _client(client: Any) -> str:
+    return f"{client[0]}:{client[1]}" if client else "-"

@@ -1,0 +1,275 @@
+"""The HTTP edge's bounds in time and cost (issue 35): bodies refused where no route takes one,
+read whole under a deadline before a request is admitted, slow heads and trickled idle bytes
+cut, refusals answered before routing, and listings charged for the work they did."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import pytest
+from starlette.types import Receive, Scope, Send
+
+from scheduler.api.deadlines import ConnectionLimits
+from scheduler.api.gate import QueryGate
+from scheduler.api.server import serve
+from tests.integration.api.harness import ADMIN, READ, ApiHarness, poll
+from tests.integration.api.test_edge import _read_answer, head_of
+
+
+@dataclass
+class Trickled:
+    """What a trickling client saw: the answer (None: none), and after how many seconds the
+    server ended the connection (None: it was still open when the client gave up)."""
+
+    status: int | None
+    body: bytes
+    ended: float | None
+
+
+async def trickle(
+    url: str, head: bytes, piece: bytes, every: float = 0.05, within: float = 6.0
+) -> Trickled:
+    """Send `head`, then `piece` every `every` s, until the server ends the connection or
+    `within` s have passed."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    drained = asyncio.create_task(reader.read(-1))  # every byte until the server's end
+    try:
+        writer.write(head)
+        while not drained.done() and loop.time() - began < within:
+            try:
+                writer.write(piece)
+                await writer.drain()
+            except ConnectionError:
+                break  # the server is gone: what the reader saw says when
+            await asyncio.wait({drained}, timeout=every)
+        await asyncio.wait({drained}, timeout=1.0)
+        ended = loop.time() - began if drained.done() else None
+        got = b"" if not drained.done() or drained.exception() else drained.result()
+    finally:
+        drained.cancel()
+        writer.close()
+    status = int(got.split(b" ", 2)[1]) if got.startswith(b"HTTP/1.1 ") else None
+    return Trickled(status, got.partition(b"\r\n\r\n")[2], ended)
+
+
+# -- bodies where no route takes one -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/healthz", 400),
+        ("DELETE", "/v1/delayed/x", 400),
+        ("POST", "/openapi.json", 405),  # no route: the app's answer, the body unread
+        ("TRACE", "/v1/nothing", 404),
+    ],
+)
+async def test_a_body_where_no_route_takes_one_is_refused_before_it_is_read(
+    api: ApiHarness, method: str, path: str, status: int
+) -> None:
+    """An endless chunked body in 1-byte chunks on a route that takes no body is answered
+    400 `body_not_allowed` at once (where no route serves the request, its 405 or 404), and
+    the connection ends within the 2 s linger, instead of being read (and the keep-alive
+    timer reset) for as long as the client sends."""
+    await api.start()
+    head = head_of(
+        api, method, path, "Transfer-Encoding: chunked", f"Authorization: Bearer {ADMIN}"
+    )
+    got = await trickle(api.url, head.encode(), b"1\r\nx\r\n", every=0.02)
+    assert got.status == status, got
+    if status == 400:
+        problem = json.loads(got.body)
+        assert problem["code"] == "body_not_allowed" and method in problem["detail"], problem
+    assert got.ended is not None and got.ended < 4.0, got
+
+
+# -- bodies read before admission, under a deadline --------------------------------------------
+
+
+def _slow_write(api: ApiHarness, length: int = 200, path: str = "/v1/delayed/x") -> bytes:
+    """The head of an admin's write declaring `length` bytes of body, and its first bytes."""
+    head = head_of(
+        api,
+        "PATCH" if path.startswith("/v1/delayed/") else "POST",
+        path,
+        "Content-Type: application/json",
+        f"Content-Length: {length}",
+        f"Authorization: Bearer {ADMIN}",
+    )
+    return head.encode() + b'{"delay_until": '
+
+
+async def test_slow_admin_bodies_hold_no_admission_slot(
+    api: ApiHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ten admin `POST /v1/delayed` whose bodies are still arriving leave every admission
+    slot free (a listing is served 200, not 503), and when their clients go away mid-body
+    each leaves one `api.body_abandoned` line and no error, traceback or 500."""
+    await api.start()
+    url = urlsplit(api.url)
+    writers = []
+    for _ in range(10):
+        _, writer = await asyncio.open_connection(url.hostname, url.port)
+        writer.write(_slow_write(api, path="/v1/delayed?subject=mq.tasks.work"))
+        await writer.drain()
+        writers.append(writer)
+    await asyncio.sleep(0.3)  # every request is in, its body half sent
+    caplog.set_level(logging.INFO)
+    try:
+        for _ in range(3):
+            r = await api.call("GET", "/v1/delayed", token=READ, params={"limit": 1})
+            assert r.status == 200, r
+    finally:
+        for writer in writers:
+            writer.close()
+
+    async def abandoned() -> int:
+        return len([r for r in caplog.records if "api.body_abandoned" in r.getMessage()])
+
+    await poll(abandoned, lambda n: n >= 10, within=5)
+    await asyncio.sleep(0.2)  # anything logged after the last of them
+    assert await abandoned() == 10
+    http = [r for r in caplog.records if r.name.startswith(("scheduler.api", "uvicorn"))]
+    bad = [r for r in http if r.levelno >= logging.WARNING or r.exc_info]
+    assert not bad, [r.getMessage() for r in bad]
+
+
+async def test_a_body_must_arrive_within_its_deadline(api: ApiHarness) -> None:
+    """With SCHEDULER_API_BODY_TIMEOUT=1s a write whose body trickles a byte every 50 ms is
+    answered 408 `body_timeout` about a second after its head (the deadline is the body's
+    whole, not per read), and the connection ends within the linger."""
+    await api.start(api_body_timeout="1s")
+    got = await trickle(api.url, _slow_write(api, 10_000), b" ", every=0.05)
+    assert got.status == 408, got
+    problem = json.loads(got.body)
+    assert problem["code"] == "body_timeout"
+    assert "SCHEDULER_API_BODY_TIMEOUT" in problem["detail"], problem
+    assert got.ended is not None and 0.9 < got.ended < 4.5, got
+
+
+# -- request heads and idle connections (the HTTP layer: uvicorn with our protocol) ------------
+
+
+async def _ok(scope: Scope, receive: Receive, send: Send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_a_slow_head_is_cut_at_the_header_timeout() -> None:
+    """A client sending a request's head a byte every 50 ms (slowloris), or a connection that
+    sends nothing, gets 408 and a closed connection at the head's deadline (0.5 s here), while
+    a prompt request on the same server is served."""
+    served = await serve(_ok, "127.0.0.1", 0, ConnectionLimits(header_timeout=0.5))
+    try:
+        head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: "
+        slow, silent = await asyncio.gather(
+            trickle(served.url, head, b"a", every=0.05, within=4.0),
+            trickle(served.url, b"", b"", every=0.05, within=4.0),
+        )
+        for got in (slow, silent):
+            assert got.status == 408 and b"SCHEDULER_API_HEADER_TIMEOUT" in got.body, got
+            assert got.ended is not None and 0.4 < got.ended < 1.5, got
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        try:
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            async with asyncio.timeout(2):
+                status, headers, _ = await _read_answer(reader)
+            assert status == 200 and headers.get("connection") != "close"
+        finally:
+            writer.close()
+    finally:
+        await served.close()
+
+
+async def test_trickled_bytes_do_not_keep_an_idle_connection_open() -> None:
+    """After an answer, a client that sends a byte every 100 ms and never a whole head is cut
+    at the head's deadline (0.5 s after its first byte), not kept open as long as it trickles."""
+    served = await serve(_ok, "127.0.0.1", 0, ConnectionLimits(0.5, idle_timeout=1))
+    try:
+        got = await trickle(served.url, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"G", every=0.1)
+        assert got.status == 200, got
+        assert got.ended is not None and got.ended < 2.0, got
+    finally:
+        await served.close()
+
+
+# -- refusals before routing, and listings charged by work -------------------------------------
+
+
+async def test_refusals_are_answered_before_routing(api: ApiHarness) -> None:
+    """A read without a token, and a read while every admission slot is taken, are answered
+    (401 with its challenge, 503 with Retry-After) by the edge before any route runs: they
+    are counted under no route (`unmatched`); `/v1/leader` needs neither token nor slot."""
+    await api.start()
+    assert api.daemon is not None
+    registry = api.daemon.metrics.registry
+    r = await api.call("GET", "/v1/delayed", token=None)
+    assert r.status == 401 and "SCHEDULER_READ_TOKEN" in r.body["detail"], r
+    assert r.headers["WWW-Authenticate"].startswith("Bearer"), r.headers
+    gate = _gate(api)
+    gate.admitted = gate.limit  # as if every slot were held by a running request
+    try:
+        r = await api.call("GET", "/v1/delayed", token=READ)
+        assert r.status == 503 and r.body["code"] == "overloaded", r
+        assert r.headers["Retry-After"] == "1"
+        assert (await api.call("GET", "/v1/leader", token=None)).status == 200
+    finally:
+        gate.admitted = 0
+    for status in ("401", "503"):
+        labels = {"route": "unmatched", "method": "GET", "status": status}
+        assert registry.get_sample_value("mq_scheduler_api_requests_total", labels) == 1, status
+
+
+def _gate(api: ApiHarness) -> QueryGate:
+    assert api.daemon is not None and api.daemon.endpoints.api is not None
+    app: Any = api.daemon.endpoints.api.server.config.loaded_app
+    while not hasattr(app, "state"):
+        app = app.app  # through uvicorn's and the daemon's wrappers to the FastAPI app
+    gate: QueryGate = app.state.query_gate
+    return gate
+
+
+EMPTY_FILTERS = (
+    {"subject": "mq.zzz.>"},
+    {"org_id": "nope"},
+    {"due_before": "2000-01-01T00:00:00Z"},
+)
+
+
+async def test_a_listing_that_matches_nothing_is_charged_for_its_work(
+    api: ApiHarness, database_url: str
+) -> None:
+    """`limit=1` listings whose filters match nothing among 100,000 pending tasks are charged
+    the rows their time was worth, not one row each: sent back to back against a budget of
+    200 rows/s (one 500-row page in the bucket), several are refused 503 `overloaded` with
+    Retry-After, as full pages would be (charged one row each, none ever was)."""
+    await api.start(api_read_rows_per_second=200)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for) "
+            "SELECT 'far' || i, 'mq.tasks.s' || (i % 7), '{}'::bytea, "
+            "now() + interval '1 day' + i * interval '1 second', now() "
+            "FROM generate_series(1, 100000) AS i"
+        )
+        await conn.execute("ANALYZE delayed_messages")
+    finally:
+        await conn.close()
+    refused = []
+    for i in range(18):
+        params = {**EMPTY_FILTERS[i % 3], "limit": 1}
+        r = await api.call("GET", "/v1/delayed", token=READ, params=params)
+        assert r.status in (200, 503), r
+        if r.status == 503:
+            assert r.body["code"] == "overloaded" and int(r.headers["Retry-After"]) >= 1, r
+            refused.append(r)
+    assert len(refused) >= 3, len(refused)
