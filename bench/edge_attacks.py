@@ -10,7 +10,7 @@ attack vector (bench/edge_attackers.py) for `--phase-seconds` (20), each followe
 phase (`after_<vector>`, not judged) of at least `--gap-seconds` (5) that lasts until the
 daemons caught up (the newest delivery was due less than 0.2 s ago), at most `--max-recovery`
 (60) s, so one attack's backlog does not colour the next one's figures; the load runs
-`--spare-seconds` (90) beyond the planned phases for these recoveries. Each attacker is a child
+`--spare-seconds` (240) beyond the planned phases for these recoveries. Each attacker is a child
 process started 1.5 s ahead, aimed at whoever holds the lease at that moment, bounded in time
 and requests, targeting 127.0.0.1 only.
 
@@ -133,6 +133,8 @@ def judge(results: dict[str, Any], order: list[str]) -> tuple[bool, list[str]]:
                 reasons.append(f"p99 {p99} ms")
             if not r.get("lease_kept", False):
                 reasons.append("lease lost")
+        if r.get("exited"):
+            reasons.append(f"daemon exited ({', '.join(r['exited'])})")
         failed += [f"{name}: {why}" for why in reasons]
     return not failed, failed
 
@@ -149,8 +151,8 @@ def daemon(env: Env, n: int, a: argparse.Namespace) -> Daemon:
         instance_id=f"edge-{n}",
         log_level=a.log_level,
     )
-    if a.tree:
-        d.env["PYTHONPATH"] = a.tree
+    if a.tree:  # its code, and its folder as the working directory (first on sys.path)
+        d.env["PYTHONPATH"], d.cwd = a.tree, a.tree
     return d
 
 
@@ -299,7 +301,9 @@ async def attacked(a: argparse.Namespace, env: Env, daemons: list[Daemon]) -> di
     setup = {"fill_seconds": round(fill_s, 1), "intake_seconds": intake_s,
              "slack_before_first_due_s": slack, "tree": a.tree or "(this tree)",
              "leader": daemons[0].env["SCHEDULER_INSTANCE_ID"], "fired_past_end": fired,
-             "tasks_judged": len(expected), "vectors_skipped": skipped}  # fmt: skip
+             "tasks_judged": len(expected), "vectors_skipped": skipped,
+             "daemon_cwd": [os.readlink(f"/proc/{d.pid}/cwd") for d in daemons
+                            if d.proc is not None and d.proc.poll() is None]}  # fmt: skip
     return {"setup": setup | load, "phases": per_phase, "order": [p.name for p in phases]}
 
 
@@ -317,9 +321,15 @@ def table(r: dict[str, Any]) -> str:
         rows.append(
             f"| {name} | {s.get('p50')} | {s.get('p99')} | {s.get('max')} | "
             f"{p.get('p99_over_quiet', '')} | {p['lost']} | {p['doubled']} | {p['early']} | "
-            f"{'yes' if p.get('lease_kept') else 'no'} | {saw or '-'} |"
+            f"{lease(p)} | {saw or '-'} |"
         )
     return "\n".join(rows)
+
+
+def lease(p: dict[str, Any]) -> str:
+    """The table's lease column: kept or not, and which daemon exited."""
+    exited = p.get("exited") or []
+    return ("yes" if p.get("lease_kept") else "no") + (f" ({', '.join(exited)})" if exited else "")
 
 
 def main() -> None:

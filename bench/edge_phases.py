@@ -116,7 +116,14 @@ class Watch:
         self.lost = [log_lines(d, "leader.lost") for d in daemons]
         self.errors = [log_lines(d, " ERROR ") for d in daemons]
         self.cpu = [cpu_of(d) for d in daemons]
+        self.pids = [d.pid for d in daemons]
         self.holders: set[tuple[int, str]] = set()
+        self.exited: dict[str, int | None] = {}  # instance id -> exit status, seen meanwhile
+
+    def check_exits(self) -> None:
+        for name, d in zip(self.names(), self.daemons, strict=True):
+            if d.proc is not None and d.proc.poll() is not None:
+                self.exited[name] = d.proc.returncode
 
     async def holder(self) -> str:
         """Sample the lease holder; its instance id."""
@@ -125,17 +132,28 @@ class Watch:
         return instance
 
     async def until(self, done: Callable[[], Awaitable[bool]]) -> None:
-        while not await done():
+        while True:
+            self.check_exits()
+            if await done():
+                break
             await self.holder()
             await asyncio.sleep(0.5)
         await self.holder()
+        self.check_exits()
 
     def result(self) -> dict[str, Any]:
         lost = int(sum(since(self.daemons, self.lost, lambda d: log_lines(d, "leader.lost"))))
         errors = since(self.daemons, self.errors, lambda d: log_lines(d, " ERROR "))
-        cpu = since(self.daemons, self.cpu, cpu_of)
+        # a daemon started again meanwhile: its new process's CPU only
+        before = [
+            c if d.pid == pid else 0.0
+            for d, c, pid in zip(self.daemons, self.cpu, self.pids, strict=True)
+        ]
+        cpu = since(self.daemons, before, cpu_of)
+        exited = [f"{n} (exit {rc})" for n, rc in sorted(self.exited.items())]
         return {
-            "lease_kept": lost == 0 and len(self.holders) == 1,
+            "lease_kept": lost == 0 and len(self.holders) == 1 and not exited,
+            "exited": exited,
             "leader_lost_lines": lost,
             "lease_holders_seen": sorted(f"{inst}@{epoch}" for epoch, inst in self.holders),
             "daemon_cpu_seconds": dict(zip(self.names(), cpu, strict=True)),
@@ -191,10 +209,13 @@ async def quiet_phase(
 ) -> tuple[float, dict[str, Any]]:
     """A quiet phase from `start` of at least `least` s that lasts (up to `most` s) until the
     daemons have caught up (the newest delivery was due less than 0.2 s ago); its end and
-    what the daemons did meanwhile."""
+    what the daemons did meanwhile. A daemon that exited is started again at once."""
     watch = Watch(daemons, conn)
+    restarted: list[str] = []
 
     async def done() -> bool:
+        if any(d.proc is not None and d.proc.poll() is not None for d in daemons):
+            restarted.extend(await revive(daemons, conn))  # as a supervisor would
         now = time.time()
         if now >= start + most:
             return True
@@ -205,7 +226,23 @@ async def quiet_phase(
 
     await watch.until(done)
     end = time.time()
-    return end, watch.result() | {"seconds": round(end - start, 1)}
+    return end, watch.result() | {"seconds": round(end - start, 1), "restarted": restarted}
+
+
+async def revive(daemons: list[Daemon], conn: asyncpg.Connection, within: float = 30) -> list[str]:
+    """Start again every daemon that exited (as its supervisor would), and wait (bounded) until
+    a live one holds the lease; the instance ids restarted."""
+    dead = [d for d in daemons if d.proc is not None and d.proc.poll() is not None]
+    for d in dead:
+        await asyncio.to_thread(d.start)
+    names = {d.env["SCHEDULER_INSTANCE_ID"] for d in dead}
+    epoch0, holder0 = await lease_holder(conn)
+    deadline = time.time() + within
+    while holder0 in names and time.time() < deadline:  # the office of a dead daemon
+        if (await lease_holder(conn))[0] > epoch0:
+            break
+        await asyncio.sleep(0.1)
+    return sorted(names)
 
 
 async def _past(t: float) -> bool:
@@ -252,7 +289,9 @@ async def run_phases(
             if time.time() + 3 + a.phase_seconds + a.gap_seconds > load_end:
                 skipped.append(v)
                 continue
+            restarted = await revive(daemons, conn)
             p, watched[v] = await attack_phase(v, end, a, daemons, env, conn)
+            watched[v]["restarted_before"] = restarted
             if phases[-1].name.startswith("after_"):  # the attacker's start-up: still quiet
                 phases[-1] = dataclasses.replace(phases[-1], end=p.start)
             end, watched[f"after_{v}"] = await quiet_phase(

@@ -87,6 +87,7 @@ def test_judge_names_each_miss(bench: tuple[ModuleType, ModuleType]) -> None:
         },
     )
     results["unauth_flood"]["lease_kept"] = False
+    results["after_unauth_flood"]["exited"] = ["edge-1 (exit 1)"]
     passed, failed = ea.judge(results, order)
     assert not passed
     assert failed == [
@@ -96,6 +97,7 @@ def test_judge_names_each_miss(bench: tuple[ModuleType, ModuleType]) -> None:
         "unauth_flood: p99 40.0 ms",
         "unauth_flood: lease lost",
         "after_unauth_flood: early",
+        "after_unauth_flood: daemon exited (edge-1 (exit 1))",
     ]
 
 
