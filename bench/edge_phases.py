@@ -144,12 +144,11 @@ class Watch:
     def result(self) -> dict[str, Any]:
         lost = int(sum(since(self.daemons, self.lost, lambda d: log_lines(d, "leader.lost"))))
         errors = since(self.daemons, self.errors, lambda d: log_lines(d, " ERROR "))
-        # a daemon started again meanwhile: its new process's CPU only
-        before = [
-            c if d.pid == pid else 0.0
-            for d, c, pid in zip(self.daemons, self.cpu, self.pids, strict=True)
-        ]
-        cpu = since(self.daemons, before, cpu_of)
+        # a daemon started again meanwhile: its new process's CPU only; a dead one: None
+        cpu: list[float | None] = []
+        for d, c, pid in zip(self.daemons, self.cpu, self.pids, strict=True):
+            alive = d.proc is not None and d.proc.poll() is None
+            cpu.append(round(cpu_of(d) - (c if d.pid == pid else 0.0), 2) if alive else None)
         exited = [f"{n} (exit {rc})" for n, rc in sorted(self.exited.items())]
         return {
             "lease_kept": lost == 0 and len(self.holders) == 1 and not exited,
