@@ -246,6 +246,7 @@ class Daemon:
         self.log_path = os.path.join(env.workdir, f"daemon-{self.http}.log")
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0  # wall clock, when the process was spawned
+        self.cwd: str | None = None  # `python -m` puts its working directory first on sys.path
 
     @property
     def pid(self) -> int:
@@ -258,6 +259,7 @@ class Daemon:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "scheduler", "run"],
                 env=self.env,
+                cwd=self.cwd,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
             )
