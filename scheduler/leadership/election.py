@@ -170,8 +170,13 @@ class Leadership:
     async def _take(self, revision: int) -> None:
         """Holding a fresh lease: check the clock, take an epoch in PostgreSQL, write it into
         the lease, and begin the term; any failure hands the lease back."""
-        if self._clock_check is not None and not await self._bounded(self._clock_check()):
-            await self._delete(revision)  # logged by the check; a standby may take it
+        try:
+            clock_fine = self._clock_check is None or await self._bounded(self._clock_check())
+        except Exception as exc:  # the check timed out (a loop starved of CPU) or failed
+            self._log.warning("leader.clock_check_failed instance=%s error=%r", self.instance, exc)
+            clock_fine = False
+        if not clock_fine:
+            await self._delete(revision)  # a standby may take it
             return
         try:
             floor = self.lease.highest_epoch  # never below an epoch seen in use (a restore)
@@ -245,5 +250,7 @@ class Leadership:
                 task.cancel()
         if not task.done():
             await asyncio.wait({task}, timeout=1.0)  # let the cancelled call clean up
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: it failed while it was being cancelled
             raise TimeoutError("deadline passed before the call finished")
         return task.result()

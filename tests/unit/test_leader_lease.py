@@ -370,3 +370,41 @@ async def test_heartbeat_writes_instance_state(start: Start, kv: FakeKV) -> None
     async with asyncio.timeout(1):
         await beat
     assert kv.current("instances.a") is None
+
+
+async def test_a_clock_check_that_times_out_gives_the_lease_back(
+    kv: FakeKV, clock: FakeClock, epochs: Epochs
+) -> None:
+    """A clock check that fails (it timed out on a loop starved of CPU) before taking office
+    hands the lease back and keeps campaigning; it never ends the election (it did: both
+    daemons of bench/edge_attacks.py exited under an endless chunked body)."""
+    failing = {"on": True}
+
+    async def check() -> bool:
+        if failing["on"]:
+            raise TimeoutError("deadline passed before the call finished")
+        return True
+
+    settings = Settings(instance_id="a", lease_ttl=TTL)
+    lead = Leadership(
+        cast(KeyValue, kv),
+        cast(asyncpg.Pool, None),
+        settings,
+        clock,
+        Metrics(),
+        None,
+        epochs,
+        clock_check=check,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(lead.run(stop))
+    try:
+        await settle()
+        assert not task.done() and not lead.may_act() and kv.current(LEASE_KEY) is None
+        failing["on"] = False
+        await step(clock, CAMPAIGN)
+        assert lead.may_act()
+    finally:
+        stop.set()
+        async with asyncio.timeout(2):
+            await task
