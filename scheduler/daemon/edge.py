@@ -24,13 +24,11 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from scheduler import __version__
 from scheduler.api.nats_service import SchedulerService
-from scheduler.api.server import Served
 from scheduler.api.starting import MetricsApp, StartingApp
 from scheduler.bus.nats.connection import NatsBus
 from scheduler.clock import Clock, SystemClock
@@ -44,7 +42,7 @@ from scheduler.daemon.pair import (
     read_engine_report,
 )
 from scheduler.daemon.preflight import check_api_exposure
-from scheduler.daemon.runstate import Phased, RunState
+from scheduler.daemon.runstate import Endpoints, Phased, RunState
 from scheduler.daemon.upkeep import activity_upkeep, idempotency_upkeep, loop_lag_probe
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.leadership.lease import read_holder
@@ -118,15 +116,10 @@ class CachedRender:
         return self._data
 
 
-@dataclass
-class EdgeEndpoints:
-    api: Served | None = None
-    metrics: Served | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 class EdgeDaemon(Phased):
     """One edge: the API, console, metrics and NATS verbs of one instance."""
+
+    part = "edge"
 
     def __init__(
         self,
@@ -145,7 +138,7 @@ class EdgeDaemon(Phased):
         self.embedded = embedded
         self.clock = clock or SystemClock()
         self.metrics = metrics or Metrics()
-        self.endpoints = EdgeEndpoints()
+        self.endpoints = Endpoints()
         self.bus: NatsBus | None = None
         self.api_store: PostgresStore | None = None
         self.service_store: PostgresStore | None = None
@@ -162,28 +155,17 @@ class EdgeDaemon(Phased):
             self.metrics.daemon_started(__version__, settings.instance_id)
 
     # -- alone (`scheduler run --role edge`, and `scheduler run`'s child) ----------------------
-    async def run(self) -> None:
-        try:
-            async with AsyncExitStack() as stack:
-                if not await self._start_unless_stopped(self._start_all(stack)):
-                    return
-                async with asyncio.TaskGroup() as tg:
-                    self.spawn(tg)
-                    tg.create_task(self._stop.wait(), name="stop-signal")
-                    await self.serve_api()
-                    self.state = RunState.RUNNING
-                    self.started.set()
-                    self._announce(self)
-                    log.info("daemon.running role=edge instance=%s", self.settings.instance_id)
-                self.state = RunState.STOPPING
-                log.info("daemon.stopping role=edge")
-        finally:
-            self.state = RunState.STOPPED
-            log.info("daemon.stopped role=edge")
-
-    async def _start_all(self, stack: AsyncExitStack) -> None:
+    async def _start(self, stack: AsyncExitStack) -> None:
         await self.open_http(stack)
         await self.start(stack)
+
+    async def _ready(self) -> None:
+        await self.serve_api()
+
+    def _set_state(self, state: RunState) -> None:
+        self.state = state
+        if state is RunState.RUNNING:
+            self._announce(self)
 
     # -- parts -------------------------------------------------------------------------------
     async def open_http(self, stack: AsyncExitStack) -> None:

@@ -71,6 +71,8 @@ RENDER_SWITCH = 0.0005  # seconds between GIL hand-overs while the metrics rende
 class EngineDaemon(Phased):
     """One engine: stands for office, fires while it holds it."""
 
+    part = "engine"
+
     def __init__(
         self,
         settings: Settings,
@@ -110,28 +112,16 @@ class EngineDaemon(Phased):
         if self.cron is not None:
             self.cron.request_reload()
 
-    # -- alone (`scheduler run --role engine`, and `scheduler run`'s own process) ---------------
-    async def run(self) -> None:
-        """Run until `stop()`; everything started is torn down on the way out."""
-        try:
-            async with AsyncExitStack() as stack:
-                if not await self._start_unless_stopped(self.start(stack)):
-                    return
-                async with asyncio.TaskGroup() as tg:
-                    self.spawn(tg)
-                    tg.create_task(self._stop.wait(), name="stop-signal")
-                    self.state = RunState.RUNNING
-                    self.started.set()
-                    log.info("daemon.running role=engine instance=%s", self.settings.instance_id)
-                self.state = RunState.STOPPING
-                log.info("daemon.stopping role=engine")
-        finally:
-            self.state = RunState.STOPPED
-            self._export_status()
-            log.info("daemon.stopped role=engine")
+    def _set_state(self, state: RunState) -> None:
+        self.state = state
+        if state is RunState.STOPPED:
+            self._export_status()  # the edge beside it sees the engine stopped at once
 
     # -- parts, for `run` and for the one-process daemon (`scheduler.daemon.lifecycle`) ------
     async def start(self, stack: AsyncExitStack) -> None:
+        await self._start(stack)
+
+    async def _start(self, stack: AsyncExitStack) -> None:
         s = self.settings = await self._start_embedded(stack)
         if self.on_servers is not None:
             await self.on_servers(s, self.embedded_started)

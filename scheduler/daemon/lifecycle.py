@@ -18,33 +18,20 @@ import asyncio
 import gc
 import logging
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.api.server import Served
 from scheduler.clock import Clock, SystemClock
 from scheduler.daemon import migrate
 from scheduler.daemon.edge import EdgeDaemon
 from scheduler.daemon.engine import EngineDaemon
 from scheduler.daemon.pair import EngineReport
-from scheduler.daemon.runstate import Phased, RunState
+from scheduler.daemon.runstate import Endpoints, Phased, RunState
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 
 __all__ = ["Daemon", "Endpoints", "RunState", "migrate", "tune_gc"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Endpoints:
-    """Where this daemon's parts listen, for the start banner and for tests."""
-
-    nats_url: str = ""
-    database_url: str = ""
-    api: Served | None = None
-    metrics: Served | None = None
-    embedded: list[str] = field(default_factory=list)
 
 
 class LocalEngine:
@@ -163,25 +150,15 @@ class Daemon(Phased):
         self.core.reload()
 
     # -- lifecycle --------------------------------------------------------------------------------
-    async def run(self) -> None:
-        """Run until `stop()`; everything started is torn down on the way out."""
-        try:
-            async with AsyncExitStack() as stack:
-                if not await self._start_unless_stopped(self._start(stack)):
-                    return
-                async with asyncio.TaskGroup() as tg:
-                    self.core.spawn(tg)
-                    self.edge.spawn(tg)
-                    tg.create_task(self._stop.wait(), name="stop-signal")
-                    await self.edge.serve_api()  # the engine's loops run (and fire) meanwhile
-                    self.state = self.core.state = self.edge.state = RunState.RUNNING
-                    self.started.set()
-                    log.info("daemon.running instance=%s", self.settings.instance_id)
-                self.state = self.core.state = self.edge.state = RunState.STOPPING
-                log.info("daemon.stopping")
-        finally:
-            self.state = self.core.state = self.edge.state = RunState.STOPPED
-            log.info("daemon.stopped")
+    def spawn(self, tg: asyncio.TaskGroup) -> None:
+        self.core.spawn(tg)
+        self.edge.spawn(tg)
+
+    async def _ready(self) -> None:
+        await self.edge.serve_api()
+
+    def _set_state(self, state: RunState) -> None:
+        self.state = self.core.state = self.edge.state = state
 
     async def _start(self, stack: AsyncExitStack) -> None:
         self._follow(self.edge)

@@ -7,7 +7,9 @@ import asyncio
 import enum
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from scheduler.aio import first_of
 
@@ -21,8 +23,30 @@ class RunState(enum.Enum):
     STOPPED = "stopped"
 
 
+class Listener(Protocol):
+    """A port being listened on (`scheduler.api.server.Served`, or the URL an edge reported)."""
+
+    @property
+    def url(self) -> str: ...
+
+
+@dataclass
+class Endpoints:
+    """Where a daemon's parts listen, for the start banner and for tests."""
+
+    nats_url: str = ""
+    database_url: str = ""
+    api: Listener | None = None
+    metrics: Listener | None = None
+    embedded: list[str] = field(default_factory=list)
+
+
 class Phased:
-    """A process part with a run state, start phases and a stop signal."""
+    """A process part with a run state, start phases and a stop signal. `run` is the same
+    for every part: start (a stop meanwhile abandons it), its loops in one TaskGroup until
+    `stop()`, then everything the start registered on the AsyncExitStack torn down."""
+
+    part = "daemon"  # named in the log lines of `run`
 
     def __init__(self) -> None:
         self.state = RunState.STARTING
@@ -38,6 +62,43 @@ class Phased:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    async def run(self) -> None:
+        """Run until `stop()`; everything started is torn down on the way out."""
+        try:
+            async with AsyncExitStack() as stack:
+                if not await self._start_unless_stopped(self._start(stack)):
+                    return
+                async with asyncio.TaskGroup() as tg:
+                    self.spawn(tg)
+                    tg.create_task(self._stop.wait(), name="stop-signal")
+                    await self._ready()  # the loops run meanwhile (an engine fires)
+                    self._set_state(RunState.RUNNING)
+                    self.started.set()
+                    log.info("daemon.running role=%s instance=%s", self.part, self._instance())
+                self._set_state(RunState.STOPPING)
+                log.info("daemon.stopping role=%s", self.part)
+        finally:
+            self._set_state(RunState.STOPPED)
+            log.info("daemon.stopped role=%s", self.part)
+
+    def _instance(self) -> str:
+        settings = getattr(self, "settings", None)
+        return str(getattr(settings, "instance_id", ""))
+
+    async def _start(self, stack: AsyncExitStack) -> None:
+        """Connect and build everything, registering cleanups on `stack`."""
+        raise NotImplementedError
+
+    def spawn(self, tg: asyncio.TaskGroup) -> None:
+        """Start the part's loops in `tg`; they end when `stop()` is called."""
+        raise NotImplementedError
+
+    async def _ready(self) -> None:
+        """What must be done, its loops running, before the part says it runs."""
+
+    def _set_state(self, state: RunState) -> None:
+        self.state = state
 
     def _enter(self, phase: str) -> None:
         self.phase = phase

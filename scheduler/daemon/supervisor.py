@@ -27,13 +27,13 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from scheduler.daemon.engine import EngineDaemon
 from scheduler.daemon.pair import EDGE_EXIT, EDGE_STATUS, read_json, write_json
-from scheduler.daemon.runstate import RunState
+from scheduler.daemon.runstate import Endpoints, RunState
 from scheduler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,20 +53,9 @@ class EdgeFailed(Exception):
         self.code, self.line = code, line
 
 
-@dataclass
+@dataclass(frozen=True)
 class Listening:
     url: str
-
-
-@dataclass
-class PairEndpoints:
-    """Where the pair listens (the edge's ports, read from `edge.json`), for the banner."""
-
-    nats_url: str = ""
-    database_url: str = ""
-    api: Listening | None = None
-    metrics: Listening | None = None
-    embedded: list[str] = field(default_factory=list)
 
 
 class Pair:
@@ -90,7 +79,7 @@ class Pair:
         self.engine = EngineDaemon(
             settings, embedded=embedded, run_dir=self.run_dir, on_servers=self._servers_up
         )
-        self.endpoints = PairEndpoints()
+        self.endpoints = Endpoints()
         self.started = asyncio.Event()
         self.child: asyncio.subprocess.Process | None = None
         self._child_env: dict[str, str] = {}
