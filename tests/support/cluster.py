@@ -122,6 +122,7 @@ class NatsCluster:
             for node in self.nodes:
                 wait_for_port("127.0.0.1", node.client_port, timeout)
             self.wait_meta_leader(timeout)
+            self.wait_healthy(timeout)
         except BaseException:
             self.stop()
             raise
@@ -176,6 +177,7 @@ class NatsCluster:
             elif not node.alive:
                 self.restart(node, timeout)
         self.wait_meta_leader(timeout)
+        self.wait_healthy(timeout)
 
     # -- what the cluster says ---------------------------------------------------------------
     def _answering(self) -> list[Node]:
@@ -206,6 +208,21 @@ class NatsCluster:
                 return self.node(str(seen.pop()))
             time.sleep(0.05)
         raise ClusterError(f"no meta leader agreed within {timeout:g}s in {self.root}")
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        """Until every live node's `/healthz` says ok (JetStream current): a stream created
+        just after the meta leader is known was seen to time out."""
+        deadline = time.monotonic() + timeout
+        for node in self._answering():
+            while True:
+                try:
+                    if node.monitor("/healthz").get("status") == "ok":
+                        break
+                except OSError:  # 503 while JetStream catches up
+                    pass
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{node.name} not healthy within {timeout:g}s")
+                time.sleep(0.05)
 
     def stream_leader(self, stream: str, timeout: float = 15.0) -> Node:
         """The node leading `stream` (waiting through an election)."""
