@@ -1,8 +1,9 @@
 """Node losses on a 3-node JetStream cluster under load: two daemons (`scheduler run`) with
-every stream and bucket at 3 replicas, a producer that resends a publish with no PubAck, a probe
-timing the broker's own outage; then the node leading the delay lane, the target stream or the
-lease bucket is SIGKILLed, or the lane's leader is SIGSTOPped. Nothing is lost, doubled or early,
-and tasks due more than a second after the broker takes writes again are on time."""
+every stream and bucket at 3 replicas, a producer that resends a publish with no PubAck, probes
+timing the broker's own outage (target stream, lease bucket, lane and its consumer); then the node
+leading the delay lane, the target stream or the lease bucket is SIGKILLed, or the lane's leader
+is SIGSTOPped. Nothing is lost, doubled or early, and tasks due more than a second after the
+broker takes writes again are on time."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from nats.js.api import StorageType, StreamConfig
 
 from tests.faults.harness import Cluster
 from tests.support.cluster import NatsCluster
-from tests.support.cluster_load import Probe, Producer, lateness, p99
+from tests.support.cluster_load import ConsumerProbe, Probe, Producer, lateness, p99
 
 TARGET = "CLFAULTS"
 RATE = 100.0  # tasks/s
@@ -43,14 +44,16 @@ async def _fault(cluster: NatsCluster, fault: str) -> None:
     cluster.kill(await asyncio.to_thread(cluster.stream_leader, stream))
 
 
-async def _recovered(producer: Producer, probe: Probe, at: float, within: float = 25.0) -> float:
-    """When both the target stream (the probe) and the lane (the producer) took writes after
-    `at`: the end of the broker's own outage."""
+async def _recovered(
+    producer: Producer, probes: list[Probe], at: float, within: float = 25.0
+) -> float:
+    """When the target stream, the lease bucket and the lane's consumer (the probes) answer and
+    the lane (the producer) took writes again after `at`: the end of the broker's outage."""
     async with asyncio.timeout(within):
         while True:
-            target, lane = probe.first_after(at), producer.first_ack_after(at)
-            if target is not None and lane is not None:
-                return max(target, lane)
+            times = [p.first_after(at) for p in probes] + [producer.first_ack_after(at)]
+            if None not in times:
+                return max(t for t in times if t is not None)
             await asyncio.sleep(0.05)
 
 
@@ -90,12 +93,17 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
         for stream in STREAMS:
             await asyncio.to_thread(cluster.replicas_current, stream)
         producer = await Producer(nc, "mq.delay.clfault.work", RATE, LEAD).start()
-        probe = Probe(js, "mq.clfault.probe")
-        loops = [asyncio.create_task(producer.run(stop)), asyncio.create_task(probe.run(stop))]
+        probes = [
+            Probe(js, "mq.clfault.probe"),
+            Probe(js, "$KV.scheduler_leader.probe"),
+            ConsumerProbe(js, "MQ_DELAY", "scheduler-intake"),
+        ]
+        loops = [asyncio.create_task(p.run(stop)) for p in probes]
+        loops.append(asyncio.create_task(producer.run(stop)))
         await asyncio.sleep(2.0)
         at = time.time()
         await _fault(cluster, fault)
-        recovered = await _recovered(producer, probe, at)
+        recovered = await _recovered(producer, probes, at)
         await asyncio.sleep(AFTER)
         stop.set()
         await asyncio.gather(*loops)

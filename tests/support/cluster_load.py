@@ -4,7 +4,8 @@
 resends (same `Nats-Msg-Id`) a publish that has no PubAck after `RETRY_AFTER`, as a user's
 producer would through an election: a task is *accepted* once it has its PubAck. `Probe` writes
 to the target stream every `PROBE_EVERY` s: the broker's own unwritable window after a fault is
-the time to its first stored write (and to the producer's first PubAck from the lane).
+the time to its first stored write (and to the producer's first PubAck from the lane, and to
+the lane consumer's first answer: `ConsumerProbe`).
 `lateness` reads the target stream back: per task id, store time minus due time of each copy.
 """
 
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import nats
+import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 PROBE_EVERY = 0.1
@@ -112,16 +114,32 @@ class Probe:
             n += 1
             sent = time.time()
             try:
-                await self.js.publish(
-                    self.subject, b"p", timeout=0.5, headers={"Nats-Msg-Id": f"probe-{n}"}
-                )
+                await self._write(n)
                 self.ok.append(sent)
             except Exception:  # an election, a lost ack: the window goes on
                 pass
             await asyncio.sleep(max(0.0, sent + PROBE_EVERY - time.time()))
 
+    async def _write(self, n: int) -> None:
+        await self.js.publish(
+            self.subject, b"p", timeout=0.5, headers={"Nats-Msg-Id": f"probe-{n}"}
+        )
+
     def first_after(self, at: float) -> float | None:
         return next((t for t in self.ok if t > at), None)
+
+
+class ConsumerProbe(Probe):
+    """`$JS.API.CONSUMER.INFO` of the lane's durable consumer every PROBE_EVERY s: only the
+    consumer's leader answers it, so it is down for the consumer's own election (a raft group
+    of its own, which may lose its leader while the lane's stream keeps its)."""
+
+    def __init__(self, js: Any, stream: str, consumer: str) -> None:
+        super().__init__(js, f"{stream}/{consumer}")
+        self.stream, self.consumer = stream, consumer
+
+    async def _write(self, n: int) -> None:
+        await self.js.consumer_info(self.stream, self.consumer, timeout=0.5)
 
 
 async def lateness(urls: list[str], stream: str) -> dict[str, tuple[float, list[float]]]:
@@ -134,9 +152,16 @@ async def lateness(urls: list[str], stream: str) -> dict[str, tuple[float, list[
         state = (await js.stream_info(stream)).state
         cfg = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
         sub = await js.pull_subscribe(">", stream=stream, config=cfg)
-        seen = 0
+        seen, deadline = 0, time.monotonic() + 30
         while seen < state.messages:
-            for m in await sub.fetch(1000, timeout=5):
+            try:
+                batch = await sub.fetch(1000, timeout=5)
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                # a fresh consumer on a replicated stream may have no leader for a moment
+                assert time.monotonic() < deadline, f"read {seen} of {state.messages}"
+                await asyncio.sleep(0.2)
+                continue
+            for m in batch:
                 seen += 1
                 headers = m.headers or {}
                 task_id, due_text = headers.get("Nats-Msg-Id", ""), headers.get("Mq-Scheduled-For")
