@@ -38,6 +38,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,6 @@ class Fleet:
         for daemon in self.alive():
             url = f"http://127.0.0.1:{daemon.http}/readyz"
             try:
-                import urllib.request
-
                 with urllib.request.urlopen(url, timeout=1) as r:
                     if json.loads(r.read()).get("role") == "leader":
                         return daemon
