@@ -163,6 +163,9 @@ class Settings(BaseSettings):
     )
     dead_letter_rate: int = Field(default=60, ge=0, le=1_000_000)
     tasks_stream: str = "MQ_TASKS"
+    # replicas of every stream and KV bucket the daemon provisions (3 on a production cluster;
+    # `scheduler provision --replicas N` moves existing ones; scheduler/bus/nats/replicas.py)
+    stream_replicas: int = Field(default=1, ge=1, le=5)
     leader_bucket: str = "scheduler_leader"
     state_bucket: str = "scheduler_state"
     data_dir: Path = Path(".scheduler-data")

@@ -11,6 +11,7 @@ Every test on these fixtures runs twice: `[current]` and `[compat]` (marker `com
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -25,10 +26,12 @@ import asyncpg
 import nats
 import pytest
 from hypothesis import settings as hypothesis_settings
+from nats.js.errors import NotFoundError
 
 from scheduler.daemon import migrate
 from scheduler.daemon.embedded import free_port
 from scheduler.settings import Settings
+from tests.support.cluster import NatsCluster
 from tests.support.compat import CURRENT, NatsServerOf, Servers, compat_servers, session_postgres
 
 # Locally hypothesis explores new cases on every run; CI replays a fixed set so a rare
@@ -212,3 +215,42 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("servers") == "compat":
             item.add_marker(pytest.mark.compat)
+
+
+@pytest.fixture(scope="session")
+def nats_cluster_service() -> Iterator[NatsCluster]:
+    """A 3-node JetStream cluster of the session's own (tests/support/cluster.py), on the
+    suite's current nats-server only: ~3 s to form, once."""
+    cluster = NatsCluster().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+async def nats_cluster(nats_cluster_service: NatsCluster) -> AsyncIterator[NatsCluster]:
+    """The session's cluster with every node up; afterwards a node the test killed or froze is
+    brought back and every stream is deleted."""
+    cluster = nats_cluster_service
+    yield cluster
+    await asyncio.to_thread(cluster.heal)
+    nc = await nats.connect(cluster.urls)
+    try:
+        await asyncio.wait_for(_delete_every_stream(nc, cluster), 60)
+    finally:
+        await nc.close()
+
+
+async def _delete_every_stream(nc: nats.NATS, cluster: NatsCluster) -> None:
+    """Delete every stream. Names come from `$JS.API.STREAM.NAMES` (the meta group's list):
+    `STREAM.LIST` waits 4 s for the leaders of streams that are moving to new peers and then
+    leaves them out."""
+    js = nc.jetstream(timeout=10)
+    while True:
+        reply = await nc.request("$JS.API.STREAM.NAMES", b"{}", timeout=10)
+        names = json.loads(reply.data).get("streams") or []
+        if not names:
+            return
+        for name in names:
+            await asyncio.to_thread(cluster.replicas_current, name)
+            with contextlib.suppress(NotFoundError):
+                await js.delete_stream(name)

@@ -160,6 +160,11 @@ def _parser() -> argparse.ArgumentParser:
     from scheduler.cli import ops
 
     ops.register(sub)  # status, schedules, delayed, dlq: the management API's CLI
+    from scheduler.cli import provision
+
+    prov = sub.add_parser("provision", help="create the NATS streams and buckets; --replicas N")
+    provision.configure(prov)
+    prov.set_defaults(func=provision.cmd_provision)
     return parser
 
 

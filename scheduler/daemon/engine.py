@@ -43,7 +43,7 @@ from scheduler.daemon.pair import (
     write_atomic,
     write_json,
 )
-from scheduler.daemon.preflight import check_lease_bucket, check_server_version
+from scheduler.daemon.preflight import check_lease_bucket, check_replicas, check_server_version
 from scheduler.daemon.runstate import Phased, RunState
 from scheduler.daemon.upkeep import dead_letter_upkeep, fire_log_upkeep, loop_lag_probe
 from scheduler.engine.cron.firing import CronEngine
@@ -338,6 +338,7 @@ class EngineDaemon(Phased):
             self.provisioned = await provision(self.bus, embedded=self.embedded)
         await self._check_lane_window()
         self._warn(await check_lease_bucket(self.bus, self.settings))
+        self._warn(await check_replicas(self.bus, self.settings, self.embedded))
         leader_kv = await self.bus.js.key_value(self.settings.leader_bucket)
         self.state_kv = await self.bus.js.key_value(self.settings.state_bucket)
         await paging.load_key(self.state_kv)  # cursors signed alike by every instance

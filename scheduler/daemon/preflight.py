@@ -10,6 +10,7 @@ import ipaddress
 import logging
 
 from scheduler.bus.nats.connection import NatsBus
+from scheduler.bus.nats.replicas import replicas_warning
 from scheduler.errors import ConfigError
 from scheduler.settings import Settings
 
@@ -60,6 +61,13 @@ async def check_lease_bucket(bus: NatsBus, settings: Settings) -> str | None:
         log.warning("leader.bucket_ttl_long %s", why)
         return why
     return None
+
+
+async def check_replicas(bus: NatsBus, settings: Settings, embedded: bool) -> str | None:
+    """Every provisioned stream and bucket should have SCHEDULER_STREAM_REPLICAS replicas: one
+    with fewer loses its data (and stops) with a node; the warning names each that differs."""
+    assert bus.js is not None
+    return await replicas_warning(bus.js, settings, embedded)
 
 
 def check_api_exposure(settings: Settings) -> str | None:

@@ -15,11 +15,17 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from nats.js.errors import NoStreamResponseError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from scheduler.clock import Clock, to_rfc3339
 
 LEASE_KEY = "leader"
+# A write nobody took (503: the bucket's stream is electing a leader, 4-10 s after its leader's
+# node died) stored nothing: it is sent again after these pauses (s), doubling, until the
+# caller's deadline cancels it. A write that went out and got no answer is not resent.
+NO_LEADER_PAUSE = 0.05
+NO_LEADER_PAUSE_MAX = 0.25
 
 
 class KvLease:
@@ -53,9 +59,19 @@ class KvLease:
         return await self._kv.create(LEASE_KEY, value)
 
     async def update(self, value: bytes, last: int) -> int:
-        """Rewrite the key if `last` is still its revision; the new one, kept as `revision`."""
-        self.revision = await self._kv.update(LEASE_KEY, value, last=last)
-        return self.revision
+        """Rewrite the key if `last` is still its revision; the new one, kept as `revision`.
+        While the bucket has no leader (a 503: nothing was stored) the write is sent again,
+        shortly, until it is taken or the caller gives up: a bucket that moved to another node
+        is no reason to lose office."""
+        pause = NO_LEADER_PAUSE
+        while True:
+            try:
+                self.revision = await self._kv.update(LEASE_KEY, value, last=last)
+                return self.revision
+            except NoStreamResponseError:
+                self._log.info("leader.lease_write_retry reason=no_responders pause=%.2f", pause)
+            await self._clock.sleep(pause)
+            pause = min(pause * 2, NO_LEADER_PAUSE_MAX)
 
     async def delete(self, last: int) -> None:
         """Delete the key if `last` is still its revision (raises otherwise)."""

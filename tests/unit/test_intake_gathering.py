@@ -63,7 +63,9 @@ class ClockLane:
         self.arrived.set()
 
     async def close(self) -> None:
-        pass
+        self.closed = True
+
+    closed = False
 
 
 @dataclass
@@ -242,3 +244,31 @@ async def test_a_gathered_batch_is_acked_only_after_its_commit(rig: Rig) -> None
     await rig.run_for(1)
     assert rig.broker.acked == [f"ack.{t}" for t in sent]
     await stopped(rig, runner)
+
+
+async def test_an_intake_out_of_office_lets_go_of_the_lane_before_anything_else(rig: Rig) -> None:
+    """Office ends while a batch's commit hangs, and the term's end then cancels the intake:
+    the lane is closed (its pull requests withdrawn, its buffer nak'ed) all the same, so the
+    server hands the next messages to the successor at once, not after the ack wait."""
+    acting = [True]
+    intake = Intake(
+        settings=Settings(),
+        horizon=Horizon(),
+        tasks=rig.store,
+        publisher=rig.broker,
+        clock=rig.clock,
+        events=Metrics(),
+        limits=Limits(),
+    )
+    runner = asyncio.create_task(intake.run(rig.lane, rig.stop, lambda: acting[0]))
+    rig.store.gate.clear()  # the commit hangs (PostgreSQL slow)
+    rig.send(timedelta(seconds=1))
+    await rig.run_for(20)
+    assert len(rig.store.calls) == 1
+    acting[0] = False  # self-fenced
+    await rig.run_for(600)
+    runner.cancel()  # the term ends: the engine's task group cancels its tasks
+    async with asyncio.timeout(3):
+        await asyncio.gather(runner, return_exceptions=True)
+    assert rig.lane.closed
+    rig.store.gate.set()

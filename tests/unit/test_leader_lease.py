@@ -11,7 +11,7 @@ from typing import Any, cast
 import asyncpg
 import nats.errors
 import pytest
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoStreamResponseError
 from nats.js.kv import KeyValue
 
 from scheduler.clock import FakeClock, to_rfc3339
@@ -62,6 +62,7 @@ class FakeKV:
         self.watchers: list[FakeWatcher] = []
         self.watchable = True
         self.fail_updates = False
+        self.leaderless = 0  # updates answered 503 (no stream leader) this many times
         self.gate: asyncio.Event | None = None  # updates wait for it while it is unset
 
     def current(self, key: str) -> Entry | None:
@@ -94,6 +95,9 @@ class FakeKV:
             await self.gate.wait()
         if self.fail_updates:
             raise nats.errors.TimeoutError
+        if self.leaderless:
+            self.leaderless -= 1
+            raise NoStreamResponseError
         self._check(key, last)
         return self._write(key, value)
 
@@ -240,6 +244,35 @@ async def test_failed_renew_loses_office_at_once(
     kv.fail_updates = False
     await step(clock, CAMPAIGN)
     assert a.may_act() and a.epoch is not None and a.epoch > 1
+
+
+async def test_a_renew_outlasts_the_buckets_election(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """While the bucket's stream elects a new leader its writes get 503 (nothing stored): the
+    renew is sent again shortly and the term goes on, same epoch, once the bucket answers."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    kv.leaderless = 5  # 0.05 + 0.1 + 0.2 + 0.25 * 2 = 0.85 s of 503s, inside the deadline
+    await step(clock, RENEW + 1.0)
+    assert a.may_act() and a.epoch == 1 and not a.lost.is_set()
+    assert kv.leaderless == 0 and value(kv)["epoch"] == 1
+
+
+async def test_a_bucket_without_a_leader_past_the_deadline_ends_the_term(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """The retries never outlive the self-fence: with the bucket leaderless for longer, office
+    ends at the deadline (sent + TTL - margin), as with a hung renew."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    kv.leaderless = 1000
+    await step(clock, 2.375)
+    assert a.may_act()
+    await step(clock, 0.125)
+    assert not a.may_act() and a.lost.is_set() and a.epoch is None
+    kv.leaderless = 0  # let a campaign's write through, so the loops can stop
+    await step(clock, 0.5)
 
 
 async def test_self_fence_when_renew_hangs(start: Start, kv: FakeKV, clock: FakeClock) -> None:

