@@ -4,6 +4,11 @@
 a fresh database cloned from a migrated template and a JetStream namespace emptied after it; the
 teardown checks that the test closed every connection it opened.
 
+Under pytest-xdist (`-n 2`) each worker is a process of its own, so each starts its own
+servers (these fixtures are session-scoped) and the per-test cleanup and leak checks, which
+count a whole server, see only that worker's tests; `NATS_URL` is refused there, as every
+worker's teardown would delete the others' streams (`DATABASE_URL` is fine: databases are per test).
+
 Every test on these fixtures runs twice: `[current]` and `[compat]` (marker `compat`: nats-server
 2.10 and PostgreSQL 15, see tests/support/compat.py); `-m "not compat"` runs the first only.
 """
@@ -60,6 +65,16 @@ def _collect_like_the_daemon() -> None:
         gc.unfreeze()
         gc.collect()
     gc.freeze()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A shared NATS_URL cannot serve parallel workers: refuse it before any test runs."""
+    if os.environ.get("NATS_URL") and config.getoption("numprocesses", None):
+        raise pytest.UsageError(
+            "NATS_URL is set, but with -n every pytest-xdist worker's teardown would delete "
+            "the other workers' streams on that server: unset NATS_URL (each worker then "
+            "starts a nats-server of its own) or run without -n"
+        )
 
 
 @pytest.fixture(scope="session", params=["current", "compat"])

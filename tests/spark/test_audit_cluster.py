@@ -100,7 +100,8 @@ class Cluster:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui}/json/", timeout=2) as resp:
                 doc = json.loads(resp.read())
-        except OSError:
+        # while starting, a master once answered /json/ with an HTML page (busy host, -n 2)
+        except (OSError, json.JSONDecodeError):
             return 0
         return sum(1 for w in doc.get("workers", []) if w.get("state") == "ALIVE")
 
@@ -118,11 +119,11 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    started = Cluster(tmp_path_factory.mktemp("cluster")).start()
+    spark = Cluster(tmp_path_factory.mktemp("cluster"))
     try:
-        yield started
+        yield spark.start()
     finally:
-        started.stop()
+        spark.stop()  # also when start() failed: its master and worker would outlive the run
 
 
 def audit_process(command: list[str], out: Path) -> dict[str, Any]:

@@ -62,6 +62,9 @@ def test_cursors_round_trip(micros: int, priority: int, seq: int) -> None:
         "not-base64-json",
         "",
     ],
+    # named, not shown: the cursors' MACs use the process's random key, and pytest-xdist's
+    # workers must collect the same test ids
+    ids=["another-list", "too-short", "wrong-type", "not-base64-json", "empty"],
 )
 def test_foreign_or_edited_cursors_are_refused(cursor: str) -> None:
     """A cursor of another list, of another shape or not ours at all names `cursor`."""

@@ -44,13 +44,16 @@ async def _insert_odd(dsn: str) -> None:
 
 async def _model_pages(dsn: str) -> list[dict[str, Any]]:
     """Every task as the model-based page wrote it: the store's rows (held, then fired)
-    dumped with pydantic, the sort key dropped."""
+    dumped with pydantic, the sort key dropped. Both reads share one snapshot: as two
+    statements, a task the daemon fired between them was read held (claimed) and then fired
+    as well, eight rows for seven tasks (issue 38)."""
     conn = await asyncpg.connect(dsn)
     try:
-        held = await conn.fetch(
-            f"SELECT {_TASK_SUMMARY} FROM delayed_messages ORDER BY due_at, priority, seq"
-        )
-        fired = await conn.fetch(FIRED_SQL, None, None, None, None, "", 100)
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            held = await conn.fetch(
+                f"SELECT {_TASK_SUMMARY} FROM delayed_messages ORDER BY due_at, priority, seq"
+            )
+            fired = await conn.fetch(FIRED_SQL, None, None, None, None, "", 100)
     finally:
         await conn.close()
     rows = [{k: v for k, v in dict(r).items() if k != "seq"} for r in [*held, *fired]]
