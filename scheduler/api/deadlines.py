@@ -22,7 +22,7 @@ import h11
 from scheduler.api.lingering import LingeringH11Protocol
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.api")
+log = logging.getLogger(__name__)
 
 _TIMED_OUT = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"

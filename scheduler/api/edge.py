@@ -49,7 +49,7 @@ WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # GET, HEAD, DELETE, OPTIONS take none
 _CLOSE = {"Connection": "close"}
 
-log = logging.getLogger("scheduler.api")
+log = logging.getLogger(__name__)
 
 
 class RequestId:

@@ -41,6 +41,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if age > args.max_age:
         print(f"scheduler probe: the engine's status is {age:.1f}s old", file=sys.stderr)
         return 1
+    if report.nats == "closed":
+        print("scheduler probe: the engine's NATS connection is closed for good", file=sys.stderr)
+        return 1
     if report.state not in ("starting", "running"):
         print(f"scheduler probe: the engine is {report.state}", file=sys.stderr)
         return 1

@@ -376,8 +376,14 @@ class EdgeDaemon(Phased):
         return await read_instances(self.state_kv, self.clock.now())
 
     def is_alive(self) -> bool:
+        """Starting or running with a NATS connection that can still come back; with an
+        engine beside it, that engine's too (nats-py gives some connections up for good, and
+        then only a restart helps)."""
         nc = self.bus.nc if self.bus is not None else None
         if self.state is RunState.RUNNING and nc is not None and nc.is_closed:
+            return False
+        report = self.engine_report()
+        if report is not None and report.nats == "closed":
             return False
         return self.state in (RunState.STARTING, RunState.RUNNING)
 

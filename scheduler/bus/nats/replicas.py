@@ -21,7 +21,7 @@ from scheduler.bus.nats.connection import nodedup_stream
 from scheduler.errors import ConfigError
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.nats")
+log = logging.getLogger(__name__)
 
 SETTING = "SCHEDULER_STREAM_REPLICAS"
 

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 from starlette.types import Receive, Scope, Send
 
+from scheduler.api import gate
 from scheduler.api.deadlines import ConnectionLimits
 from scheduler.api.gate import QueryGate
 from scheduler.api.server import serve
@@ -246,12 +247,15 @@ EMPTY_FILTERS = (
 
 
 async def test_a_listing_that_matches_nothing_is_charged_for_its_work(
-    api: ApiHarness, database_url: str
+    api: ApiHarness, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`limit=1` listings whose filters match nothing among 100,000 pending tasks are charged
     the rows their time was worth, not one row each: sent back to back against a budget of
     200 rows/s (one 500-row page in the bucket), several are refused 503 `overloaded` with
     Retry-After, as full pages would be (charged one row each, none ever was)."""
+    # Work priced at 10x the daemon's rate: what is under test is that a listing pays for its
+    # time at all; at the real rate a fast idle host (5-10 ms a scan) stayed under the bucket.
+    monkeypatch.setattr(gate, "WORK_ROWS_PER_SECOND", 10 * gate.WORK_ROWS_PER_SECOND)
     await api.start(api_read_rows_per_second=200)
     conn = await asyncpg.connect(database_url)
     try:

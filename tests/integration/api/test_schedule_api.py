@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from scheduler import client
 from scheduler.clock import to_rfc3339
+from scheduler.records import ceil_ms
 from tests.integration.api.harness import READ, TARGET, ApiHarness, envelope, poll
 
 
@@ -49,7 +50,9 @@ async def test_envelope_form_answers_as_the_nats_verb_and_delivers_the_bytes(
     other = envelope(due, org_id="org-1")
     verb = await client.schedule(api.nc, TARGET, other)
     assert set(r.body) == set(verb) and r.body["status"] == verb["status"] == "scheduled"
-    assert r.body["id"] == doc["id"] and r.body["due_at"] == verb["due_at"] == to_rfc3339(due)
+    assert r.body["id"] == doc["id"] and r.body["due_at"] == verb["due_at"] == to_rfc3339(
+        ceil_ms(due)
+    )
     msgs = await poll(lambda: _delivered(api, 0.3), lambda m: len(m) == 2, within=10)
     assert raw in [m.data for m in msgs]
 
