@@ -9,6 +9,7 @@ leak, and the database must never see a priority of 40000 or a NUL) is refused 4
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.errors import KeyWrongLastSequenceError, NoStreamResponseError
 from nats.js.kv import KeyValue
 
 from scheduler.errors import RequestError
@@ -53,6 +54,9 @@ def use_key(key: bytes) -> None:
     _KEY[0] = key
 
 
+LEADERLESS_RETRIES, LEADERLESS_WAIT = 75, 0.2  # 15 s: a bucket's first election, with margin
+
+
 async def load_key(kv: KeyValue) -> bytes:
     """The deployment's cursor key from the state bucket, created there (random, 32 bytes) by
     the first instance to ask; installed with `use_key`.
@@ -63,12 +67,20 @@ async def load_key(kv: KeyValue) -> bytes:
     that vanishes (bucket recreated) only costs open clients a `bad_cursor` and a restart of
     their listing. Creation races are settled by KV `create` (one wins, the rest read it)."""
     fresh = base64.b64encode(secrets.token_bytes(32))
-    try:
-        await kv.create(KEY_NAME, fresh)
-        key = fresh
-    except KeyWrongLastSequenceError:
-        entry = await kv.get(KEY_NAME)
-        key = entry.value or b""
+    for attempt in range(LEADERLESS_RETRIES):
+        try:
+            await kv.create(KEY_NAME, fresh)
+            key = fresh
+            break
+        except KeyWrongLastSequenceError:
+            entry = await kv.get(KEY_NAME)
+            key = entry.value or b""
+            break
+        except (NoStreamResponseError, TimeoutError):
+            # a replicated bucket just created has no leader for a few seconds (its election)
+            if attempt == LEADERLESS_RETRIES - 1:
+                raise
+            await asyncio.sleep(LEADERLESS_WAIT)
     raw = base64.b64decode(key)
     if len(raw) < 16:
         raise ValueError(f"{KEY_NAME} in the state bucket is not a key; delete it and restart")
