@@ -200,10 +200,7 @@ class EdgeDaemon(Phased):
         assert nc is not None and self.bus.js is not None
         dsn = s.database_dsn
         assert dsn is not None
-        self._enter("connecting to PostgreSQL")
-        await migrate.current_revision(dsn, budget)
-        self._enter("migrating the schema")
-        await migrate.upgrade_async(dsn, budget=budget)
+        await migrate.at_start(dsn, budget, self._enter)
         self.migrated = True
         self._enter("opening the PostgreSQL pools")
         self.api_store = await self._open_api_pool(stack, budget)

@@ -320,10 +320,7 @@ class EngineDaemon(Phased):
         """First contact (retried for `budget` s), migrations, then the pool."""
         dsn = self.settings.database_dsn
         assert dsn is not None
-        self._enter("connecting to PostgreSQL")
-        await migrate.current_revision(dsn, budget)
-        self._enter("migrating the schema")
-        await migrate.upgrade_async(dsn, budget=budget)
+        await migrate.at_start(dsn, budget, self._enter)
         self.migrated = True
         self._enter("opening the PostgreSQL pool")
         store = PostgresStore(await create_pool(dsn, budget), self.metrics)

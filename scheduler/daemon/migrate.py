@@ -176,3 +176,12 @@ def _hint(cause: BaseException) -> str:
             "its owner)"
         )
     return ""
+
+
+async def at_start(dsn: str, budget: float, enter: Callable[[str], None]) -> None:
+    """A role's start: first contact with PostgreSQL (retried for `budget` s), then the
+    migrations; `enter` is told each phase (a stop during the start names it)."""
+    enter("connecting to PostgreSQL")
+    await current_revision(dsn, budget)
+    enter("migrating the schema")
+    await upgrade_async(dsn, budget=budget)
