@@ -10,7 +10,10 @@ write every 100 ms, one to the target stream (`mq.bench.probe`), one to the leas
 broker's own unwritable window after a fault ends at the last of the target probe's first stored
 write (`target_s`), the bucket probe's (`kv_s`), the producer's first PubAck from the lane
 (`lane_s`), and the lane consumer's first answer to `CONSUMER.INFO` (`intake_s`: the consumer
-is a raft group of its own, and may lose its leader while the lane's stream keeps its).
+is a raft group of its own, and may lose its leader while the lane's stream keeps its). Each
+is the end of the last gap of over 0.35 s between successes since the fault (else the first
+success): a probe sent before a SIGSTOP took hold, or a second election when the node is
+thawed, would otherwise end the outage too soon (tests/support/cluster_load.py, `back_after`).
 
 Faults, one after the other, `--settle` s apart: SIGKILL of the node leading the delay lane
 (`MQ_DELAY`), of the node leading the target stream, of the node leading the lease bucket, of
@@ -160,10 +163,10 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
             w: dict[str, Any] = {"fault": fault, "at": at, "node": node.name if node else None}
             await asyncio.sleep(a.settle)
             ends = {
-                "target_s": probe.first_after(at),
-                "kv_s": kv_probe.first_after(at),
-                "intake_s": intake_probe.first_after(at),
-                "lane_s": producer.first_ack_after(at),
+                "target_s": probe.back_after(at),
+                "kv_s": kv_probe.back_after(at),
+                "intake_s": intake_probe.back_after(at),
+                "lane_s": producer.back_after(at),
             }
             w |= {k: round(t - at, 3) if t else None for k, t in ends.items()}
             w["recovered_at"] = max(t or time.time() for t in ends.values())

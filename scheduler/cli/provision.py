@@ -14,7 +14,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from scheduler.bus.nats.connection import NatsBus, provision
+from scheduler.bus.nats.connection import NatsBus, provision, while_electing
 from scheduler.bus.nats.replicas import move_replicas, provisioned_streams
 from scheduler.settings import Settings
 
@@ -72,7 +72,9 @@ async def provision_replicas(settings: Settings) -> list[str]:
     bus = NatsBus(settings, _Quiet())
     await bus.connect(settings.startup_timeout.total_seconds())
     try:
-        created = await bus.setup(provision(bus, embedded=False))
+        created = await bus.setup(
+            while_electing(lambda: provision(bus, embedded=False), "provision")
+        )
         assert bus.js is not None
         lines: list[Any] = [
             f"{note.kind} {note.name}: created" for note in created if note.status == "created"

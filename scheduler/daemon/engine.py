@@ -31,7 +31,13 @@ from nats.js.errors import NotFoundError
 
 from scheduler import __version__
 from scheduler.aio import first_of
-from scheduler.bus.nats.connection import NatsBus, ProvisionNote, lane_window_warning, provision
+from scheduler.bus.nats.connection import (
+    NatsBus,
+    ProvisionNote,
+    lane_window_warning,
+    provision,
+    while_electing,
+)
 from scheduler.clock import Clock, SystemClock
 from scheduler.daemon import migrate
 from scheduler.daemon.embedded import start_missing
@@ -133,7 +139,7 @@ class EngineDaemon(Phased):
         self.check_server_version()
         self.store = await self._open_postgres(stack, budget)
         self._enter("provisioning streams and buckets")
-        self.leader_kv = await self.bus.setup(self._provision())
+        self.leader_kv = await self.bus.setup(while_electing(self._provision, "provision"))
         self._enter("starting the lease")
         self.tasks = TaskStore(self.store, IntentLimits.from_settings(s))
         self.clock_check = ClockCheck(

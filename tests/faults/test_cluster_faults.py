@@ -33,28 +33,39 @@ STREAMS = ("MQ_DELAY", TARGET, "KV_scheduler_leader")
 StartCluster = Callable[..., Awaitable[Cluster]]
 
 
-async def _fault(cluster: NatsCluster, fault: str) -> None:
-    if fault == "sigstop":
-        node = await asyncio.to_thread(cluster.stream_leader, "MQ_DELAY")
-        cluster.freeze(node)
-        await asyncio.sleep(STOP_FOR)
-        cluster.thaw(node)
-        return
-    stream = {"lane": "MQ_DELAY", "target": TARGET, "kv": "KV_scheduler_leader"}[fault]
-    cluster.kill(await asyncio.to_thread(cluster.stream_leader, stream))
+async def _fault(cluster: NatsCluster, fault: str) -> float:
+    """Kill (or freeze for STOP_FOR s) the node leading the fault's stream; the wall time the
+    fault took effect (a probe sent before it may still succeed, so `at` is after the signal)."""
+    stream = {"lane": "MQ_DELAY", "sigstop": "MQ_DELAY", "target": TARGET}.get(
+        fault, "KV_scheduler_leader"
+    )
+    node = await asyncio.to_thread(cluster.stream_leader, stream)
+    if fault != "sigstop":
+        cluster.kill(node)
+        return time.time()
+    cluster.freeze(node)
+    at = time.time()
+    await asyncio.sleep(STOP_FOR)
+    cluster.thaw(node)
+    return at
 
 
 async def _recovered(
     producer: Producer, probes: list[Probe], at: float, within: float = 25.0
-) -> float:
-    """When the target stream, the lease bucket and the lane's consumer (the probes) answer and
-    the lane (the producer) took writes again after `at`: the end of the broker's outage."""
+) -> None:
+    """Wait until the target stream, the lease bucket and the lane's consumer (the probes) answer
+    and the lane (the producer) took writes again after `at`."""
     async with asyncio.timeout(within):
         while True:
-            times = [p.first_after(at) for p in probes] + [producer.first_ack_after(at)]
-            if None not in times:
-                return max(t for t in times if t is not None)
+            if None not in [p.first_after(at) for p in probes] + [producer.first_ack_after(at)]:
+                return
             await asyncio.sleep(0.05)
+
+
+def _outage_end(producer: Producer, probes: list[Probe], at: float) -> float:
+    """The end of the broker's own outage: the last of the probes' and the lane's returns."""
+    times = [p.back_after(at) for p in probes] + [producer.back_after(at)]
+    return max(t for t in times if t is not None)
 
 
 async def _delivered(urls: list[str], ids: set[str], within: float = 20.0) -> dict[str, Any]:
@@ -101,12 +112,12 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
         loops = [asyncio.create_task(p.run(stop)) for p in probes]
         loops.append(asyncio.create_task(producer.run(stop)))
         await asyncio.sleep(2.0)
-        at = time.time()
-        await _fault(cluster, fault)
-        recovered = await _recovered(producer, probes, at)
+        at = await _fault(cluster, fault)
+        await _recovered(producer, probes, at)
         await asyncio.sleep(AFTER)
         stop.set()
         await asyncio.gather(*loops)
+        recovered = _outage_end(producer, probes, at)
         assert await producer.settle(10) == 0
         await asyncio.to_thread(cluster.heal)
         seen = await _delivered(cluster.urls, producer.accepted)

@@ -12,6 +12,7 @@ the lane consumer's first answer: `ConsumerProbe`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from datetime import UTC, datetime
@@ -100,6 +101,10 @@ class Producer:
     def first_ack_after(self, at: float) -> float | None:
         return next((t for t in self.acked_at if t > at), None)
 
+    def back_after(self, at: float) -> float | None:
+        """When the lane took writes again after its last outage since `at` (see `back_after`)."""
+        return back_after(self.acked_at, at)
+
 
 class Probe:
     """A JetStream publish to `subject` every PROBE_EVERY s; the wall times of stored ones."""
@@ -127,6 +132,25 @@ class Probe:
 
     def first_after(self, at: float) -> float | None:
         return next((t for t in self.ok if t > at), None)
+
+    def back_after(self, at: float) -> float | None:
+        """When writes were stored again after the last outage since `at` (see `back_after`)."""
+        return back_after(self.ok, at)
+
+
+GAP = 0.35  # s without a stored probe write (sent every PROBE_EVERY): an outage
+
+
+def back_after(times: list[float], at: float) -> float | None:
+    """The end of the last outage (a gap over GAP s between successes) that ended after `at`,
+    or the first success after `at` when there was none: a node thawed after a SIGSTOP can make
+    the broker step its leaders down again, a second outage the first answer would hide."""
+    after = [t for t in times if t > at]
+    if not after:
+        return None
+    chain = [t for t in times if t <= at][-1:] + after
+    ends = [b for a, b in itertools.pairwise(chain) if b - a > GAP]
+    return ends[-1] if ends else after[0]
 
 
 class ConsumerProbe(Probe):

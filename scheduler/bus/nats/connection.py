@@ -363,6 +363,37 @@ class NatsBus:
         return int((info.state.subjects or {}).get(subject, 0))
 
 
+# How long the start's JetStream calls wait out a cluster that is electing: a replicated
+# stream or bucket just created, or a meta leader just lost, answers nothing (a request
+# timeout) or 503 "temporarily unavailable" until its group has a leader (seconds, more on a
+# loaded host). Longer than that is a cluster that cannot elect: the start fails then.
+ELECTING_BUDGET = 45.0
+
+
+def electing(exc: BaseException) -> bool:
+    """True for the answers of a JetStream cluster without a leader for what was asked."""
+    if isinstance(exc, js_errors.ServiceUnavailableError):
+        return "temporarily" in str(exc.description or "")
+    return isinstance(exc, TimeoutError)  # nats.errors.TimeoutError is one
+
+
+async def while_electing(
+    make: Callable[[], Awaitable[T]], what: str, budget: float = ELECTING_BUDGET
+) -> T:
+    """Run `make()` again (every step of it is idempotent) while the cluster answers as one
+    that is electing, up to `budget` seconds; any other error, or the last, is raised."""
+    backoff = Backoff(budget)
+    while True:
+        backoff.attempt += 1
+        try:
+            return await make()
+        except Exception as exc:
+            if not electing(exc) or backoff.left <= 0:
+                raise
+            log.warning("nats.electing step=%s attempt=%d error=%r", what, backoff.attempt, exc)
+            await backoff.wait()
+
+
 def tls_context(settings: Settings) -> ssl.SSLContext | None:
     """The client's TLS context from SCHEDULER_NATS_TLS_CA (the CA that signed the server's
     certificate; default: the system's) and SCHEDULER_NATS_TLS_CERT/_KEY (a client certificate
