@@ -26,6 +26,7 @@ from scheduler.clock import Clock, to_rfc3339
 from scheduler.errors import EnvelopeError, RequestError, TargetRefusedError
 from scheduler.messages.envelope import ID_RULE, duplicate_key, valid_id
 from scheduler.messages.subjects import check_target, target_from_rest
+from scheduler.operations.ports import WriteFailed
 from scheduler.operations.tasks import TaskOperations, parse_due
 from scheduler.settings import Settings
 
@@ -99,6 +100,8 @@ class SchedulerService:
                 reply = _error(exc.code, str(exc))
             except ValueError as exc:
                 reply = _error("bad_request", f"body is not JSON: {exc}")
+            except WriteFailed as exc:  # the delay lane did not take the task
+                reply = _error("unavailable", _unwritten(exc))
             except Exception:  # the caller gets a code and an id, the log the exception
                 reply = _internal(verb, req.subject)
             log.info(
@@ -162,6 +165,15 @@ def _internal(verb: str, subject: str) -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     return to_rfc3339(value) if isinstance(value, datetime) else value
+
+
+def _unwritten(exc: WriteFailed) -> str:
+    if exc.maybe_stored:
+        return (
+            f"the delay lane did not acknowledge the task ({exc}): it may or may not be "
+            "scheduled; send it again (intake takes an exact resend as a no-op)"
+        )
+    return f"the delay lane refused the task ({exc}): it is not scheduled"
 
 
 def _error(code: str, message: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The in-memory twin of NATS: `scheduler.engine.ports.Broker`, `Bus`, `Source` and `Delivery`.
+"""The in-memory twin of NATS: `scheduler.engine.ports.Broker`, `Bus`, `Source` and `Delivery`,
+and the operator half's `scheduler.operations.ports.BusWriter` (`MemoryWriter`).
 
 For the engine's unit tests and as the reference the real adapters are checked against
 (tests/contracts/ runs the same tests over these twins and over `scheduler.bus.nats` on
@@ -23,6 +24,7 @@ from typing import Any
 from scheduler.bus.nats.frames import HEADER_LINE, delivery_headers, kv_subject
 from scheduler.clock import to_rfc3339
 from scheduler.messages.prepared import PreparedMessage, StampedMessage
+from scheduler.operations.ports import PUBLISH_TIMEOUT, Acked, NoAnswer, NoStream, Refused
 from scheduler.records import ClaimedTask, Done, Outcome, PubAck, PublishError
 
 
@@ -428,3 +430,49 @@ class MemoryBus:
         """The connection dropped (False) or came back (True)."""
         for listener in list(self.link_listeners):
             listener(up)
+
+
+class MemoryWriter:
+    """`scheduler.operations.ports.BusWriter` over `MemoryStreams`: stores as a stream would
+    (duplicate window by `Nats-Msg-Id`), refuses a body over `max_payload` before storing (nats-py
+    judges the body alone), and hands notices to `bus`'s listeners
+    (kept in `notices` as well). `down` makes every store end without an answer, as a lost
+    connection does."""
+
+    def __init__(
+        self, streams: MemoryStreams, bus: MemoryBus | None = None, max_payload: int = 1 << 20
+    ) -> None:
+        self.streams, self.bus, self._max_payload = streams, bus, max_payload
+        self.notices: list[tuple[str, bytes]] = []
+        self.down = False
+
+    @property
+    def max_payload(self) -> int:
+        return self._max_payload
+
+    async def store(
+        self,
+        subject: str,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        timeout: float = PUBLISH_TIMEOUT,
+    ) -> Acked:
+        if len(body) > self._max_payload:
+            raise Refused(f"the message exceeds the server's max_payload ({self._max_payload} B)")
+        if self.down:
+            raise NoAnswer("the connection is down")
+        outcome = self.streams.store(subject, body, dict(headers or {}))
+        if isinstance(outcome, PublishError):
+            raise NoStream(f"no stream captures {subject}")
+        return Acked(outcome.stream, outcome.seq, outcome.duplicate)
+
+    async def notify(self, subject: str, data: bytes) -> None:
+        self.notices.append((subject, data))
+        if self.bus is not None:
+            await self.bus.notify(subject, data)
+
+    async def held(self, subject: str) -> int | None:
+        try:
+            return self.streams.held_on(subject)
+        except LookupError:
+            return None

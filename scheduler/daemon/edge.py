@@ -31,6 +31,7 @@ from scheduler import __version__
 from scheduler.api.nats_service import SchedulerService
 from scheduler.api.starting import MetricsApp, StartingApp
 from scheduler.bus.nats.connection import NatsBus
+from scheduler.bus.nats.writer import NatsWriter
 from scheduler.clock import Clock, SystemClock
 from scheduler.daemon import migrate
 from scheduler.daemon.listeners import api_imported, build_api_app, listen
@@ -209,8 +210,9 @@ class EdgeDaemon(Phased):
         await self._open_buckets(budget)
         self._enter("starting the service")
         limits = IntentLimits.from_settings(s)
+        writer = NatsWriter(nc)
         own = build_operations(
-            nc,
+            writer,
             s,
             self.service_store,
             TaskAdmin(self.service_store, limits),
@@ -218,7 +220,7 @@ class EdgeDaemon(Phased):
             self.leader,
         )
         self.operations = build_operations(
-            nc, s, self.api_store, TaskAdmin(self.api_store, limits), self.clock, self.leader
+            writer, s, self.api_store, TaskAdmin(self.api_store, limits), self.clock, self.leader
         )
         stack.callback(setattr, self, "operations", None)  # API: 503 before the pool closes
         service = SchedulerService(nc, s, own.tasks, self.clock, self.stats)

@@ -31,10 +31,6 @@ from datetime import datetime, timedelta
 from itertools import islice
 from typing import Any
 
-from nats.aio.client import Client
-from nats.errors import Error as NatsError
-from nats.js.errors import APIError, NoStreamResponseError
-
 from scheduler.clock import Clock, rfc3339
 from scheduler.cron.expression import occurrences_between
 from scheduler.cron.jobs import Concurrency, Job
@@ -43,6 +39,7 @@ from scheduler.errors import RequestError
 from scheduler.messages.headers import block_size
 from scheduler.operations import Outcome
 from scheduler.operations.backlog import TRANSIENT, WriteBacklog
+from scheduler.operations.ports import PUBLISH_TIMEOUT, BusWriter, NoAnswer, NoStream, Refused
 from scheduler.settings import Settings
 from scheduler.store.postgres.backfill import BackfillStore
 
@@ -52,7 +49,6 @@ MAX_BACKFILL = 1000  # occurrences per backfill (docs/operations.md)
 RATE = 500  # publishes per second, at most
 PACE_EVERY = 50  # publishes between two pauses of PACE_EVERY / RATE seconds
 STALE = timedelta(seconds=60)  # an unconfirmed claim older than this may be taken again
-PUBLISH_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 2.0
 HEADER_RESERVE = 4096  # as for every delivery: room for the headers the daemon adds
 
@@ -68,13 +64,13 @@ class Run:
 class Backfiller:
     def __init__(
         self,
-        nc: Client,
+        bus: BusWriter,
         settings: Settings,
         store: BackfillStore,
         clock: Clock,
         backlog: WriteBacklog,
     ) -> None:
-        self.nc = nc
+        self.bus = bus
         self.settings = settings
         self.store = store
         self.clock = clock
@@ -154,22 +150,20 @@ class Backfiller:
         body, headers = backfill_message(job, at, self.clock.now())
         if (
             len(job.subject) + block_size(headers) + len(body)
-            > self.nc.max_payload - HEADER_RESERVE
+            > self.bus.max_payload - HEADER_RESERVE
         ):
             detail = f"data: the envelope of {job.name!r} does not fit max_payload"
             return Outcome("too_large", job.name, detail)
         try:
-            ack = await self.nc.jetstream().publish(
-                job.subject, body, timeout=PUBLISH_TIMEOUT, headers=headers
-            )
-        except NoStreamResponseError:
+            ack = await self.bus.store(job.subject, body, headers, PUBLISH_TIMEOUT)
+        except NoStream:
             detail = f"no stream captures {job.subject}: create one, then backfill again"
             return Outcome("no_stream", job.name, detail)
-        except APIError as exc:
+        except Refused as exc:
             return Outcome("publish_refused", job.name, f"{job.subject} refused it: {exc}")
-        except (NatsError, TimeoutError) as exc:
+        except NoAnswer as exc:
             detail = (
-                f"publishing {headers['Nats-Msg-Id']} got no answer ({type(exc).__name__}): it "
+                f"publishing {headers['Nats-Msg-Id']} got no answer ({exc}): it "
                 "may have been delivered; the same backfill after a minute publishes it again "
                 "under the same message id"
             )
@@ -209,14 +203,7 @@ class Backfiller:
     async def _held(self, subject: str) -> bool:
         """Whether the stream capturing `subject` still holds a message on it (as the leader's
         `forbid` check asks); unknown (no stream, NATS trouble) counts as not held."""
-        js = self.nc.jetstream()
-        try:
-            stream = await js.find_stream_name_by_subject(subject)
-            info = await js.stream_info(stream, subjects_filter=subject)
-        except (NatsError, TimeoutError) as exc:
-            log.warning("schedule.backfill_held_check_failed subject=%s error=%r", subject, exc)
-            return False
-        return int((info.state.subjects or {}).get(subject, 0)) > 0
+        return (await self.bus.held(subject) or 0) > 0
 
 
 def msg_id(job: str, at: datetime) -> str:

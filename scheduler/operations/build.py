@@ -1,4 +1,5 @@
-"""All operations of one daemon, wired to its NATS connection and PostgreSQL pool."""
+"""All operations of one daemon, wired to its bus writer (`scheduler.operations.ports`) and
+PostgreSQL pool."""
 
 from __future__ import annotations
 
@@ -6,13 +7,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nats.aio.client import Client
-
 from scheduler.clock import Clock
 from scheduler.operations.activity import ActivityOperations
 from scheduler.operations.backlog import WriteBacklog
 from scheduler.operations.cron_jobs import ScheduleOperations
 from scheduler.operations.dead_letters import DeadLetterOperations
+from scheduler.operations.ports import BusWriter
 from scheduler.operations.stats import StatsOperations
 from scheduler.operations.tasks import TaskOperations
 from scheduler.settings import Settings
@@ -38,7 +38,7 @@ class Operations:
 
 
 def build_operations(
-    nc: Client,
+    bus: BusWriter,
     settings: Settings,
     db: PostgresStore,
     tasks: TaskAdmin,
@@ -46,11 +46,11 @@ def build_operations(
     lease: Callable[[], Awaitable[dict[str, Any]]],
 ) -> Operations:
     overview, dead, backlog = OverviewStore(db), DeadLetterStore(db), WriteBacklog()
-    task_ops = TaskOperations(nc, settings, tasks, overview, clock)
+    task_ops = TaskOperations(bus, settings, tasks, overview, clock)
     return Operations(
         tasks=task_ops,
-        schedules=ScheduleOperations(nc, settings, ScheduleStore(db), overview, clock, backlog),
-        dead_letters=DeadLetterOperations(nc, settings, dead, task_ops, clock),
+        schedules=ScheduleOperations(bus, settings, ScheduleStore(db), overview, clock, backlog),
+        dead_letters=DeadLetterOperations(bus, settings, dead, task_ops, clock),
         stats=StatsOperations(
             overview, dead, clock, lease, settings.forecast_interval.total_seconds()
         ),

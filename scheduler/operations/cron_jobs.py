@@ -32,10 +32,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from nats.aio.client import Client
-from nats.errors import Error as NatsError
-from nats.js.errors import APIError, NoStreamResponseError
-
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.cron.expression import occurrences
 from scheduler.cron.jobs import Job, job_from_definition, load_dir, schedule_files
@@ -45,6 +41,7 @@ from scheduler.operations import Outcome
 from scheduler.operations.backfill import Backfiller
 from scheduler.operations.backlog import TRANSIENT, WriteBacklog
 from scheduler.operations.paging import NAME, Page, decode, page
+from scheduler.operations.ports import PUBLISH_TIMEOUT, BusWriter, NoAnswer, NoStream, Refused
 from scheduler.records import Advance
 from scheduler.settings import Settings
 from scheduler.store.postgres.backfill import BackfillStore
@@ -57,7 +54,6 @@ CURSOR = "schedules"
 NEXT_COUNT = 10
 FIRES_COUNT = 20
 CHANGED_SUBJECT = "scheduler.v1.internal.schedules"
-PUBLISH_TIMEOUT = 5.0
 CONFIRM_TIMEOUT = 2.0
 _UNREAD = object()
 
@@ -65,21 +61,21 @@ _UNREAD = object()
 class ScheduleOperations:
     def __init__(
         self,
-        nc: Client,
+        bus: BusWriter,
         settings: Settings,
         store: ScheduleStore,
         overview: OverviewStore,
         clock: Clock,
         backlog: WriteBacklog,
     ) -> None:
-        self.nc = nc
+        self.bus = bus
         self.backlog = backlog
         self.settings = settings
         self.store = store
         self.overview = overview
         self.clock = clock
         self._problems: tuple[object, list[dict[str, Any]]] = (_UNREAD, [])
-        self.backfiller = Backfiller(nc, settings, BackfillStore(store.db), clock, backlog)
+        self.backfiller = Backfiller(bus, settings, BackfillStore(store.db), clock, backlog)
 
     async def list(
         self, active: bool | None, cursor: str | None, limit: int
@@ -132,7 +128,7 @@ class ScheduleOperations:
     async def _set_paused(self, name: str, who: str | None, note: str | None = None) -> Outcome:
         if not await self.store.set_paused(name, who, note):
             return Outcome("not_found", name, f"no cron job named {name!r}")
-        await self.nc.publish(CHANGED_SUBJECT, name.encode())
+        await self.bus.notify(CHANGED_SUBJECT, name.encode())
         return Outcome("paused" if who else "resumed", name)
 
     async def trigger(
@@ -151,25 +147,23 @@ class ScheduleOperations:
         # Before the publish: whatever happens next, the audit sees this trigger.
         await self.store.log_manual_intent(job.name, job.subject, now, self.settings.instance_id)
         try:
-            ack = await self.nc.jetstream().publish(
-                job.subject, body, timeout=PUBLISH_TIMEOUT, headers=headers
-            )
-        except (NoStreamResponseError, APIError) as exc:  # refused: nothing was stored
+            ack = await self.bus.store(job.subject, body, headers, PUBLISH_TIMEOUT)
+        except (NoStream, Refused) as exc:  # refused: nothing was stored
             await self._forget(job.name, now)
-            if isinstance(exc, NoStreamResponseError):
+            if isinstance(exc, NoStream):
                 detail = f"no stream captures {job.subject}: create one, then trigger again"
                 return Outcome("no_stream", name, detail)
             return Outcome("publish_failed", name, f"{job.subject} refused the message: {exc}")
-        except (NatsError, TimeoutError) as exc:  # no answer: it may have been stored
+        except NoAnswer as exc:  # no answer: it may have been stored
             log.warning("schedule.trigger_failed job=%s msg_id=%s error=%r", name, msg_id, exc)
             detail = (
-                f"publishing to {job.subject} got no answer ({type(exc).__name__}): it may "
+                f"publishing to {job.subject} got no answer ({exc}): it may "
                 "have been delivered (its fire_log row stays without a stream); retry with the "
                 "same Idempotency-Key to be sure it fires once"
             )
             return Outcome("publish_failed", name, detail, {"msg_id": msg_id})
         fired = Advance(job.name, job.subject, now, self.clock.now(), ack.stream, ack.seq)
-        logged = await self._confirm(fired, msg_id, ack.duplicate is True)
+        logged = await self._confirm(fired, msg_id, ack.duplicate)
         data = {"msg_id": msg_id, "subject": job.subject, "stream": ack.stream, "seq": ack.seq}
         data |= {"fired_at": to_rfc3339(now), "fire_log": logged}
         return Outcome("triggered", name, data=data)

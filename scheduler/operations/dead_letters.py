@@ -24,9 +24,6 @@ import logging
 import uuid
 from typing import Any
 
-from nats.aio.client import Client
-from nats.errors import Error as NatsError
-
 from scheduler.clock import Clock
 from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.messages.envelope import Limits, check_org, parse_envelope
@@ -42,6 +39,7 @@ from scheduler.operations.paging import (
     page,
     us,
 )
+from scheduler.operations.ports import PUBLISH_TIMEOUT, BusWriter, WriteFailed
 from scheduler.operations.tasks import TaskOperations
 from scheduler.records import ceil_ms
 from scheduler.settings import Settings
@@ -50,19 +48,18 @@ from scheduler.store.postgres.dead_letters import DeadLetterFilter, DeadLetterSt
 log = logging.getLogger(__name__)
 
 CURSOR = "dead-letters"
-PUBLISH_TIMEOUT = 5.0
 
 
 class DeadLetterOperations:
     def __init__(
         self,
-        nc: Client,
+        bus: BusWriter,
         settings: Settings,
         store: DeadLetterStore,
         tasks: TaskOperations,
         clock: Clock,
     ) -> None:
-        self.nc = nc
+        self.bus = bus
         self.settings = settings
         self.store = store
         self.tasks = tasks
@@ -131,7 +128,7 @@ class DeadLetterOperations:
             return Outcome("not_replayable", ident, "the dead letter kept no message bytes")
         if dead.get("raw_truncated"):
             return Outcome("payload_truncated", ident, self._truncated(dead))
-        limits = Limits(max_payload=self.nc.max_payload, max_delay=self.settings.max_delay)
+        limits = Limits(max_payload=self.bus.max_payload, max_delay=self.settings.max_delay)
         try:
             env = parse_envelope(raw, self.clock.now(), limits)
             check_org(env, target)
@@ -150,13 +147,11 @@ class DeadLetterOperations:
         # the intake stores a task id once whatever the message id.
         headers["Nats-Msg-Id"] = f"replay:{ident}"
         try:
-            await self.nc.jetstream().publish(
-                subject, raw, timeout=PUBLISH_TIMEOUT, headers=headers
-            )
-        except (NatsError, TimeoutError) as exc:
+            await self.bus.store(subject, raw, headers, PUBLISH_TIMEOUT)
+        except WriteFailed as exc:
             await self.store.unmark_replayed(dead["id"])
             log.warning("dead_letter.replay_failed id=%s error=%r", ident, exc)
-            detail = f"publishing to {subject} failed ({type(exc).__name__}); retry shortly"
+            detail = f"publishing to {subject} failed ({exc}); retry shortly"
             return Outcome("publish_failed", ident, detail)
         return Outcome("replayed", ident, data={"task_id": env.id, "via": "intake"})
 

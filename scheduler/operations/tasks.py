@@ -14,8 +14,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from nats.aio.client import Client
-
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.engine.delayed import rescheduled
 from scheduler.errors import RequestError
@@ -41,6 +39,7 @@ from scheduler.operations.paging import (
     from_us,
     kind_of,
 )
+from scheduler.operations.ports import BusWriter
 from scheduler.records import TaskRef, ceil_ms
 from scheduler.settings import Settings
 from scheduler.store.postgres.overview import Listed, OverviewStore, TaskFilter
@@ -72,13 +71,13 @@ def parse_due(raw: Any) -> datetime:
 class TaskOperations:
     def __init__(
         self,
-        nc: Client,
+        bus: BusWriter,
         settings: Settings,
         tasks: TaskAdmin,
         overview: OverviewStore,
         clock: Clock,
     ) -> None:
-        self.nc = nc
+        self.bus = bus
         self.settings = settings
         self.tasks = tasks
         self.overview = overview
@@ -94,15 +93,16 @@ class TaskOperations:
         intake: a task over it is dead-lettered `quota_exceeded`, never delivered.
 
         `now` is the instant the envelope is judged at (the API passes an idempotent request's
-        first instant, so a retry judges the same bytes the same way)."""
-        limits = Limits(max_payload=self.nc.max_payload, max_delay=self.settings.max_delay)
+        first instant, so a retry judges the same bytes the same way). A lane that does not
+        acknowledge the task raises `scheduler.operations.ports.WriteFailed`."""
+        limits = Limits(max_payload=self.bus.max_payload, max_delay=self.settings.max_delay)
         env = parse_envelope(raw, now or self.clock.now(), limits)
         check_org(env, target)
         subject = delay_subject(target, delay_lane_prefix(self.settings.intake_subject))
         # before the publish: a cancel naming no target, on any instance, finds it from then on
         await self.tasks.note_lane(env.id, target)
         # no Nats-Msg-Id: the lane's window is shared by all producers (see client.publish_delayed)
-        await self.nc.jetstream().publish(subject, raw)
+        await self.bus.store(subject, raw)
         due = ceil_ms(env.due_at(now or self.clock.now()))  # as intake stores it
         return {"status": "scheduled", "id": env.id, "target": target, "due_at": to_rfc3339(due)}
 
@@ -184,7 +184,7 @@ class TaskOperations:
     async def notify_leader(self, ref: TaskRef) -> None:
         """Offer a task to the leader's heap at once (whichever instance leads), under its
         organisation (scheduler.engine.delayed.rescheduled)."""
-        await self.nc.publish(rescheduled.SUBJECT, rescheduled.encode(ref))
+        await self.bus.notify(rescheduled.SUBJECT, rescheduled.encode(ref))
 
     async def _target_of(self, task_id: str) -> str | None:
         """The stored task's target, else the one noted when the API or the `schedule` verb

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 from nats.aio.msg import Msg
 
-from scheduler.bus.memory import MemoryBroker, MemoryBus, MemoryDelivery, MemorySource
+from scheduler.bus.memory import (
+    MemoryBroker,
+    MemoryBus,
+    MemoryDelivery,
+    MemorySource,
+    MemoryWriter,
+)
 from scheduler.bus.nats.connection import NatsBus
 from scheduler.bus.nats.plain import PlainPublisher
 from scheduler.bus.nats.publisher import Publisher
 from scheduler.bus.nats.puller import Puller
 from scheduler.bus.nats.wire import RawMsg
+from scheduler.bus.nats.writer import NatsWriter
 from scheduler.engine.office import FixedOffice, Office
 from scheduler.engine.ports import (
     Broker,
@@ -26,6 +33,7 @@ from scheduler.engine.ports import (
     TaskRepository,
 )
 from scheduler.leadership.election import Leadership
+from scheduler.operations.ports import BusWriter
 from scheduler.store.memory import MemoryScheduleStore, MemoryTaskStore
 from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.tasks import TaskStore
@@ -36,6 +44,10 @@ def brokers(wire: Publisher, plain: PlainPublisher, twin: MemoryBroker) -> list[
 
 
 def buses(real: NatsBus, twin: MemoryBus) -> list[Bus]:
+    return [real, twin]
+
+
+def bus_writers(real: NatsWriter, twin: MemoryWriter) -> list[BusWriter]:
     return [real, twin]
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.bus.memory import MemoryWriter
 from scheduler.clock import FakeClock, to_rfc3339
 from scheduler.engine.delayed.armed import Armed
 from scheduler.engine.delayed.claims import CLAIMS_IN_FLIGHT, Claimer
@@ -395,23 +396,13 @@ async def test_overlapping_claims_share_the_byte_room() -> None:
     await claimer.settle()
 
 
-class _CoreNats:
-    """What `TaskOperations` uses of a NATS connection to tell the leader (a core publish),
-    delivered to the twin bus's listeners as nats-server would."""
-
-    def __init__(self, bus: Any) -> None:
-        self.bus = bus
-
-    async def publish(self, subject: str, payload: bytes) -> None:
-        await self.bus.notify(subject, payload)
-
-
 async def test_a_rescheduled_task_waits_in_its_own_orgs_queue() -> None:
     """With fair firing, a task moved by a reschedule (the API's path: store, then the notice
     to the leader) re-enters the heap under its organisation: acme's two tasks now due
     together count as one organisation, not acme plus the no-organisation queue."""
     e = await engine_on_twins(fair_firing=True)
-    ops = TaskOperations(_CoreNats(e.bus), e.engine.settings, e.store, None, e.clock)  # type: ignore[arg-type]
+    writer = MemoryWriter(e.streams, e.bus)  # the notice reaches the twin bus's listeners
+    ops = TaskOperations(writer, e.engine.settings, e.store, None, e.clock)  # type: ignore[arg-type]
     await e.start()
     try:
         due = e.clock.now() + timedelta(seconds=120)

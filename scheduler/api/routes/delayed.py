@@ -10,7 +10,6 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
-from nats.errors import Error as NatsError
 from pydantic import BaseModel, ValidationError
 
 from scheduler.api.auth import Admin, Reader
@@ -41,6 +40,7 @@ from scheduler.messages.envelope import (
 )
 from scheduler.messages.subjects import check_target
 from scheduler.operations import Outcome
+from scheduler.operations.ports import WriteFailed
 from scheduler.store.postgres.idempotency import Claim
 from scheduler.store.postgres.overview import TaskFilter
 
@@ -338,7 +338,7 @@ def _scheduled_target(subject: str | None, ops: Ops) -> str:
 
 def _judge(ops: Ops, target: str, body: bytes) -> None:
     """The envelope checks the lane's publish would face, answered now: 422 naming the field."""
-    limits = Limits(max_payload=ops.tasks.nc.max_payload, max_delay=ops.tasks.settings.max_delay)
+    limits = Limits(max_payload=ops.tasks.bus.max_payload, max_delay=ops.tasks.settings.max_delay)
     try:
         check_org(parse_envelope(body, ops.clock.now(), limits), target)
     except EnvelopeError as exc:
@@ -355,11 +355,13 @@ async def _put(ops: Ops, target: str, body: bytes, at: datetime) -> dict[str, An
         return await ops.tasks.schedule(target, body, at)
     except EnvelopeError as exc:
         raise _refused(exc) from None
-    except (NatsError, TimeoutError) as exc:
+    except WriteFailed as exc:
         detail = (
-            f"the delay lane did not acknowledge the task ({type(exc).__name__}): it may or may "
-            "not be scheduled; retry with the same Idempotency-Key"
+            f"the delay lane did not acknowledge the task ({exc}): it may or may not be "
+            "scheduled; retry with the same Idempotency-Key"
         )
+        if not exc.maybe_stored:
+            detail = f"the delay lane refused the task ({exc}): it is not scheduled"
         raise ApiProblem(503, "unavailable", detail, headers={"Retry-After": "1"}) from None
 
 

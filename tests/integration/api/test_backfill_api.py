@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from scheduler.bus.nats.writer import NatsWriter
 from scheduler.clock import FakeClock, rfc3339
 from scheduler.cron.jobs import load_text
 from scheduler.operations.backfill import Backfiller
@@ -187,7 +188,7 @@ async def test_a_second_backfill_an_hour_later_fires_nothing_again(api: ApiHarne
     store = api.daemon.operations.schedules.backfiller.store
     [job] = [j for j in load_text(JOBS).jobs if j.name == "quick"]
     clock = FakeClock(datetime(2026, 11, 20, 12, 0, tzinfo=UTC))
-    filler = Backfiller(api.nc, api.settings, store, clock, WriteBacklog())
+    filler = Backfiller(NatsWriter(api.nc), api.settings, store, clock, WriteBacklog())
     window = filler.window(job, datetime(2026, 11, 20, 6, tzinfo=UTC), clock.now())
     first = await filler.fire(job, window)
     assert (first.status, first.data["fired"]) == ("backfilled", 6)
@@ -212,7 +213,7 @@ async def test_an_unconfirmed_claim_is_in_flight_then_taken_again_after_a_minute
     store = api.daemon.operations.schedules.backfiller.store
     [job] = [j for j in load_text(JOBS).jobs if j.name == "quick"]
     clock = FakeClock(datetime(2026, 11, 20, 12, 0, tzinfo=UTC))
-    filler = Backfiller(api.nc, api.settings, store, clock, WriteBacklog())
+    filler = Backfiller(NatsWriter(api.nc), api.settings, store, clock, WriteBacklog())
     window = filler.window(job, datetime(2026, 11, 20, 9, tzinfo=UTC), clock.now())
     stuck = window[1]
     claimed = await store.claim(

@@ -15,6 +15,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from scheduler.bus.nats.writer import NatsWriter
 from scheduler.clock import SystemClock
 from scheduler.metrics import Metrics
 from scheduler.operations.build import Operations, build_operations
@@ -49,7 +50,7 @@ async def instance(
     try:
         db = PostgresStore(pool, Metrics())
         admin = TaskAdmin(db, limits or IntentLimits.from_settings(settings))
-        yield build_operations(nc, settings, db, admin, SystemClock(), _lease)
+        yield build_operations(NatsWriter(nc), settings, db, admin, SystemClock(), _lease)
     finally:
         await pool.close()
         await nc.close()
