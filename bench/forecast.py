@@ -21,7 +21,7 @@ import asyncpg
 from common import cpu_by_command, machine_busy_seconds, own_cpu_seconds, report, run, servers
 
 from scheduler.daemon import migrate
-from scheduler.operations.stats import SLOW_FACTOR
+from scheduler.operations.shared import SLOW_FACTOR
 from scheduler.store.postgres.overview import FORECAST_SQL, WINDOWS
 
 INTERVAL = 5.0  # SCHEDULER_FORECAST_INTERVAL default

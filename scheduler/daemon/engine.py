@@ -50,6 +50,7 @@ from scheduler.daemon.pair import (
     write_json,
 )
 from scheduler.daemon.preflight import check_lease_bucket, check_replicas, check_server_version
+from scheduler.daemon.refresher import Refresher
 from scheduler.daemon.runstate import Phased, RunState
 from scheduler.daemon.upkeep import dead_letter_upkeep, fire_log_upkeep, loop_lag_probe
 from scheduler.engine.cron.firing import CronEngine
@@ -59,7 +60,6 @@ from scheduler.leadership.skew import ClockCheck
 from scheduler.leadership.terms import TermLoop
 from scheduler.metrics import Metrics
 from scheduler.operations import paging
-from scheduler.operations.stats import Refresher
 from scheduler.settings import Settings
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.cron_jobs import ScheduleStore

@@ -7,7 +7,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 import pytest
 

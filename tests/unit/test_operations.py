@@ -18,12 +18,12 @@ from scheduler.api.auth import identify
 from scheduler.api.problems import from_outcome
 from scheduler.cli.apiclient import _failure, table
 from scheduler.cron.jobs import job_from_definition, load_text
+from scheduler.daemon.refresher import top_subjects
 from scheduler.engine.cron.catalog import operator_paused
 from scheduler.errors import RequestError
 from scheduler.operations import Outcome
 from scheduler.operations.cron_jobs import manual_envelope
 from scheduler.operations.paging import decode, encode, from_us, page, us
-from scheduler.operations.stats import top_subjects
 from scheduler.settings import Settings
 
 JOBS = load_text(
