@@ -27,7 +27,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from nats.js.errors import NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from scheduler import __version__
 from scheduler.aio import first_of
@@ -72,6 +72,7 @@ from scheduler.store.postgres.tasks import TaskStore
 log = logging.getLogger(__name__)
 
 RENDER_SWITCH = 0.0005  # seconds between GIL hand-overs while the metrics render runs
+BUCKET_SETTLE = 15.0  # s a bucket just provisioned may take to be found on a cluster
 
 
 class EngineDaemon(Phased):
@@ -342,10 +343,26 @@ class EngineDaemon(Phased):
         await self._check_lane_window()
         self._warn(await check_lease_bucket(self.bus, self.settings))
         self._warn(await check_replicas(self.bus, self.settings, self.embedded))
-        leader_kv = await self.bus.js.key_value(self.settings.leader_bucket)
-        self.state_kv = await self.bus.js.key_value(self.settings.state_bucket)
+        leader_kv = await self._bucket(self.settings.leader_bucket)
+        self.state_kv = await self._bucket(self.settings.state_bucket)
         await paging.load_key(self.state_kv)  # cursors signed alike by every instance
         return leader_kv
+
+    async def _bucket(self, name: str) -> Any:
+        """The KV bucket `name`. Just provisioned (by this instance or one starting beside it),
+        a replicated bucket's stream may answer "not found" for a moment on a cluster while its
+        group forms (seen on a 3-node cluster under load): then it is asked again, for up to
+        BUCKET_SETTLE s. Without provisioning a missing bucket is an error at once."""
+        assert self.bus is not None and self.bus.js is not None
+        deadline = time.monotonic() + (BUCKET_SETTLE if self.settings.provision else 0.0)
+        while True:
+            try:
+                return await self.bus.js.key_value(name)
+            except BucketNotFoundError:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("nats.bucket_not_yet bucket=%s", name)
+                await asyncio.sleep(0.2)
 
     async def _check_lane_window(self) -> None:
         """One warning at start when the delay lane keeps a duplicate window (docs/operations.md,

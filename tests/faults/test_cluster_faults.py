@@ -28,6 +28,12 @@ AFTER = 4.0  # s of load after the broker took writes again
 # The target is p99 <= 25 ms on an idle host (bench/cluster_faults.py measures it); on
 # the shared 2-core test host, with the daemons, three servers and the load on it, 20x that.
 ADDED_P99_MS = 500.0
+# A frozen node is not a dead one: a daemon connected to it (its URL is one of the cluster's,
+# picked at random) notices only by its pings, 4-6 s into the freeze, then moves; tasks due
+# after the broker's outage were measured up to 3.2 s late until both daemons had moved
+# (docs/deploy.md, "A node stopped rather than dead"). Bounded here as documented, not at the
+# dead-node figure, which it meets only when no daemon is on the frozen node.
+FROZEN_P99_MS = 5000.0
 STREAMS = ("MQ_DELAY", TARGET, "KV_scheduler_leader")
 
 StartCluster = Callable[..., Awaitable[Cluster]]
@@ -135,6 +141,7 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
     outage = recovered - at
     assert doubled == [] and early == [], f"doubled {doubled[:5]}, early {early[:5]}"
     assert len(after) >= RATE * (AFTER - 2), f"only {len(after)} tasks due after the outage"
-    assert p99(after) <= ADDED_P99_MS, (
+    bound = FROZEN_P99_MS if fault == "sigstop" else ADDED_P99_MS
+    assert p99(after) <= bound, (
         f"{fault}: broker out {outage:.2f} s; tasks due after it p99 {p99(after):.0f} ms late"
     )

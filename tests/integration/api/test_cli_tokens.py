@@ -66,6 +66,13 @@ async def test_the_cli_finds_a_dev_daemon_by_its_file(
     """With only .scheduler-data/api.json (as embedded mode writes it), reads and writes work
     with no --url, --token or variable."""
     await api.start()
+    # the leader writes the YAML's jobs to PostgreSQL after it takes office, which a busy host
+    # may put after the start: pausing before that is a true 404
+    async with asyncio.timeout(15):
+        while True:
+            if (await api.call("GET", "/v1/schedules/nightly", token=READ)).status == 200:
+                break
+            await asyncio.sleep(0.05)
     access = DevAccess(url=api.url, admin_token=ADMIN, read_token=READ, pid=os.getpid())
     dev_access.write(bare_env / ".scheduler-data" / "api.json", access)
     code, out, err = await cli(capsys, "status")
