@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import re
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -120,7 +121,7 @@ async def _in_thread(run: Callable[[str, str, str], None], dsn: str, revision: s
     progress rolls back; a failure from PostgreSQL (a missing permission, say) becomes one
     ConfigError naming SCHEDULER_DATABASE_URL."""
     name = f"mq-scheduler-migrate-{uuid.uuid4().hex[:12]}"
-    job = asyncio.ensure_future(asyncio.to_thread(run, dsn, revision, name))
+    job = _daemon_thread(run, dsn, revision, name)
     try:
         await asyncio.shield(job)
     except asyncio.CancelledError:
@@ -136,6 +137,38 @@ async def _in_thread(run: Callable[[str, str, str], None], dsn: str, revision: s
             "SCHEDULER_DATABASE_URL",
             f"{redact_url(dsn)}: migrating to {revision} failed: {what}{_hint(cause)}",
         ) from None
+
+
+def _daemon_thread(run: Callable[[str, str, str], None], *args: str) -> asyncio.Future[None]:
+    """`run(*args)` in a daemon thread; its outcome as a future of the running loop.
+
+    Not the loop's default executor: `asyncio.run` waits for that executor's threads when the
+    loop closes, so a migration whose session could not be ended (PostgreSQL unreachable
+    from the stop path, a lock wait) kept a stopped process alive for good, its parent gone
+    (seen: an edge stopped while migrating lived on after `scheduler run` exited). A daemon
+    thread ends with the process, and PostgreSQL rolls its transaction back then."""
+    loop = asyncio.get_running_loop()
+    job: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if job.done():
+            return
+        if error is None:
+            job.set_result(None)
+        else:
+            job.set_exception(error)
+
+    def target() -> None:
+        error: BaseException | None = None
+        try:
+            run(*args)
+        except BaseException as exc:  # handed to the loop, raised where the job is awaited
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=target, name=args[-1], daemon=True).start()
+    return job
 
 
 async def _end_session(dsn: str, name: str, job: asyncio.Future[None]) -> None:
