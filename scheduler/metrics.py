@@ -56,6 +56,12 @@ class _Instruments:
         self.disconnects = Counter(
             _P + "disconnects_total", "Lost connections per service.", ["service"], registry=r
         )
+        self.stale_links = Counter(
+            _P + "stale_links_total",
+            "Links closed because their server stopped answering PINGs, per service.",
+            ["service"],
+            registry=r,
+        )
         self.is_leader = Gauge(_P + "is_leader", "1 while this instance leads.", registry=r)
         self.leader_epoch = Gauge(
             _P + "leader_epoch", "Fencing epoch this instance holds (0: none).", registry=r
@@ -349,6 +355,9 @@ class _BusEvents(_Instruments):
 
     def nats_disconnected(self) -> None:
         self.disconnects.labels("nats").inc()
+
+    def nats_stale_link(self) -> None:
+        self.stale_links.labels("nats").inc()
 
     def nats_reconnected(self) -> None:
         self.reconnects.labels("nats").inc()

@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     schedules_dir: Path = Path("schedules")
     instance_id: str = Field(default_factory=_default_instance_id, min_length=1)
     lease_ttl: float = Field(default=5.0, gt=0)
+    # a NATS link whose server answers no PING for this long is left for another node
+    # (bus/nats/link.py); 0 leaves it to nats-py's own pings (4-6 s)
+    nats_stale_after: float = Field(default=1.0, ge=0)
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8055, ge=0, le=65535)
     metrics_port: int = Field(default=9090, ge=0, le=65535)

@@ -28,6 +28,9 @@ class _Quiet:
     def nats_disconnected(self) -> None:
         """Likewise."""
 
+    def nats_stale_link(self) -> None:
+        """Likewise."""
+
     def nats_reconnected(self) -> None:
         """Likewise."""
 
@@ -69,7 +72,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
 async def provision_replicas(settings: Settings) -> list[str]:
     """Create what is missing, then move every provisioned stream and bucket to
     `settings.stream_replicas`; a line per stream or bucket."""
-    bus = NatsBus(settings, _Quiet())
+    bus = NatsBus(settings, _Quiet(), "provision")
     await bus.connect(settings.startup_timeout.total_seconds())
     try:
         created = await bus.setup(

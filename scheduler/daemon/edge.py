@@ -194,7 +194,7 @@ class EdgeDaemon(Phased):
             raise ConfigError("SCHEDULER_DATABASE_URL", "not set (the edge reads the engine's)")
         budget = s.startup_timeout.total_seconds()
         self._enter("connecting to NATS")
-        self.bus = NatsBus(s, self.metrics)
+        self.bus = NatsBus(s, self.metrics, "edge")
         stack.push_async_callback(self.bus.close)
         await self.bus.connect(budget)
         nc = self.bus.nc

@@ -134,7 +134,7 @@ class EngineDaemon(Phased):
             await self.on_servers(s, self.embedded_started)
         budget = s.startup_timeout.total_seconds()
         self._enter("connecting to NATS")
-        self.bus = NatsBus(s, self.metrics)
+        self.bus = NatsBus(s, self.metrics, "engine")
         stack.push_async_callback(self.bus.close)
         await self.bus.connect(budget)
         self.check_server_version()
@@ -159,6 +159,7 @@ class EngineDaemon(Phased):
             clock_ok=self.clock_check.ok,
             clock_check=self.clock_check.measure,
         )
+        self.bus.link_listeners.append(self.leadership.lease.on_link)
         self.metrics.standing_by()
         self._build_engine()
 

@@ -15,6 +15,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from nats.errors import OutboundBufferLimitError
 from nats.js.errors import NoStreamResponseError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
@@ -23,7 +24,10 @@ from scheduler.clock import Clock, to_rfc3339
 LEASE_KEY = "leader"
 # A write nobody took (503: the bucket's stream is electing a leader, 4-10 s after its leader's
 # node died) stored nothing: it is sent again after these pauses (s), doubling, until the
-# caller's deadline cancels it. A write that went out and got no answer is not resent.
+# caller's deadline cancels it. A write that went out on a link since replaced (its node froze:
+# bus/nats/link.py) is sent again on the new link at once, and one refused because the link
+# was down as it went out (nothing sent) as soon as the link is back; a write that went out on
+# the link still up and got no answer is not resent.
 NO_LEADER_PAUSE = 0.05
 NO_LEADER_PAUSE_MAX = 0.25
 
@@ -47,6 +51,12 @@ class KvLease:
         self.highest_epoch = 0
         self.vacant = asyncio.Event()
         self.lock = asyncio.Lock()
+        self.relinked = asyncio.Event()  # set by `on_link` each time the link is back
+
+    def on_link(self, up: bool) -> None:
+        """The bus's link listener: a write in flight on a link that went is sent again."""
+        if up:
+            self.relinked.set()
 
     def value(self, epoch: int | None, since: datetime | None) -> bytes:
         """The lease's value: {instance, epoch, since}."""
@@ -65,9 +75,27 @@ class KvLease:
         is no reason to lose office."""
         pause = NO_LEADER_PAUSE
         while True:
+            self.relinked.clear()
+            write = asyncio.ensure_future(self._kv.update(LEASE_KEY, value, last=last))
+            relink = asyncio.ensure_future(self.relinked.wait())
             try:
-                self.revision = await self._kv.update(LEASE_KEY, value, last=last)
+                await asyncio.wait({write, relink}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                relink.cancel()
+                if not write.done():
+                    write.cancel()
+            if not write.done() or write.cancelled():
+                # the link it went out on is gone: its answer cannot come on the new one
+                self._log.info("leader.lease_write_retry reason=relinked")
+                await asyncio.gather(write, return_exceptions=True)
+                continue
+            try:
+                self.revision = write.result()
                 return self.revision
+            except OutboundBufferLimitError:  # the link was down: nothing went out
+                self._log.info("leader.lease_write_retry reason=link_down")
+                await self.relinked.wait()
+                continue
             except NoStreamResponseError:
                 self._log.info("leader.lease_write_retry reason=no_responders pause=%.2f", pause)
             await self._clock.sleep(pause)

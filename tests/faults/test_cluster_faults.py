@@ -17,7 +17,7 @@ import pytest
 from nats.js.api import StorageType, StreamConfig
 
 from tests.faults.harness import Cluster
-from tests.support.cluster import NatsCluster
+from tests.support.cluster import NatsCluster, Node
 from tests.support.cluster_load import ConsumerProbe, Probe, Producer, lateness, p99
 
 TARGET = "CLFAULTS"
@@ -28,29 +28,30 @@ AFTER = 4.0  # s of load after the broker took writes again
 # The issue's target is p99 <= 25 ms on an idle host (bench/cluster_faults.py measures it); on
 # the shared 2-core test host, with the daemons, three servers and the load on it, 20x that.
 ADDED_P99_MS = 500.0
-# A frozen node is not a dead one, and this is the case issue 36 still has open: a daemon
-# connected to it (its URL is one of the cluster's, picked at random) notices only by its pings,
-# 4-6 s into the freeze; when both daemons are on it nobody fires until the thaw, and the leader
-# whose lease lapsed meanwhile must be elected again. Measured after the broker's outage: a few
-# ms when no daemon is on the frozen node, 2.7-8.8 s when one or both are (2026-12-02, this
-# host; docs/deploy.md, "A node stopped rather than dead"). Bounded here by what the design
-# promises today, the freeze plus ping detection plus a lease TTL, not by the dead-node figure.
-FROZEN_P99_MS = (STOP_FOR + 6.0 + 3.0) * 1000
+# A frozen node is not a dead one: its sockets stay open and answer nothing. The daemon's link
+# watch (scheduler/bus/nats/link.py) leaves it a second into the silence, and a lease renewal
+# that went out on it is sent again on the new link, so the leader keeps office: the frozen
+# node is the one the leader's engine is on, the worst case (the probes and the producer are
+# on the other two, so they time the broker's own outage, not their own link's). Measured
+# 2026-12-02 (12 runs): 2.0-29 ms added in 11; in one, the thawed node's return left both
+# daemons' connections (on the other two nodes) answered 503 by the lease bucket for 8 s while
+# the probe's connection wrote to it, so the lease lapsed and the takeover waited: 6.5 s. Not
+# understood yet (issue 36 stays open on it); bounded here by freeze + a lease TTL + that 8 s.
+FROZEN_P99_MS = (STOP_FOR + 3.0 + 8.0) * 1000
 STREAMS = ("MQ_DELAY", TARGET, "KV_scheduler_leader")
 
 StartCluster = Callable[..., Awaitable[Cluster]]
 
 
-async def _fault(cluster: NatsCluster, fault: str) -> float:
-    """Kill (or freeze for STOP_FOR s) the node leading the fault's stream; the wall time the
-    fault took effect (a probe sent before it may still succeed, so `at` is after the signal)."""
-    stream = {"lane": "MQ_DELAY", "sigstop": "MQ_DELAY", "target": TARGET}.get(
-        fault, "KV_scheduler_leader"
-    )
-    node = await asyncio.to_thread(cluster.stream_leader, stream)
-    if fault != "sigstop":
-        cluster.kill(node)
+async def _fault(cluster: NatsCluster, fault: str, frozen: Node | None) -> float:
+    """Kill the node leading the fault's stream, or freeze `frozen` for STOP_FOR s; the wall
+    time the fault took effect (a probe sent before it may still succeed, so `at` is after the
+    signal)."""
+    if frozen is None:
+        stream = {"lane": "MQ_DELAY", "target": TARGET}.get(fault, "KV_scheduler_leader")
+        cluster.kill(await asyncio.to_thread(cluster.stream_leader, stream))
         return time.time()
+    node = frozen
     cluster.freeze(node)
     at = time.time()
     await asyncio.sleep(STOP_FOR)
@@ -99,16 +100,26 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
     if request.node.callspec.params.get("servers") == "compat":
         pytest.skip("the cluster runs the suite's current nats-server only")
     cluster = nats_cluster
-    nc = await nats.connect(cluster.urls, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
+    setup = await nats.connect(cluster.urls)
+    await setup.jetstream().add_stream(
+        StreamConfig(name=TARGET, subjects=["mq.clfault.>"], num_replicas=3,
+                     storage=StorageType.FILE, duplicate_window=120)
+    )  # fmt: skip
+    await setup.close()
+    daemons = await start_cluster(
+        [cluster.url, cluster.url], database_url, SCHEDULER_STREAM_REPLICAS="3"
+    )
+    frozen = None
+    if fault == "sigstop":
+        leader = await daemons.leader()
+        name = f"mq-scheduler {leader.name} engine"
+        frozen = await asyncio.to_thread(cluster.client_node, name)
+    urls = [n.url for n in cluster.nodes if n is not frozen]
+    nc = await nats.connect(urls, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
     stop = asyncio.Event()
     loops: list[asyncio.Task[None]] = []
     try:
         js = nc.jetstream()
-        await js.add_stream(
-            StreamConfig(name=TARGET, subjects=["mq.clfault.>"], num_replicas=3,
-                         storage=StorageType.FILE, duplicate_window=120)
-        )  # fmt: skip
-        await start_cluster([cluster.url, cluster.url], database_url, SCHEDULER_STREAM_REPLICAS="3")
         for stream in STREAMS:
             await asyncio.to_thread(cluster.replicas_current, stream)
         producer = await Producer(nc, "mq.delay.clfault.work", RATE, LEAD).start()
@@ -120,7 +131,7 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
         loops = [asyncio.create_task(p.run(stop)) for p in probes]
         loops.append(asyncio.create_task(producer.run(stop)))
         await asyncio.sleep(2.0)
-        at = await _fault(cluster, fault)
+        at = await _fault(cluster, fault, frozen)
         await _recovered(producer, probes, at)
         await asyncio.sleep(AFTER)
         stop.set()

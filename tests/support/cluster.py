@@ -235,6 +235,20 @@ class NatsCluster:
             time.sleep(0.05)
         raise ClusterError(f"stream {stream} has no leader within {timeout:g}s")
 
+    def client_node(self, name: str, timeout: float = 10.0) -> Node:
+        """The node a client named `name` is connected to (its `/connz`), waiting for it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for node in self._answering():
+                try:
+                    doc = node.monitor("/connz?limit=4096")
+                except OSError:
+                    continue
+                if any(c.get("name") == name for c in doc.get("connections") or []):
+                    return node
+            time.sleep(0.05)
+        raise ClusterError(f"no node has a client named {name!r} within {timeout:g}s")
+
     def _stream_leader_seen_by(self, node: Node, stream: str) -> str | None:
         try:
             doc = node.monitor("/jsz?streams=true&raft=true")

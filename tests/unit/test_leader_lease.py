@@ -64,6 +64,8 @@ class FakeKV:
         self.fail_updates = False
         self.leaderless = 0  # updates answered 503 (no stream leader) this many times
         self.gate: asyncio.Event | None = None  # updates wait for it while it is unset
+        self.link_down = False  # updates refused as nats-py refuses a publish on no link
+        self.updates = 0  # updates sent (refused ones included)
 
     def current(self, key: str) -> Entry | None:
         if key in self.live and self.clock.monotonic() - self.live[key][1] >= self.ttl:
@@ -91,6 +93,9 @@ class FakeKV:
         return self._write(key, value)
 
     async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        self.updates += 1
+        if self.link_down:
+            raise nats.errors.OutboundBufferLimitError
         if self.gate is not None:
             await self.gate.wait()
         if self.fail_updates:
@@ -284,6 +289,59 @@ async def test_self_fence_when_renew_hangs(start: Start, kv: FakeKV, clock: Fake
     assert a.may_act()
     clock.advance(0.125)
     assert not a.may_act() and a.lost.is_set() and a.epoch is None
+
+
+async def test_a_renew_on_a_link_since_replaced_is_sent_again_on_the_new_one(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """A renew that went out on a link to a node that froze gets no answer; once the bus has
+    left that node (bus/nats/link.py) the renew is sent again on the new link, and the term
+    goes on with the same epoch, well past the deadline the hung renew would have hit."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    kv.gate = asyncio.Event()  # the node froze: the renew hangs
+    await step(clock, RENEW + 0.5)
+    sent = kv.updates
+    assert a.may_act() and sent >= 2
+    kv.gate = None
+    a.lease.on_link(False)
+    a.lease.on_link(True)  # reconnected to another node
+    await settle()
+    assert kv.updates == sent + 1, "the hung renew was not sent again"
+    await step(clock, 2 * TTL)
+    assert a.may_act() and a.epoch == 1 and not a.lost.is_set()
+
+
+async def test_a_renew_refused_while_the_link_is_down_goes_out_when_it_is_back(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """nats-py refuses a publish while it reconnects (no reconnect buffer): nothing went out,
+    so the renew waits for the link and is sent then; office is not lost for a reconnect."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    kv.link_down = True
+    await step(clock, RENEW + 0.5)
+    assert a.may_act() and not a.lost.is_set()
+    kv.link_down = False
+    a.lease.on_link(True)
+    await step(clock, 2 * TTL)
+    assert a.may_act() and a.epoch == 1 and value(kv)["epoch"] == 1
+
+
+async def test_a_link_that_stays_down_still_ends_the_term_at_the_deadline(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """Waiting for the link never outlives the self-fence (sent + TTL - margin)."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    kv.link_down = True
+    await step(clock, 2.375)
+    assert a.may_act()
+    await step(clock, 0.125)
+    assert not a.may_act() and a.lost.is_set()
+    kv.link_down = False
+    a.lease.on_link(True)  # let a campaign through, so the loops can stop
+    await step(clock, 0.5)
 
 
 async def test_two_instances_one_leader(start: Start, clock: FakeClock, epochs: Epochs) -> None:

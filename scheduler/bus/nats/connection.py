@@ -27,6 +27,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 from scheduler.aio import Backoff, first_of
 from scheduler.bus.nats import wire
 from scheduler.bus.nats.events import BusEvents
+from scheduler.bus.nats.link import LinkWatch, ServerChoice
 from scheduler.bus.nats.plain import PlainPublisher
 from scheduler.bus.nats.publisher import Publisher
 from scheduler.bus.nats.puller import Puller
@@ -71,8 +72,9 @@ def parse_version(text: str) -> tuple[int, ...] | None:
 class NatsBus:
     """The daemon's NATS connection, its JetStream context and its connection state."""
 
-    def __init__(self, settings: Settings, events: BusEvents) -> None:
+    def __init__(self, settings: Settings, events: BusEvents, role: str = "") -> None:
         self.settings = settings
+        self.role = role  # in the connection's name (`mq-scheduler <instance> <role>`, /connz)
         self._events = events
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
@@ -88,6 +90,8 @@ class NatsBus:
         self._denied_event = asyncio.Event()
         self._refused = asyncio.Event()  # the first connect met a refusal retrying cannot cure
         self._stream_of: dict[str, str] = {}  # subject -> the stream capturing it
+        self._choice = ServerChoice()
+        self._watch: LinkWatch | None = None
 
     async def connect(self, budget: float = 60.0) -> None:
         """Connect, retrying an unreachable server with backoff for `budget` seconds.
@@ -139,6 +143,10 @@ class NatsBus:
         self.nc = nc
         self.js = nc.jetstream()
         self._set_connected(True)
+        if self.settings.nats_stale_after > 0:
+            self._watch = LinkWatch(
+                nc, self.settings.nats_stale_after, self._choice, self._on_stale
+            ).start()
         log.info(
             "nats.connected url=%s server=%s",
             redact_url(nc.connected_url.geturl(), token=True) if nc.connected_url else "?",
@@ -178,7 +186,7 @@ class NatsBus:
         s = self.settings
         opts: dict[str, Any] = {
             "servers": s.nats_servers,
-            "name": f"mq-scheduler {s.instance_id}",
+            "name": " ".join(filter(None, ("mq-scheduler", s.instance_id, self.role))),
             "allow_reconnect": True,
             "reconnect_time_wait": 1,
             "connect_timeout": 2,
@@ -189,6 +197,8 @@ class NatsBus:
             "error_cb": self._on_error,
             "disconnected_cb": self._on_disconnect,
             "reconnected_cb": self._on_reconnect,
+            # the next node on a reconnect: not one just called stale or just lost (link.py)
+            "reconnect_to_server_handler": self._choice,
         }
         if s.nats_user:
             opts["user"] = s.nats_user
@@ -249,9 +259,19 @@ class NatsBus:
                 "`jetstream {}` in its configuration)",
             ) from exc
 
+    def _on_stale(self, netloc: str, silent: float) -> None:
+        log.warning(
+            "nats.stale_link server=%s silent_for=%.2fs (no PONG: reconnecting to another node)",
+            netloc,
+            silent,
+        )
+        self._events.nats_stale_link()
+
     async def _on_disconnect(self) -> None:
         if self.nc is None:  # a first connect that failed: connect() reports it
             return
+        url = self.nc.connected_url
+        self._choice.lost(url.netloc if url else None)
         if self._closing:  # our own close() or drain(): nothing went wrong
             log.info("nats.closed")
         else:
@@ -308,6 +328,9 @@ class NatsBus:
 
     async def close(self) -> None:
         """Drain and close; bounded so shutdown cannot hang on a dead server."""
+        if self._watch is not None:
+            await self._watch.stop()
+            self._watch = None
         if self.nc is None or self.nc.is_closed:
             return
         self._closing = True

@@ -15,6 +15,10 @@ class BusEvents(Protocol):
         """The connection dropped unexpectedly (not our own close or drain)."""
         ...
 
+    def nats_stale_link(self) -> None:
+        """The link stopped answering and was closed to reconnect to another node (link.py)."""
+        ...
+
     def nats_reconnected(self) -> None:
         """The client reconnected after a drop."""
         ...
