@@ -47,7 +47,7 @@ class Side:
 
 
 @pytest.fixture
-async def side(nats_server_url: str | None, adapter: str) -> AsyncIterator[Side]:
+async def side(nats_server_url: str | None, adapter: str, replicas: int) -> AsyncIterator[Side]:
     office = {"in": True}
     if nats_server_url is None:
         streams = MemoryStreams()
@@ -92,8 +92,12 @@ async def side(nats_server_url: str | None, adapter: str) -> AsyncIterator[Side]
     kind = Publisher if adapter == "wire" else PlainPublisher
     nc = await nats.connect(nats_server_url)
     js = nc.jetstream()
-    await js.add_stream(StreamConfig(name=STREAM, subjects=["contract.>"], duplicate_window=60))
-    kv = await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1))
+    await js.add_stream(
+        StreamConfig(
+            name=STREAM, subjects=["contract.>"], duplicate_window=60, num_replicas=replicas
+        )
+    )
+    kv = await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas))
     publisher = await kind(nc, timeout=2, fence=lambda: office["in"]).start()
     others: list[Any] = []
 

@@ -39,7 +39,7 @@ def adapter(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def side(nats_server_url: str | None, adapter: str) -> AsyncIterator[Side]:
+async def side(nats_server_url: str | None, adapter: str, replicas: int) -> AsyncIterator[Side]:
     if nats_server_url is None:
         streams = MemoryStreams()
         streams.add_stream(STREAM, ["busc.>"], duplicate_window=30)
@@ -59,7 +59,9 @@ async def side(nats_server_url: str | None, adapter: str) -> AsyncIterator[Side]
     await bus.connect(5)
     assert bus.js is not None
     js = bus.js
-    await js.add_stream(StreamConfig(name=STREAM, subjects=["busc.>"], duplicate_window=30))
+    await js.add_stream(
+        StreamConfig(name=STREAM, subjects=["busc.>"], duplicate_window=30, num_replicas=replicas)
+    )
     await js.add_consumer(STREAM, ConsumerConfig(durable_name=CONSUMER, ack_wait=5))
 
     async def put_real(subject: str, payload: bytes) -> None:

@@ -25,7 +25,7 @@ class Side:
 
 
 @pytest.fixture
-async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
+async def side(nats_server_url: str | None, replicas: int) -> AsyncIterator[Side]:
     tag = uuid.uuid4().hex[:10]
     prefix, stream = f"bw{tag}", f"CONTRACT_WRITER_{tag}"
     if nats_server_url is None:
@@ -51,7 +51,11 @@ async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
 
     nc = await nats.connect(nats_server_url)
     js = nc.jetstream()
-    await js.add_stream(StreamConfig(name=stream, subjects=[f"{prefix}.>"], duplicate_window=30))
+    await js.add_stream(
+        StreamConfig(
+            name=stream, subjects=[f"{prefix}.>"], duplicate_window=30, num_replicas=replicas
+        )
+    )
 
     async def listen_real(subject: str) -> asyncio.Queue[bytes]:
         got: asyncio.Queue[bytes] = asyncio.Queue()

@@ -15,7 +15,9 @@ BUCKET = "contract_leader"
 
 
 @pytest.fixture
-async def office(nats_server_url: str | None, database: str | None) -> AsyncIterator[Any]:
+async def office(
+    nats_server_url: str | None, database: str | None, replicas: int
+) -> AsyncIterator[Any]:
     if nats_server_url is None or database is None:
         yield FixedOffice(7)
         return
@@ -34,7 +36,7 @@ async def office(nats_server_url: str | None, database: str | None) -> AsyncIter
     pool = await create_pool(database, min_size=1, max_size=2)
     nc = await nats.connect(nats_server_url)
     js = nc.jetstream()
-    await ensure_bucket(js, BUCKET, settings.lease_ttl)
+    await ensure_bucket(js, BUCKET, settings.lease_ttl, replicas)
     lead = Leadership(await js.key_value(BUCKET), pool, settings, SystemClock(), Metrics())
     stop = asyncio.Event()
     running = asyncio.create_task(lead.run(stop), name="contract-office")
