@@ -77,7 +77,3 @@ class AuditWindow:
     @property
     def fired_until(self) -> datetime:
         return self.end + self.grace
-
-    @property
-    def whole_day(self) -> bool:
-        return self.end - self.start == DAY

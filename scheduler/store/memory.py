@@ -143,9 +143,6 @@ class MemoryTaskStore:
 
     # -- intake ---------------------------------------------------------------------------------
 
-    async def insert(self, tasks: Sequence[NewTask]) -> list[TaskRef]:
-        return (await self._insert(tasks))[0]
-
     async def _insert(self, tasks: Sequence[NewTask]) -> tuple[list[TaskRef], list[NewTask]]:
         """As TaskStore._insert: a task takes over an intent for its id, honouring it when it
         is live and names the task's target; the tasks stored cancelled come second."""
@@ -229,9 +226,6 @@ class MemoryTaskStore:
             else:
                 parked.append(row.claimed(with_payload=False))
         return Claimed(sorted(ready, key=firing_order), sorted(parked, key=firing_order))
-
-    async def claim(self, epoch: int, ids: Sequence[str], until: datetime) -> list[ClaimedTask]:
-        return (await self.claim_within(epoch, ids, until, 2**62)).ready
 
     async def claim_within(
         self, epoch: int, ids: Sequence[str], until: datetime, budget: int

@@ -14,6 +14,7 @@ from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
 from scheduler.records import Advance, CronFailure
 from scheduler.store.memory import MemoryScheduleStore
+from tests.contracts.admin import StoredSchedules
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 JOBS = """
@@ -29,7 +30,7 @@ scheduled_jobs:
 
 @dataclass
 class Repo:
-    schedules: Any  # ScheduleStore or MemoryScheduleStore
+    schedules: StoredSchedules
     take_office: Callable[[], Awaitable[int]]
 
 

@@ -7,11 +7,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
 from scheduler.bus.memory import MemoryBroker, MemorySource, MemoryStreams
+from scheduler.engine.ports import Broker, Delivery, Source
 
 STREAM = "CONTRACT_LANE"
 CONSUMER = "contract-intake"
@@ -22,8 +22,8 @@ class Side:
     # store a message on the lane, as a producer does
     put: Callable[[str, bytes, dict[str, str]], Awaitable[None]]
     # a fresh started source on the lane's durable consumer (its user closes it)
-    source: Callable[[], Awaitable[Any]]
-    broker: Any  # acknowledges deliveries (`Broker.ack`)
+    source: Callable[[], Awaitable[Source]]
+    broker: Broker  # acknowledges deliveries (`Broker.ack`)
 
 
 @pytest.fixture
@@ -67,8 +67,8 @@ async def side(nats_server_url: str | None) -> AsyncIterator[Side]:
         await nc.close()
 
 
-async def take_all(source: Any, count: int, within: float = 5.0) -> list[Any]:
-    got: list[Any] = []
+async def take_all(source: Source, count: int, within: float = 5.0) -> list[Delivery]:
+    got: list[Delivery] = []
     async with asyncio.timeout(within):
         while len(got) < count:
             got += await source.take(timeout=1.0)
@@ -107,7 +107,7 @@ async def test_take_hands_at_most_its_limit_and_keeps_the_rest_in_order(side: Si
     source = await side.source()
     try:
         async with asyncio.timeout(5):
-            first: list[Any] = []
+            first: list[Delivery] = []
             while not first:
                 first = list(await source.take(timeout=1.0, linger=0.2, limit=2))
         assert 1 <= len(first) <= 2

@@ -30,6 +30,7 @@ from scheduler.store.postgres import task_states
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.epoch import take_office
 from scheduler.store.postgres.tasks import TaskStore
+from tests.support.stores import insert
 
 STREAM = "ENG"
 SUBJECT = "mq.eng.work"
@@ -72,7 +73,7 @@ class Parts:
             rows.append(
                 NewTask(task_id, SUBJECT, json.dumps(doc).encode(), {}, priority, due, due, None)
             )
-        for ref in await self.tasks.insert(rows):
+        for ref in await insert(self.tasks, rows):
             if heap:
                 self.heap.push(ref)
         return rows

@@ -4,7 +4,7 @@ acks that never come, a full armed set."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +12,7 @@ import nats
 import pytest
 
 from scheduler.engine.office import FixedOffice
-from scheduler.records import to_ms
+from scheduler.records import ClaimedTask, to_ms
 from scheduler.settings import Settings
 from scheduler.store.postgres.epoch import take_office
 from tests.faults.proxy import FaultProxy
@@ -26,6 +26,7 @@ from tests.integration.engine_parts import (
     run_for,
     soon,
 )
+from tests.support.stores import claim
 
 
 @pytest.fixture
@@ -42,12 +43,12 @@ async def test_rearmed_claims_go_out_once_and_never_early(parts: Parts) -> None:
     due = {t.id: t.due_at for t in rows}
     ids = [t.id for t in rows]
     firing = parts.firing()
-    firing.arm(await parts.tasks.claim(parts.epoch, ids, soon(5000)))
+    firing.arm(await claim(parts.tasks, parts.epoch, ids, soon(5000)))
     firing.arm((await parts.tasks.reclaim_orphans(parts.epoch, timedelta(0))).ready)
     await parts.pool.execute(  # claimable again (a claim is `claimed_epoch` set)
         "UPDATE delayed_messages SET claimed_epoch = NULL WHERE id = ANY($1)", ids[::5]
     )
-    firing.arm(await parts.tasks.claim(parts.epoch, ids[::5], soon(5000)))
+    firing.arm(await claim(parts.tasks, parts.epoch, ids[::5], soon(5000)))
     await run_for(firing, parts.epoch, parts.until_stored(len(rows)))
     msgs = await parts.stored(count=len(rows))
     assert ids_of(msgs) == dict.fromkeys(ids, 1)
@@ -158,7 +159,7 @@ async def test_a_burst_of_large_tasks_is_armed_within_the_byte_and_count_limits(
         peak = [0, 0]
         add = firing.armed.add
 
-        def watched_add(claimed: Any) -> int:
+        def watched_add(claimed: Iterable[ClaimedTask]) -> int:
             # on the armed set itself: every path that arms a task goes through `Armed.add`
             added = add(claimed)
             peak[0] = max(peak[0], len(firing.armed))

@@ -14,6 +14,7 @@ from alembic.script import ScriptDirectory
 from scheduler.daemon import migrate
 from scheduler.metrics import Metrics
 from scheduler.store.postgres.connect import PostgresStore, create_pool
+from tests.support.stores import claim
 
 TABLES = {"delayed_messages", "fire_log", "dead_letters", "alembic_version"}
 
@@ -279,7 +280,7 @@ async def test_migration_0013_keeps_claims_and_gives_the_table_room_for_hot_clai
         assert now == {"claimed": ("pending", epoch), "doubted": ("in_doubt", epoch)}
         assert (await tasks.get("doubted") or {})["status"] == "claimed"
         assert await tasks.cancel("doubted", "mq.x") == "in_flight"
-        fresh = await tasks.claim(epoch, ["fresh"], datetime.now(UTC))
+        fresh = await claim(tasks, epoch, ["fresh"], datetime.now(UTC))
         await tasks.mark_fired(epoch, [Fired(orphans.ready[0], datetime.now(UTC), "S", 1)], "t")
         assert not await conn.fetchval(
             "SELECT count(*) FROM delayed_messages WHERE id = $1", orphans.ready[0].id

@@ -22,6 +22,7 @@ from scheduler.store.postgres.tasks import TaskStore
 from scheduler.store.postgres.values import jsonb_text
 from tests.support.hostile import LANE, envelope, hostile
 from tests.support.rawclient import header_block
+from tests.support.stores import claim, insert
 
 
 async def test_a_row_postgres_refuses_is_split_out_of_its_batch(
@@ -107,8 +108,8 @@ async def test_booking_the_same_delivery_twice_logs_it_once(database_url: str) -
         epoch = await take_office(pool, "t")
         due = datetime.now(UTC)
         task = NewTask("t_once", "mq.tasks.x", b"{}", {}, 5, due, due, None)
-        await tasks.insert([task])
-        (claimed,) = await tasks.claim(epoch, [task.id], due)
+        await insert(tasks, [task])
+        (claimed,) = await claim(tasks, epoch, [task.id], due)
         fired = [Fired(claimed, due + timedelta(milliseconds=3), "TASKS", 7)]
         await tasks.mark_fired(epoch, fired, "t")
         await tasks.mark_fired(epoch, fired, "t")

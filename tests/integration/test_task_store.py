@@ -18,6 +18,7 @@ from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.epoch import take_office
 from scheduler.store.postgres.tasks import FIRED_CHUNK, TaskStore
 from tests.support.helpers import waiting_on_locks
+from tests.support.stores import claim, insert
 
 
 def batch(n: int, due: datetime) -> list[NewTask]:
@@ -44,16 +45,16 @@ async def test_analyze_runs_once_enough_rows_arrived(database_url: str) -> None:
 
         assert await tasks.analyze_if_stale(min_rows=100) is False  # nothing inserted yet
         first = batch(300, due)
-        await tasks.insert(first)
-        assert await tasks.insert(first) == []  # stored once, not counted twice
+        await insert(tasks, first)
+        assert await insert(tasks, first) == []  # stored once, not counted twice
         assert tasks.inserted == 300
         assert await estimate() <= 0  # never analyzed: the planner thinks the table is empty
         assert await tasks.analyze_if_stale(min_rows=100) is True
         assert await estimate() == 300
         assert await tasks.analyze_if_stale(min_rows=100) is False  # nothing new since
-        await tasks.insert(batch(120, due))  # grown by less than half of 300
+        await insert(tasks, batch(120, due))  # grown by less than half of 300
         assert await tasks.analyze_if_stale(min_rows=100) is False
-        await tasks.insert(batch(40, due))  # 160 new rows: more than half
+        await insert(tasks, batch(40, due))  # 160 new rows: more than half
         assert await tasks.analyze_if_stale(min_rows=100) is True
         assert await estimate() == 460
     finally:
@@ -78,8 +79,8 @@ async def test_mark_fired_records_exact_instants_whatever_the_ids(database_url: 
         expires = due + timedelta(hours=1, microseconds=3)
         plain[1].expires_at = odd[1].expires_at = expires
         for group in (plain, odd):
-            await tasks.insert(group)
-            claimed = await tasks.claim(epoch, [t.id for t in group], due)
+            await insert(tasks, group)
+            claimed = await claim(tasks, epoch, [t.id for t in group], due)
             assert len(claimed) == len(group)
             assert [t.expires_at for t in claimed] == [t.expires_at for t in group]
             fired_at = due + timedelta(microseconds=999)
@@ -126,8 +127,8 @@ async def test_a_resend_inserted_while_its_task_is_booked_fired_is_refused(
         epoch = await take_office(pool, "t")
         due = datetime.now(UTC) - timedelta(seconds=1)
         (task,) = batch(1, due)
-        await tasks.insert([task])
-        (claimed,) = await tasks.claim(epoch, [task.id], due)
+        await insert(tasks, [task])
+        (claimed,) = await claim(tasks, epoch, [task.id], due)
 
         # An uncommitted tombstone holds mark_fired after its DELETE, before its commit.
         lock = blocker.transaction()
@@ -172,7 +173,7 @@ async def test_a_claim_is_a_heap_only_tuple_update(database_url: str) -> None:
             NewTask(f"h_{uuid.uuid4().hex}", "mq.tasks.x", b"x" * 200, {}, 5, due, due, None)
             for _ in range(500)
         ]
-        await tasks.insert(group)
+        await insert(tasks, group)
 
         async def updates() -> tuple[int, int, int]:
             await pool.execute("SELECT pg_stat_force_next_flush()")  # flushed before it returns
@@ -184,7 +185,7 @@ async def test_a_claim_is_a_heap_only_tuple_update(database_url: str) -> None:
             return int(row["n_tup_upd"]), int(row["n_tup_hot_upd"]), int(row["indexes"])
 
         before = await updates()
-        claimed = await tasks.claim(epoch, [t.id for t in group], due)
+        claimed = await claim(tasks, epoch, [t.id for t in group], due)
         after = await updates()
         assert len(claimed) == len(group)
         assert (after[0] - before[0], after[1] - before[1]) == (len(group), len(group))
@@ -213,7 +214,7 @@ async def test_a_cancel_racing_a_claim_on_the_same_row(database_url: str) -> Non
         epoch = await take_office(pool, "t")
         due = datetime.now(UTC) - timedelta(seconds=1)
         first, second = batch(2, due)
-        await tasks.insert([first, second])
+        await insert(tasks, [first, second])
 
         async def held(task: NewTask, *steps: object) -> list[object]:
             """Run `steps` (coroutines) one after another into the queue of the row's lock,
@@ -233,7 +234,7 @@ async def test_a_cancel_racing_a_claim_on_the_same_row(database_url: str) -> Non
         later = datetime.now(UTC) + timedelta(minutes=5)
         claimed, cancel, moved = await held(
             first,
-            tasks.claim(epoch, [first.id], due),
+            claim(tasks, epoch, [first.id], due),
             tasks.cancel(first.id, first.target),
             tasks.reschedule(first.id, first.target, later),
         )
@@ -241,7 +242,7 @@ async def test_a_cancel_racing_a_claim_on_the_same_row(database_url: str) -> Non
         assert (cancel, moved) == ("too_late", ("too_late", None))
         assert (await tasks.get(first.id) or {})["status"] == "claimed"
         cancel, claimed = await held(
-            second, tasks.cancel(second.id, second.target), tasks.claim(epoch, [second.id], due)
+            second, tasks.cancel(second.id, second.target), claim(tasks, epoch, [second.id], due)
         )
         assert (cancel, claimed) == ("cancelled", [])
         assert (await tasks.get(second.id) or {})["status"] == "cancelled"
@@ -267,14 +268,14 @@ async def test_listings_and_counts_report_claimed_tasks_as_before(database_url: 
         now = datetime.now(UTC)
         due = now - timedelta(seconds=1)
         pending, claimed, doubt, doubted_claim = batch(4, due)
-        await tasks.insert([pending, claimed, doubt, doubted_claim])
+        await insert(tasks, [pending, claimed, doubt, doubted_claim])
         ids = [claimed.id, doubt.id, doubted_claim.id]
-        taken = {c.id: c for c in await tasks.claim(epoch, ids, due)}
+        taken = {c.id: c for c in await claim(tasks, epoch, ids, due)}
         retry: list[tuple[ClaimedTask, datetime, str, bool]] = [
             (taken[i], due, "ack lost", True) for i in (doubt.id, doubted_claim.id)
         ]
         await tasks.retry_later(epoch, retry)  # both in doubt, no longer claimed
-        again = await tasks.claim(epoch, [doubted_claim.id], due)  # republished: claimed
+        again = await claim(tasks, epoch, [doubted_claim.id], due)  # republished: claimed
         assert [c.doubted for c in again] == [True]
         assert await tasks.cancel(doubted_claim.id, doubted_claim.target) == "in_flight"
 
@@ -322,8 +323,8 @@ async def test_a_replayed_dead_letter_is_pending_again_under_its_organisation(
         now = datetime.now(UTC)
         (task,) = batch(1, now)
         task.org_id = "acme"
-        await tasks.insert([task])
-        (claimed,) = await tasks.claim(epoch, [task.id], now + timedelta(seconds=1))
+        await insert(tasks, [task])
+        (claimed,) = await claim(tasks, epoch, [task.id], now + timedelta(seconds=1))
         await tasks.kill(epoch, [(claimed, "no stream captures mq.tasks.x", "no_stream")])
         dead_id = await pool.fetchval("SELECT id FROM dead_letters WHERE original_id = $1", task.id)
         done = await DeadLetterStore(db).requeue(dead_id, task.id, now, "tester")
@@ -355,7 +356,7 @@ async def test_a_burst_is_booked_in_statements_of_at_most_fired_chunk(database_u
         group = batch(12_000, due)
         claimed = []
         for start in range(0, len(group), 4_000):
-            await tasks.insert(group[start : start + 4_000])
+            await insert(tasks, group[start : start + 4_000])
             ids = [t.id for t in group[start : start + 4_000]]
             claimed += (await tasks.claim_within(epoch, ids, due, 2**62)).ready
         now = datetime.now(UTC)

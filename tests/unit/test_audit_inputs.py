@@ -34,9 +34,9 @@ def test_window_bounds_and_grace() -> None:
         datetime(2026, 11, 21, tzinfo=UTC),
         datetime(2026, 11, 22, tzinfo=UTC),
     )
-    assert w.fired_from == w.start - timedelta(hours=1) and w.whole_day
+    assert w.fired_from == w.start - timedelta(hours=1) and w.end - w.start == timedelta(days=1)
     part = AuditWindow.of_day(date(2026, 11, 21), w.start + timedelta(hours=2))
-    assert part.start.hour == 2 and not part.whole_day
+    assert part.start.hour == 2 and part.end - part.start != timedelta(days=1)
     with pytest.raises(AuditInputError, match="--until"):
         AuditWindow.of_day(date(2026, 11, 21), until=w.end + timedelta(hours=1))
 

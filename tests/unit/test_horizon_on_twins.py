@@ -7,23 +7,25 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import timedelta
-from typing import Any
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 
 import pytest
 
 from scheduler.clock import to_rfc3339
 from scheduler.engine.delayed import rescheduled
-from scheduler.records import NewTask, to_ms
+from scheduler.records import Claimed, NewTask, to_ms
+from tests.support.stores import insert
 from tests.unit.engine_twins import T0, Engine, engine_on_twins
 
 BOUND = 20
 POLICIES = pytest.mark.parametrize("catchup", ["due_order", "on_time_first"])
 
 
-def watch(twin: Engine, seen: list[int]) -> None:
+def watch(twin: Engine, seen: list[int]) -> bool:
     """Record the heap's size at every step the test takes (through its `until` checks)."""
     seen.append(len(twin.engine.horizon))
+    return True
 
 
 def once_in_order(twin: Engine, expected: list[str]) -> None:
@@ -53,7 +55,7 @@ async def test_a_dense_instant_through_intake_fires_once_in_order_within_the_bou
     try:
         start = to_ms(twin.clock.now()) - to_ms(T0)
         ids = [twin.send(delay_ms=500 - start) for _ in range(300)]
-        await twin.until(lambda: (watch(twin, sizes), len(twin.ids()) >= 300)[1], limit_ms=5_000)
+        await twin.until(lambda: watch(twin, sizes) and len(twin.ids()) >= 300, limit_ms=5_000)
         await twin.settle()
     finally:
         await twin.close()
@@ -75,7 +77,7 @@ async def test_tasks_arriving_latest_first_still_fire_in_due_order(catchup: str)
             twin.send(delay_ms=1_000 + 3 * (100 - k)): start + 1_000 + 3 * (100 - k)
             for k in range(100)
         }
-        await twin.until(lambda: (watch(twin, sizes), len(twin.ids()) >= 100)[1], limit_ms=5_000)
+        await twin.until(lambda: watch(twin, sizes) and len(twin.ids()) >= 100, limit_ms=5_000)
         await twin.settle()
     finally:
         await twin.close()
@@ -109,11 +111,11 @@ async def test_a_new_leader_over_an_overdue_backlog_drains_it_within_the_bound(
                 None,
             )
         )
-    refs = await twin.store.insert(rows)
+    refs = await insert(twin.store, rows)
     await twin.start()
     sizes: list[int] = []
     try:
-        await twin.until(lambda: (watch(twin, sizes), len(twin.ids()) >= 300)[1], limit_ms=5_000)
+        await twin.until(lambda: watch(twin, sizes) and len(twin.ids()) >= 300, limit_ms=5_000)
         await twin.settle()
     finally:
         await twin.close()
@@ -172,12 +174,14 @@ async def _catch_up(catchup: str, backlog: int = 3_000) -> tuple[dict[str, int],
         )
         for k in range(backlog)
     ]
-    await twin.store.insert(rows)
+    await insert(twin.store, rows)
     claim = twin.store.claim_within
 
-    async def slow_claim(*args: Any) -> Any:  # a claim's round trip: 5 ms of fake time
+    async def slow_claim(  # a claim's round trip: 5 ms of fake time
+        epoch: int, ids: Sequence[str], until: datetime, budget: int
+    ) -> Claimed:
         await twin.clock.sleep(0.005)
-        return await claim(*args)
+        return await claim(epoch, ids, until, budget)
 
     twin.store.claim_within = slow_claim  # type: ignore[method-assign]
     await twin.start()

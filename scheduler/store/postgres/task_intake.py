@@ -67,10 +67,6 @@ class TaskIntake:
         self._rows_at_analyze = 0
         self._analyze_allowed = True
 
-    async def insert(self, tasks: Sequence[NewTask]) -> list[TaskRef]:
-        """Store a batch in one round trip; a task id seen before is stored once (no error)."""
-        return (await self._insert(tasks))[0]
-
     async def _insert(self, tasks: Sequence[NewTask]) -> tuple[list[TaskRef], set[str]]:
         """Store a batch in one round trip: the refs of the tasks stored to fire, and the ids
         of those stored cancelled because a cancel intent awaited them

@@ -147,10 +147,6 @@ class TaskStore(TaskIntake, TaskAdmin):
             )
         return [task_ref(r) for r in rows]
 
-    async def claim(self, epoch: int, ids: Sequence[str], until: datetime) -> list[ClaimedTask]:
-        """`claim_within` without a byte budget: every claimed task with its payload."""
-        return (await self.claim_within(epoch, ids, until, 2**62)).ready
-
     async def claim_within(
         self, epoch: int, ids: Sequence[str], until: datetime, budget: int
     ) -> Claimed:
