@@ -29,6 +29,7 @@ from pathlib import Path
 
 import asyncpg
 import nats
+import nats.aio.client
 import pytest
 from hypothesis import settings as hypothesis_settings
 from nats.js.errors import NotFoundError
@@ -174,6 +175,7 @@ async def nats_url(nats_service: tuple[str, int | None]) -> AsyncIterator[str]:
     nc = await nats.connect(url)
     js = nc.jetstream()
     for info in await js.streams_info():
+        assert info.config.name is not None
         await js.delete_stream(info.config.name)
     await nc.close()
     if monitor is not None:
@@ -255,7 +257,7 @@ async def nats_cluster(nats_cluster_service: NatsCluster) -> AsyncIterator[NatsC
         await nc.close()
 
 
-async def _delete_every_stream(nc: nats.NATS, cluster: NatsCluster) -> None:
+async def _delete_every_stream(nc: nats.aio.client.Client, cluster: NatsCluster) -> None:
     """Delete every stream. Names come from `$JS.API.STREAM.NAMES` (the meta group's list):
     `STREAM.LIST` waits 4 s for the leaders of streams that are moving to new peers and then
     leaves them out."""

@@ -77,7 +77,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """A test run over several implementations of a port (an `adapter` parameter: `twin` or a
     real adapter) is kept only where the twin meets the memory run and an adapter a real one;
     the cluster's run only with the suite's current servers (one cluster, of that version)."""
-    keep, drop = [], []
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
     for item in items:
         params = getattr(item, "callspec", None)
         adapter = params.params.get("adapter") if params is not None else None

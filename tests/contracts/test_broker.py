@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from scheduler.bus.memory import MemoryBroker, MemoryStreams
+from scheduler.engine.ports import Broker
 from scheduler.messages.prepared import PreparedMessage, StampedMessage
 from scheduler.records import ClaimedTask, Outcome, PubAck, PublishError
 
@@ -32,7 +33,7 @@ def adapter(request: pytest.FixtureRequest) -> str:
 
 @dataclass
 class Side:
-    broker: Any  # Publisher, PlainPublisher or MemoryBroker
+    broker: Broker  # Publisher, PlainPublisher or MemoryBroker
     # (stream, seq) -> (subject, payload, headers) of a stored message
     read: Callable[[int], Any]
     # key -> the latest value of that key in BUCKET
@@ -42,7 +43,7 @@ class Side:
     # whether the delivery with that reply subject is acknowledged
     acked: Callable[[str], Awaitable[bool]]
     # another broker of the same kind on the same connection (another term's)
-    another: Callable[[], Awaitable[Any]]
+    another: Callable[[], Awaitable[Broker]]
     office: dict[str, bool] = field(default_factory=lambda: {"in": True})
 
 
@@ -99,11 +100,11 @@ async def side(nats_server_url: str | None, adapter: str, replicas: int) -> Asyn
     )
     kv = await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas))
     publisher = await kind(nc, timeout=2, fence=lambda: office["in"]).start()
-    others: list[Any] = []
+    others: list[Broker] = []
 
     async def read_real(seq: int) -> tuple[str, bytes, dict[str, str]]:
         m = await js.get_msg(STREAM, seq)
-        return m.subject, m.data or b"", dict(m.headers or {})
+        return m.subject or "", m.data or b"", dict(m.headers or {})
 
     async def read_real_key(key: str) -> bytes:
         return (await kv.get(key)).value or b""
@@ -123,7 +124,7 @@ async def side(nats_server_url: str | None, adapter: str, replicas: int) -> Asyn
                 await asyncio.sleep(0.01)
         return True
 
-    async def another_real() -> Any:
+    async def another_real() -> Broker:
         other = await kind(nc, timeout=2, fence=lambda: office["in"]).start()
         others.append(other)
         return other
@@ -145,7 +146,7 @@ async def outcome_of(side: Side, subject: str, payload: bytes, msg_id: str) -> O
     fut = await side.broker.publish(subject, payload, {"Nats-Msg-Id": msg_id})
     try:
         async with asyncio.timeout(5):
-            return await fut  # type: ignore[no-any-return]
+            return await fut
     except PublishError as exc:
         return exc
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from scheduler.bus.memory import MemoryBus, MemoryStreams
+from scheduler.engine.ports import Bus
 from scheduler.metrics import Metrics
 from scheduler.records import PublishError
 from scheduler.settings import Settings
@@ -24,7 +25,7 @@ CONSUMER = "contract-bus"
 
 @dataclass
 class Side:
-    bus: Any  # NatsBus or MemoryBus
+    bus: Bus  # NatsBus or MemoryBus
     # (subject, payload) stored in STREAM, as a producer's publish does
     put: Callable[[str, bytes], Awaitable[None]]
     # (subject, payload) sent as a core message, as `scheduler.operations` notices are
@@ -55,10 +56,10 @@ async def side(nats_server_url: str | None, adapter: str, replicas: int) -> Asyn
     from scheduler.bus.nats.connection import NatsBus
 
     settings = Settings(nats_url=nats_server_url, instance_id="contract", publish_path=adapter)
-    bus = NatsBus(settings, Metrics())
-    await bus.connect(5)
-    assert bus.js is not None
-    js = bus.js
+    real = NatsBus(settings, Metrics())
+    await real.connect(5)
+    assert real.js is not None
+    js = real.js
     await js.add_stream(
         StreamConfig(name=STREAM, subjects=["busc.>"], duplicate_window=30, num_replicas=replicas)
     )
@@ -68,14 +69,14 @@ async def side(nats_server_url: str | None, adapter: str, replicas: int) -> Asyn
         await js.publish(subject, payload, headers={"Nats-Msg-Id": uuid.uuid4().hex})
 
     async def notify_real(subject: str, payload: bytes) -> None:
-        assert bus.nc is not None
-        await bus.nc.publish(subject, payload)
+        assert real.nc is not None
+        await real.nc.publish(subject, payload)
 
     try:
-        yield Side(bus, put_real, notify_real)
+        yield Side(real, put_real, notify_real)
     finally:
         await js.delete_stream(STREAM)
-        await bus.close()
+        await real.close()
 
 
 async def test_messages_held_counts_one_subject_of_the_capturing_stream(side: Side) -> None:
@@ -165,7 +166,7 @@ async def test_the_publish_path_setting_picks_the_adapter(side: Side, adapter: s
 
 @dataclass
 class Link:
-    bus: Any  # NatsBus or MemoryBus
+    bus: Bus  # NatsBus or MemoryBus
     drop: Callable[[], Awaitable[None]]  # the connection is lost (the server goes away)
     restore: Callable[[], Awaitable[None]]  # it can be made again (the server is back)
 

@@ -45,6 +45,7 @@ async def side(nats_server_url: str | None, replicas: int) -> AsyncIterator[Side
         yield Side(MemoryWriter(streams, bus, max_payload=1 << 20), prefix, stream, listen_twin)
         return
     import nats
+    from nats.aio.msg import Msg
     from nats.js.api import StreamConfig
 
     from scheduler.bus.nats.writer import NatsWriter
@@ -60,7 +61,7 @@ async def side(nats_server_url: str | None, replicas: int) -> AsyncIterator[Side
     async def listen_real(subject: str) -> asyncio.Queue[bytes]:
         got: asyncio.Queue[bytes] = asyncio.Queue()
 
-        async def on(msg: nats.aio.msg.Msg) -> None:
+        async def on(msg: Msg) -> None:
             got.put_nowait(msg.data)
 
         await nc.subscribe(subject, cb=on)

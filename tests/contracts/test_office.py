@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
-from scheduler.engine.office import FixedOffice
+from scheduler.engine.office import FixedOffice, Office
 
 BUCKET = "contract_leader"
 
@@ -17,7 +16,7 @@ BUCKET = "contract_leader"
 @pytest.fixture
 async def office(
     nats_server_url: str | None, database: str | None, replicas: int
-) -> AsyncIterator[Any]:
+) -> AsyncIterator[Office]:
     if nats_server_url is None or database is None:
         yield FixedOffice(7)
         return
@@ -52,7 +51,7 @@ async def office(
         await pool.close()
 
 
-async def test_in_office_the_epoch_is_held_and_acting_allowed(office: Any) -> None:
+async def test_in_office_the_epoch_is_held_and_acting_allowed(office: Office) -> None:
     """`wait_for_office` gives the term's epoch; while in office `epoch` is that epoch,
     `may_act()` is true and `lost` is not set."""
     async with asyncio.timeout(10):
@@ -65,7 +64,7 @@ async def test_in_office_the_epoch_is_held_and_acting_allowed(office: Any) -> No
         assert await office.wait_for_office() == epoch  # at once while held
 
 
-async def test_depose_ends_the_term_at_once(office: Any) -> None:
+async def test_depose_ends_the_term_at_once(office: Office) -> None:
     """After `depose` (a fenced write showed a newer leader), `may_act()` is false, `epoch`
     is None and `lost` is set, all at once; deposing again does no harm."""
     async with asyncio.timeout(10):

@@ -20,7 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from scheduler.bus.nats.connection import ensure_stream, stream_configs
 from scheduler.daemon.lifecycle import Daemon
 from scheduler.settings import Settings
-from tests.integration.test_delayed import envelope
+from tests.integration.test_delayed import envelope as envelope  # re-exported
 from tests.support.helpers import DaemonRunner
 from tests.support.rawclient import RawClient
 
@@ -145,7 +145,7 @@ class Hostile(DaemonRunner):
 async def hostile(settings: Settings) -> AsyncIterator[Hostile]:
     """A Hostile harness with the target stream `TASKS` on `mq.tasks.>`; torn down after."""
     h = Hostile(settings.with_overrides(backoff=timedelta(milliseconds=100)))
-    h.nc = await nats.connect(settings.nats_url)
+    h.nc = await nats.connect(settings.nats_servers)
     h.js = h.nc.jetstream()
     await h.js.add_stream(name="TASKS", subjects=["mq.tasks.>"], duplicate_window=120)
     try:

@@ -31,8 +31,8 @@ def cli_env(workdir: Path, **settings: str | None) -> dict[str, str]:
         SCHEDULER_DATA_DIR=str(workdir / "data"),
         PYTHONUNBUFFERED="1",
     )
-    env.update(settings)
-    return {k: v for k, v in env.items() if v is not None}
+    merged: dict[str, str | None] = {**env, **settings}
+    return {k: v for k, v in merged.items() if v is not None}
 
 
 class CliProcess:

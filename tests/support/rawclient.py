@@ -106,8 +106,9 @@ class RawClient:
                 hlen = int(parts[-2]) if parts[0] == b"HMSG" else 0
                 body = await self._reader.readexactly(total + 2)
                 hdr, data = body[:hlen], body[hlen:total]
-                fut = self._acks.get(parts[1].rsplit(b".", 1)[-1])
-                if fut is not None and not fut.done():
+                waiting = self._acks.get(parts[1].rsplit(b".", 1)[-1])
+                if waiting is not None and not waiting.done():
+                    fut = waiting
                     if hdr and b" 503" in hdr.split(b"\r\n", 1)[0]:
                         fut.set_result({"error": "503 no responders"})
                     else:

@@ -153,7 +153,7 @@ async def engine_on_twins(
         streams.add_stream("TASKS", ["mq.inference.>"])
         streams.add_stream("DLQ", ["mq.dlq.>"])
     lane = Lane()
-    bus = MemoryBus(streams, lane)
+    bus = MemoryBus(streams, lane)  # type: ignore[arg-type]  # any Source; annotated as the twin's
     settings = Settings(**overrides)
     office = Office(await store.take_office("twin"))
     metrics = Metrics()

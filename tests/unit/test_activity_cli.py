@@ -36,9 +36,9 @@ PAGE = {
 
 
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, dict, Any]]:
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, dict[str, Any], Any]]:
     """Every API call the CLI makes, answered with PAGE (or `{"status": "paused"}`)."""
-    seen: list[tuple[str, str, dict, Any]] = []
+    seen: list[tuple[str, str, dict[str, Any], Any]] = []
 
     def call(self: ApiClient, method: str, path: str, query: Any = None, body: Any = None) -> Any:
         seen.append((method, path, dict(query or {}), body))
@@ -59,7 +59,7 @@ def test_activity_has_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_activity_sends_the_filters_and_prints_a_table(
-    calls: list, capsys: pytest.CaptureFixture[str]
+    calls: list[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The filters go to GET /v1/activity (`--since 1h`: an instant an hour ago); the table
     shows when (to the second), who (console session marked), action, target, outcome with
@@ -79,7 +79,9 @@ def test_activity_sends_the_filters_and_prints_a_table(
     assert out[-1] == "more: --cursor CUR"
 
 
-def test_activity_json_and_refused_options(calls: list, capsys: pytest.CaptureFixture[str]) -> None:
+def test_activity_json_and_refused_options(
+    calls: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     """`--json` prints the API's page; a limit out of 1..500 or a time that is neither
     RFC 3339 with an offset nor a duration exits 2 naming it, before any call."""
     assert main(["activity", "--json", "--url", "http://api.test"]) == 0
@@ -93,7 +95,7 @@ def test_activity_json_and_refused_options(calls: list, capsys: pytest.CaptureFi
     assert len(calls) == 1
 
 
-def test_pause_with_a_note_sends_it(calls: list, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pause_with_a_note_sends_it(calls: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
     """`schedules pause NAME --note TEXT` sends `{"note": TEXT}`; without --note no body."""
     assert (
         main(["schedules", "pause", "nightly", "--note", "vendor down", "--url", "http://x"]) == 0

@@ -6,7 +6,7 @@ import asyncio
 import random
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from scheduler.clock import FakeClock
 from scheduler.engine.delayed.dispatch import Dispatcher
 from scheduler.engine.delayed.horizon import Horizon
+from scheduler.engine.ports import Broker
 from scheduler.metrics import Metrics
 from scheduler.records import ClaimedTask, from_ms, to_ms
 from scheduler.settings import Settings
@@ -46,6 +47,9 @@ class Office:
     def may_act(self) -> bool:
         return True
 
+    async def wait_for_office(self) -> int:
+        return self.epoch
+
     def depose(self) -> None:
         self.lost.set()
 
@@ -75,7 +79,8 @@ def firing(clock: FakeClock, publisher: Any = None, **overrides: Any) -> Dispatc
         settings=Settings(**overrides),
         horizon=Horizon(),
         tasks=None,  # type: ignore[arg-type]  # no store: nothing here claims or books
-        publisher=publisher or CapturingPublisher(clock),
+        # a stand-in with only what the dispatcher calls here (timeout, may_send, publish_tasks)
+        publisher=cast(Broker, publisher or CapturingPublisher(clock)),
         office=Office(),
         clock=clock,
         events=Metrics(),

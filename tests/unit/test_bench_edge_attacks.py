@@ -50,7 +50,9 @@ def test_due_times_and_phases(bench: tuple[ModuleType, ModuleType]) -> None:
     assert ea.phase_of(3.0, phases) == "other"
 
 
-def _run(ea: ModuleType, lateness_ms: dict[str, list[float]]) -> tuple[dict[str, Any], Any]:
+def _run(
+    ea: ModuleType, lateness_ms: dict[str, list[float | tuple[float, float] | None]]
+) -> tuple[dict[str, Any], Any]:
     """Per-phase results of tasks due 10 ms apart in each phase, stored that late (a None:
     lost; two values: doubled)."""
     phases = _phases(ea)

@@ -13,7 +13,7 @@ import pytest
 
 from scheduler.clock import FakeClock
 from scheduler.engine.delayed import dispatch
-from scheduler.records import Fired, PubAck
+from scheduler.records import Fired, PubAck, PublishError
 from tests.unit.engine_twins import T0, engine_on_twins
 from tests.unit.test_armed import firing, task
 
@@ -25,7 +25,7 @@ def test_a_delivered_task_waits_for_the_books_without_its_bytes_or_headers() -> 
     ok, failed = task("ok", 1, size=300), task("bad", 2, size=300)
     ok.headers, failed.headers = {"traceparent": "00-x"}, {"traceparent": "00-y"}
     f._done(ok, PubAck("TASKS", 1, False))
-    f._done(failed, dispatch.PublishError("mq.tasks.x", "timeout", in_doubt=True))
+    f._done(failed, PublishError("mq.tasks.x", "timeout", in_doubt=True))
     assert (ok.payload, ok.headers) == (b"", {})
     assert len(failed.payload) == 300 and failed.headers == {"traceparent": "00-y"}
     assert f.unbooked() == 2

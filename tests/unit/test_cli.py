@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -80,10 +81,10 @@ def test_audit_verbs_do_not_import_pyspark() -> None:
 
 
 class _Api:
-    def __init__(self, doc: dict) -> None:
+    def __init__(self, doc: dict[str, Any]) -> None:
         self.doc = doc
 
-    def call(self, method: str, path: str) -> dict:
+    def call(self, method: str, path: str) -> dict[str, Any]:
         return self.doc
 
 

@@ -62,7 +62,7 @@ FIRE = {
     "lateness_ms": 3.812, "attempt": 1, "epoch": 4, "instance": "a", "stream": None,
     "stream_seq": None, "manual": False,
 }  # fmt: skip
-TASK = {
+TASK: dict[str, Any] = {
     "id": "t1", "target": "mq.tasks.x", "status": "fired", "priority": None,
     "due_at": "2026-11-25T02:00:00Z", "scheduled_for": "2026-11-25T02:00:00Z",
     "expires_at": None, "attempts": 1, "created_at": None, "fired_at": None, "stream_seq": None,
@@ -72,7 +72,7 @@ TASK = {
                     "attempt": 1, "epoch": 1, "instance": "a", "stream": None,
                     "stream_seq": None}],
 }  # fmt: skip
-DEAD = {
+DEAD: dict[str, Any] = {
     "id": "0b0e7c36-3f43-4a8e-9f0e-7d1b0c6f1a11", "original_id": "t1", "subject": "mq.delay.x",
     "target": None, "reason": "invalid_envelope", "stage": "intake", "error": None,
     "attempts": 0, "first_seen": "2026-11-25T02:00:00Z", "last_failed": "2026-11-25T02:00:00Z",
@@ -89,7 +89,7 @@ STATS = {
 RUNNING = {**JOB, "name": "tick", "cron": "* * * * *", "paused": False, "failed": False}
 RUNNING["last_fired_at"] = "2026-11-25T02:00:00.003812Z"
 SCHEDULES = {"items": [JOB, RUNNING], "next_cursor": None, "problems": []}
-ANSWERS = {
+ANSWERS: dict[str, Any] = {
     "/v1/stats": STATS,
     "/v1/schedules": SCHEDULES,
     "/v1/schedules/report": {**JOB, "next": [], "fires": [FIRE], "definition": {}},
@@ -229,7 +229,7 @@ def test_dlq_list_shows_unresolved_ones_by_default_with_a_state_column() -> None
     rows = out.splitlines()
     assert rows[0].split()[:3] == ["ID", "STATE", "STAGE"]
     assert [r.split()[1] for r in rows[1:]] == ["unresolved", "replayed", "resolved"]
-    empty = {"/v1/dead-letters": {"items": [], "next_cursor": None}}
+    empty: dict[str, Any] = {"/v1/dead-letters": {"items": [], "next_cursor": None}}
     _, out, _ = run(ops._dlq_list, empty, "dlq", "list")
     assert out == "no unresolved dead letters (--state all lists every one)"
 
@@ -270,7 +270,7 @@ def test_schedules_list_has_state_and_next_run_columns() -> None:
 
 def test_empty_lists_say_so() -> None:
     """A list with nothing in it says what is missing instead of printing a bare header."""
-    empty = {"items": [], "next_cursor": None, "problems": []}
+    empty: dict[str, Any] = {"items": [], "next_cursor": None, "problems": []}
     got = run(ops._schedules_list, {"/v1/schedules": empty}, "schedules", "list")[1]
     assert got == "no cron jobs loaded"
     got = run(ops._schedules_list, {"/v1/schedules": empty}, "schedules", "list", "--removed")[1]

@@ -7,6 +7,7 @@ import json
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,7 @@ def test_a_session_round_trips_and_keeps_no_token() -> None:
         ({"read_token": None}, "the read token was removed"),
     ],
 )
-def test_a_token_change_ends_every_session(change: dict, why: str) -> None:
+def test_a_token_change_ends_every_session(change: dict[str, Any], why: str) -> None:
     """Sessions signed under the old tokens are refused once any token changes."""
     _, cookie = signer().new_session("admin", NOW)
     assert signer(**change).session(cookie, NOW) is None, why

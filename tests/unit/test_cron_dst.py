@@ -251,7 +251,9 @@ def transitions(zone: str, until_year: int = 2030) -> tuple[datetime, ...]:
     return tuple(found) or (datetime(2026, 6, 1, tzinfo=UTC),)
 
 
-NAMES = {4: ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")}
+NAMES: dict[int, tuple[str, ...]] = {
+    4: ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+}
 NAMES[5] = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 BOUNDS = [(0, 59), (0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
 

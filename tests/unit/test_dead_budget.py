@@ -62,7 +62,8 @@ def test_dropped_refusals_are_counted_with_bounded_org_labels() -> None:
         budget.dropped(f"mq.org.{org}.x", "unparseable")
     budget.dropped("mq.tasks.work", "unparseable")
     counter = metrics.dead_letters_unstored
-    got = {s.labels["org"]: s.value for s in counter.collect()[0].samples if "_total" in s.name}
+    (family,) = counter.collect()
+    got = {s.labels["org"]: s.value for s in family.samples if "_total" in s.name}
     assert got == {"a": 1.0, "b": 1.0, "other": 2.0}
 
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from scheduler.engine.delayed.horizon import HorizonHeap, TaskRef
+from scheduler.engine.delayed.horizon import HorizonHeap
+from scheduler.records import TaskRef
 
 
 def ref(task_id: str, due: int, priority: int = 5, seq: int = 0) -> TaskRef:

@@ -211,6 +211,7 @@ def value(kv: FakeKV) -> dict[str, Any]:
 
 
 def gauge(lead: Leadership, name: str) -> float | None:
+    assert isinstance(lead.events, Metrics)  # the daemon's listener, holding the registry
     return lead.events.registry.get_sample_value(f"mq_scheduler_{name}")
 
 

@@ -28,9 +28,11 @@ async def test_the_result_and_the_error_reach_the_loop() -> None:
 
 async def test_the_thread_is_a_daemon_named_for_its_session() -> None:
     release = threading.Event()
-    job = migrate._daemon_thread(
-        lambda *_: release.wait(5), "dsn", "head", "mq-scheduler-migrate-c"
-    )
+
+    def held(*_: str) -> None:
+        release.wait(5)
+
+    job = migrate._daemon_thread(held, "dsn", "head", "mq-scheduler-migrate-c")
     (thread,) = [t for t in threading.enumerate() if t.name == "mq-scheduler-migrate-c"]
     assert thread.daemon
     release.set()

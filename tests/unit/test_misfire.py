@@ -6,13 +6,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from scheduler.cron.jobs import load_text
+from scheduler.cron.jobs import Job, load_text
 from scheduler.cron.misfire import MAX_CATCHUP, fire_time, next_fire, plan
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, 200_000, tzinfo=UTC)
 
 
-def job(cron: str = "* * * * *", **extra: str):
+def job(cron: str = "* * * * *", **extra: str) -> Job:
     lines = "".join(f"    {k}: {v}\n" for k, v in extra.items())
     text = f'scheduled_jobs:\n  - name: j\n    subject: mq.scheduled.j\n    cron: "{cron}"\n{lines}'
     loaded = load_text(text, "t.yaml")

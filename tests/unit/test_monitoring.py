@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -52,7 +53,7 @@ def exported() -> set[str]:
     return names
 
 
-def alerts() -> list[dict]:
+def alerts() -> list[dict[str, Any]]:
     doc = yaml.safe_load(RULES.read_text())
     return [rule for group in doc["groups"] for rule in group["rules"] if "alert" in rule]
 

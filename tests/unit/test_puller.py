@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -30,7 +32,7 @@ class FakeClient:
 @pytest.fixture
 def now(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     clock = [100.0]
-    monkeypatch.setattr(puller_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     return clock
 
 
@@ -131,13 +133,13 @@ async def test_a_batch_lingers_from_its_oldest_message_not_from_the_call(
     """Messages that came while the caller handled the last batch wait with the next ones until
     the oldest is `linger` old, so a handful is not committed alone; older ones go at once."""
     slept: list[float] = []
-    real_sleep = puller_module.asyncio.sleep
+    real_sleep = asyncio.sleep
 
     async def sleep(delay: float) -> None:
         slept.append(round(delay, 6))
         await real_sleep(0)
 
-    monkeypatch.setattr(puller_module.asyncio, "sleep", sleep)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
     nc = FakeClient()
     p = make(nc, now)
     p._requested = 100

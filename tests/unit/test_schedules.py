@@ -9,6 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from scheduler.clock import rfc3339
 from scheduler.cron.expression import CronExpr
 from scheduler.cron.jobs import (
     Concurrency,
@@ -19,7 +20,6 @@ from scheduler.cron.jobs import (
     load_dir,
     load_text,
     occurrence_key,
-    rfc3339,
 )
 
 REPO_SCHEDULES = Path(__file__).resolve().parents[2] / "schedules"

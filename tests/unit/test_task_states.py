@@ -58,6 +58,7 @@ def hand_spelled(source: str) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         text = None if id(node) in skip else _text(node)
         for match in HAND_SPELLED.finditer(text or ""):
+            assert isinstance(node, ast.expr)  # only string literals have a text
             out.append((node.lineno, match.group(0)))
     return sorted(set(out))
 

@@ -7,7 +7,7 @@ import pytest
 from nats import errors as nats_errors
 from nats.js import errors as js_errors
 
-from scheduler.bus.nats import connection
+from scheduler.aio import Backoff
 from scheduler.bus.nats.connection import electing, while_electing
 
 
@@ -34,7 +34,7 @@ def _no_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     async def instantly(self: object) -> None:
         return None
 
-    monkeypatch.setattr(connection.Backoff, "wait", instantly)
+    monkeypatch.setattr(Backoff, "wait", instantly)
 
 
 def test_a_timeout_and_temporarily_unavailable_are_an_election() -> None:

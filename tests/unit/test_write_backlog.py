@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -24,7 +25,7 @@ async def test_retries_until_written_then_logs_what_is_lost_at_stop(
     fails = {"a": 2, "b": 0}
     written = asyncio.Event()
 
-    def write(name: str) -> object:
+    def write(name: str) -> Callable[[], Awaitable[None]]:
         async def attempt() -> None:
             if fails[name] > 0:
                 fails[name] -= 1
