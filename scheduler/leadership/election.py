@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
+from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from scheduler.aio import first_of
@@ -156,6 +157,12 @@ class Leadership:
         sent = self._clock.monotonic()
         try:
             revision = await lease.create(lease.value(None, self._clock.now()))
+        except KeyWrongLastSequenceError as exc:  # the key exists: another's, or ours left over
+            adopted = await self._adopt()
+            if adopted is None:
+                self._log.debug("leader.campaign_lost instance=%s error=%r", self.instance, exc)
+                return True
+            revision = adopted
         except Exception as exc:  # any create error means "not leader" (nats-server#5162)
             self._log.debug("leader.campaign_lost instance=%s error=%r", self.instance, exc)
             return True
@@ -166,6 +173,19 @@ class Leadership:
             else:
                 await self._take(revision)
         return False
+
+    async def _adopt(self) -> int | None:
+        """The revision of our own left-over lease taken back (`KvLease.adopt`), or None."""
+        try:
+            revision = await self._bounded(
+                self.lease.adopt(self.lease.value(None, self._clock.now())), self._ttl / 3
+            )
+        except Exception as exc:  # written since, or unreachable: not ours to take
+            self._log.debug("leader.adopt_failed instance=%s error=%r", self.instance, exc)
+            return None
+        if revision is not None:
+            self._log.info("leader.adopted instance=%s revision=%d", self.instance, revision)
+        return revision
 
     async def _take(self, revision: int) -> None:
         """Holding a fresh lease: check the clock, take an epoch in PostgreSQL, write it into

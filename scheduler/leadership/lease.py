@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +31,11 @@ LEASE_KEY = "leader"
 # the link still up and got no answer is not resent.
 NO_LEADER_PAUSE = 0.05
 NO_LEADER_PAUSE_MAX = 0.25
+# A renewal that went out on a link whose node then froze can be stored seconds later, after this
+# instance left office (the thawed node forwards what it had read before it stopped): the key is
+# then ours but nobody acts on it, and every `create` fails until it expires. `adopt` takes such a
+# key back with a revision-checked update, as a `create` takes an absent one; the lease value's
+# `run` (one per process) tells this process's writes from another's with the same instance id.
 
 
 class KvLease:
@@ -45,6 +51,7 @@ class KvLease:
     ) -> None:
         self._kv, self._clock, self._log = kv, clock, log
         self.instance = instance
+        self.run = uuid.uuid4().hex[:12]  # this process's mark in the lease value (see `adopt`)
         self._rewatch = rewatch  # seconds before watching again after the watch failed
         self.revision: int | None = None
         self.seen: str | None = None
@@ -59,14 +66,33 @@ class KvLease:
             self.relinked.set()
 
     def value(self, epoch: int | None, since: datetime | None) -> bytes:
-        """The lease's value: {instance, epoch, since}."""
+        """The lease's value: {instance, epoch, since, run}."""
         since_text = to_rfc3339(since) if since else None
-        return json.dumps({"instance": self.instance, "epoch": epoch, "since": since_text}).encode()
+        doc = {"instance": self.instance, "epoch": epoch, "since": since_text, "run": self.run}
+        return json.dumps(doc).encode()
 
     async def create(self, value: bytes) -> int:
         """Write the key if it is absent; its revision. Raises otherwise (held by another, or
         any error: nats-server#5162 makes even a free key fail now and then)."""
         return await self._kv.create(LEASE_KEY, value)
+
+    async def adopt(self, value: bytes) -> int | None:
+        """Take back a lease this process wrote and no longer holds (a late renewal: see the
+        module's note): a revision-checked update of the key's current revision, which fails
+        if anyone wrote it since, so it decides exactly as a `create` of an absent key would.
+        The read only finds the revision; the update decides. None when the key is another's
+        (or gone); raises when the update is refused."""
+        try:
+            entry = await self._kv.get(LEASE_KEY)
+        except Exception:  # absent (a create will do) or unreadable: nothing to adopt
+            return None
+        doc = _lease_doc(entry.value)
+        if doc.get("instance") != self.instance or doc.get("run") != self.run:
+            return None
+        if entry.revision is None:
+            return None
+        self.revision = await self._kv.update(LEASE_KEY, value, last=entry.revision)
+        return self.revision
 
     async def update(self, value: bytes, last: int) -> int:
         """Rewrite the key if `last` is still its revision; the new one, kept as `revision`.

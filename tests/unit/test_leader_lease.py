@@ -221,7 +221,8 @@ async def test_create_takes_office(start: Start, kv: FakeKV) -> None:
     async with asyncio.timeout(1):
         assert await a.wait_for_office() == 1
     assert a.may_act() and a.role == "leader" and not a.lost.is_set()
-    assert value(kv) == {"instance": "a", "epoch": 1, "since": a.info()["since"]}
+    since = a.info()["since"]
+    assert value(kv) == {"instance": "a", "epoch": 1, "since": since, "run": a.lease.run}
     assert a.info()["epoch"] == 1 and a.info()["role"] == "leader"
     assert gauge(a, "is_leader") == 1 and gauge(a, "leader_epoch") == 1
 
@@ -327,6 +328,41 @@ async def test_a_renew_refused_while_the_link_is_down_goes_out_when_it_is_back(
     a.lease.on_link(True)
     await step(clock, 2 * TTL)
     assert a.may_act() and a.epoch == 1 and value(kv)["epoch"] == 1
+
+
+async def test_a_late_renewal_stored_after_the_term_ended_is_taken_back_not_waited_out(
+    start: Start, kv: FakeKV, clock: FakeClock, epochs: Epochs
+) -> None:
+    """A renewal sent on a link whose node froze is stored seconds later, after the term ended
+    at its deadline: the key is ours, nobody acts on it, and every create fails. The next
+    campaign takes it back with a revision-checked update and a fresh epoch, instead of
+    waiting a whole TTL for it to expire; another instance's key is never taken that way."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    kv.gate = asyncio.Event()  # the node froze: the renewal hangs
+    await step(clock, 2.375)
+    assert a.may_act()
+    late = json.dumps({"instance": "a", "epoch": 1, "since": None, "run": a.lease.run}).encode()
+    kv._write(LEASE_KEY, late)  # the thawed node forwards the renewal it had read: stored now
+    kv.gate = None
+    clock.advance(0.125)
+    assert not a.may_act() and a.lost.is_set()  # the deadline passed first
+    await step(clock, CAMPAIGN + 0.25)
+    assert a.may_act() and a.epoch == 2 and epochs.epoch == 2
+    assert value(kv)["epoch"] == 2 and value(kv)["run"] == a.lease.run
+
+
+async def test_another_processs_lease_is_never_adopted(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """A key naming this instance but written by another process (same instance id, another
+    `run`) is left alone: the campaign loses until it expires."""
+    b, _ = start("b")
+    kv._write(LEASE_KEY, json.dumps({"instance": "b", "epoch": 5, "run": "other"}).encode())
+    await step(clock, TTL - 0.25)
+    assert not b.may_act() and value(kv)["run"] == "other"
+    await step(clock, 1.0)
+    assert b.may_act() and value(kv)["run"] == b.lease.run
 
 
 async def test_a_link_that_stays_down_still_ends_the_term_at_the_deadline(
