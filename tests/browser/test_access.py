@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import pytest
 from playwright.async_api import Page, expect
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.parametrize("servers", ["current"], indirect=True)
 PAGES = ("", "schedules", "schedules/nightly", "delayed", "dead-letters", "drift")
 
 
-async def post_form(page: Page, path: str, fields: dict[str, str]) -> dict:
+async def post_form(page: Page, path: str, fields: dict[str, str]) -> dict[str, Any]:
     """Send a form as the console's own pages would (same origin, the session's cookie)."""
     script = """async ([path, fields]) => {
         const r = await fetch(path, {method: "POST", body: new URLSearchParams(fields),
@@ -91,10 +92,11 @@ async def test_no_token_sees_nothing_and_a_token_change_ends_sessions(console: C
     doc = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
     doc["k"] = "admin" if doc["k"] == "read" else "read"  # same signature, other content
     altered = base64.urlsafe_b64encode(json.dumps(doc).encode()).decode().rstrip("=")
-    await page.context.add_cookies([{**cookie, "value": f"{altered}.{mac}"}])
+    # a cookie read back is one to set again (the same keys): playwright types the two apart
+    await page.context.add_cookies([{**cookie, "value": f"{altered}.{mac}"}])  # type: ignore[typeddict-item]
     await page.goto(console.url + "schedules")
     await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
-    await page.context.add_cookies([cookie])
+    await page.context.add_cookies([cookie])  # type: ignore[list-item]
     await page.goto(console.url + "schedules")
     await expect(page.get_by_role("heading", name="Schedules")).to_be_visible()
 

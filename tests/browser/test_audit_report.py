@@ -41,7 +41,12 @@ def breaching_summary() -> dict[str, Any]:
     schedules, subjects = [], []
     for i in range(SCHEDULES):
         name = f"billing-reconciliation-europe-west-{i:03d}-nightly-ledger-export"
-        faults = [{"missed": i % 7 + 1}, {"doubled": 2}, {"p99": 1500.0 + i}, {"early": 1}]
+        faults: list[dict[str, Any]] = [
+            {"missed": i % 7 + 1},
+            {"doubled": 2},
+            {"p99": 1500.0 + i},
+            {"early": 1},
+        ]
         schedules.append(
             row(name, f"mq.scheduled.billing.reconcile.{i % SUBJECTS}", **faults[i % 4])
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from playwright.async_api import Page, expect
@@ -117,7 +118,7 @@ async def test_delayed_task_found_and_cancelled_is_never_delivered(console: Cons
     moved = (await console.api.call("GET", f"/v1/delayed/{later['id']}")).body
     assert datetime.fromisoformat(moved["due_at"]) > due + timedelta(minutes=100)
 
-    async def delivered() -> list:
+    async def delivered() -> list[Any]:
         return await console.api.read_stream("TASKS", quiet=0.3)
 
     msgs = await poll(delivered, lambda m: len(m) >= 1, within=15)
@@ -129,7 +130,8 @@ async def test_delayed_task_found_and_cancelled_is_never_delivered(console: Cons
     assert status == "cancelled"
 
     async def keep_status() -> str:
-        return (await console.api.call("GET", f"/v1/delayed/{keep['id']}")).body["status"]
+        got: str = (await console.api.call("GET", f"/v1/delayed/{keep['id']}")).body["status"]
+        return got
 
     await poll(keep_status, lambda s: s == "fired")  # its row deleted: listed from its tombstone
     await page.goto(console.url + "delayed")
@@ -157,8 +159,10 @@ async def test_dead_letters_replayed_one_and_by_filter_are_each_delivered_once(
         await console.api.publish(f"mq.nowhere.n{i}", doc)
     await console.api.js.publish("mq.delay.tasks.work", b"{broken", headers={"Nats-Msg-Id": "b1"})
 
-    async def dead() -> list:
-        return (await console.api.call("GET", "/v1/dead-letters", token=READ)).body["items"]
+    async def dead() -> list[Any]:
+        reply = await console.api.call("GET", "/v1/dead-letters", token=READ)
+        got: list[Any] = reply.body["items"]
+        return got
 
     await poll(dead, lambda items: len(items) == 4, within=15)
     await console.api.js.add_stream(name="NOWHERE", subjects=["mq.nowhere.>"])
@@ -200,8 +204,10 @@ async def test_script_in_payloads_and_inputs_renders_as_text(console: Console) -
     await console.api.publish(TARGET, task)
     await console.api.publish("mq.nowhere.x", dead)
 
-    async def dead_letters() -> list:
-        return (await console.api.call("GET", "/v1/dead-letters", token=READ)).body["items"]
+    async def dead_letters() -> list[Any]:
+        reply = await console.api.call("GET", "/v1/dead-letters", token=READ)
+        got: list[Any] = reply.body["items"]
+        return got
 
     [letter] = await poll(dead_letters, lambda items: len(items) == 1, within=15)
     page = await console.signed_in()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from playwright.async_api import expect
@@ -123,8 +124,9 @@ async def test_overview_shows_health_summary_and_history_with_an_abnormal_fire_a
         await shot(page, "overview-day")
 
 
-async def dead_letters(console: Console) -> list:
-    return (await console.api.call("GET", "/v1/dead-letters", token=READ)).body["items"]
+async def dead_letters(console: Console) -> list[Any]:
+    got: list[Any] = (await console.api.call("GET", "/v1/dead-letters", token=READ)).body["items"]
+    return got
 
 
 async def test_dead_letters_wrap_subjects_at_dots_and_show_the_bytes_as_published(

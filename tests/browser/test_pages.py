@@ -97,8 +97,10 @@ async def test_every_page_is_labelled_keyboard_usable_and_fits_both_widths(
     await console.api.publish(TARGET, task)
     await console.api.publish("mq.nowhere.x", envelope(None))
 
-    async def dead() -> list:
-        return (await console.api.call("GET", "/v1/dead-letters", token=READ)).body["items"]
+    async def dead() -> list[Any]:
+        reply = await console.api.call("GET", "/v1/dead-letters", token=READ)
+        got: list[Any] = reply.body["items"]
+        return got
 
     [letter] = await poll(dead, lambda items: len(items) == 1, within=15)
     pages = {

@@ -2,8 +2,9 @@
 
 The contract suites beside this module test what each implementation does; this module makes a
 signature that drifts from its port (`scheduler.engine.ports`, `scheduler.engine.office`) an
-error before any test runs. mypy reads it with the package (`files` in `[tool.mypy]`,
-pyproject.toml; `scripts/test` runs it). Nothing imports it and pytest collects nothing here.
+error before any test runs. mypy reads it with the package and the other tests (`files` in
+`[tool.mypy]`, pyproject.toml; `scripts/test` runs it). Nothing imports it and pytest collects
+nothing here.
 """
 
 from __future__ import annotations

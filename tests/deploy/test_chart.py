@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,9 @@ def daemon_containers(manifests: Manifests) -> list[dict[str, Any]]:
 
 
 def audit_pod(manifests: Manifests) -> dict[str, Any]:
-    return one(manifests, "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    job: dict[str, Any] = one(manifests, "CronJob")["spec"]["jobTemplate"]
+    spec: dict[str, Any] = job["spec"]["template"]["spec"]
+    return spec
 
 
 # -- helm's own checks and offline validation ------------------------------------------------
@@ -285,12 +288,13 @@ def test_pods_run_non_root_read_only_without_privileges(
     """Daemon (both containers), edge-only, migration and audit pods: non-root, read-only root
     with an emptyDir /tmp, no privilege escalation, every capability dropped, seccomp
     RuntimeDefault."""
-    pod = {
+    pods: dict[str, Callable[[], dict[str, Any]]] = {
         "daemon": lambda: daemon_pod(ha_manifests),
         "edge": lambda: edge_pod(ha_manifests),
         "migrate": lambda: one(ha_manifests, "Job")["spec"]["template"]["spec"],
         "audit": lambda: audit_pod(ha_manifests),
-    }[which]()
+    }
+    pod = pods[which]()
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -328,7 +332,7 @@ def test_engine_and_edge_take_the_same_env_and_mounts(
 ) -> None:
     """Same settings, secrets, env from extraEnvFrom and mounts in both containers (a pair must
     agree on everything, the instance id included), whatever the values turn on."""
-    manifests = {
+    made: dict[str, Callable[[], Manifests]] = {
         "default": lambda: default_manifests,
         "ha": lambda: ha_manifests,
         "auth": lambda: render(
@@ -340,7 +344,8 @@ def test_engine_and_edge_take_the_same_env_and_mounts(
                 "extraEnv": [{"name": "X", "value": "1"}],
             }
         ),
-    }[values]()
+    }
+    manifests = made[values]()
     engine, edge = engine_container(manifests), edge_container(manifests)
     assert engine["env"] == edge["env"]
     assert engine.get("envFrom") == edge.get("envFrom")
@@ -522,7 +527,11 @@ def test_ha_values_wire_each_secret_to_its_consumer(ha_manifests: Manifests) -> 
     """Database URL, migration role, NATS credentials file and CA, API tokens and the audit's JDBC
     URL each come from the Secret the values name (in the engine, the edge beside it and the
     edge-only pods alike)."""
-    ref = lambda e: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])  # noqa: E731
+
+    def ref(e: dict[str, Any]) -> tuple[str, str]:
+        key = e["valueFrom"]["secretKeyRef"]
+        return key["name"], key["key"]
+
     for pod in (daemon_pod(ha_manifests), edge_pod(ha_manifests)):
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["nats-credentials"]["secret"]["secretName"] == "mq-scheduler-nats"
@@ -718,9 +727,10 @@ def test_a_schedules_change_rolls_the_pods_unless_reload_is_live(render: Render)
 
     def checksum(values: dict[str, Any]) -> str | None:
         deploy = one(render(values=values), "Deployment")
-        return (
+        got: str | None = (
             deploy["spec"]["template"]["metadata"].get("annotations", {}).get("checksum/schedules")
         )
+        return got
 
     job = "scheduled_jobs:\n  - name: a\n    subject: mq.scheduled.a\n    cron: '{}'\n"
     first = checksum({"schedules": {"files": {"x.yaml": job.format("0 * * * *")}}})
@@ -872,7 +882,10 @@ def test_service_monitor_scrapes_the_metrics_port(
 
 
 def _rules_file() -> dict[str, Any]:
-    return yaml.safe_load((CHART / "files" / "mq-scheduler-rules.yaml").read_text())
+    rules: dict[str, Any] = yaml.safe_load(
+        (CHART / "files" / "mq-scheduler-rules.yaml").read_text()
+    )
+    return rules
 
 
 def test_prometheus_rule_carries_the_alert_rules_unchanged(

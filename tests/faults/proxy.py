@@ -23,6 +23,7 @@ import contextlib
 import socket
 import struct
 from collections.abc import Callable
+from typing import Self
 
 
 class FaultProxy:
@@ -49,7 +50,7 @@ class FaultProxy:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    async def start(self) -> FaultProxy:
+    async def start(self) -> Self:
         if self.receive_buffer is None:
             self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         else:  # a small window, as over a WAN: a silent link backs up into the client quickly

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import nats
+import nats.aio.msg
 
 from scheduler.daemon.embedded import NatsServer
 from tests.faults.conftest import RestartablePostgres, StartCluster

@@ -77,7 +77,8 @@ async def test_migration_0018_adds_and_removes_the_log_and_the_note(database_url
         await asyncio.to_thread(migrate.upgrade, database_url)
         assert await present() == (True, True)
         note = "SELECT paused_by, pause_note FROM schedules WHERE name = 'nightly'"
-        assert tuple(await conn.fetchrow(note)) == ("admin", None)
+        row = await conn.fetchrow(note)
+        assert row is not None and tuple(row) == ("admin", None)
         await conn.execute("UPDATE schedules SET pause_note = 'vendor down'")
         await conn.execute(
             "INSERT INTO activity_log (at, who, via, action, route, target, http_status, "

@@ -6,8 +6,10 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import nats
+import nats.aio.client
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -33,7 +35,7 @@ class SkewedClock(SystemClock):
 
 @pytest.fixture
 async def producer(settings: Settings) -> AsyncIterator[nats.aio.client.Client]:
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     await nc.jetstream().add_stream(name="SKEW", subjects=["mq.tasks.>"], duplicate_window=120)
     yield nc
     await nc.close()
@@ -41,9 +43,9 @@ async def producer(settings: Settings) -> AsyncIterator[nats.aio.client.Client]:
 
 async def publish(nc: nats.aio.client.Client, due: datetime, count: int) -> dict[str, datetime]:
     due = due.replace(microsecond=due.microsecond // 1000 * 1000)
-    sent = {}
+    sent: dict[str, datetime] = {}
     for _ in range(count):
-        doc = {
+        doc: dict[str, Any] = {
             "schema": "hanzo.mq.v1",
             "id": f"s_{uuid.uuid4().hex}",
             "type": "test.skew",
@@ -69,7 +71,7 @@ async def arrivals(nc: nats.aio.client.Client, count: int, within: float) -> dic
             while len(out) < count:
                 try:
                     for m in await psub.fetch(100, timeout=0.5):
-                        out[m.headers["Nats-Msg-Id"]] = m.metadata.timestamp
+                        out[(m.headers or {})["Nats-Msg-Id"]] = m.metadata.timestamp
                 except TimeoutError:
                     continue
     except TimeoutError:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from scheduler.daemon import edge as edge_role
+from scheduler.daemon import listeners
 from scheduler.daemon.lifecycle import Daemon
 from scheduler.settings import Settings
 from tests.support.hostile import Reader, hostile
@@ -35,7 +36,7 @@ async def test_a_due_task_fires_while_the_management_api_is_still_being_built(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = threading.Event()
-    build = edge_role.build_api_app
+    build = listeners.build_api_app
 
     def held_build(backend: Any) -> Any:
         gate.wait(30)  # the worker thread's import and build, held until the test lets go

@@ -23,7 +23,7 @@ def test_compat_postgres_is_our_own_15_on_a_free_port(
     monkeypatch.delenv("SCHEDULER_COMPAT_DATABASE_URL", raising=False)
     bindir, why = compat._pg_bindir()
     if bindir is None:
-        pytest.skip(why)
+        pytest.skip(str(why))
     servers = Servers("compat", pg_bindir=bindir)
     with session_postgres(servers, tmp_path) as dsn:
         port = int(dsn.rsplit(":", 1)[1].split("/")[0])

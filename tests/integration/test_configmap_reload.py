@@ -31,7 +31,7 @@ def project(mount: Path, version: str, files: dict[str, str]) -> None:
 async def test_a_configmap_update_is_reloaded_live(settings: Settings) -> None:
     """A job that appears through a ConfigMap-style symlink swap starts firing within seconds,
     with no SIGHUP."""
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     await nc.jetstream().add_stream(name="JOBS", subjects=["mq.scheduled.>"], duplicate_window=120)
     await nc.close()
     mount = settings.schedules_dir

@@ -8,15 +8,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import nats
+import nats.aio.msg
 import pytest
 from nats.js.api import DiscardPolicy, StreamConfig
 
 from scheduler.bus.nats.connection import NatsBus
-from scheduler.bus.nats.publisher import PubAck, Publisher, PublishError
+from scheduler.bus.nats.publisher import Publisher
 from scheduler.clock import SystemClock
 from scheduler.engine.cron.firing import CronEngine
 from scheduler.engine.office import FixedOffice
 from scheduler.metrics import Metrics
+from scheduler.records import PubAck, PublishError
 from scheduler.settings import Settings
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.cron_jobs import ScheduleStore
@@ -47,7 +49,7 @@ async def test_a_job_whose_target_stream_is_full_backs_off(settings: Settings) -
     growing, jittered waits (a handful of publishes in three seconds, not thousands), counted
     in a metric, and fires again once the stream has room."""
     (settings.schedules_dir / "jobs.yaml").write_text(NOWHERE)
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     js = nc.jetstream()
     await js.add_stream(
         name="FULL", subjects=["mq.scheduled.>"], max_msgs=1, discard=DiscardPolicy.NEW
@@ -161,7 +163,7 @@ async def test_fire_all_with_its_oldest_occurrence_failing_keeps_the_cursor_befo
 
 
 def _advance(at: datetime) -> Any:
-    from scheduler.store.postgres.cron_jobs import Advance
+    from scheduler.records import Advance
 
     return Advance("catchup", "mq.scheduled.catchup", at)
 

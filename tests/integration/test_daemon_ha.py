@@ -68,7 +68,7 @@ async def test_one_leads_the_other_stands_by_and_both_are_ready(
         flag = b"1.0" if role == "leader" else b"0.0"
         assert b"mq_scheduler_is_leader " + flag in metrics
     # The heartbeat of each instance lands in the state bucket.
-    nc = await nats.connect(leader.settings.nats_url)
+    nc = await nats.connect(leader.settings.nats_servers)
     try:
         kv = await nc.jetstream().key_value(leader.settings.state_bucket)
 
@@ -76,7 +76,7 @@ async def test_one_leads_the_other_stands_by_and_both_are_ready(
             out = {}
             for name in ("ha-a", "ha-b"):
                 try:
-                    out[name] = json.loads((await kv.get(f"instances.{name}")).value)["role"]
+                    out[name] = json.loads((await kv.get(f"instances.{name}")).value or b"")["role"]
                 except Exception:
                     pass
             return out
@@ -98,7 +98,7 @@ async def test_graceful_stop_hands_over_fast_and_nothing_is_lost_or_doubled(
     da, db = await a.start(), await b.start()
     leader = await leader_of(da, db)
     standby = db if leader is da else da
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     try:
         js = nc.jetstream()
         await js.add_stream(StreamConfig(name="HA", subjects=["mq.ha.>"], duplicate_window=120))
@@ -125,9 +125,9 @@ async def test_graceful_stop_hands_over_fast_and_nothing_is_lost_or_doubled(
         try:
             for _ in range(len(ids)):
                 msg = await sub.next_msg(timeout=5)
-                got.append(msg.headers["Nats-Msg-Id"])
-                due = datetime.fromisoformat(msg.headers["Mq-Scheduled-For"])
-                fired = datetime.fromisoformat(msg.headers["Mq-Fired-At"])
+                got.append((msg.headers or {})["Nats-Msg-Id"])
+                due = datetime.fromisoformat((msg.headers or {})["Mq-Scheduled-For"])
+                fired = datetime.fromisoformat((msg.headers or {})["Mq-Fired-At"])
                 assert fired >= due, "delivered early"
         finally:
             await sub.unsubscribe()
@@ -139,7 +139,7 @@ async def test_graceful_stop_hands_over_fast_and_nothing_is_lost_or_doubled(
 
 async def test_bucket_ttl_shorter_than_the_lease_is_refused(settings: Settings) -> None:
     """A lease bucket whose TTL is shorter than the lease TTL would let two leaders act."""
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     try:
         await nc.jetstream().create_key_value(bucket=settings.leader_bucket, ttl=1.0, history=1)
     finally:

@@ -116,8 +116,8 @@ async def test_old_dead_letters_are_pruned_by_the_housekeeping(
         await poll(count, lambda n: n >= 3, within=10)
         left = await _rows(database_url, 1)
         assert [r["original_id"] for r in left] == ["young"]
-        count = await _scalar(database_url, "SELECT unresolved FROM dead_letter_counts")
-        assert count == 1
+        unresolved = await _scalar(database_url, "SELECT unresolved FROM dead_letter_counts")
+        assert unresolved == 1
         assert daemon.metrics.dead_letters_pruned._value.get() == 3
 
 

@@ -77,7 +77,7 @@ class Harness(DaemonRunner):
 
 @pytest.fixture
 async def harness(settings: Settings) -> AsyncIterator[Harness]:
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     js = nc.jetstream()
     await js.add_stream(name="TASKS", subjects=["mq.tasks.>"], duplicate_window=120)
     h = Harness(settings.with_overrides(backoff=timedelta(milliseconds=100)), nc)

@@ -42,7 +42,8 @@ async def test_migration_0014_labels_fills_and_counts(database_url: str) -> None
 
         label = "SELECT proparallel::text FROM pg_proc WHERE proname = 'scheduler_payload_field'"
         assert await conn.fetchval(label) == "u"
-        orgs = dict(await conn.fetch("SELECT id, org_id FROM delayed_messages"))
+        rows = await conn.fetch("SELECT id, org_id FROM delayed_messages")
+        orgs = {r["id"]: r["org_id"] for r in rows}
         assert orgs == {"old": "acme", "none": None, "bad": None}
 
         async def counted() -> int:

@@ -48,7 +48,7 @@ def ts_command() -> list[str]:
 @pytest.fixture
 async def producer_nats(settings: Settings) -> AsyncIterator[Client]:
     """A running daemon, a target stream on mq.tasks.>, and a connection to read it."""
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     await nc.jetstream().add_stream(name=STREAM, subjects=["mq.tasks.>"], duplicate_window=120)
     runner = DaemonRunner(settings)
     try:
@@ -76,6 +76,7 @@ async def test_ts_producer(
 
 
 async def _check_producer(command: list[str], target: str, nc: Client, settings: Settings) -> None:
+    assert settings.nats_url is not None
     output = await _run(command, {"NATS_URL": settings.nats_url, "TARGET": target})
     published = PUBLISHED.findall(output)
     lane = "mq.delay." + target.removeprefix("mq.")
@@ -95,7 +96,7 @@ async def _check_producer(command: list[str], target: str, nc: Client, settings:
     assert sorted(by_id) == sorted([soon, moved]), f"{list(by_id)}\n{output}"
     # The reply's due_at is the asked time cut to the millisecond, the task's the time
     # rounded up (never early): 1 ms apart at most when the producer sends finer.
-    scheduled_for = _ts(by_id[moved].headers["Mq-Scheduled-For"])
+    scheduled_for = _ts((by_id[moved].headers or {})["Mq-Scheduled-For"])
     assert timedelta(0) <= scheduled_for - new_due <= timedelta(milliseconds=1)
     for task_id, due in ((soon, soon_due), (moved, scheduled_for)):
         msg = by_id[task_id]

@@ -159,9 +159,9 @@ async def test_a_burst_of_large_tasks_is_armed_within_the_byte_and_count_limits(
         peak = [0, 0]
         add = firing.armed.add
 
-        def watched_add(claimed: Iterable[ClaimedTask]) -> int:
+        def watched_add(tasks: Iterable[ClaimedTask]) -> int:
             # on the armed set itself: every path that arms a task goes through `Armed.add`
-            added = add(claimed)
+            added = add(tasks)
             peak[0] = max(peak[0], len(firing.armed))
             peak[1] = max(peak[1], firing.armed.bytes)
             return added

@@ -220,7 +220,8 @@ async def test_numbers_out_of_range_are_refused_by_field_and_spare_their_batch(
             ("timestamp", "0001-01-01T00:00:00+01:00"),
             ("timestamp", "9999-12-31T23:00:00+00:00"),
         ]:
-            doc = envelope(**{field: value})
+            extra: dict[str, Any] = {field: value}
+            doc = envelope(**extra)
             cases.append((raw_doc(doc), doc["id"], field))
         huge = envelope()
         text = raw_doc(huge).replace(b'"n": 1', b'"n": ' + b"9" * 5000)
@@ -298,7 +299,7 @@ async def test_ids_and_header_values_are_matched_in_full_and_reserved_headers_st
         daemon = await h.begin()
         newline = envelope(id="t_newline\n")
         assert "seq" in await h.publish_raw(LANE, raw_doc(newline), None)
-        bad_headers = {}
+        bad_headers: dict[str, str] = {}
         for name, value in [(b"X-Cr", b"a\rb"), (b"X-Lf", b"a\nb")]:
             doc = envelope()
             bad_headers[doc["id"]] = name.decode()
@@ -323,9 +324,9 @@ async def test_ids_and_header_values_are_matched_in_full_and_reserved_headers_st
         newline_id = "t_newline\\n"  # control characters are escaped in text columns
         assert found[newline_id][0] == "invalid_envelope"
         assert found[newline_id][1].startswith("id:")
-        for task_id, name in bad_headers.items():
+        for task_id, header in bad_headers.items():
             reason, error = found[task_id]
-            assert reason == "invalid_header" and name in error
+            assert reason == "invalid_header" and header in error
         assert_still_connected(daemon)
 
 
@@ -369,7 +370,7 @@ async def test_a_dead_letter_stream_that_never_answers_does_not_stall_intake(
     async with hostile(settings) as h:
         daemon = await h.begin(dead_letter_rate=0)
         await h.js.delete_stream(daemon.settings.dlq_stream)
-        sink = await nats.connect(settings.nats_url)
+        sink = await nats.connect(settings.nats_servers)
         try:
             await sink.subscribe("mq.dlq.>", cb=None)  # a responder that never acks
             await sink.flush()

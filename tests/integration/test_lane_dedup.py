@@ -51,7 +51,7 @@ async def test_two_producers_with_the_same_msg_id_each_reach_the_daemon(
     """A and B both set `Nats-Msg-Id: X` on their own task X: B's PubAck is not a duplicate,
     B's task is dead-lettered `duplicate_id`, A's is delivered once. (A server that cannot
     turn the window off drops B for 100 ms: B is then stored once that has passed.)"""
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     js = nc.jetstream()
     await js.add_stream(name="TASKS", subjects=["mq.tasks.>"], duplicate_window=120)
     runner = DaemonRunner(settings)
@@ -83,7 +83,7 @@ async def test_a_producers_exact_resend_with_its_msg_id_is_delivered_once(
 ) -> None:
     """A producer retrying after a lost PubAck resends the same bytes with the same header:
     the lane stores both, the daemon's id rule makes the second a no-op, one delivery."""
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     js = nc.jetstream()
     await js.add_stream(name="TASKS", subjects=["mq.tasks.>"], duplicate_window=120)
     runner = DaemonRunner(settings)
@@ -97,7 +97,7 @@ async def test_a_producers_exact_resend_with_its_msg_id_is_delivered_once(
             assert [a.duplicate for a in acks] == [None, None]
         got = await delivered(js, within=2)
         assert list(got) == [doc["id"]]
-        pool = daemon.tasks.db.pool  # type: ignore[union-attr]
+        pool = daemon.tasks.db.pool
         assert await pool.fetchval("SELECT count(*) FROM dead_letters") == 0
     finally:
         await runner.stop()
@@ -149,6 +149,7 @@ async def test_provisioning_turns_an_older_lanes_window_off_in_place(nats_url: s
     finally:
         await bus.close()
         for info in await js.streams_info():
+            assert info.config.name is not None
             await js.delete_stream(info.config.name)
         await nc.close()
 
@@ -159,7 +160,7 @@ async def test_an_unprovisioned_lane_with_a_window_earns_a_warning(
     """With SCHEDULER_PROVISION=false the daemon checks the lane an operator made and says,
     once, what its window exposes (in /readyz's warnings); it still starts. The deprecated
     SCHEDULER_INTAKE_DUPLICATE_WINDOW earns a warning that it is ignored."""
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     js = nc.jetstream()
     runner = DaemonRunner(settings)
     try:
@@ -205,10 +206,12 @@ async def test_instances_provisioning_together_all_start(nats_url: str) -> None:
                 else:
                     assert lane.config.duplicate_window == FALLBACK_WINDOW
                 for info in await js.streams_info():
+                    assert info.config.name is not None
                     await js.delete_stream(info.config.name)
     finally:
         for bus in buses:
             await bus.close()
         for info in await js.streams_info():
+            assert info.config.name is not None
             await js.delete_stream(info.config.name)
         await nc.close()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import cast
 
 import asyncpg
 import nats
 import pytest
+from asyncpg.pool import PoolConnectionProxy
 from nats.aio.client import Client
 
 from scheduler.bus.nats.connection import ensure_bucket
@@ -31,7 +33,7 @@ class Cluster:
         self.conns: list[Client] = []
 
     async def start(self, instance: str) -> Leadership:
-        nc = await nats.connect(self.settings.nats_url)
+        nc = await nats.connect(self.settings.nats_servers)
         self.conns.append(nc)
         js = nc.jetstream()
         await ensure_bucket(js, self.settings.leader_bucket, self.settings.lease_ttl)
@@ -100,6 +102,7 @@ async def test_exactly_one_leader(cluster: Cluster, pool: asyncpg.Pool) -> None:
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(other.wait_for_office(), timeout=cluster.settings.lease_ttl + 1)
     assert leader.may_act() and leader.epoch == 1 and not other.may_act()
+    assert isinstance(leader.events, Metrics)
     assert leader.events.registry.get_sample_value("mq_scheduler_lease_renew_seconds_count")
 
 
@@ -144,11 +147,18 @@ async def test_crashed_leader_replaced_after_ttl(
         print(f"\n  crash takeover: {took:.2f} s")
 
 
+def connection_of(proxy: PoolConnectionProxy) -> asyncpg.Connection:
+    """The pool's connection as the store's helpers take it: asyncpg-stubs types the proxy apart
+    from Connection, though it forwards every Connection method (as PostgresStore.timed says)."""
+    return cast(asyncpg.Connection, proxy)
+
+
 async def test_a_fenced_write_fails_under_an_older_epoch(pool: asyncpg.Pool) -> None:
     """After a new leader takes office, a statement fenced by the old epoch raises FencedError
     and writes nothing; the new epoch's goes through."""
     old = await take_office(pool, "a")
-    async with pool.acquire() as conn:
+    async with pool.acquire() as proxy:
+        conn = connection_of(proxy)
         await fenced(conn, old, TOUCH, "a")
         assert await take_office(pool, "b") == old + 1
         with pytest.raises(FencedError) as caught:
@@ -168,7 +178,8 @@ async def test_take_office_never_reissues_an_epoch_seen_in_use(
     await pool.execute("UPDATE leadership SET epoch = 2")  # what an older backup holds
     assert await take_office(pool, "after", floor=held) == held + 1
     assert "leader.epoch_behind" in caplog.text and f"database_epoch=2 seen={held}" in caplog.text
-    async with pool.acquire() as conn:
+    async with pool.acquire() as proxy:
+        conn = connection_of(proxy)
         with pytest.raises(FencedError):
             await fenced(conn, held, TOUCH, "stale")
     caplog.clear()
@@ -183,7 +194,8 @@ TOUCH = "w AS (UPDATE leadership l SET instance = $2 FROM lead WHERE l.id = 1 RE
 async def test_fenced_transaction_blocks_take_office(pool: asyncpg.Pool) -> None:
     """take_office waits for a transaction holding the epoch FOR SHARE, so it cannot commit late."""
     old = await take_office(pool, "a")
-    async with pool.acquire() as conn:
+    async with pool.acquire() as proxy:
+        conn = connection_of(proxy)
         tx = conn.transaction()
         await tx.start()
         await fenced(conn, old, "noop AS (SELECT 1 FROM lead)")

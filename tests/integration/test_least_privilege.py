@@ -172,6 +172,7 @@ async def tenancy(secured: Secured, database_url: str, tmp_path: Path) -> AsyncI
         for user in (acme, globex):
             await user.nc.close()
         for info in await js.streams_info():
+            assert info.config.name is not None
             await js.delete_stream(info.config.name)
         await ops.nc.close()
 
@@ -211,9 +212,10 @@ async def test_a_producer_can_neither_write_nor_delete_the_lease_bucket(tenancy:
         await asyncio.wait_for(nc.jetstream().delete_stream("KV_scheduler_leader"), DENIED)
     await tenancy.acme.wait_denied("$JS.API.STREAM.DELETE.KV_scheduler_leader")
     after = await ops_kv.get("leader")
+    assert after.revision is not None and before.revision is not None
     assert after.revision >= before.revision
     for entry in (before, after):
-        assert json.loads(entry.value)["instance"] == "least-privilege"
+        assert json.loads(entry.value or b"")["instance"] == "least-privilege"
     assert "scheduler_leader" in [s.config.name[3:] for s in await _streams(tenancy)]
     assert tenancy.runner.daemon is not None and tenancy.runner.daemon.leadership.role == "leader"
 
@@ -232,7 +234,7 @@ async def test_a_producer_can_neither_write_nor_delete_the_state_bucket(tenancy:
         await tenancy.acme.wait_denied(f"$JS.API.STREAM.{api}.KV_scheduler_state")
     ops_kv = await tenancy.ops.nc.jetstream().key_value("scheduler_state")
     beat = await ops_kv.get("instances.least-privilege")
-    assert json.loads(beat.value)["instance"] == "least-privilege"
+    assert json.loads(beat.value or b"")["instance"] == "least-privilege"
 
 
 async def test_a_standby_under_the_same_user_takes_over_and_delivers(tenancy: Tenancy) -> None:

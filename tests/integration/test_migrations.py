@@ -159,6 +159,7 @@ async def test_migration_0010_turns_fired_rows_into_tombstones_and_back(
             "SELECT id, target, digest = md5('{\"a\":1}'::bytea)::uuid AS same, fired_at "
             "FROM fired_tasks"
         )
+        assert tomb is not None
         assert dict(tomb) == {"id": "f", "target": "mq.x", "same": True, "fired_at": fired_at}
     finally:
         await conn.close()

@@ -53,7 +53,7 @@ async def test_provision_creates_streams_consumer_and_buckets(settings: Settings
 
 async def test_existing_stream_covering_the_lane_is_reported(settings: Settings) -> None:
     """When a stream already captures `mq.>`, provisioning reports it instead of failing."""
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     try:
         await nc.jetstream().add_stream(name="HANZO_MQ", subjects=["mq.>"])
         bus = NatsBus(settings, Metrics())
@@ -134,7 +134,7 @@ async def test_embedded_work_stream_from_an_older_data_dir_gains_the_platform_qu
 ) -> None:
     """An MQ_TASKS made by an older version (mq.tasks.>, mq.scheduled.> only) is extended to
     the platform's queues, so the docs' mq.inference.chat examples arrive somewhere."""
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     try:
         await nc.jetstream().add_stream(
             name="MQ_TASKS",

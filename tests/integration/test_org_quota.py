@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 
@@ -15,7 +16,7 @@ from tests.support.hostile import LANE, envelope, hostile
 from tests.support.rawclient import header_block
 
 
-def frame(doc: dict) -> tuple[bytes, bytes]:
+def frame(doc: dict[str, Any]) -> tuple[bytes, bytes]:
     return json.dumps(doc).encode(), header_block((b"Nats-Msg-Id", doc["id"].encode()))
 
 
@@ -44,7 +45,7 @@ async def test_a_task_over_its_orgs_quota_is_dead_lettered_and_the_rest_delivere
         beta = envelope(due, org_id="beta")
         for doc in [*acme, beta]:
             await h.publish_raw(LANE, *frame(doc))
-        rows = []
+        rows: list[asyncpg.Record] = []
         async with asyncio.timeout(10):
             while not rows:
                 rows = await h.dead_rows(database_url)

@@ -171,5 +171,5 @@ async def test_payload_documents_are_always_accepted_by_jsonb(
         stored = await conn.fetchval("SELECT $1::jsonb::text", text)
     finally:
         await conn.close()
-    exact = {"parse_float": Decimal, "parse_int": Decimal}  # jsonb keeps numbers as numeric
+    exact: dict[str, Any] = {"parse_float": Decimal, "parse_int": Decimal}  # jsonb: numeric
     assert json.loads(stored, **exact) == json.loads(text, **exact)

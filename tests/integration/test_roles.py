@@ -36,7 +36,7 @@ def docs_sql() -> tuple[str, str]:
 def docs_rotation_sql() -> str:
     """The statement of docs/security.md's PostgreSQL rotation that adds the second role."""
     section = DOCS.read_text().split("## Credential rotation without downtime", 1)[1]
-    blocks = re.findall(r"```sql\n(.*?)```", section.split("\n## ")[0], re.S)
+    blocks: list[str] = re.findall(r"```sql\n(.*?)```", section.split("\n## ")[0], re.S)
     assert len(blocks) == 1, "docs/security.md: the rotation section has one sql block"
     return blocks[0]
 

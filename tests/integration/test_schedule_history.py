@@ -12,12 +12,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from scheduler.bus.nats.publisher import PubAck
 from scheduler.clock import FakeClock
 from scheduler.cron.jobs import load_text
 from scheduler.daemon import migrate
 from scheduler.engine.cron.firing import CronEngine
 from scheduler.metrics import Metrics
+from scheduler.records import PubAck
 from scheduler.settings import Settings
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.cron_jobs import ScheduleStore

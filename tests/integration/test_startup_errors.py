@@ -9,7 +9,7 @@ import asyncio
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -119,7 +119,7 @@ async def test_sigterm_while_connecting_to_postgres_stops_within_a_second(
 
 
 @pytest.fixture
-async def empty_database(pg_admin_dsn: str) -> Iterator[str]:
+async def empty_database(pg_admin_dsn: str) -> AsyncIterator[str]:
     """A database with no schema yet (the daemon's start migrates it)."""
     name = f"mqs_empty_{free_port()}"
     admin = await asyncpg.connect(pg_admin_dsn)
@@ -274,7 +274,7 @@ async def test_wrong_database_url_fails_at_once_with_one_line(
     assert_no_traceback(proc)
 
 
-UNREACHABLE = {
+UNREACHABLE: dict[str, tuple[Callable[[], str], str]] = {
     "refused": (lambda: f"postgresql://app:s3cret@127.0.0.1:{free_port()}/app", "refused"),
     "unknown-host": (lambda: "postgresql://app:s3cret@nohost.invalid/app", "unknown host"),
 }

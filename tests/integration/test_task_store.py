@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -182,6 +182,7 @@ async def test_a_claim_is_a_heap_only_tuple_update(database_url: str) -> None:
                 "FROM pg_index WHERE indrelid = relid) AS indexes FROM pg_stat_user_tables "
                 "WHERE relname = 'delayed_messages'"
             )
+            assert row is not None
             return int(row["n_tup_upd"]), int(row["n_tup_hot_upd"]), int(row["indexes"])
 
         before = await updates()
@@ -216,7 +217,7 @@ async def test_a_cancel_racing_a_claim_on_the_same_row(database_url: str) -> Non
         first, second = batch(2, due)
         await insert(tasks, [first, second])
 
-        async def held(task: NewTask, *steps: object) -> list[object]:
+        async def held(task: NewTask, *steps: Coroutine[Any, Any, object]) -> list[object]:
             """Run `steps` (coroutines) one after another into the queue of the row's lock,
             then release it; their results in that order."""
             lock = blocker.transaction()
@@ -224,9 +225,9 @@ async def test_a_cancel_racing_a_claim_on_the_same_row(database_url: str) -> Non
             await blocker.execute(
                 "SELECT 1 FROM delayed_messages WHERE id = $1 FOR UPDATE", task.id
             )
-            running = []
+            running: list[asyncio.Task[object]] = []
             for n, step in enumerate(steps, 1):
-                running.append(asyncio.create_task(step))  # type: ignore[arg-type]
+                running.append(asyncio.create_task(step))
                 await waiting_on_locks(pool, n)
             await lock.rollback()
             return list(await asyncio.gather(*running))

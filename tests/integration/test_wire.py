@@ -6,6 +6,7 @@ import asyncio
 from datetime import UTC, datetime
 
 import nats
+import nats.aio.msg
 import pytest
 from nats.errors import OutboundBufferLimitError
 from nats.js.api import ConsumerConfig, StreamConfig
@@ -65,7 +66,7 @@ async def test_empty_to_acks_jetstream_deliveries(nats_url: str) -> None:
         async with asyncio.timeout(5):
             while (info := await sub.consumer_info()).num_ack_pending:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
-        assert info.ack_floor.stream_seq == 50
+        assert info.ack_floor is not None and info.ack_floor.stream_seq == 50
     finally:
         await nc.close()
 
@@ -112,7 +113,8 @@ async def test_raw_subscribe_hands_over_subject_payload_and_headers(nats_url: st
 
 
 async def test_publisher_reports_a_subject_no_stream_captures(nats_url: str) -> None:
-    from scheduler.bus.nats.publisher import Publisher, PublishError
+    from scheduler.bus.nats.publisher import Publisher
+    from scheduler.records import PublishError
 
     nc = await nats.connect(nats_url)
     try:
@@ -167,7 +169,8 @@ async def test_publish_batch_delivers_every_item_once_with_its_outcome(nats_url:
     stream captures and a repeated message id: every callback is called once with the right
     outcome, and the stream holds exactly the messages, in order, with their headers."""
     from scheduler.bus.nats.frames import DELIVERY_BLOCK as _BLOCK
-    from scheduler.bus.nats.publisher import PubAck, Publisher, PublishError
+    from scheduler.bus.nats.publisher import Publisher
+    from scheduler.records import PubAck, PublishError
 
     nc = await nats.connect(nats_url)
     try:
@@ -225,8 +228,9 @@ async def test_no_publish_path_sends_a_frame_over_max_payload(nats_url: str) -> 
     """A message whose headers and payload together pass max_payload is refused on every
     publish path as a permanent `too_large` PublishError, never sent: the server would refuse
     it and nats-py would close the connection for good (it counts the payload alone)."""
-    from scheduler.bus.nats.publisher import PubAck, Publisher, PublishError
+    from scheduler.bus.nats.publisher import Publisher
     from scheduler.messages.prepared import StampedMessage
+    from scheduler.records import PubAck, PublishError
 
     nc = await nats.connect(nats_url)
     try:

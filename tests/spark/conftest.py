@@ -55,7 +55,8 @@ class AuditRun:
 
     @property
     def summary(self) -> dict[str, Any]:
-        return json.loads((self.out / "summary.json").read_text())
+        summary: dict[str, Any] = json.loads((self.out / "summary.json").read_text())
+        return summary
 
 
 def run_audit(out: Path, *args: str) -> AuditRun:
@@ -97,10 +98,10 @@ class TcpPostgres:
         subprocess.run(command, check=True, capture_output=True, user=self.user, timeout=60)
 
     def start(self) -> TcpPostgres:
-        import pgserver
+        from pgserver.postgres_server import get_server
 
         # pgserver creates the cluster (and, as root, its system user and permissions) ...
-        pgserver.get_server(self.data / "pgdata", cleanup_mode="stop").cleanup()
+        get_server(self.data / "pgdata", cleanup_mode="stop").cleanup()
         if self.user is not None:
             entry = pwd.getpwnam(self.user)
             os.chown(self.data, entry.pw_uid, entry.pw_gid)

@@ -130,7 +130,8 @@ def audit_process(command: list[str], out: Path) -> dict[str, Any]:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((out / "summary.json").read_text())
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary
 
 
 def test_standalone_cluster_gives_the_same_summary_as_local(
@@ -171,7 +172,7 @@ def test_standalone_cluster_gives_the_same_summary_as_local(
             "--conf",
             "spark.ui.enabled=false",
             str(
-                Path(__import__("scheduler.audit.__main__").__file__).parent
+                Path(str(__import__("scheduler.audit.__main__").__file__)).parent
                 / "audit"
                 / "__main__.py"
             ),

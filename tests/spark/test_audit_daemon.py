@@ -43,7 +43,7 @@ async def test_daemon_log_audits_clean(spark: Any, settings: Settings, tmp_path:
     zero doubled, zero early, and every delayed task delivered."""
     (settings.schedules_dir / "jobs.yaml").write_text(JOBS)
     url = settings.database_url.get_secret_value() if settings.database_url else ""
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     js = nc.jetstream()
     await js.add_stream(name="WORK", subjects=["mq.scheduled.>", "mq.tasks.>"])
     runner = DaemonRunner(settings)

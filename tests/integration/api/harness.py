@@ -104,13 +104,13 @@ class ApiHarness(DaemonRunner):
 
     async def read_stream(
         self, stream: str, quiet: float = 1.0, within: float = 10.0, subject: str = ">"
-    ) -> list:
+    ) -> list[Any]:
         """Every message of `stream` (on `subject`) from the start, read until it stays quiet
         for `quiet` s."""
         psub = await self.js.pull_subscribe(
             subject, durable=None, stream=stream, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
         )
-        out: list = []
+        out: list[Any] = []
         try:
             async with asyncio.timeout(within):
                 while True:
@@ -127,7 +127,7 @@ class ApiHarness(DaemonRunner):
 async def running_api(settings: Settings, jobs: str = JOBS) -> AsyncIterator[ApiHarness]:
     """An ApiHarness (not started) with both tokens, fast retries, the `jobs` YAML and the
     target streams TASKS and SCHEDULED; stopped and disconnected on the way out."""
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(settings.nats_servers)
     js = nc.jetstream()
     await js.add_stream(name="TASKS", subjects=["mq.tasks.>"], duplicate_window=120)
     await js.add_stream(name="SCHEDULED", subjects=["mq.scheduled.>"], duplicate_window=120)

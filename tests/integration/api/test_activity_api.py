@@ -35,7 +35,9 @@ def _rid(reply: Reply) -> str:
     return {k.lower(): v for k, v in reply.headers.items()}["x-request-id"]
 
 
-async def _one_more(api: ApiHarness, database_url: str, reply: Reply, before: int) -> dict:
+async def _one_more(
+    api: ApiHarness, database_url: str, reply: Reply, before: int
+) -> dict[str, Any]:
     """The single row `reply`'s request added (its request id), and that it is the only one."""
     rows = await _rows(database_url)
     assert len(rows) == before + 1, rows[before:]
@@ -78,7 +80,7 @@ async def test_every_write_leaves_one_row_done_or_refused(
         ("PATCH", f"/v1/dead-letters/{dead}", {"json_body": {"resolved": True}},
          ("resolve", dead, "not_found", 404)),
     ]  # fmt: skip
-    rows: dict[str, dict] = {}
+    rows: dict[str, dict[str, Any]] = {}
     for method, path, kwargs, (action, target, outcome, status) in calls:
         before = len(await _rows(database_url))
         reply = await api.call(method, path, **kwargs)
@@ -130,10 +132,11 @@ async def test_the_list_filters_pages_newest_first_and_shows_the_note(api: ApiHa
         assert r.status == 200, r
     assert (await api.call("POST", "/v1/schedules/every-second/trigger")).status == 200
 
-    async def listed(**params: Any) -> dict:
+    async def listed(**params: Any) -> dict[str, Any]:
         r = await api.call("GET", "/v1/activity", token=READ, params=params)
         assert r.status == 200, r
-        return r.body
+        body: dict[str, Any] = r.body
+        return body
 
     everything = await listed()
     assert [a["action"] for a in everything["items"]] == ["trigger", "pause", "pause", "pause"]

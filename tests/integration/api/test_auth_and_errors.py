@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import aiohttp
 import pytest
@@ -126,7 +127,7 @@ def _soon() -> str:
     ],
 )
 async def test_bad_bodies_name_the_field(
-    api: ApiHarness, body: dict, status: int, field: str, words: str
+    api: ApiHarness, body: dict[str, Any], status: int, field: str, words: str
 ) -> None:
     """A bad reschedule body answers 422 with the field and the problem in `errors`."""
     await api.start()
@@ -142,12 +143,13 @@ async def test_malformed_json_and_bad_queries(api: ApiHarness) -> None:
     await api.start()
     r = await api.call("PATCH", "/v1/delayed/any-task", data=b'{"delay_until": ')
     assert r.status == 400 and r.body["code"] == "bad_json"
-    for params, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"limit": 0}, "query.limit"),
         ({"limit": 501}, "query.limit"),
         ({"due_before": "2030-01-01T00:00:00"}, "query.due_before"),
         ({"status": "Pending!"}, "query.status"),
-    ]:
+    ]
+    for params, field in cases:
         r = await api.call("GET", "/v1/delayed", params=params)
         assert r.status == 422, (params, r)
         assert [e["field"] for e in r.body["errors"]] == [field]

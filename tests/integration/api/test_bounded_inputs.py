@@ -44,7 +44,7 @@ async def instance(
 ) -> AsyncIterator[Operations]:
     """Another instance's operations (its own NATS connection and pool, nothing in memory
     shared with the daemon under test), as the API's routes call them."""
-    nc: Client = await nats.connect(settings.nats_url)
+    nc: Client = await nats.connect(settings.nats_servers)
     assert settings.database_url is not None
     pool = await create_pool(settings.database_url.get_secret_value(), min_size=1, max_size=4)
     try:
@@ -167,6 +167,7 @@ async def test_duplicate_keys_are_refused_on_the_lane_the_verb_and_the_api(
             lambda found: found is not None,
             within=10,
         )
+        assert row is not None
         assert row["reason"] == "duplicate_key"
         assert row["error"].startswith("org_id: appears more than once"), row
         assert await conn.fetchval("SELECT count(*) FROM delayed_messages") == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,7 @@ async def test_delayed_add_then_cancel_from_the_cli(api: ApiHarness, cli: Cli) -
     assert isinstance(doc, dict) and set(doc) == {"status", "id", "target", "due_at"}
     assert doc["status"] == "scheduled" and doc["target"] == TARGET
 
-    async def listed() -> list:
+    async def listed() -> list[Any]:
         r = await api.call("GET", "/v1/delayed", token=READ, params={"status": "pending"})
         return [t["id"] for t in r.body["items"]]
 

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ class Cli:
         out, err = self.capsys.readouterr()
         return code, out, err
 
-    async def json(self, *argv: str) -> object:
+    async def json(self, *argv: str) -> Any:  # the CLI's JSON answer
         code, out, err = await self(*argv, "--json")
         assert code == 0, err
         return json.loads(out)

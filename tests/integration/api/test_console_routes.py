@@ -31,6 +31,11 @@ PARAMS = {
 }
 
 
+def _param(m: re.Match[str]) -> str:
+    """The value of the path parameter `m` names."""
+    return PARAMS[m.group(1)]
+
+
 async def fetch(
     api: ApiHarness, method: str, path: str, cookie: str | None = None, **extra: Any
 ) -> tuple[int, CIMultiDict[str], str]:
@@ -51,10 +56,10 @@ def console_routes(api: ApiHarness) -> list[tuple[str, str]]:
     app = build_app(api.daemon)
     routes = []
     for route in flat(app.routes):
-        path = getattr(route, "path", "")
+        path: str = getattr(route, "path", "")
         if not (path == "/ui" or path.startswith("/ui/")) or isinstance(route, Mount):
             continue
-        filled = re.sub(r"\{([^}]+)\}", lambda m: PARAMS[m.group(1)], path)
+        filled = re.sub(r"\{([^}]+)\}", _param, path)
         routes += [(method, filled) for method in sorted(route.methods)]  # type: ignore[attr-defined]
     return routes
 

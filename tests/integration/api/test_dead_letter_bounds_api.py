@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 
@@ -24,7 +25,7 @@ async def test_a_cut_refusal_shows_its_size_and_refuses_replay(api: ApiHarness) 
     await api.publish("mq.org.acme.jobs", json.dumps(big).encode())  # org_mismatch
     await api.js.publish("mq.delay.tasks.work", b"{not json")
 
-    async def listed() -> list[dict]:
+    async def listed() -> list[dict[str, Any]]:
         r = await api.call("GET", "/v1/dead-letters", token=READ)
         return list(r.body["items"])
 

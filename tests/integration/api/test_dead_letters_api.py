@@ -10,8 +10,8 @@ from typing import Any
 from tests.integration.api.harness import READ, ApiHarness, envelope, poll
 
 
-async def _dead(api: ApiHarness, count: int, **params: Any) -> list[dict]:
-    async def listed() -> list[dict]:
+async def _dead(api: ApiHarness, count: int, **params: Any) -> list[dict[str, Any]]:
+    async def listed() -> list[dict[str, Any]]:
         r = await api.call("GET", "/v1/dead-letters", token=READ, params=params)
         return list(r.body["items"])
 

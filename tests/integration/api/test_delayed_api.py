@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from scheduler import client
 from scheduler.api.models import TASK_STATUSES
@@ -59,7 +60,7 @@ async def test_detail_shows_envelope_headers_and_deliveries(api: ApiHarness) -> 
     doc = envelope(datetime.now(UTC) + timedelta(milliseconds=1500), org_id="org-x")
     await api.publish(TARGET, doc)
 
-    async def detail() -> dict:
+    async def detail() -> dict[str, Any]:
         r = await api.call("GET", f"/v1/delayed/{doc['id']}", token=READ)
         return r.body if r.status == 200 else {}
 
@@ -99,7 +100,8 @@ async def test_cancel_and_reschedule_answer_like_the_nats_service(api: ApiHarnes
     assert fired_at >= new_due.replace(microsecond=new_due.microsecond // 1000 * 1000)
 
     async def status() -> str:
-        return (await api.call("GET", f"/v1/delayed/{move['id']}", token=READ)).body["status"]
+        got: str = (await api.call("GET", f"/v1/delayed/{move['id']}", token=READ)).body["status"]
+        return got
 
     await poll(status, lambda s: s == "fired")
     r = await api.call("DELETE", f"/v1/delayed/{move['id']}")
@@ -136,9 +138,9 @@ async def test_http_cancel_racing_a_firing_batch(api: ApiHarness) -> None:
     assert cancelled + len(delivered) == 200
 
 
-async def _pages(api: ApiHarness, limit: int, **params: object) -> list[dict]:
+async def _pages(api: ApiHarness, limit: int, **params: object) -> list[dict[str, Any]]:
     """Every item of a listing, followed page by page through `next_cursor`."""
-    items: list[dict] = []
+    items: list[dict[str, Any]] = []
     cursor = None
     for _ in range(50):
         query = {"limit": limit, **params, **({"cursor": cursor} if cursor else {})}
@@ -168,7 +170,7 @@ async def test_fired_tasks_are_listed_from_their_tombstones(api: ApiHarness) -> 
         await api.publish(TARGET, doc)
     want = {d["id"] for d in fired} | {other["id"]}
 
-    async def listed() -> list[dict]:
+    async def listed() -> list[dict[str, Any]]:
         return await _pages(api, 500, status="fired")
 
     shown = await poll(listed, lambda items: {t["id"] for t in items} >= want, within=10)

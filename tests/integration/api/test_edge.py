@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from scheduler.api.server import Served
 from scheduler.operations import paging
 from tests.integration.api.harness import ADMIN, READ, TARGET, ApiHarness, envelope, poll
 
@@ -171,7 +172,7 @@ async def test_a_delivery_due_during_a_refused_upload_is_on_time(api: ApiHarness
     status, _, _, sent = await raw_request(api, head, body_chunks=BIG // len(piece), chunk=piece)
     assert status == 413 and sent < 32, sent  # MiB: what the socket buffers took
 
-    async def delivered() -> list:
+    async def delivered() -> list[Any]:
         msgs = await api.read_stream("TASKS", quiet=0.2, within=5)
         return [m for m in msgs if m.headers["Nats-Msg-Id"] == doc["id"]]
 
@@ -325,7 +326,7 @@ async def test_a_lingering_connection_ends_within_its_bound(api: ApiHarness) -> 
     LINGER_SECONDS (2 s) of the answer, and one that keeps sending is cut after at most
     LINGER_BYTES (1 MiB) more than the socket buffers take."""
     await api.start()
-    assert api.daemon is not None and api.daemon.endpoints.api is not None
+    assert api.daemon is not None and isinstance(api.daemon.endpoints.api, Served)
     connections = api.daemon.endpoints.api.server.server_state.connections
     head = head_of(
         api, "PATCH", "/v1/delayed/x", "Content-Type: application/json", f"Content-Length: {BIG}"

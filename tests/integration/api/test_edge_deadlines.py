@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from scheduler.api import gate
 from scheduler.api.deadlines import ConnectionLimits
 from scheduler.api.gate import QueryGate
-from scheduler.api.server import serve
+from scheduler.api.server import Served, serve
 from tests.integration.api.harness import ADMIN, READ, ApiHarness, poll
 from tests.integration.api.test_edge import _read_answer, head_of
 
@@ -231,7 +231,7 @@ async def test_refusals_are_answered_before_routing(api: ApiHarness) -> None:
 
 
 def _gate(api: ApiHarness) -> QueryGate:
-    assert api.daemon is not None and api.daemon.endpoints.api is not None
+    assert api.daemon is not None and isinstance(api.daemon.endpoints.api, Served)
     app: Any = api.daemon.endpoints.api.server.config.loaded_app
     while not hasattr(app, "state"):
         app = app.app  # through uvicorn's and the daemon's wrappers to the FastAPI app

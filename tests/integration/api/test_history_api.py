@@ -59,7 +59,10 @@ async def test_history_buckets_lateness_and_names_the_cause_of_abnormal_fires(
     await api.publish("mq.nowhere.x", envelope(None))  # a dead letter, now
 
     async def dead() -> int:
-        return (await api.call("GET", "/v1/stats", token=READ)).body["dead_letters_unresolved"]
+        unresolved: int = (await api.call("GET", "/v1/stats", token=READ)).body[
+            "dead_letters_unresolved"
+        ]
+        return unresolved
 
     await poll(dead, lambda n: n == 1)  # before the first read: an answer is kept for 10 s
     h = await history(api)

@@ -29,7 +29,7 @@ async def _synced(api: ApiHarness) -> None:
     await poll(names, lambda n: len(n) == 3)
 
 
-async def _manual_msgs(api: ApiHarness, job: str = "frozen", quiet: float = 0.5) -> list:
+async def _manual_msgs(api: ApiHarness, job: str = "frozen", quiet: float = 0.5) -> list[Any]:
     return await api.read_stream("SCHEDULED", subject=f"mq.scheduled.{job}", quiet=quiet)
 
 
@@ -225,8 +225,8 @@ async def _task_stored(api: ApiHarness, task_id: str) -> None:
     await poll(status, lambda s: s == 200, within=10)
 
 
-async def _dead(api: ApiHarness, count: int) -> list[dict]:
-    async def listed() -> list[dict]:
+async def _dead(api: ApiHarness, count: int) -> list[dict[str, Any]]:
+    async def listed() -> list[dict[str, Any]]:
         r = await api.call("GET", "/v1/dead-letters", token=READ, params={"resolved": "false"})
         return list(r.body["items"])
 

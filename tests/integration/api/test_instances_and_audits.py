@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tests.integration.api.harness import READ, ApiHarness, poll
 from tests.support.helpers import DaemonRunner
@@ -28,7 +29,7 @@ async def test_instances_list_the_leader_and_a_standby_until_it_stops(api: ApiHa
     await standby.start()
     try:
 
-        async def listed() -> list[dict]:
+        async def listed() -> list[dict[str, Any]]:
             return list((await api.call("GET", "/v1/instances", token=READ)).body["items"])
 
         both = await poll(listed, lambda items: len(items) == 2, within=10)

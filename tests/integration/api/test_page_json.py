@@ -60,7 +60,8 @@ async def _model_pages(dsn: str) -> list[dict[str, Any]]:
     assert json.loads(to_json(rows)) == [
         TaskSummary.model_validate(r).model_dump(mode="json") for r in rows
     ]
-    return json.loads(to_json(rows))
+    page: list[dict[str, Any]] = json.loads(to_json(rows))
+    return page
 
 
 async def _walk(api: ApiHarness, limit: int) -> list[dict[str, Any]]:

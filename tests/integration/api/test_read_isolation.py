@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from scheduler.store.postgres.connect import PostgresStore
-from scheduler.store.postgres.overview import OverviewStore
+from scheduler.store.postgres.overview import Listed, OverviewStore
 from tests.integration.api.harness import READ, TARGET, ApiHarness, Reply, envelope, poll
 from tests.support.helpers import wait_until
 
@@ -26,7 +26,7 @@ def slow_task_lists(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[Pos
     begun: list[PostgresStore] = []
     real = OverviewStore.tasks
 
-    async def slow(self: OverviewStore, *args: Any) -> list[dict[str, Any]]:
+    async def slow(self: OverviewStore, *args: Any) -> list[Listed]:
         begun.append(self.db)
         async with self.db.timed("test_sleep") as conn:
             await conn.execute("SELECT pg_sleep($1)", seconds)
@@ -59,8 +59,8 @@ async def test_a_burst_of_slow_reads_does_not_delay_a_delivery(
         await psub.unsubscribe()
     finally:
         replies = await asyncio.gather(*readers)
-    assert [m.headers["Nats-Msg-Id"] for m in msgs] == [task["id"]]
-    fired = datetime.fromisoformat(msgs[0].headers["Mq-Fired-At"].replace("Z", "+00:00"))
+    assert [(m.headers or {})["Nats-Msg-Id"] for m in msgs] == [task["id"]]
+    fired = datetime.fromisoformat((msgs[0].headers or {})["Mq-Fired-At"].replace("Z", "+00:00"))
     assert fired - published < timedelta(seconds=1), f"delivered {fired - published} late"
     assert begun and all(store is not daemon.store for store in begun)
     assert {r.status for r in replies} <= {200, 503}, replies

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from scheduler import client
 from scheduler.clock import to_rfc3339
@@ -13,7 +14,7 @@ from scheduler.records import ceil_ms
 from tests.integration.api.harness import READ, TARGET, ApiHarness, envelope, poll
 
 
-async def _delivered(api: ApiHarness, quiet: float = 1.0) -> list:
+async def _delivered(api: ApiHarness, quiet: float = 1.0) -> list[Any]:
     return await api.read_stream("TASKS", quiet=quiet)
 
 
@@ -114,7 +115,7 @@ async def test_a_retry_with_the_same_key_makes_one_task(api: ApiHarness) -> None
     assert replayed == "true", again.headers
     assert first.body["id"].startswith("key-")
 
-    async def stored() -> list:
+    async def stored() -> list[Any]:
         got = await api.call("GET", "/v1/delayed", token=READ, params={"subject": TARGET})
         return [t["id"] for t in got.body["items"]]
 
@@ -152,7 +153,7 @@ async def test_quota_is_judged_at_intake_after_scheduled(api: ApiHarness) -> Non
     second = await api.call("POST", "/v1/delayed", json_body=body)
     assert first.status == second.status == 200 and first.body["status"] == "scheduled"
 
-    async def dead() -> list:
+    async def dead() -> list[Any]:
         r = await api.call("GET", "/v1/dead-letters", token=READ)
         return [(d["original_id"], d["reason"]) for d in r.body["items"]]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 from itertools import islice
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import asyncpg
@@ -56,7 +57,7 @@ async def test_fires_show_lateness_and_pause_stops_firing_until_resume(api: ApiH
     await api.start()
     await _synced(api)
 
-    async def fires() -> list[dict]:
+    async def fires() -> list[dict[str, Any]]:
         r = await api.call("GET", "/v1/schedules/every-second", token=READ)
         return list(r.body["fires"])
 

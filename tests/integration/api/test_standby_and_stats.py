@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -72,7 +73,7 @@ async def test_stats_report_pending_due_lateness_dead_letters_and_leader(api: Ap
     await api.publish("mq.tasks.now", envelope(None))  # delivered at once: lateness samples
     await api.publish("mq.nowhere.x", envelope(None))  # dead letter
 
-    async def stats() -> dict:
+    async def stats() -> dict[str, Any]:
         return dict((await api.call("GET", "/v1/stats", token=READ, params={"top": 1})).body)
 
     s = await poll(stats, lambda s: s["pending"] == 4 and s["dead_letters_unresolved"] == 1)
