@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from typing import Any
@@ -154,3 +155,126 @@ async def test_a_batch_lingers_from_its_oldest_message_not_from_the_call(
     _deliver(p, 100)  # a whole batch is in: no linger at all
     assert len(await p.take(timeout=1, linger=0.01)) == 100
     assert slept == [0.006]
+
+
+class LaneClient(FakeClient):
+    """A FakeClient that also answers the two requests of a recovery from a pretend lane: the
+    consumer's `CONSUMER.INFO` (its delivered and ack-floor sequences) and `STREAM.MSG.GET`."""
+
+    def __init__(self, stored: dict[int, bytes]) -> None:
+        super().__init__()
+        self.stored = stored
+        self.info: dict[str, Any] = {
+            "delivered": {"consumer_seq": 0, "stream_seq": 0},
+            "ack_floor": {},
+        }
+        self.gets: list[int] = []
+
+    async def request(self, subject: str, payload: bytes, timeout: float = 1.0) -> Any:
+        if subject.startswith("$JS.API.CONSUMER.INFO."):
+            return _Reply(json.dumps(self.info).encode())
+        assert subject == "$JS.API.STREAM.MSG.GET.S"
+        seq = json.loads(payload)["seq"]
+        self.gets.append(seq)
+        if seq not in self.stored:
+            return _Reply(b'{"error": {"code": 404, "description": "no message found"}}')
+        body = {
+            "subject": "mq.delay.x",
+            "seq": seq,
+            "data": base64.b64encode(self.stored[seq]).decode(),
+            "time": "2026-12-03T07:29:47.123456789Z",
+        }
+        return _Reply(json.dumps({"message": body}).encode())
+
+
+class _Reply:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _deliver_seqs(p: Puller, pairs: list[tuple[int, int]]) -> None:
+    for sseq, cseq in pairs:
+        p._on_raw(b"mq.delay.x", f"$JS.ACK.S.C.1.{sseq}.{cseq}.1.0".encode(), b"{}", None)
+
+
+async def test_deliveries_lost_between_two_others_are_read_back_at_once(now: list[float]) -> None:
+    """Deliveries whose consumer sequence jumps (4-6 went to an inbox on a node that froze)
+    are read back from the stream by sequence and handed over first, without an ack subject,
+    with the stream's sequence and store time as their metadata: not 10 s later."""
+    nc = LaneClient({4: b"four", 5: b"five", 6: b"six"})
+    p = make(nc, now)
+    p._requested = 100
+    _deliver_seqs(p, [(1, 1), (2, 2), (3, 3), (7, 7)])
+    got = await p.take(timeout=1, linger=0)
+    assert [m.data for m in got[:3]] == [b"four", b"five", b"six"]
+    assert len(got) == 7 and nc.gets == [4, 5, 6]
+    first = got[0]
+    assert first.reply == "" and first.metadata.sequence.stream == 4
+    assert first.metadata.timestamp.timestamp() == pytest.approx(1796282987.123456789)
+    await first.ack()  # no ack subject: nothing to do (the redelivery is acked instead)
+    await first.in_progress()
+    assert p.recovered == 3
+    assert await p.take(timeout=0, linger=0) == [] and nc.gets == [4, 5, 6]  # asked once
+
+
+async def test_a_redelivery_is_no_gap(now: list[float]) -> None:
+    """A redelivered message raises the consumer sequence with an older stream sequence:
+    nothing is missing, nothing is read back."""
+    nc = LaneClient({})
+    p = make(nc, now)
+    p._requested = 100
+    _deliver_seqs(p, [(5, 1), (6, 2), (2, 4)])
+    assert len(await p.take(timeout=1, linger=0)) == 3
+    assert nc.gets == []
+
+
+async def test_after_a_reconnect_the_consumers_count_shows_what_never_came(
+    now: list[float],
+) -> None:
+    """Deliveries lost with nothing delivered after them: RECHECK_AFTER past a reconnect the
+    consumer is asked, and what it delivered beyond the last delivery seen here is read back."""
+    nc = LaneClient({3: b"three", 4: b"four"})
+    p = make(nc, now)
+    p._requested = 100
+    _deliver_seqs(p, [(1, 1), (2, 2)])
+    assert len(await p.take(timeout=1, linger=0)) == 2
+    nc.info = {"delivered": {"consumer_seq": 4, "stream_seq": 4}, "ack_floor": {"stream_seq": 0}}
+    nc.stats["reconnects"] = 1
+    await p.take(timeout=0, linger=0)  # notices the reconnect, asks again, schedules the check
+    assert nc.gets == []
+    now[0] += puller_module.RECHECK_AFTER
+    got = await p.take(timeout=0, linger=0)
+    assert [m.data for m in got] == [b"three", b"four"]
+
+
+async def test_a_new_puller_reads_back_what_a_previous_holder_left_unacknowledged(
+    now: list[float],
+) -> None:
+    """RECHECK_AFTER after it starts, a new puller asks the consumer and reads back everything
+    delivered above the ack floor (a leader's in-flight messages when it died) but what it
+    was handed itself meanwhile; sequences acknowledged since (gone from the work queue) are
+    skipped."""
+    nc = LaneClient({8: b"eight", 10: b"ten"})
+    nc.info = {
+        "delivered": {"consumer_seq": 12, "stream_seq": 10},
+        "ack_floor": {"stream_seq": 7},
+        "num_ack_pending": 2,
+    }
+    p = make(nc, now)
+    p._fresh = True  # as start() leaves it (the rest of start() needs a subscription)
+    p._requested = 100
+    _deliver_seqs(p, [(9, 12)])  # handed to this puller after it started
+    found = await p._recover()
+    assert [m.data for m in found] == [b"eight", b"ten"] and nc.gets == [8, 10]
+
+
+async def test_a_gap_larger_than_a_few_batches_is_left_to_the_ack_wait(now: list[float]) -> None:
+    """A backlog is not a loss: over RECOVER_MAX batches missing, nothing is read back."""
+    nc = LaneClient({})
+    nc.info = {
+        "delivered": {"consumer_seq": 100_000, "stream_seq": 100_000},
+        "ack_floor": {"stream_seq": 0},
+        "num_ack_pending": 100_000,
+    }
+    p = make(nc, now)
+    assert await p._recover() == [] and nc.gets == []

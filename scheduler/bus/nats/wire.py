@@ -266,6 +266,34 @@ class RawMsg(Msg):
     defect: tuple[str, str] | None = None
 
 
+@dataclass
+class RecoveredMsg(RawMsg):
+    """A lane message read back from its stream by sequence (`Puller`'s recovery of deliveries
+    lost on the way): its metadata is the stream's, and it has no ack subject of its own, so
+    ack, nak, in-progress and term do nothing. The consumer still counts the lost delivery as
+    pending: it is delivered again after the ack wait, and intake then finds it stored (an
+    exact resend) and acks that delivery."""
+
+    stored: Msg.Metadata | None = None  # the stream's sequence and store time
+
+    @property
+    def metadata(self) -> Msg.Metadata:
+        assert self.stored is not None
+        return self.stored
+
+    async def ack(self) -> None:
+        """Nothing to acknowledge: see the class."""
+
+    async def nak(self, delay: float | None = None) -> None:
+        """Likewise."""
+
+    async def in_progress(self) -> None:
+        """Likewise."""
+
+    async def term(self) -> None:
+        """Likewise."""
+
+
 def message_of(nc: Client, subject: bytes, reply: bytes, data: bytes, hdr: bytes | None) -> RawMsg:
     """A nats-py `Msg` (ack, nak, term and metadata work as usual) for a raw delivery that is
     not a status message. Never raises: what does not decode is escaped and named in `defect`."""
