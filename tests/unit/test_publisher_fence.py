@@ -78,6 +78,30 @@ async def test_nothing_is_sent_out_of_office_or_after_a_reconnect_until_released
     assert len(nc._pending) == 1 and nc._pending[0].startswith(b"HPUB mq.t.3 _INBOX.test.")
 
 
+async def test_what_went_out_on_the_old_link_is_sent_again_once_revalidated() -> None:
+    """Publishes still unanswered when the link was replaced (its node froze: the frames
+    wait in that node) are sent again, the same frames, as soon as the owner releases the
+    publisher on the new link; not before, and not on a release without a reconnect."""
+    nc = BufferedClient()
+    p = publisher(nc)
+    outcomes: list[Any] = []
+    await p.publish_batch([item(i, outcomes) for i in range(3)])
+    sent = list(nc._pending)
+    nc._pending.clear()  # written to the socket of the link that then froze
+    p.release()  # no reconnect: nothing to resend
+    await asyncio.sleep(0)
+    assert nc._pending == []
+    p.on_link_lost()
+    nc.stats["reconnects"] = 1
+    await asyncio.sleep(0)
+    assert nc._pending == []  # held until revalidated
+    p.release()
+    async with asyncio.timeout(1):
+        while len(nc._pending) < 3:  # noqa: ASYNC110
+            await asyncio.sleep(0)
+    assert nc._pending == sent and outcomes == []
+
+
 async def test_an_unacknowledged_publish_is_in_doubt() -> None:
     """A publish that went out and timed out, or was still unacknowledged when the publisher
     closed, is reported in doubt (it may be stored); one never sent is not."""

@@ -79,6 +79,7 @@ class Publisher(InFlight):
         self._resends = Resends()
         self._resend_wake = asyncio.Event()
         self._resender: asyncio.Task[None] | None = None
+        self._relink_resends: set[asyncio.Task[None]] = set()  # `release`'s, until sent
 
     async def start(self) -> Publisher:
         self._prefix = self.nc.new_inbox()
@@ -137,6 +138,24 @@ class Publisher(InFlight):
         if dropped:
             log.warning("publisher.dropped_unsent count=%d why=%s", len(dropped), why)
         return len(dropped)
+
+    def release(self) -> None:
+        """Sending may resume (the owner revalidated its epoch on this connection); what is
+        still unanswered went out on an earlier link and is sent again on this one, the same
+        frames (same `Nats-Msg-Id`: the target stream's duplicate window drops whichever copy
+        comes second), not left to its timeout: a node that froze holds what it was handed
+        until it resumes, and forwards it then (measured: tasks 5 s late)."""
+        relinked = self._reconnects() != self._validated
+        super().release()
+        if not relinked:
+            return
+        frames = self._resends.frames
+        again = [(token, frames[token]) for token in self._pending if token in frames]
+        if again:
+            log.info("publisher.resent_on_relink count=%d", len(again))
+            task = asyncio.get_running_loop().create_task(self._resend(again))
+            self._relink_resends.add(task)
+            task.add_done_callback(self._relink_resends.discard)
 
     def on_link_lost(self) -> None:
         """The connection dropped: hold sends and take back what nats-py would otherwise
