@@ -252,7 +252,7 @@ async def nats_cluster(nats_cluster_service: NatsCluster) -> AsyncIterator[NatsC
     await asyncio.to_thread(cluster.heal)
     nc = await nats.connect(cluster.urls)
     try:
-        await asyncio.wait_for(_delete_every_stream(nc, cluster), 60)
+        await asyncio.wait_for(_delete_every_stream(nc, cluster), 120)
     finally:
         await nc.close()
 
@@ -268,6 +268,7 @@ async def _delete_every_stream(nc: nats.aio.client.Client, cluster: NatsCluster)
         if not names:
             return
         for name in names:
-            await asyncio.to_thread(cluster.replicas_current, name)
+            # 30 s: a replica catching up after a fault took over 15 s on a loaded 2-core host
+            await asyncio.to_thread(cluster.replicas_current, name, 30.0)
             with contextlib.suppress(NotFoundError):
                 await js.delete_stream(name)

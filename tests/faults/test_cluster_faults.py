@@ -29,15 +29,14 @@ AFTER = 4.0  # s of load after the broker took writes again
 # the shared 2-core test host, with the daemons, three servers and the load on it, 20x that.
 ADDED_P99_MS = 500.0
 # A frozen node is not a dead one: its sockets stay open and answer nothing. The daemon's link
-# watch (scheduler/bus/nats/link.py) leaves it a second into the silence, and a lease renewal
-# that went out on it is sent again on the new link, so the leader keeps office: the frozen
-# node is the one the leader's engine is on, the worst case (the probes and the producer are
-# on the other two, so they time the broker's own outage, not their own link's). Measured
-# 2026-12-02 (12 runs): 2.0-29 ms added in 11; in one, the thawed node's return left both
-# daemons' connections (on the other two nodes) answered 503 by the lease bucket for 8 s while
-# the probe's connection wrote to it, so the lease lapsed and the takeover waited: 6.5 s. Not
-# understood yet (issue 36 stays open on it); bounded here by freeze + a lease TTL + that 8 s.
-FROZEN_P99_MS = (STOP_FOR + 3.0 + 8.0) * 1000
+# watch (scheduler/bus/nats/link.py) leaves it a second into the silence; a lease renewal,
+# publishes and lane deliveries that went out on it are sent again or read back on the new link
+# (leadership/lease.py, bus/nats/publisher.py, bus/nats/puller.py), and a renewal the node
+# forwards when it resumes is taken back rather than waited out. The frozen node is the one
+# the leader's engine is on, the worst case (the probes and the producer are on the other two,
+# so they time the broker's own outage, not their own link's). Measured 2026-12-03 (8 runs
+# after those fixes, a busy host): 1.9-2.8 ms added p99; before them 2 runs in 8 were 8.5 s
+# late (lost deliveries back only after the lane's 10 s ack wait). Same bound as the others.
 STREAMS = ("MQ_DELAY", TARGET, "KV_scheduler_leader")
 
 StartCluster = Callable[..., Awaitable[Cluster]]
@@ -154,7 +153,8 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
     outage = recovered - at
     assert doubled == [] and early == [], f"doubled {doubled[:5]}, early {early[:5]}"
     assert len(after) >= RATE * (AFTER - 2), f"only {len(after)} tasks due after the outage"
-    bound = FROZEN_P99_MS if fault == "sigstop" else ADDED_P99_MS
-    assert p99(after) <= bound, (
-        f"{fault}: broker out {outage:.2f} s; tasks due after it p99 {p99(after):.0f} ms late"
+    added = p99(after)
+    print(f"{fault}: broker out {outage:.2f} s; added p99 {added:.1f} ms ({len(after)} tasks)")
+    assert added <= ADDED_P99_MS, (
+        f"{fault}: broker out {outage:.2f} s; tasks due after it p99 {added:.0f} ms late"
     )
