@@ -17,18 +17,21 @@ thawed, would otherwise end the outage too soon (tests/support/cluster_load.py, 
 
 Faults, one after the other, `--settle` s apart: SIGKILL of the node leading the delay lane
 (`MQ_DELAY`), of the node leading the target stream, of the node leading the lease bucket, of
-the meta leader, a SIGSTOP of the node leading the lane for `--stop-for` s, and a SIGKILL of the
-leading daemon. A killed node is restarted before the next fault and the replicas wait to be
-current. Per fault: `broker_s` (the largest of the four), `recovered_at` (fault + broker_s),
-`added_ms` = lateness (store time minus due time, read back from BENCH) of the tasks due more
-than 1 s after `recovered_at` and before the next fault, and the whole-run lost (accepted, never
-stored), doubled (stored twice by `Nats-Msg-Id`), early. Target (issue 36): lost 0, doubled 0,
-early 0, added p99 <= 25 ms for every broker fault on an idle 2-core host. The daemon's SIGKILL
-is no broker fault (the broker never stops): its lateness is the lease takeover's (about one
-lease TTL, docs/leadership.md) and is reported, not judged.
+the meta leader, a SIGSTOP for `--stop-for` s of the node leading the lane and then of the node
+the leading daemon's engine is connected to (`freeze_leader`: its link, the lease renewals, the
+publishes and lane deliveries in flight on it; the bench's own clients may be on that node too,
+which lengthens the measured outage, `probe_on_frozen`), and a SIGKILL of the leading daemon. A
+killed node is restarted before the next fault and the replicas wait to be current. Per fault:
+`broker_s` (the largest of the four), `recovered_at` (fault + broker_s), `added_ms` = lateness
+(store time minus due time, read back from BENCH) of the tasks due more than 1 s after
+`recovered_at` and before the next fault, and the whole-run lost (accepted, never stored),
+doubled (stored twice by `Nats-Msg-Id`), early. Target (issue 36): lost 0, doubled 0, early 0,
+added p99 <= 25 ms for every broker fault on an idle 2-core host. The daemon's SIGKILL is no
+broker fault (the broker never stops): its lateness is the lease takeover's (about one lease
+TTL, docs/leadership.md) and is reported, not judged.
 
     .venv/bin/python bench/cluster_faults.py [--rate 300] [--lead 2] [--settle 15]
-    [--only lane,target,kv,meta,sigstop,daemon] [--ttl 3] [--out FILE] [--logs DIR]
+    [--only lane,target,kv,meta,sigstop,freeze_leader,daemon] [--ttl 3] [--out FILE] [--logs DIR]
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from scheduler.daemon.embedded import Postgres
 from tests.support.cluster import NatsCluster, Node
 from tests.support.cluster_load import ConsumerProbe, Probe, Producer, lateness
 
-FAULTS = ("lane", "target", "kv", "meta", "sigstop", "daemon")
+FAULTS = ("lane", "target", "kv", "meta", "sigstop", "freeze_leader", "daemon")
 
 
 class Fleet:
@@ -64,6 +67,7 @@ class Fleet:
     def __init__(self, env: Env, ttl: float) -> None:
         self.env, self.ttl = env, ttl
         self.all: list[Daemon] = []
+        self.client_was_on_frozen = False  # the bench's own client, at the last freeze
 
     def alive(self) -> list[Daemon]:
         return [d for d in self.all if d.proc is not None and d.proc.poll() is None]
@@ -93,27 +97,47 @@ class Fleet:
             daemon.stop()
 
 
-async def inject(fault: str, cluster: NatsCluster, fleet: Fleet, stop_for: float) -> Node | None:
-    """Cause `fault`; the node to bring back afterwards (None when nothing is to restart)."""
+async def off_node(nc: Any, node: Node) -> None:
+    """Move the bench's own client off `node` before it is frozen: a client on the frozen node
+    would time its own link, not the broker (and its producer would hold back a burst)."""
+    for _ in range(10):
+        if nc.connected_url is None or nc.connected_url.port != node.client_port:
+            return
+        await nc.force_reconnect()
+        await asyncio.sleep(0.3)
+
+
+async def inject(
+    fault: str, cluster: NatsCluster, fleet: Fleet, stop_for: float, nc: Any = None
+) -> tuple[Node | None, Node | None]:
+    """Cause `fault`; (the node to bring back afterwards or None, the node it hit or None)."""
     if fault == "daemon":
         victim = fleet.leader()
         assert victim.proc is not None
         victim.proc.kill()
-        return None
+        return None, None
     stream = {"lane": "MQ_DELAY", "target": "BENCH", "kv": "KV_scheduler_leader"}.get(fault)
     if fault == "meta":
         node = cluster.wait_meta_leader()
-    elif fault == "sigstop":
-        node = cluster.stream_leader("MQ_DELAY")
+    elif fault in ("sigstop", "freeze_leader"):
+        if fault == "sigstop":
+            node = cluster.stream_leader("MQ_DELAY")
+        else:  # the node the leading daemon's engine is connected to: its link, lease, lane
+            name = fleet.leader().env["SCHEDULER_INSTANCE_ID"]
+            node = cluster.client_node(f"mq-scheduler {name} engine")
+            if nc is not None:
+                await off_node(nc, node)
+        port = nc.connected_url.port if nc is not None and nc.connected_url else None
+        fleet.client_was_on_frozen = port == node.client_port
         cluster.freeze(node)
         await asyncio.sleep(stop_for)
         cluster.thaw(node)
-        return None
+        return None, node
     else:
         assert stream is not None
         node = cluster.stream_leader(stream)
     cluster.kill(node)
-    return node
+    return node, node
 
 
 def per_fault(windows: list[dict[str, Any]], seen: dict[str, tuple[float, list[float]]]) -> None:
@@ -159,8 +183,10 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(a.settle)
         for fault in [f for f in FAULTS if f in a.only.split(",")]:
             at = time.time()
-            node = await inject(fault, cluster, fleet, a.stop_for)
-            w: dict[str, Any] = {"fault": fault, "at": at, "node": node.name if node else None}
+            node, hit = await inject(fault, cluster, fleet, a.stop_for, nc)
+            w: dict[str, Any] = {"fault": fault, "at": at, "node": hit.name if hit else None}
+            if fault in ("sigstop", "freeze_leader"):
+                w["probe_on_frozen"] = fleet.client_was_on_frozen
             await asyncio.sleep(a.settle)
             ends = {
                 "target_s": probe.back_after(at),
