@@ -77,6 +77,7 @@ def ts(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+@pytest.mark.smoke
 async def test_every_second_job_fires_each_occurrence_once(cron: Cron, database_url: str) -> None:
     """A 6-field every-second job delivers one fresh envelope per second, on time."""
     write_jobs(cron.settings.schedules_dir, EVERY_SECOND)

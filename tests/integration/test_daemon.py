@@ -41,6 +41,7 @@ async def started(daemon: Daemon) -> asyncio.Task[None]:
     return task
 
 
+@pytest.mark.smoke
 async def test_daemon_serves_health_readiness_and_metrics(settings: Settings) -> None:
     """A started daemon answers /healthz and /readyz with 200 and exposes connection metrics."""
     daemon = Daemon(settings)

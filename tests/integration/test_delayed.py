@@ -107,6 +107,7 @@ def ts(dt_text: str) -> datetime:
     return datetime.fromisoformat(dt_text.replace("Z", "+00:00"))
 
 
+@pytest.mark.smoke
 async def test_tasks_fire_on_time_once_with_the_producers_bytes(harness: Harness) -> None:
     """Each task arrives once, never early, byte-identical, with the daemon's headers."""
     await harness.start()
@@ -231,6 +232,7 @@ async def test_republished_task_is_stored_and_delivered_once(
         await conn.close()
 
 
+@pytest.mark.smoke
 async def test_bad_input_is_dead_lettered_and_the_lane_keeps_flowing(
     harness: Harness, database_url: str
 ) -> None:
@@ -399,6 +401,7 @@ async def test_task_expiring_before_its_due_time_is_not_delivered(harness: Harne
     assert await status_soon(harness, TARGET, doc["id"], "expired") == "expired"
 
 
+@pytest.mark.smoke
 async def test_schedule_through_the_api(harness: Harness) -> None:
     """`scheduler.v1.schedule.<rest>` validates, replies with id and due time, and delivers."""
     await harness.start()
