@@ -216,8 +216,12 @@ class OverviewStore:
     async def task(self, task_id: str) -> dict[str, Any] | None:
         """One task with its envelope bytes, headers and every delivery in the fire log. A
         fired task's row is gone (migration 0010): its state comes from its tombstone and the
-        fire log, without envelope bytes or headers."""
-        async with self.db.timed("task_detail") as conn:
+        fire log, without envelope bytes or headers. All reads share one snapshot, so a task
+        that fires in between is never shown `claimed` with its delivery."""
+        async with (
+            self.db.timed("task_detail") as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
             row: asyncpg.Record | dict[str, Any] | None = await conn.fetchrow(
                 f"SELECT {_TASK_DETAIL} FROM delayed_messages WHERE id = $1", task_id
             )
