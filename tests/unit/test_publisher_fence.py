@@ -84,6 +84,7 @@ async def test_what_went_out_on_the_old_link_is_sent_again_once_revalidated() ->
     publisher on the new link; not before, and not on a release without a reconnect."""
     nc = BufferedClient()
     p = publisher(nc)
+    p._resender = asyncio.create_task(p._resend_loop())  # as start() would
     outcomes: list[Any] = []
     await p.publish_batch([item(i, outcomes) for i in range(3)])
     sent = list(nc._pending)
@@ -100,6 +101,7 @@ async def test_what_went_out_on_the_old_link_is_sent_again_once_revalidated() ->
         while len(nc._pending) < 3:  # noqa: ASYNC110
             await asyncio.sleep(0)
     assert nc._pending == sent and outcomes == []
+    await p.close()
 
 
 async def test_an_unacknowledged_publish_is_in_doubt() -> None:

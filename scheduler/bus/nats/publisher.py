@@ -79,7 +79,6 @@ class Publisher(InFlight):
         self._resends = Resends()
         self._resend_wake = asyncio.Event()
         self._resender: asyncio.Task[None] | None = None
-        self._relink_resends: set[asyncio.Task[None]] = set()  # `release`'s, until sent
 
     async def start(self) -> Publisher:
         self._prefix = self.nc.new_inbox()
@@ -149,13 +148,11 @@ class Publisher(InFlight):
         super().release()
         if not relinked:
             return
-        frames = self._resends.frames
-        again = [(token, frames[token]) for token in self._pending if token in frames]
+        again = [token for token in self._pending if token in self._resends.frames]
         if again:
             log.info("publisher.resent_on_relink count=%d", len(again))
-            task = asyncio.get_running_loop().create_task(self._resend(again))
-            self._relink_resends.add(task)
-            task.add_done_callback(self._relink_resends.discard)
+            self._resends.again(again, asyncio.get_running_loop().time())
+            self._resend_wake.set()  # `_resend_loop` sends them, fenced as every resend
 
     def on_link_lost(self) -> None:
         """The connection dropped: hold sends and take back what nats-py would otherwise

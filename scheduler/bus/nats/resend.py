@@ -16,6 +16,7 @@ its stream taking writes again.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 
 FIRST_PAUSE = 0.025  # s before the first resend
 MAX_PAUSE = 0.25  # s between resends at most: how late after the election a task can go out
@@ -62,6 +63,13 @@ class Resends:
         self._attempts[token] = attempt + 1
         heapq.heappush(self._due, (at, token))
         return True
+
+    def again(self, tokens: Iterable[str], now: float) -> None:
+        """Plan a resend at `now` of every token whose frame is kept (the link it went out on
+        was replaced: its answer cannot come on the new one)."""
+        for token in tokens:
+            if token in self.frames:
+                heapq.heappush(self._due, (now, token))
 
     def next_at(self) -> float | None:
         """When the earliest planned resend is due (loop clock), or None."""
