@@ -7,7 +7,9 @@ import asyncio
 import time
 
 import nats
+from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StreamConfig
 
 from scheduler.bus.nats.puller import Puller
@@ -15,6 +17,19 @@ from scheduler.bus.nats.wire import RecoveredMsg
 
 STREAM, CONSUMER = "LANEREC", "lanerec"
 ACK_WAIT = 30.0  # s: far longer than the test, so only a read-back can bring the lost ones
+
+
+async def _lane(nc: Client) -> JetStreamContext:
+    """A work-queue lane with its durable consumer, as the daemon provisions them."""
+    js = nc.jetstream()
+    await js.add_stream(
+        StreamConfig(name=STREAM, subjects=["lanerec.>"], retention=RetentionPolicy.WORK_QUEUE)
+    )
+    await js.add_consumer(
+        STREAM,
+        ConsumerConfig(durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT),
+    )
+    return js
 
 
 async def test_a_new_puller_reads_back_what_the_last_one_was_handed_and_never_acked(
@@ -25,14 +40,7 @@ async def test_a_new_puller_reads_back_what_the_last_one_was_handed_and_never_ac
     with the stream's sequence and store time, and gets the rest as usual: all ten at once."""
     nc = await nats.connect(nats_url)
     try:
-        js = nc.jetstream()
-        await js.add_stream(
-            StreamConfig(name=STREAM, subjects=["lanerec.>"], retention=RetentionPolicy.WORK_QUEUE)
-        )
-        await js.add_consumer(
-            STREAM,
-            ConsumerConfig(durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT),
-        )
+        js = await _lane(nc)
         for i in range(10):
             await js.publish(f"lanerec.t{i}", f"task {i}".encode())
         gone = await js.pull_subscribe_bind(CONSUMER, STREAM)
@@ -61,14 +69,7 @@ async def test_nothing_is_read_back_when_nothing_was_lost(nats_url: str) -> None
     """A clean start (every earlier delivery acked) reads nothing back."""
     nc = await nats.connect(nats_url)
     try:
-        js = nc.jetstream()
-        await js.add_stream(
-            StreamConfig(name=STREAM, subjects=["lanerec.>"], retention=RetentionPolicy.WORK_QUEUE)
-        )
-        await js.add_consumer(
-            STREAM,
-            ConsumerConfig(durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT),
-        )
+        js = await _lane(nc)
         for i in range(3):
             await js.publish(f"lanerec.t{i}", b"x")
         first = await js.pull_subscribe_bind(CONSUMER, STREAM)
