@@ -14,11 +14,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from nats.js.errors import ServiceUnavailableError
 
 from scheduler.bus.memory import MemoryBroker, MemoryStreams
 from scheduler.engine.ports import Broker
 from scheduler.messages.prepared import PreparedMessage, StampedMessage
 from scheduler.records import ClaimedTask, Outcome, PubAck, PublishError
+from tests.support.cluster import wait_for_leader
 
 STREAM = "CONTRACT"
 BUCKET = "contract_state"
@@ -99,6 +101,8 @@ async def side(nats_server_url: str | None, adapter: str, replicas: int) -> Asyn
         )
     )
     kv = await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas))
+    for stream in (STREAM, f"KV_{BUCKET}") if replicas > 1 else ():
+        await wait_for_leader(js, stream)
     publisher = await kind(nc, timeout=2, fence=lambda: office["in"]).start()
     others: list[Broker] = []
 
@@ -113,7 +117,15 @@ async def side(nats_server_url: str | None, adapter: str, replicas: int) -> Asyn
         await js.publish("contract.delivered", b"d", headers={"Nats-Msg-Id": uuid.uuid4().hex})
         name = f"c{uuid.uuid4().hex[:8]}"
         config = ConsumerConfig(durable_name=name, ack_wait=30)
-        sub = await js.pull_subscribe("contract.delivered", name, stream=STREAM, config=config)
+        async with asyncio.timeout(10):
+            while True:  # on the cluster a new consumer's create may be answered 503 while
+                try:  # its group elects a leader: asked again, same durable name
+                    sub = await js.pull_subscribe(
+                        "contract.delivered", name, stream=STREAM, config=config
+                    )
+                    break
+                except ServiceUnavailableError:
+                    await asyncio.sleep(0.1)
         (msg,) = await sub.fetch(1, timeout=5)
         return str(msg.reply)
 

@@ -17,6 +17,7 @@ from scheduler.engine.ports import Bus
 from scheduler.metrics import Metrics
 from scheduler.records import PublishError
 from scheduler.settings import Settings
+from tests.support.cluster import wait_for_leader
 from tests.support.compat import NatsServerOf, Servers
 
 STREAM = "CONTRACT_BUS"
@@ -63,6 +64,8 @@ async def side(nats_server_url: str | None, adapter: str, replicas: int) -> Asyn
     await js.add_stream(
         StreamConfig(name=STREAM, subjects=["busc.>"], duplicate_window=30, num_replicas=replicas)
     )
+    if replicas > 1:
+        await wait_for_leader(js, STREAM)
     await js.add_consumer(STREAM, ConsumerConfig(durable_name=CONSUMER, ack_wait=5))
 
     async def put_real(subject: str, payload: bytes) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from scheduler.bus.memory import MemoryBus, MemoryStreams, MemoryWriter
 from scheduler.operations.ports import BusWriter, NoStream, Refused
+from tests.support.cluster import wait_for_leader
 
 Listen = Callable[[str], Awaitable[asyncio.Queue[bytes]]]
 
@@ -57,6 +58,8 @@ async def side(nats_server_url: str | None, replicas: int) -> AsyncIterator[Side
             name=stream, subjects=[f"{prefix}.>"], duplicate_window=30, num_replicas=replicas
         )
     )
+    if replicas > 1:
+        await wait_for_leader(js, stream)
 
     async def listen_real(subject: str) -> asyncio.Queue[bytes]:
         got: asyncio.Queue[bytes] = asyncio.Queue()

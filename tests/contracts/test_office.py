@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from scheduler.engine.office import FixedOffice, Office
+from tests.support.cluster import wait_for_leader
 
 BUCKET = "contract_leader"
 
@@ -36,6 +37,8 @@ async def office(
     nc = await nats.connect(nats_server_url)
     js = nc.jetstream()
     await ensure_bucket(js, BUCKET, settings.lease_ttl, replicas)
+    if replicas > 1:
+        await wait_for_leader(js, f"KV_{BUCKET}")
     lead = Leadership(await js.key_value(BUCKET), pool, settings, SystemClock(), Metrics())
     stop = asyncio.Event()
     running = asyncio.create_task(lead.run(stop), name="contract-office")

@@ -12,6 +12,7 @@ A node's view is read from its monitoring endpoint (`/jsz`, `/varz`) and the Jet
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -23,6 +24,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from nats.errors import NoRespondersError
+from nats.js import JetStreamContext
+from nats.js.errors import ServiceUnavailableError
 
 from scheduler.daemon.embedded import free_port, nats_server_binary, wait_for_port
 
@@ -284,3 +289,17 @@ class NatsCluster:
                 peers = cluster.get("replicas") or []
                 return bool(cluster.get("leader")) and all(p.get("current") for p in peers)
         return False
+
+
+async def wait_for_leader(js: JetStreamContext, stream: str, timeout: float = 15.0) -> None:
+    """Wait until a just-created replicated `stream` has elected its leader (until then a
+    publish is answered 503 and a consumer create refused)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                info = await js.stream_info(stream)
+                if info.cluster is not None and info.cluster.leader:
+                    return
+            except (NoRespondersError, ServiceUnavailableError, TimeoutError):
+                pass
+            await asyncio.sleep(0.05)
