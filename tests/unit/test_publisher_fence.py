@@ -136,3 +136,51 @@ def test_reply_of_reads_only_publish_commands() -> None:
     assert _reply_of(b"PUB a.b 3\r\nabc\r\n") is None
     assert _reply_of(b"SUB a.b 1\r\n") is None
     assert Wire(BufferedClient()).take_unsent(b"_I.") == []  # type: ignore[arg-type]
+
+
+def ack(p: Publisher, token: str) -> None:
+    p._on_ack(f"_INBOX.test.{token}".encode(), b"", b'{"stream":"T","seq":1}', None)
+
+
+async def test_a_frame_left_unanswered_while_later_ones_were_answered_is_sent_again() -> None:
+    """A publish unanswered for HEDGE_AFTER while one sent after it was answered (the link
+    and the server answer: its frame was dropped on the way, as by a node resuming after a
+    stop) is sent again, the same frame, at most every HEDGE_AFTER doubling; not while no
+    later publish was answered (a slow server), not before HEDGE_AFTER, and never a frame
+    without a Nats-Msg-Id (a second copy of a KV write could land after a newer write)."""
+    from scheduler.bus.nats.resend import HEDGE_AFTER
+
+    nc = BufferedClient()
+    p = publisher(nc)
+    p._resender = asyncio.create_task(p._resend_loop())  # as start() would
+    outcomes: list[Any] = []
+    await p.publish_batch([item(1, outcomes), ("KV_S.c", b"{}", {}, outcomes.append)])
+    first = list(nc._pending)
+    nc._pending.clear()
+    sent_at = p._pending["1"][2] - p.timeout
+    p._sweep(sent_at + 2 * HEDGE_AFTER)
+    await asyncio.sleep(0)
+    assert nc._pending == []  # nothing later was answered: the server may just be slow
+    await p.publish_batch([item(3, outcomes)])
+    nc._pending.clear()
+    ack(p, "3")
+    p._sweep(sent_at + HEDGE_AFTER / 2)
+    await asyncio.sleep(0)
+    assert nc._pending == []  # not unanswered for long enough
+    p._sweep(sent_at + HEDGE_AFTER)
+    async with asyncio.timeout(1):
+        while not nc._pending:  # noqa: ASYNC110
+            await asyncio.sleep(0)
+    assert nc._pending == first[:1]  # the task's frame again; the KV write is left alone
+    nc._pending.clear()
+    p._sweep(sent_at + 2 * HEDGE_AFTER)  # less than 2 * HEDGE_AFTER after the resend
+    await asyncio.sleep(0)
+    assert nc._pending == []
+    p._sweep(sent_at + 3 * HEDGE_AFTER)
+    async with asyncio.timeout(1):
+        while not nc._pending:  # noqa: ASYNC110
+            await asyncio.sleep(0)
+    assert nc._pending == first[:1]
+    ack(p, "1")
+    assert [type(o) for o in outcomes] == [PubAck, PubAck]
+    await p.close()
