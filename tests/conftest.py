@@ -9,8 +9,10 @@ servers (these fixtures are session-scoped) and the per-test cleanup and leak ch
 count a whole server, see only that worker's tests; `NATS_URL` is refused there, as every
 worker's teardown would delete the others' streams (`DATABASE_URL` is fine: databases are per test).
 
-Every test on these fixtures runs twice: `[current]` and `[compat]` (marker `compat`: nats-server
-2.10 and PostgreSQL 15, see tests/support/compat.py); `-m "not compat"` runs the first only.
+Every test on these fixtures runs on the suite's current servers (`[current]`); where a server
+version can change the answer (COMPAT_RUN below, the contract suites, the tests marked `smoke`)
+it runs again on production's versions, `[compat]` (marker `compat`: nats-server 2.10 and
+PostgreSQL 15, see tests/support/compat.py); `-m "not compat"` runs the first only.
 """
 
 from __future__ import annotations
@@ -78,10 +80,59 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
-@pytest.fixture(scope="session", params=["current", "compat"])
+TESTS = Path(__file__).parent
+# The server-backed modules that run again on production's server versions (`[compat]`), and
+# why the version can change their answer. Besides them: every contract suite (tests/contracts,
+# the ports' contracts on the real bus and store) and the end-to-end path (tests marked
+# `smoke`: delayed delivery, dead letter, cron, a request verb, HTTP). The rest of the
+# server-backed tests exercise the daemon's own logic above those ports: a second run on other
+# versions would repeat it (docs/development.md, "Server versions").
+COMPAT_RUN: dict[str, str] = {
+    "faults/test_faults.py": "the fault suite: how each server fails, restarts and recovers",
+    "integration/test_wire.py": "the raw protocol frames the publisher writes",
+    "integration/test_publish_resend.py": "JetStream's 503 while a stream has no leader",
+    "integration/test_lane_recovery.py": "consumer info and direct reads by sequence",
+    "integration/test_lane_dedup.py": "the stream's duplicate window",
+    "integration/test_nats_bus.py": "streams, consumers and buckets as provisioned",
+    "integration/test_replicas.py": "provisioning replicas and reading them back",
+    "integration/test_least_privilege.py": "the permissions each account is granted",
+    "integration/test_nats_auth.py": "the server's authentication and authorization",
+    "integration/test_leader.py": "the KV lease: create, revision-checked update, expiry",
+    "integration/test_migrations.py": "the schema's DDL",
+    "integration/test_edge_bounds_migration.py": "a migration over existing rows",
+    "integration/test_compat_postgres.py": "PostgreSQL 15's own refusals",
+    "integration/test_backup_restore.py": "pg_dump and restore of the schema",
+    "integration/test_task_store.py": "the store's SQL and its plans",
+    "integration/test_idempotency_store.py": "the store's SQL",
+    "integration/test_poison_rows.py": "what jsonb and text columns accept",
+    "integration/test_schedule_history.py": "the store's SQL",
+    "integration/test_activity_log.py": "the store's SQL",
+    "integration/test_audit_pruning.py": "partition upkeep in SQL",
+}
+
+
+def _runs_on_compat(metafunc: pytest.Metafunc) -> bool:
+    where = metafunc.definition.path.relative_to(TESTS).as_posix()
+    return where in COMPAT_RUN or metafunc.definition.get_closest_marker("smoke") is not None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test on the session's servers runs on `current`, and on `compat` too where the
+    version can change its answer (COMPAT_RUN). The contract suites parametrize `servers`
+    themselves (tests/contracts/conftest.py: `memory`, `current`, `compat`)."""
+    if "servers" not in metafunc.fixturenames or metafunc.definition.path.is_relative_to(
+        TESTS / "contracts"
+    ):
+        return
+    runs = ["current", "compat"] if _runs_on_compat(metafunc) else ["current"]
+    metafunc.parametrize("servers", runs, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
 def servers(request: pytest.FixtureRequest) -> Servers:
-    """The suite's own servers, or production's versions (nats-server 2.10, PostgreSQL 15)."""
-    return CURRENT if request.param == "current" else compat_servers()
+    """The suite's own servers, or production's versions (nats-server 2.10, PostgreSQL 15):
+    parametrized by `pytest_generate_tests`."""
+    return CURRENT if getattr(request, "param", "current") == "current" else compat_servers()
 
 
 @pytest.fixture(scope="session")

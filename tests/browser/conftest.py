@@ -7,9 +7,9 @@ the whole session; each test gets fresh contexts (no cookies carried over). Ever
 visits can be photographed at 1,280 and 390 px wide into `tests/browser/screenshots/`
 (git-ignored) for a person to look at.
 
-These tests run on the current servers only (`[current]`): the console is a client of the
-management API, which the API tests exercise on both server versions; nothing the browser sees
-depends on the NATS or PostgreSQL version, and each browser test costs seconds.
+These tests run on the current servers only (`[current]`, tests/conftest.py's COMPAT_RUN): the
+console is a client of the management API; nothing the browser sees depends on the NATS or
+PostgreSQL version, and each browser test costs seconds.
 """
 
 from __future__ import annotations

@@ -8,13 +8,11 @@ import base64
 import json
 from typing import Any
 
-import pytest
 from playwright.async_api import Page, expect
 
 from tests.browser.conftest import Console, sign_in
 from tests.integration.api.harness import ADMIN, READ
 
-pytestmark = pytest.mark.parametrize("servers", ["current"], indirect=True)
 PAGES = ("", "schedules", "schedules/nightly", "delayed", "dead-letters", "drift")
 
 

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from playwright.async_api import expect
 
 from tests.browser.conftest import WIDTHS, Console, shot, tab_to
 from tests.browser.test_pages import audit
 from tests.integration.api.harness import READ
-
-pytestmark = pytest.mark.parametrize("servers", ["current"], indirect=True)
 
 
 async def test_pause_with_a_note_shows_it_and_the_activity_page_lists_it(

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from playwright.async_api import expect
 
 from tests.browser.conftest import WIDTHS, Console, shot
 from tests.browser.test_pages import AUDIT_JS
-
-pytestmark = pytest.mark.parametrize("servers", ["current"], indirect=True)
 
 
 async def test_backfill_from_the_job_page_after_a_confirmation(console: Console) -> None:

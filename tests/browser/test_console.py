@@ -16,7 +16,6 @@ from tests.browser.conftest import Console, shot, tab_to
 from tests.browser.test_access import post_form
 from tests.integration.api.harness import READ, TARGET, envelope, poll
 
-pytestmark = pytest.mark.parametrize("servers", ["current"], indirect=True)
 XSS = "<script>window.__xss = 'payload'</script><img src=x onerror=\"window.__xss = 'img'\">"
 
 

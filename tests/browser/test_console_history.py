@@ -10,7 +10,6 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
 from playwright.async_api import expect
 
 from scheduler.operations.history import bucket_start
@@ -18,8 +17,6 @@ from tests.browser.conftest import WIDTHS, Console, shot
 from tests.browser.test_pages import audit
 from tests.integration.api.harness import READ, envelope, poll
 from tests.integration.api.test_history_api import log_fire
-
-pytestmark = pytest.mark.parametrize("servers", ["current"], indirect=True)
 
 LONG_SUBJECT = "mq.nowhere.reconciliation-of-quarterly-ledgers.settlement-batches-europe.x"
 # Every token of each `code.subject` as rendered: how many line boxes it spans (1: unbroken).

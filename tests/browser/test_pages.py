@@ -9,13 +9,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
 from playwright.async_api import Page, expect
 
 from tests.browser.conftest import WIDTHS, Console, shot, tab_to
 from tests.integration.api.harness import READ, TARGET, envelope, poll
-
-pytestmark = pytest.mark.parametrize("servers", ["current"], indirect=True)
 
 # Problems a page may not have: a control without an accessible name, sideways scrolling, more
 # or fewer than one h1, a missing document language.

@@ -7,14 +7,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 from playwright.async_api import Page, expect
 
 from scheduler.api.models import TASK_STATUSES
 from tests.browser.conftest import WIDTHS, Console, shot
 from tests.integration.api.harness import READ, TARGET, envelope, poll
-
-pytestmark = pytest.mark.parametrize("servers", ["current"], indirect=True)
 
 
 def fact(page: Page, term: str) -> str:

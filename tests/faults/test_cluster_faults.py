@@ -92,12 +92,9 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
     nats_cluster: NatsCluster,
     database_url: str,
     start_cluster: StartCluster,
-    request: pytest.FixtureRequest,
 ) -> None:
     """Through the fault every accepted task is delivered once and none early; those due over
     a second after the broker took writes again are late by at most ADDED_P99_MS at p99."""
-    if request.node.callspec.params.get("servers") == "compat":
-        pytest.skip("the cluster runs the suite's current nats-server only")
     cluster = nats_cluster
     setup = await nats.connect(cluster.urls)
     await setup.jetstream().add_stream(

@@ -20,6 +20,7 @@ versions: nats-server 2.10 (installed beside the venv by `tests.support.tools`) 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import os
 import pwd
@@ -115,11 +116,27 @@ def session_postgres(servers: Servers, tmp: Path) -> Iterator[str]:
     elif os.environ.get("DATABASE_URL"):
         yield os.environ["DATABASE_URL"]
     else:
-        pg = Postgres(tmp).start()
+        with _one_start_at_a_time():
+            pg = Postgres(tmp).start()
         try:
             yield pg.url
         finally:
             pg.stop()
+
+
+@contextmanager
+def _one_start_at_a_time() -> Iterator[None]:
+    """Hold the machine-wide lock under which pgservers start. As root, pgserver makes its
+    system user on first use (`useradd`) and hands it the data directory: two pytest-xdist
+    workers doing it at once on a new machine left one initdb without access to its
+    directory ("Permission denied"), and all of that worker's server tests erred."""
+    lock = Path(tempfile.gettempdir()) / "mq-scheduler-test-pgserver.lock"
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 async def _pg_problem(dsn: str) -> str | None:

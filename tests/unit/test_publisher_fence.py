@@ -150,6 +150,12 @@ async def test_a_frame_left_unanswered_while_later_ones_were_answered_is_sent_ag
     without a Nats-Msg-Id (a second copy of a KV write could land after a newer write)."""
     from scheduler.bus.nats.resend import HEDGE_AFTER
 
+    def sent_earlier(tokens: list[str], seconds: float) -> None:  # as if sent `seconds` ago
+        for token in tokens:
+            done, subject, deadline = p._pending[token]
+            p._pending[token] = (done, subject, deadline - seconds)
+
+    loop = asyncio.get_running_loop()
     nc = BufferedClient()
     p = publisher(nc)
     p._resender = asyncio.create_task(p._resend_loop())  # as start() would
@@ -157,30 +163,31 @@ async def test_a_frame_left_unanswered_while_later_ones_were_answered_is_sent_ag
     await p.publish_batch([item(1, outcomes), ("KV_S.c", b"{}", {}, outcomes.append)])
     first = list(nc._pending)
     nc._pending.clear()
-    sent_at = p._pending["1"][2] - p.timeout
-    p._sweep(sent_at + 2 * HEDGE_AFTER)
-    await asyncio.sleep(0)
+    sent_earlier(["1", "2"], 2 * HEDGE_AFTER)
+    p._sweep(loop.time())
+    await asyncio.sleep(0.01)
     assert nc._pending == []  # nothing later was answered: the server may just be slow
+    sent_earlier(["1", "2"], -2 * HEDGE_AFTER)
     await p.publish_batch([item(3, outcomes)])
     nc._pending.clear()
     ack(p, "3")
-    p._sweep(sent_at + HEDGE_AFTER / 2)
-    await asyncio.sleep(0)
+    p._sweep(loop.time())
+    await asyncio.sleep(0.01)
     assert nc._pending == []  # not unanswered for long enough
-    p._sweep(sent_at + HEDGE_AFTER)
+    sent_earlier(["1", "2"], HEDGE_AFTER)
+    now = loop.time()
+    p._sweep(now)
     async with asyncio.timeout(1):
         while not nc._pending:  # noqa: ASYNC110
             await asyncio.sleep(0)
     assert nc._pending == first[:1]  # the task's frame again; the KV write is left alone
     nc._pending.clear()
-    p._sweep(sent_at + 2 * HEDGE_AFTER)  # less than 2 * HEDGE_AFTER after the resend
-    await asyncio.sleep(0)
-    assert nc._pending == []
-    p._sweep(sent_at + 3 * HEDGE_AFTER)
-    async with asyncio.timeout(1):
-        while not nc._pending:  # noqa: ASYNC110
-            await asyncio.sleep(0)
-    assert nc._pending == first[:1]
+    p._sweep(loop.time())
+    await asyncio.sleep(0.01)
+    assert nc._pending == []  # sent again just now: the next time is 2 * HEDGE_AFTER later
+    assert not p._resends.hedge("1", now + 2 * HEDGE_AFTER - 0.01)
+    assert not p._resends.hedge("2", now + 10)  # no Nats-Msg-Id: never
     ack(p, "1")
     assert [type(o) for o in outcomes] == [PubAck, PubAck]
+    assert not p._resends.hedge("1", now + 10)  # answered: its frame is forgotten
     await p.close()
