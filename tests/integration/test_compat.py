@@ -1,6 +1,6 @@
 """Production's server versions: what the daemon refuses below its NATS floor (the rest of the
-compatibility run is the `[compat]` variant of the server-backed tests where a version can change the
-answer: tests/conftest.py's COMPAT_RUN)."""
+compatibility run is the `[compat]` variant of the server-backed tests where a version can
+change the answer: tests/conftest.py's COMPAT_RUN)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Every test that uses the server fixtures runs `[current]` on the suite's own servers (the venv's
 nats-server, PostgreSQL from `pgserver`); where a version can change the answer (tests/conftest.py's
-COMPAT_RUN) also `[compat]` (marker `compat`) on production's versions: nats-server 2.10 (installed beside the venv by `tests.support.tools`) and PostgreSQL 15.
+COMPAT_RUN) also `[compat]` (marker `compat`) on production's versions: nats-server 2.10
+(installed beside the venv by `tests.support.tools`) and PostgreSQL 15.
 
 - NATS: `SCHEDULER_COMPAT_NATS_SERVER` names another binary; by default the 2.10 release.
 - PostgreSQL 15: a cluster of the suite's own, made once per session by Debian's PostgreSQL 15
