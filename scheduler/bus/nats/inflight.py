@@ -118,10 +118,6 @@ class InFlight:
             now = loop.time()
             for token in [t for t, (_, _, deadline) in self._pending.items() if deadline <= now]:
                 self._fail(token, "no acknowledgement in time", in_doubt=True)
-            self._sweep(now)
-
-    def _sweep(self, now: float) -> None:
-        """What an adapter does for the publishes still unanswered, each reaper tick."""
 
     # -- the fence ----------------------------------------------------------------------------
     def _reconnects(self) -> int:

@@ -40,7 +40,7 @@ from nats.errors import MaxPayloadError
 
 from scheduler.bus.nats.frames import FIRED_AT_PLACEHOLDER, delivery_headers, kv_subject
 from scheduler.bus.nats.inflight import MAX_INFLIGHT, InFlight, parse_ack, parse_block, settle
-from scheduler.bus.nats.resend import HEDGE_AFTER, Resends
+from scheduler.bus.nats.resend import Resends
 from scheduler.bus.nats.wire import Wire, raw_subscribe
 from scheduler.clock import to_rfc3339
 from scheduler.messages.prepared import PreparedMessage, StampedMessage
@@ -79,7 +79,6 @@ class Publisher(InFlight):
         self._resends = Resends()
         self._resend_wake = asyncio.Event()
         self._resender: asyncio.Task[None] | None = None
-        self._answered_upto = 0.0  # the latest deadline among the publishes answered
 
     async def start(self) -> Publisher:
         self._prefix = self.nc.new_inbox()
@@ -120,23 +119,6 @@ class Publisher(InFlight):
         except Exception as exc:  # closed, reconnecting (no buffer): all of them fail
             for token, _ in due:
                 self._fail(token, f"publish failed: {exc!r}")
-
-    def _sweep(self, now: float) -> None:
-        """Send again the frames unanswered for `HEDGE_AFTER` while a publish sent after them
-        was answered (`scheduler.bus.nats.resend`, "A publish can also go unanswered")."""
-        answered, timeout = self._answered_upto, self.timeout
-        if answered <= 0.0 or not self._pending:
-            return
-        hedge = self._resends.hedge
-        again = [
-            token
-            for token, (_, _, deadline) in self._pending.items()
-            if deadline < answered and now - (deadline - timeout) >= HEDGE_AFTER
-            if hedge(token, now)
-        ]
-        if again:
-            log.info("publisher.resent_unanswered count=%d", len(again))
-            self._resend_wake.set()
 
     def _fail(
         self, token: str, message: str, reason: str | None = None, in_doubt: bool = False
@@ -391,11 +373,9 @@ class Publisher(InFlight):
         entry = self._pending.pop(token, None)  # `InFlight._fail`'s bookkeeping, inline: per ack
         if entry is None:
             return  # a late ack after its timeout: the task was already retried
-        done, target, deadline = entry
+        done, target, _ = entry
         self._slots.release()
         self._resends.forget(token)
-        if deadline > self._answered_upto:
-            self._answered_upto = deadline
         outcome = parse_ack(data, headers, target)
         if headers is None:
             self._resends.learned(target)

@@ -12,15 +12,10 @@ the same frame (same `Nats-Msg-Id`, same reply token), after a pause doubling fr
 checked against the fence first, like any send. A task therefore goes out within `MAX_PAUSE` of
 its stream taking writes again.
 
-A publish can also go unanswered on a link that works: a node that resumes after a stop (SIGSTOP,
-a VM pause) can drop what it was routing while its routes recover, and its sender would wait
-for the whole PubAck timeout (5 s; measured: two tasks 5 s late). A frame unanswered for
-`HEDGE_AFTER` while a publish sent after it has been answered (so the link and the servers are
-answering: this is not a slow server, where later publishes wait too) is sent again, the same
-frame, at most every `HEDGE_AFTER` doubling (`hedge`); the target stream's duplicate window
-keeps one copy, and the first answer settles the publish. Only a frame with a `Nats-Msg-Id` is
-sent again while it may have been stored (here and after a reconnect, `again`): a KV write
-without one (a cron cursor) could be stored twice, the second copy after a newer write.
+After a reconnect the frames still unanswered are sent again on the new link (`again`), but only
+those with a `Nats-Msg-Id`, which the stream's duplicate window drops when the first copy was
+stored: a KV write without one (a cron cursor) could be stored twice, the second copy after a
+newer write of the same key.
 """
 
 from __future__ import annotations
@@ -30,9 +25,8 @@ from collections.abc import Iterable
 
 FIRST_PAUSE = 0.025  # s before the first resend
 MAX_PAUSE = 0.25  # s between resends at most: how late after the election a task can go out
-HEDGE_AFTER = 0.5  # s unanswered, while later publishes were answered, before a frame goes again
-MAX_KNOWN_SUBJECTS = 10_000
-_MSG_ID = b"\r\nNats-Msg-Id: "  # subjects remembered as captured; forgotten all at once past it
+MAX_KNOWN_SUBJECTS = 10_000  # subjects remembered as captured; forgotten all at once past it
+_MSG_ID = b"\r\nNats-Msg-Id: "
 
 
 def idempotent(frame: bytes) -> bool:
@@ -45,25 +39,21 @@ class Resends:
     """The frames of unacknowledged publishes (by reply token), the subjects known to be
     captured, and the resends scheduled on the loop's clock."""
 
-    __slots__ = ("_attempts", "_due", "_hedges", "captured", "frames")
+    __slots__ = ("_attempts", "_due", "captured", "frames")
 
     def __init__(self) -> None:
         self.frames: dict[str, bytes] = {}
         self.captured: set[str] = set()
         self._attempts: dict[str, int] = {}
         self._due: list[tuple[float, str]] = []
-        self._hedges: dict[str, tuple[int, float]] = {}  # token -> (sent again, next allowed)
 
     def keep(self, token: str, frame: bytes) -> None:
         """Remember the frame sent for `token` until its outcome (`forget`)."""
         self.frames[token] = frame
 
     def forget(self, token: str) -> None:
-        if self.frames.pop(token, None) is not None:
-            if self._attempts:
-                self._attempts.pop(token, None)
-            if self._hedges:
-                self._hedges.pop(token, None)
+        if self.frames.pop(token, None) is not None and self._attempts:
+            self._attempts.pop(token, None)
 
     def learned(self, subject: str) -> None:
         """A stream acknowledged a publish to `subject`: it is captured."""
@@ -89,25 +79,11 @@ class Resends:
     def again(self, tokens: Iterable[str], now: float) -> None:
         """Plan a resend at `now` of every token whose frame is kept and carries a
         `Nats-Msg-Id` (the link it went out on was replaced: its answer cannot come on the new
-        one)."""
+        one; a frame without an id may have been stored, and is left to its timeout)."""
         for token in tokens:
             frame = self.frames.get(token)
             if frame is not None and idempotent(frame):
                 heapq.heappush(self._due, (now, token))
-
-    def hedge(self, token: str, now: float) -> bool:
-        """Plan a resend at `now` of `token`, unanswered past `HEDGE_AFTER` while later
-        publishes were answered, unless its frame is gone or it was sent again less than
-        `HEDGE_AFTER * 2**n` ago (n resends so far); True when planned."""
-        frame = self.frames.get(token)
-        if frame is None or token in self._attempts or not idempotent(frame):
-            return False  # gone, not idempotent, or already resent for a 503
-        count, allowed = self._hedges.get(token, (0, now))
-        if now < allowed:
-            return False
-        self._hedges[token] = (count + 1, now + HEDGE_AFTER * 2.0 ** (count + 1))
-        heapq.heappush(self._due, (now, token))
-        return True
 
     def next_at(self) -> float | None:
         """When the earliest planned resend is due (loop clock), or None."""
