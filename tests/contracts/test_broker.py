@@ -117,17 +117,18 @@ async def side(nats_server_url: str | None, adapter: str, replicas: int) -> Asyn
         await js.publish("contract.delivered", b"d", headers={"Nats-Msg-Id": uuid.uuid4().hex})
         name = f"c{uuid.uuid4().hex[:8]}"
         config = ConsumerConfig(durable_name=name, ack_wait=30)
+        sub = None
         async with asyncio.timeout(10):
-            while True:  # on the cluster a new consumer's create may be answered 503 while
-                try:  # its group elects a leader: asked again, same durable name
-                    sub = await js.pull_subscribe(
-                        "contract.delivered", name, stream=STREAM, config=config
-                    )
-                    break
+            while True:  # on the cluster a new consumer's create, and its first pull, may be
+                try:  # answered 503 while its group elects a leader: asked again (same name)
+                    if sub is None:
+                        sub = await js.pull_subscribe(
+                            "contract.delivered", name, stream=STREAM, config=config
+                        )
+                    (msg,) = await sub.fetch(1, timeout=5)
+                    return str(msg.reply)
                 except ServiceUnavailableError:
                     await asyncio.sleep(0.1)
-        (msg,) = await sub.fetch(1, timeout=5)
-        return str(msg.reply)
 
     async def acked_real(reply: str) -> bool:
         name = reply.split(".")[3]
