@@ -38,6 +38,7 @@ branch_labels = None
 depends_on = None
 
 _0019 = str(runpy.run_path(str(Path(__file__).with_name("0019_intake_insert.py")))["FUNCTION"])
+_0019 = _0019.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)  # in place, both ways
 _FROM = """            AS u(id, target, payload, headers, priority, due_us, sched_us, exp_us, org_id)
         ON CONFLICT (id)"""
 _SKIP = """            WITH ORDINALITY
@@ -47,7 +48,7 @@ _SKIP = """            WITH ORDINALITY
         ORDER BY u.n
         ON CONFLICT (id)"""
 assert _0019.count(_FROM) == 1, "migration 0019's insert is not where this migration expects it"
-FUNCTION = _0019.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1).replace(_FROM, _SKIP)
+FUNCTION = _0019.replace(_FROM, _SKIP)
 
 
 def upgrade() -> None:
@@ -55,4 +56,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute(_0019.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+    op.execute(_0019)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import pytest
 
 from scheduler.metrics import Metrics
@@ -115,13 +117,6 @@ async def test_a_resend_inserted_while_its_task_is_booked_fired_is_refused(
     tombstone check after it, a second statement inside the volatile
     `scheduler_intake_insert` with a snapshot of its own, refused it). Either way the id is
     neither stored nor claimable once the booking commits, and is `resent`."""
-    import asyncio
-
-    import asyncpg
-
-    from scheduler.records import Fired
-    from scheduler.store.postgres.epoch import take_office
-
     pool = await create_pool(database_url, min_size=1, max_size=4)
     tasks = TaskStore(PostgresStore(pool, Metrics()))
     blocker = await asyncpg.connect(database_url)
@@ -203,10 +198,6 @@ async def test_a_cancel_racing_a_claim_on_the_same_row(database_url: str) -> Non
     first, the cancel re-checks its condition on the claimed row (same status, `claimed_epoch`
     now set) and answers `too_late`, the reschedule too; when the cancel commits first, the
     claim skips the cancelled task. A `cancelled` answer is never for a claimed task."""
-    import asyncio
-
-    import asyncpg
-
     from scheduler.store.postgres.epoch import take_office
 
     pool = await create_pool(database_url, min_size=1, max_size=4)
@@ -454,10 +445,6 @@ async def test_a_resend_of_a_stored_task_locks_nothing_so_it_cannot_deadlock_a_c
     order: during a cluster fault test a claim of 161 due tasks failed with `deadlock
     detected` and they went out late. Here the resend's transaction stays open: a claim of
     the same rows must not wait for it, and the resend stores nothing."""
-    import asyncio
-
-    import asyncpg
-
     pool = await create_pool(database_url, min_size=1, max_size=4)
     tasks = TaskStore(PostgresStore(pool, Metrics()))
     resender = await asyncpg.connect(database_url)
