@@ -4,6 +4,7 @@ summary.json as on local[*]."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -46,6 +47,9 @@ class Cluster:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_WORKER_DIR": str(work / "worker"),
+            # one core per application unless it asks for more: the worker's two cores run
+            # the test's two cluster audits side by side instead of one after the other
+            "SPARK_MASTER_OPTS": "-Dspark.deploy.defaultCores=1",
         }
 
     @property
@@ -150,38 +154,38 @@ def test_standalone_cluster_gives_the_same_summary_as_local(
         "--schedules",
         str(tmp_path / "schedules"),
     ]
-    on_cluster = audit_process(
-        [
-            sys.executable,
-            "-m",
-            "scheduler",
-            "audit",
-            *common,
-            "--master",
-            cluster.url,
-            "--out",
-            str(tmp_path / "cluster"),
-        ],
-        tmp_path / "cluster",
-    )
-    submitted = audit_process(
-        [
-            str(spark_home() / "bin" / "spark-submit"),
-            "--master",
-            cluster.url,
-            "--conf",
-            "spark.ui.enabled=false",
-            str(
-                Path(str(__import__("scheduler.audit.__main__").__file__)).parent
-                / "audit"
-                / "__main__.py"
-            ),
-            *common,
-            "--out",
-            str(tmp_path / "submitted"),
-        ],
-        tmp_path / "submitted",
-    )
+    by_cli = [
+        sys.executable,
+        "-m",
+        "scheduler",
+        "audit",
+        *common,
+        "--master",
+        cluster.url,
+        "--out",
+        str(tmp_path / "cluster"),
+    ]
+    by_submit = [
+        str(spark_home() / "bin" / "spark-submit"),
+        "--master",
+        cluster.url,
+        "--conf",
+        "spark.ui.enabled=false",
+        str(
+            Path(str(__import__("scheduler.audit.__main__").__file__)).parent
+            / "audit"
+            / "__main__.py"
+        ),
+        *common,
+        "--out",
+        str(tmp_path / "submitted"),
+    ]
+    # the two applications at once, a core each (SPARK_MASTER_OPTS above): each mostly waits
+    # for its JVMs to start, and they took 4.5 min one after the other on a busy host
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        cli = pool.submit(audit_process, by_cli, tmp_path / "cluster")
+        submit = pool.submit(audit_process, by_submit, tmp_path / "submitted")
+        on_cluster, submitted = cli.result(), submit.result()
     assert on_cluster == local.summary
     assert submitted == local.summary
     run = json.loads((tmp_path / "cluster" / "run.json").read_text())

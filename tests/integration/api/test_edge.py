@@ -271,32 +271,35 @@ async def _open_patch(
 
 
 async def test_a_request_in_flight_at_shutdown_is_answered_and_the_stop_waits_for_it(
-    api: ApiHarness,
+    api: ApiHarness, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A request whose body is still arriving when the daemon is told to stop is served once
-    it is complete, the connection is closed after its answer, and the stop ends right after
-    it, within the 2 s grace."""
+    it is complete, the connection is closed after its answer, and the stop ends after it
+    without waiting out the 2 s grace (nothing is cancelled)."""
     reader, writer, head = await _open_patch(api, "Transfer-Encoding: chunked")
     soon = (datetime.now(UTC) + timedelta(days=1)).isoformat()
     body = json.dumps({"delay_until": soon}).encode()
-    loop = asyncio.get_running_loop()
     try:
         writer.write(head.encode("latin-1") + f"{len(body[:5]):x}\r\n".encode() + body[:5])
         await writer.drain()
         await asyncio.sleep(0.2)  # the request is in flight, waiting for the rest of its body
-        began = loop.time()
-        stopping = asyncio.create_task(api.stop())
-        await asyncio.sleep(0.3)
-        assert not stopping.done()
-        rest = body[5:]
-        writer.write(b"\r\n" + f"{len(rest):x}\r\n".encode() + rest + b"\r\n0\r\n\r\n")
-        await writer.drain()
-        async with asyncio.timeout(5):
-            status, _, answer = await _read_answer(reader)
-            assert await reader.read() == b""  # then the daemon closes the connection
-            await stopping
+        with caplog.at_level(logging.ERROR, logger="scheduler.api"):
+            stopping = asyncio.create_task(api.stop())
+            await asyncio.sleep(0.3)
+            assert not stopping.done()  # the stop waits for the request
+            rest = body[5:]
+            writer.write(b"\r\n" + f"{len(rest):x}\r\n".encode() + rest + b"\r\n0\r\n\r\n")
+            await writer.drain()
+            async with asyncio.timeout(5):
+                status, _, answer = await _read_answer(reader)
+                assert await reader.read() == b""  # then the daemon closes the connection
+                await stopping
         assert status in (404, 503), answer
-        assert loop.time() - began < 1.0, loop.time() - began
+        # Not a wall-clock bound (the rest of the stop, pools, NATS and the engine, takes a
+        # second or more on a busy host, see the next test): the server's own record that
+        # it did not reach the grace and cancel a request.
+        exceeded = [r for r in caplog.records if "grace exceeded" in r.getMessage()]
+        assert exceeded == [], exceeded
     finally:
         writer.close()
 
