@@ -167,7 +167,11 @@ async def test_listings_past_the_rows_budget_get_503_with_retry_after(
     answers = sorted(await asyncio.gather(*(timed() for _ in range(4))), key=lambda a: a[1])
     assert [reply.status for reply, _ in answers] == [503, 200, 200, 200], answers
     extra, took = answers[0]
-    assert took < 0.4, f"the refusal took {took:.2f}s"
+    # "At once": it came back first of the four (above), before even the page served without
+    # waiting, and ran no query (below). The wall-clock bound is the 1.5 s that page would
+    # have waited for its rows (1,500 spent beyond the bucket's 500 at 1,000/s); a busy host
+    # took 1.11 s to answer a refusal, so a tighter figure here would time the host.
+    assert took < 1.5, f"the refusal took {took:.2f}s"
     assert extra.body["code"] == "overloaded"
     assert "SCHEDULER_API_READ_ROWS_PER_SECOND" in extra.body["detail"]
     assert int(extra.headers["Retry-After"]) == 2
