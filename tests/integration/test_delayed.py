@@ -113,11 +113,13 @@ async def test_tasks_fire_on_time_once_with_the_producers_bytes(harness: Harness
     await harness.start()
     now = datetime.now(UTC)
     sent: dict[str, bytes] = {}
+    acked: dict[str, datetime] = {}  # when the lane had stored it, at the latest
     for i in range(40):
         doc = envelope(now + timedelta(milliseconds=600 + 20 * i), extra_field={"kept": [i]})
         raw = (json.dumps(doc, indent=1) + "\n").encode()  # odd spacing must survive
         sent[doc["id"]] = raw
         await harness.publish(TARGET, raw, **{"X-Trace": f"tr-{i}"})
+        acked[doc["id"]] = datetime.now(UTC)
     got = await harness.delivered(count=40)
     assert len(got) == 40
     ids = [m.headers["Nats-Msg-Id"] for _, m in got]
@@ -127,7 +129,11 @@ async def test_tasks_fire_on_time_once_with_the_producers_bytes(harness: Harness
         due = ts(json.loads(m.data)["delay_until"])
         assert arrived >= due
         assert ts(m.headers["Mq-Fired-At"]) >= truncate_ms(due)
-        assert ts(m.headers["Mq-Scheduled-For"]) == ceil_ms(due)
+        scheduled_for = ts(m.headers["Mq-Scheduled-For"])
+        if acked[m.headers["Nats-Msg-Id"]] < due:  # on the lane before it was due
+            assert scheduled_for == ceil_ms(due)
+        else:  # a busy host's publish came after its due time: the lane's store time counts
+            assert ceil_ms(due) <= scheduled_for <= ceil_ms(acked[m.headers["Nats-Msg-Id"]])
         assert m.headers["Mq-Attempt"] == "1"
         assert m.headers["X-Trace"].startswith("tr-")
     await asyncio.sleep(0.5)
@@ -347,7 +353,10 @@ async def test_cancel_racing_a_firing_batch(harness: Harness) -> None:
     for doc in docs:
         await harness.publish(TARGET, doc)
     await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds() - 0.05))
-    replies = await asyncio.gather(*(client.cancel(harness.nc, TARGET, d["id"]) for d in docs))
+    # 200 at once through the service's pool: a busy host took over the client's default 2 s
+    # to answer the last of them; the race is in the answers, not in how fast they come
+    cancels = (client.cancel(harness.nc, TARGET, d["id"], timeout=15) for d in docs)
+    replies = await asyncio.gather(*cancels)
     await asyncio.sleep(1.0)
     delivered = {m.headers["Nats-Msg-Id"] for _, m in await harness.delivered()}
     for doc, reply in zip(docs, replies, strict=True):
