@@ -280,10 +280,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         parts = Path(str(item.fspath)).parts
         if "integration" in parts or "faults" in parts:
             item.add_marker(pytest.mark.integration)
-        if "spark" in parts:
-            # one worker runs them all (scripts/test: --dist loadgroup): one JVM started and
-            # warmed for the suite instead of one per worker, each competing for the cores
-            item.add_marker(pytest.mark.xdist_group("spark"))
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("servers") == "compat":
             item.add_marker(pytest.mark.compat)
