@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scheduler.daemon.embedded import Postgres
 from tests.support.cluster import NatsCluster, Node
 from tests.support.cluster_load import ConsumerProbe, Probe, Producer, lateness
+from tests.support.timeline import read_trace, timeline
 
 FAULTS = ("lane", "target", "kv", "meta", "sigstop", "freeze_leader", "daemon")
 
@@ -64,8 +65,8 @@ FAULTS = ("lane", "target", "kv", "meta", "sigstop", "freeze_leader", "daemon")
 class Fleet:
     """The two daemons (cf-1, cf-2, ...); a killed one is replaced by a fresh one."""
 
-    def __init__(self, env: Env, ttl: float) -> None:
-        self.env, self.ttl = env, ttl
+    def __init__(self, env: Env, ttl: float, log_level: str = "INFO") -> None:
+        self.env, self.ttl, self.log_level = env, ttl, log_level
         self.all: list[Daemon] = []
         self.client_was_on_frozen = False  # the bench's own client, at the last freeze
 
@@ -76,7 +77,7 @@ class Fleet:
         while len(self.alive()) < count:
             daemon = Daemon(
                 self.env, lease_ttl=f"{self.ttl:g}", instance_id=f"cf-{len(self.all) + 1}",
-                log_level="INFO", stream_replicas="3",
+                log_level=self.log_level, stream_replicas="3",
             )  # fmt: skip
             self.all.append(daemon)
             daemon.start(timeout=60)
@@ -156,13 +157,38 @@ def write_tasks(folder: str, seen: dict[str, tuple[float, list[float]]]) -> None
             f.write(json.dumps([task_id, round(due, 3), [round(x, 2) for x in late]]) + "\n")
 
 
+def write_timelines(
+    folder: str,
+    windows: list[dict[str, Any]],
+    seen: dict[str, tuple[float, list[float]]],
+    producer: Producer,
+    fleet: Fleet,
+    show: int = 40,
+) -> None:
+    """`timeline.txt`: per fault, the steps of the latest tasks due after its recovery + 1 s
+    (tests/support/timeline.py), `due` in s since the fault."""
+    trace = read_trace(Path(d.log_path) for d in fleet.all)
+    parts = []
+    for w in windows:
+        lo, hi = w["recovered_at"] + 1.0, w["until"]
+        judged = [t for t, (due, _) in seen.items() if lo < due < hi]
+        worst = sorted(judged, key=lambda t: seen[t][1][0])[-show:]
+        shown = sorted(worst, key=lambda t: seen[t][0])
+        due = {t: seen[t][0] for t in shown}
+        stored = {t: seen[t][0] + seen[t][1][0] / 1000 for t in shown}
+        table = timeline(shown, due, stored, trace, producer.first_sent, producer.ack_of, w["at"])
+        parts.append(f"{w['fault']} at {w['at']:.3f}, broker back +{w['broker_s']} s\n{table}")
+    with open(os.path.join(folder, "timeline.txt"), "w") as f:
+        f.write("\n\n".join(parts) + "\n")
+
+
 async def measure(a: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="mqs-cf-"))
     cluster = NatsCluster(root=work / "nats").start()
     pg = Postgres(work / "pg").start()
     env = Env(cluster.url, pg.url, str(work))
     os.makedirs(work / "no-schedules", exist_ok=True)
-    fleet = Fleet(env, a.ttl)
+    fleet = Fleet(env, a.ttl, "DEBUG" if a.logs else "INFO")  # DEBUG: the tasks' trace
     nc = await nats.connect(cluster.urls, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
     stop = asyncio.Event()
     windows: list[dict[str, Any]] = []
@@ -219,6 +245,7 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
         per_fault(windows, seen)
         if a.logs:  # every task's due time and lateness, for a closer look
             write_tasks(a.logs, seen)
+            write_timelines(a.logs, windows, seen, producer, fleet)
         for w in windows:
             w["at"] = round(w["at"], 3)
             w["recovered_at"] = round(w["recovered_at"], 3)

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from scheduler.clock import Clock
+from scheduler.engine.delayed import trace
 from scheduler.engine.delayed.dead_budget import DeadLetterBudget, budget_key
 from scheduler.engine.delayed.dead_letters import DeadLetter, DeadLetterCopies
 from scheduler.engine.delayed.events import DelayedEvents
@@ -153,6 +154,8 @@ class Intake:
             msgs += more
             chunk = await self.validate_all(more)
             results += chunk
+        if trace.on():
+            trace.step("taken", _lane_marks(msgs, results))
         return msgs, results
 
     def _all_far(self, results: Sequence[NewTask | Rejected]) -> bool:
@@ -219,7 +222,13 @@ class Intake:
             bad += over
         acked: list[Delivery] = []
         if good:
+            began = trace.now_ms()
             insertion = await self._store([m for m, _ in good], [t for _, t in good])
+            if trace.on():
+                trace.step(
+                    "stored", (t.id for _, t in good), took=trace.now_ms() - began,
+                    resent=len(insertion.resent),
+                )  # fmt: skip
             refused = [(t, "duplicate_id", DUPLICATE_ID) for t in insertion.taken]
             refused += [(t, "unstorable", f"task: {e}") for t, e in insertion.refused]
             acked = [m for m, _ in good]  # stored, or an exact resend
@@ -340,6 +349,22 @@ def asked_for(env: Envelope, msg: Delivery, now: datetime) -> datetime:
     accepted = min(stored, now) if isinstance(stored, datetime) else now
     asked = accepted if env.delay_until is None else max(env.delay_until, accepted)
     return ceil_ms(min(asked, now))
+
+
+def _lane_marks(msgs: Sequence[Delivery], results: Sequence[NewTask | Rejected]) -> list[str]:
+    """`id@lane store ms/stream seq/consumer seq/delivery count` of each task in a batch
+    (consumer sequence 0: read back from the stream, see `scheduler.bus.nats.puller`)."""
+    marks = []
+    for msg, r in zip(msgs, results, strict=True):
+        if isinstance(r, NewTask):
+            try:
+                meta = msg.metadata
+                stored = int(meta.timestamp.timestamp() * 1000)
+                seqs = f"{meta.sequence.stream}/{meta.sequence.consumer}/{meta.num_delivered}"
+                marks.append(f"{r.id}@{stored}/{seqs}")
+            except Exception:  # not a JetStream message (the in-memory twin's tests)
+                marks.append(r.id)
+    return marks
 
 
 def _dead_row(r: Rejected, cap: int) -> dict[str, Any]:
