@@ -32,6 +32,13 @@ TTL, docs/leadership.md) and is reported, not judged.
 
     .venv/bin/python bench/cluster_faults.py [--rate 300] [--lead 2] [--settle 15]
     [--only lane,target,kv,meta,sigstop,freeze_leader,daemon] [--ttl 3] [--out FILE] [--logs DIR]
+    [--tree PATH] [--producer-on-frozen]
+
+`--logs DIR` keeps the daemons' logs (run at DEBUG: each task's steps, engine/delayed/trace.py),
+`tasks.jsonl` and `timeline.txt` (per fault, where the latest tasks after it waited). `--tree`
+runs the daemons from another checkout (a worktree of an older commit, for a "before").
+`--producer-on-frozen` puts the bench's client on the node the sigstop freezes, so its producer
+resends into it (otherwise it is wherever its connection landed, one node in three).
 """
 
 from __future__ import annotations
@@ -65,8 +72,8 @@ FAULTS = ("lane", "target", "kv", "meta", "sigstop", "freeze_leader", "daemon")
 class Fleet:
     """The two daemons (cf-1, cf-2, ...); a killed one is replaced by a fresh one."""
 
-    def __init__(self, env: Env, ttl: float, log_level: str = "INFO") -> None:
-        self.env, self.ttl, self.log_level = env, ttl, log_level
+    def __init__(self, env: Env, ttl: float, log_level: str = "INFO", tree: str = "") -> None:
+        self.env, self.ttl, self.log_level, self.tree = env, ttl, log_level, tree
         self.all: list[Daemon] = []
         self.client_was_on_frozen = False  # the bench's own client, at the last freeze
 
@@ -79,6 +86,8 @@ class Fleet:
                 self.env, lease_ttl=f"{self.ttl:g}", instance_id=f"cf-{len(self.all) + 1}",
                 log_level=self.log_level, stream_replicas="3",
             )  # fmt: skip
+            if self.tree:  # its code, and its folder as the working directory (first on sys.path)
+                daemon.env["PYTHONPATH"], daemon.cwd = self.tree, self.tree
             self.all.append(daemon)
             daemon.start(timeout=60)
 
@@ -108,8 +117,23 @@ async def off_node(nc: Any, node: Node) -> None:
         await asyncio.sleep(0.3)
 
 
+async def on_node(nc: Any, node: Node) -> None:
+    """Move the bench's own client onto `node` (`--producer-on-frozen`): its producer then
+    resends into the frozen node as a user's producer connected there would."""
+    for _ in range(20):
+        if nc.connected_url is not None and nc.connected_url.port == node.client_port:
+            return
+        await nc.force_reconnect()
+        await asyncio.sleep(0.3)
+
+
 async def inject(
-    fault: str, cluster: NatsCluster, fleet: Fleet, stop_for: float, nc: Any = None
+    fault: str,
+    cluster: NatsCluster,
+    fleet: Fleet,
+    stop_for: float,
+    nc: Any = None,
+    producer_on_frozen: bool = False,
 ) -> tuple[Node | None, Node | None]:
     """Cause `fault`; (the node to bring back afterwards or None, the node it hit or None)."""
     if fault == "daemon":
@@ -123,6 +147,8 @@ async def inject(
     elif fault in ("sigstop", "freeze_leader"):
         if fault == "sigstop":
             node = cluster.stream_leader("MQ_DELAY")
+            if nc is not None and producer_on_frozen:
+                await on_node(nc, node)
         else:  # the node the leading daemon's engine is connected to: its link, lease, lane
             name = fleet.leader().env["SCHEDULER_INSTANCE_ID"]
             node = cluster.client_node(f"mq-scheduler {name} engine")
@@ -188,7 +214,7 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
     pg = Postgres(work / "pg").start()
     env = Env(cluster.url, pg.url, str(work))
     os.makedirs(work / "no-schedules", exist_ok=True)
-    fleet = Fleet(env, a.ttl, "DEBUG" if a.logs else "INFO")  # DEBUG: the tasks' trace
+    fleet = Fleet(env, a.ttl, "DEBUG" if a.logs else "INFO", a.tree)  # DEBUG: the tasks' trace
     nc = await nats.connect(cluster.urls, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
     stop = asyncio.Event()
     windows: list[dict[str, Any]] = []
@@ -209,7 +235,7 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(a.settle)
         for fault in [f for f in FAULTS if f in a.only.split(",")]:
             at = time.time()
-            node, hit = await inject(fault, cluster, fleet, a.stop_for, nc)
+            node, hit = await inject(fault, cluster, fleet, a.stop_for, nc, a.producer_on_frozen)
             w: dict[str, Any] = {"fault": fault, "at": at, "node": hit.name if hit else None}
             if fault in ("sigstop", "freeze_leader"):
                 w["probe_on_frozen"] = fleet.client_was_on_frozen
@@ -282,7 +308,14 @@ def main() -> None:
     p.add_argument("--only", default=",".join(FAULTS))
     p.add_argument("--out")
     p.add_argument("--logs")
+    p.add_argument("--tree", default="", help="run the daemons from this checkout's code")
+    p.add_argument(
+        "--producer-on-frozen", action="store_true",
+        help="sigstop: move the bench's client onto the lane leader's node before the freeze",
+    )  # fmt: skip
     a = p.parse_args()
+    if a.tree:
+        a.tree = os.path.abspath(a.tree)
     results = run(measure(a))
     broker_faults = [w for w in results["faults"] if w["fault"] != "daemon"]
     worst = max((w["added_ms"].get("p99", 0) for w in broker_faults), default=0)
