@@ -156,7 +156,12 @@ class Leadership:
         lease.vacant.clear()
         sent = self._clock.monotonic()
         try:
-            revision = await lease.create(lease.value(None, self._clock.now()))
+            # bounded: a create sent to a bucket leader that froze would hold the campaign for
+            # nats-py's whole timeout (5 s) past the bucket's new leader; given up, it is sent
+            # again next tick, and if it is stored late the key is ours to adopt then
+            revision = await self._bounded(
+                lease.create(lease.value(None, self._clock.now())), self._ttl / 3
+            )
         except KeyWrongLastSequenceError as exc:  # the key exists: another's, or ours left over
             adopted = await self._adopt()
             if adopted is None:

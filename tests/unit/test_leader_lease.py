@@ -70,6 +70,7 @@ class FakeKV:
         # while the bucket changed leaders); stored first when `unanswered_stored`
         self.unanswered = 0
         self.unanswered_stored = False
+        self.creates_hang = False  # creates get no answer ever while set
 
     def current(self, key: str) -> Entry | None:
         if key in self.live and self.clock.monotonic() - self.live[key][1] >= self.ttl:
@@ -93,6 +94,8 @@ class FakeKV:
             raise KeyWrongLastSequenceError(description="wrong last sequence")
 
     async def create(self, key: str, value: bytes) -> int:
+        if self.creates_hang:
+            await asyncio.Event().wait()  # sent to a bucket leader that froze: no answer
         self._check(key, 0)
         return self._write(key, value)
 
@@ -384,6 +387,21 @@ async def test_an_unanswered_renew_never_takes_back_another_instances_write(
     kv._write(LEASE_KEY, json.dumps({"instance": "b", "epoch": 2, "run": "other"}).encode())
     await step(clock, UNANSWERED_AFTER)
     assert not a.may_act() and a.lost.is_set() and value(kv)["instance"] == "b"
+
+
+async def test_a_campaign_whose_create_gets_no_answer_tries_again_next_tick(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """A standby's create sent to a bucket leader that froze gets no answer: it is given up
+    after TTL/3 and sent again on the next tick, so the standby takes office within a tick of
+    the bucket answering again, not after the client's whole request timeout."""
+    kv.creates_hang = True
+    a, _ = start("a")
+    await step(clock, 2.0)
+    assert not a.may_act()
+    kv.creates_hang = False  # the bucket has a leader again
+    await step(clock, TTL / 3 + CAMPAIGN + 0.125)
+    assert a.may_act() and a.epoch == 1
 
 
 async def test_a_late_renewal_stored_after_the_term_ended_is_taken_back_not_waited_out(
