@@ -84,8 +84,13 @@ class Leadership:
     def lost(self) -> asyncio.Event:
         return self.tenure.lost
 
-    def depose(self) -> None:
-        """Leave office at once: a fenced write showed that a newer epoch exists."""
+    def depose(self, epoch: int | None = None) -> None:
+        """Leave office at once: a fenced write showed that a newer epoch exists (of the term
+        `epoch`, when given: a later term of this instance is not the one fenced)."""
+        current = self.tenure.recorded()[0]
+        if epoch is not None and current is not None and current != epoch:
+            self._log.info("leader.depose_ignored epoch=%d current=%d", epoch, current)
+            return
         self.tenure.end("deposed")
 
     # -- display ----------------------------------------------------------------------------------

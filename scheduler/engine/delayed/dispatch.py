@@ -163,7 +163,7 @@ class Dispatcher:
 
     def _deposed(self, epoch: int) -> None:  # the claimer's and the books' `on_fenced`
         log.error("engine.fenced epoch=%d: a newer leader exists; stepping down", epoch)
-        self.office.depose()
+        self.office.depose(epoch)
 
     def arm(self, claimed: Sequence[ClaimedTask]) -> None:
         """Hand claimed tasks to the dispatcher, which publishes each at its due millisecond
