@@ -38,6 +38,12 @@ ADDED_P99_MS = 500.0
 # so they time the broker's own outage, not their own link's). Measured 2026-12-03 (8 runs
 # after those fixes, a busy host): 1.9-2.8 ms added p99; before them 2 runs in 8 were 8.5 s
 # late (lost deliveries back only after the lane's 10 s ack wait). Same bound as the others.
+# Issue 36, 2026-12-03, host at load 6-7 (another developer's Spark beside it): when the frozen
+# node also led the lease bucket the standby's campaign waited nats-py's 5 s timeout on it
+# (1,784 ms), and an old term's fenced write deposed the new one (1,572 ms); with both fixed,
+# 30, 56, 351 and 24 ms in four runs (the 351: the lane deliveries handed to the frozen node
+# read back 0.74 s after the new term began). The daemons run at DEBUG, so a failure prints
+# where the late tasks waited (tests/support/timeline.py).
 STREAMS = ("MQ_DELAY", TARGET, "KV_scheduler_leader")
 SHOW_LATE = 30  # late tasks whose timeline a failure prints
 
@@ -157,7 +163,8 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
     added = p99(after)
     print(f"{fault}: broker out {outage:.2f} s; added p99 {added:.1f} ms ({len(after)} tasks)")
     late = _where_late(judged, seen, producer, daemons, at, recovered) if added > 25 else ""
-    print(late)
+    if late:
+        print(late)
     assert added <= ADDED_P99_MS, (
         f"{fault}: broker out {outage:.2f} s; tasks due after it p99 {added:.0f} ms late\n{late}"
     )
@@ -181,5 +188,8 @@ def _where_late(
     table = timeline(shown, due, stored, trace, producer.first_sent, producer.ack_of, at)
     return (
         f"fault at {at:.3f}, broker back at {recovered:.3f} (+{recovered - at:.2f} s); the "
-        f"{len(shown)} latest tasks due after +1 s, ms from each one's due time:\n{table}"
+        f"{len(shown)} latest tasks due after +1 s, ms from each one's due time (the producer's "
+        "send and PubAck, the lane's store, intake's take and commit, the claim, the hand-over "
+        "to the publisher, its answer, the target's store; where: daemon:lane seq/consumer seq "
+        f"(0: read back)/deliveries):\n{table}"
     )
