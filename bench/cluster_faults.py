@@ -32,6 +32,13 @@ TTL, docs/leadership.md) and is reported, not judged.
 
     .venv/bin/python bench/cluster_faults.py [--rate 300] [--lead 2] [--settle 15]
     [--only lane,target,kv,meta,sigstop,freeze_leader,daemon] [--ttl 3] [--out FILE] [--logs DIR]
+    [--tree PATH] [--producer-on-frozen]
+
+`--logs DIR` keeps the daemons' logs (run at DEBUG: each task's steps, engine/delayed/trace.py),
+`tasks.jsonl` and `timeline.txt` (per fault, where the latest tasks after it waited). `--tree`
+runs the daemons from another checkout (a worktree of an older commit, for a "before").
+`--producer-on-frozen` puts the bench's client on the node the sigstop freezes, so its producer
+resends into it (otherwise it is wherever its connection landed, one node in three).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scheduler.daemon.embedded import Postgres
 from tests.support.cluster import NatsCluster, Node
 from tests.support.cluster_load import ConsumerProbe, Probe, Producer, lateness
+from tests.support.timeline import read_trace, timeline
 
 FAULTS = ("lane", "target", "kv", "meta", "sigstop", "freeze_leader", "daemon")
 
@@ -64,8 +72,8 @@ FAULTS = ("lane", "target", "kv", "meta", "sigstop", "freeze_leader", "daemon")
 class Fleet:
     """The two daemons (cf-1, cf-2, ...); a killed one is replaced by a fresh one."""
 
-    def __init__(self, env: Env, ttl: float) -> None:
-        self.env, self.ttl = env, ttl
+    def __init__(self, env: Env, ttl: float, log_level: str = "INFO", tree: str = "") -> None:
+        self.env, self.ttl, self.log_level, self.tree = env, ttl, log_level, tree
         self.all: list[Daemon] = []
         self.client_was_on_frozen = False  # the bench's own client, at the last freeze
 
@@ -76,8 +84,10 @@ class Fleet:
         while len(self.alive()) < count:
             daemon = Daemon(
                 self.env, lease_ttl=f"{self.ttl:g}", instance_id=f"cf-{len(self.all) + 1}",
-                log_level="INFO", stream_replicas="3",
+                log_level=self.log_level, stream_replicas="3",
             )  # fmt: skip
+            if self.tree:  # its code, and its folder as the working directory (first on sys.path)
+                daemon.env["PYTHONPATH"], daemon.cwd = self.tree, self.tree
             self.all.append(daemon)
             daemon.start(timeout=60)
 
@@ -107,8 +117,23 @@ async def off_node(nc: Any, node: Node) -> None:
         await asyncio.sleep(0.3)
 
 
+async def on_node(nc: Any, node: Node) -> None:
+    """Move the bench's own client onto `node` (`--producer-on-frozen`): its producer then
+    resends into the frozen node as a user's producer connected there would."""
+    for _ in range(20):
+        if nc.connected_url is not None and nc.connected_url.port == node.client_port:
+            return
+        await nc.force_reconnect()
+        await asyncio.sleep(0.3)
+
+
 async def inject(
-    fault: str, cluster: NatsCluster, fleet: Fleet, stop_for: float, nc: Any = None
+    fault: str,
+    cluster: NatsCluster,
+    fleet: Fleet,
+    stop_for: float,
+    nc: Any = None,
+    producer_on_frozen: bool = False,
 ) -> tuple[Node | None, Node | None]:
     """Cause `fault`; (the node to bring back afterwards or None, the node it hit or None)."""
     if fault == "daemon":
@@ -122,6 +147,8 @@ async def inject(
     elif fault in ("sigstop", "freeze_leader"):
         if fault == "sigstop":
             node = cluster.stream_leader("MQ_DELAY")
+            if nc is not None and producer_on_frozen:
+                await on_node(nc, node)
         else:  # the node the leading daemon's engine is connected to: its link, lease, lane
             name = fleet.leader().env["SCHEDULER_INSTANCE_ID"]
             node = cluster.client_node(f"mq-scheduler {name} engine")
@@ -156,13 +183,38 @@ def write_tasks(folder: str, seen: dict[str, tuple[float, list[float]]]) -> None
             f.write(json.dumps([task_id, round(due, 3), [round(x, 2) for x in late]]) + "\n")
 
 
+def write_timelines(
+    folder: str,
+    windows: list[dict[str, Any]],
+    seen: dict[str, tuple[float, list[float]]],
+    producer: Producer,
+    fleet: Fleet,
+    show: int = 40,
+) -> None:
+    """`timeline.txt`: per fault, the steps of the latest tasks due after its recovery + 1 s
+    (tests/support/timeline.py), `due` in s since the fault."""
+    trace = read_trace(Path(d.log_path) for d in fleet.all)
+    parts = []
+    for w in windows:
+        lo, hi = w["recovered_at"] + 1.0, w["until"]
+        judged = [t for t, (due, _) in seen.items() if lo < due < hi]
+        worst = sorted(judged, key=lambda t: seen[t][1][0])[-show:]
+        shown = sorted(worst, key=lambda t: seen[t][0])
+        due = {t: seen[t][0] for t in shown}
+        stored = {t: seen[t][0] + seen[t][1][0] / 1000 for t in shown}
+        table = timeline(shown, due, stored, trace, producer.first_sent, producer.ack_of, w["at"])
+        parts.append(f"{w['fault']} at {w['at']:.3f}, broker back +{w['broker_s']} s\n{table}")
+    with open(os.path.join(folder, "timeline.txt"), "w") as f:
+        f.write("\n\n".join(parts) + "\n")
+
+
 async def measure(a: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="mqs-cf-"))
     cluster = NatsCluster(root=work / "nats").start()
     pg = Postgres(work / "pg").start()
     env = Env(cluster.url, pg.url, str(work))
     os.makedirs(work / "no-schedules", exist_ok=True)
-    fleet = Fleet(env, a.ttl)
+    fleet = Fleet(env, a.ttl, "DEBUG" if a.logs else "INFO", a.tree)  # DEBUG: the tasks' trace
     nc = await nats.connect(cluster.urls, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
     stop = asyncio.Event()
     windows: list[dict[str, Any]] = []
@@ -183,7 +235,7 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(a.settle)
         for fault in [f for f in FAULTS if f in a.only.split(",")]:
             at = time.time()
-            node, hit = await inject(fault, cluster, fleet, a.stop_for, nc)
+            node, hit = await inject(fault, cluster, fleet, a.stop_for, nc, a.producer_on_frozen)
             w: dict[str, Any] = {"fault": fault, "at": at, "node": hit.name if hit else None}
             if fault in ("sigstop", "freeze_leader"):
                 w["probe_on_frozen"] = fleet.client_was_on_frozen
@@ -219,6 +271,7 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
         per_fault(windows, seen)
         if a.logs:  # every task's due time and lateness, for a closer look
             write_tasks(a.logs, seen)
+            write_timelines(a.logs, windows, seen, producer, fleet)
         for w in windows:
             w["at"] = round(w["at"], 3)
             w["recovered_at"] = round(w["recovered_at"], 3)
@@ -255,7 +308,14 @@ def main() -> None:
     p.add_argument("--only", default=",".join(FAULTS))
     p.add_argument("--out")
     p.add_argument("--logs")
+    p.add_argument("--tree", default="", help="run the daemons from this checkout's code")
+    p.add_argument(
+        "--producer-on-frozen", action="store_true",
+        help="sigstop: move the bench's client onto the lane leader's node before the freeze",
+    )  # fmt: skip
     a = p.parse_args()
+    if a.tree:
+        a.tree = os.path.abspath(a.tree)
     results = run(measure(a))
     broker_faults = [w for w in results["faults"] if w["fault"] != "daemon"]
     worst = max((w["added_ms"].get("p99", 0) for w in broker_faults), default=0)

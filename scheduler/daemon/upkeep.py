@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 UPKEEP_INTERVAL = 3600.0
 LAG_PROBE_EVERY = 0.1
+SLOW_LOOP = 0.05  # s of lag a DEBUG line reports
 # Dead letters are deleted this many at a time, each batch its own short statement, and at most
 # PRUNE_BATCHES batches an hour (a backlog, say after an upgrade, goes over a few hours).
 PRUNE_BATCH = 5000
@@ -119,4 +120,7 @@ async def loop_lag_probe(events: DaemonEvents, stop: asyncio.Event) -> None:
     while not stop.is_set():
         start = loop.time()
         await asyncio.sleep(LAG_PROBE_EVERY)
-        events.loop_lag_measured(max(0.0, loop.time() - start - LAG_PROBE_EVERY))
+        lag = max(0.0, loop.time() - start - LAG_PROBE_EVERY)
+        events.loop_lag_measured(lag)
+        if lag > SLOW_LOOP:  # a diagnostic at DEBUG (docs/deploy.md, frozen nodes)
+            log.debug("loop.lag ms=%d", lag * 1000)

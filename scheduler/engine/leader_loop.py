@@ -228,7 +228,7 @@ class LeaderEngine:
                 return
             if current != epoch:
                 log.error("engine.fenced epoch=%d current=%d after reconnect", epoch, current)
-                self.office.depose()
+                self.office.depose(epoch)
                 return
             publisher.release()
             dispatcher.armed_event.set()

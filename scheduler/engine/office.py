@@ -35,11 +35,16 @@ class Office(Protocol):
         """Set when office is lost (renew failed, deadline passed, fenced); cleared on taking it."""
         ...
 
-    def depose(self) -> None:
+    def depose(self, epoch: int | None = None) -> None:
         """End the term at once: a fenced write (or the epoch read back after a reconnect)
         showed that a newer leader exists. Afterwards `may_act()` is false, `epoch` is None and
         `lost` is set, so every loop of the term stops and nothing more is published. Calling
-        it when not in office does nothing harmful; it never raises."""
+        it when not in office does nothing harmful; it never raises.
+
+        `epoch` is the term whose write was fenced: when this instance holds another term by
+        then (a term that ended and is still winding down while this instance took office
+        again), that term is left alone, since its epoch is the newer one that fenced the
+        write."""
         ...
 
 
@@ -64,6 +69,8 @@ class FixedOffice:
     def lost(self) -> asyncio.Event:
         return self._lost
 
-    def depose(self) -> None:
-        """Mark office lost (a fenced write showed a newer leader exists)."""
-        self._lost.set()
+    def depose(self, epoch: int | None = None) -> None:
+        """Mark office lost (a fenced write showed a newer leader exists), unless `epoch`
+        names another term than this one."""
+        if epoch is None or epoch == self._epoch:
+            self._lost.set()

@@ -84,8 +84,13 @@ class Leadership:
     def lost(self) -> asyncio.Event:
         return self.tenure.lost
 
-    def depose(self) -> None:
-        """Leave office at once: a fenced write showed that a newer epoch exists."""
+    def depose(self, epoch: int | None = None) -> None:
+        """Leave office at once: a fenced write showed that a newer epoch exists (of the term
+        `epoch`, when given: a later term of this instance is not the one fenced)."""
+        current = self.tenure.recorded()[0]
+        if epoch is not None and current is not None and current != epoch:
+            self._log.info("leader.depose_ignored epoch=%d current=%d", epoch, current)
+            return
         self.tenure.end("deposed")
 
     # -- display ----------------------------------------------------------------------------------
@@ -156,7 +161,12 @@ class Leadership:
         lease.vacant.clear()
         sent = self._clock.monotonic()
         try:
-            revision = await lease.create(lease.value(None, self._clock.now()))
+            # bounded: a create sent to a bucket leader that froze would hold the campaign for
+            # nats-py's whole timeout (5 s) past the bucket's new leader; given up, it is sent
+            # again next tick, and if it is stored late the key is ours to adopt then
+            revision = await self._bounded(
+                lease.create(lease.value(None, self._clock.now())), self._ttl / 3
+            )
         except KeyWrongLastSequenceError as exc:  # the key exists: another's, or ours left over
             adopted = await self._adopt()
             if adopted is None:

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from nats.errors import OutboundBufferLimitError
-from nats.js.errors import NoStreamResponseError
+from nats.js.errors import KeyWrongLastSequenceError, NoStreamResponseError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from scheduler.clock import Clock, to_rfc3339
@@ -26,11 +26,18 @@ LEASE_KEY = "leader"
 # A write nobody took (503: the bucket's stream is electing a leader, 4-10 s after its leader's
 # node died) stored nothing: it is sent again after these pauses (s), doubling, until the
 # caller's deadline cancels it. A write that went out on a link since replaced (its node froze:
-# bus/nats/link.py) is sent again on the new link at once, and one refused because the link
-# was down as it went out (nothing sent) as soon as the link is back; a write that went out on
-# the link still up and got no answer is not resent.
+# bus/nats/link.py) is sent again on the new link at once, one refused because the link was
+# down as it went out (nothing sent) as soon as the link is back, and one with no answer after
+# UNANSWERED_AFTER on the link still up, again every UNANSWERED_AFTER: when a frozen node
+# resumes, the bucket's raft group can change leaders again, and a write taken in that change
+# was seen answered by nobody (the lease then lapsed at its deadline, 1.2 s after the bucket
+# took writes again: bench/cluster_faults.py, sigstop). Every copy carries the same revision
+# check, so at most one is stored; a copy refused "wrong last sequence" after an earlier copy
+# went out is looked at as `adopt` does: still ours (that copy was stored), it is taken back
+# with a checked update, which decides; anyone else's, the error stands.
 NO_LEADER_PAUSE = 0.05
 NO_LEADER_PAUSE_MAX = 0.25
+UNANSWERED_AFTER = 0.5  # s: a KV write answers in about a millisecond here
 # A renewal that went out on a link whose node then froze can be stored seconds later, after this
 # instance left office (the thawed node forwards what it had read before it stopped): the key is
 # then ours but nobody acts on it, and every `create` fails until it expires. `adopt` takes such a
@@ -98,26 +105,40 @@ class KvLease:
         """Rewrite the key if `last` is still its revision; the new one, kept as `revision`.
         While the bucket has no leader (a 503: nothing was stored) the write is sent again,
         shortly, until it is taken or the caller gives up: a bucket that moved to another node
-        is no reason to lose office."""
+        is no reason to lose office. A write unanswered is sent again (see `UNANSWERED_AFTER`)."""
         pause = NO_LEADER_PAUSE
+        copies = False  # a copy of this write went out before: it may have been stored
         while True:
             self.relinked.clear()
             write = asyncio.ensure_future(self._kv.update(LEASE_KEY, value, last=last))
             relink = asyncio.ensure_future(self.relinked.wait())
+            silence = asyncio.ensure_future(self._clock.sleep(UNANSWERED_AFTER))
             try:
-                await asyncio.wait({write, relink}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({write, relink, silence}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 relink.cancel()
+                silence.cancel()
                 if not write.done():
                     write.cancel()
             if not write.done() or write.cancelled():
-                # the link it went out on is gone: its answer cannot come on the new one
-                self._log.info("leader.lease_write_retry reason=relinked")
+                # the link it went out on is gone (its answer cannot come on the new one), or
+                # nobody answered it on this one
+                why = "relinked" if relink.done() and not relink.cancelled() else "unanswered"
+                self._log.info("leader.lease_write_retry reason=%s", why)
                 await asyncio.gather(write, return_exceptions=True)
+                copies = True
                 continue
             try:
                 self.revision = write.result()
                 return self.revision
+            except KeyWrongLastSequenceError:
+                if not copies:
+                    raise
+                taken = await self.adopt(value)  # an earlier copy stored, or another's write
+                if taken is None:
+                    raise
+                self._log.info("leader.lease_write_taken_back revision=%d", taken)
+                return taken
             except OutboundBufferLimitError:  # the link was down: nothing went out
                 self._log.info("leader.lease_write_retry reason=link_down")
                 await self.relinked.wait()

@@ -78,3 +78,14 @@ async def test_depose_ends_the_term_at_once(office: Office) -> None:
     assert office.lost.is_set()
     office.depose()
     assert not office.may_act() and office.lost.is_set()
+
+
+async def test_a_fenced_write_of_an_earlier_term_leaves_the_current_one(office: Office) -> None:
+    """A term that ended and is still winding down gets a write fenced by the term this
+    instance holds now: `depose(that epoch)` leaves the current term in office."""
+    async with asyncio.timeout(10):
+        epoch = await office.wait_for_office()
+    office.depose(epoch - 1)
+    assert office.may_act() and office.epoch == epoch and not office.lost.is_set()
+    office.depose(epoch)
+    assert not office.may_act() and office.lost.is_set()

@@ -44,6 +44,8 @@ class Producer:
         self.nc, self.subject, self.rate, self.lead, self.prefix = nc, subject, rate, lead, prefix
         self.accepted: set[str] = set()
         self.acked_at: list[float] = []  # wall time of each acceptance, in order
+        self.first_sent: dict[str, float] = {}  # task id -> wall time of its first send
+        self.ack_of: dict[str, float] = {}  # task id -> wall time of its PubAck
         self.sent = 0
         self.retries = 0
         self._inflight: dict[str, tuple[bytes, float]] = {}
@@ -60,7 +62,8 @@ class Producer:
             return  # no stream answered, or refused: resent later
         if self._inflight.pop(task_id, None) is not None:
             self.accepted.add(task_id)
-            self.acked_at.append(time.time())
+            self.acked_at.append(now := time.time())
+            self.ack_of[task_id] = now
 
     async def _send(self, task_id: str, body: bytes) -> None:
         self._inflight[task_id] = (body, time.monotonic())
@@ -77,7 +80,7 @@ class Producer:
         while not stop.is_set():
             while self.sent < int((time.time() - start) * self.rate):
                 task_id = f"{self.prefix}{self.sent}"
-                now = time.time()
+                now = self.first_sent[task_id] = time.time()
                 await self._send(task_id, envelope(task_id, now + self.lead, now))
                 self.sent += 1
             await self._resend_overdue()

@@ -50,7 +50,7 @@ class Office:
     async def wait_for_office(self) -> int:
         return self.epoch
 
-    def depose(self) -> None:
+    def depose(self, epoch: int | None = None) -> None:
         self.lost.set()
 
 

@@ -16,7 +16,7 @@ from nats.js.kv import KeyValue
 
 from scheduler.clock import FakeClock, to_rfc3339
 from scheduler.leadership.election import Leadership
-from scheduler.leadership.lease import LEASE_KEY
+from scheduler.leadership.lease import LEASE_KEY, UNANSWERED_AFTER
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 
@@ -66,6 +66,11 @@ class FakeKV:
         self.gate: asyncio.Event | None = None  # updates wait for it while it is unset
         self.link_down = False  # updates refused as nats-py refuses a publish on no link
         self.updates = 0  # updates sent (refused ones included)
+        # the next this many updates get no answer ever (a node that resumed from a freeze
+        # while the bucket changed leaders); stored first when `unanswered_stored`
+        self.unanswered = 0
+        self.unanswered_stored = False
+        self.creates_hang = False  # creates get no answer ever while set
 
     def current(self, key: str) -> Entry | None:
         if key in self.live and self.clock.monotonic() - self.live[key][1] >= self.ttl:
@@ -89,6 +94,8 @@ class FakeKV:
             raise KeyWrongLastSequenceError(description="wrong last sequence")
 
     async def create(self, key: str, value: bytes) -> int:
+        if self.creates_hang:
+            await asyncio.Event().wait()  # sent to a bucket leader that froze: no answer
         self._check(key, 0)
         return self._write(key, value)
 
@@ -103,6 +110,12 @@ class FakeKV:
         if self.leaderless:
             self.leaderless -= 1
             raise NoStreamResponseError
+        if self.unanswered:
+            self.unanswered -= 1
+            if self.unanswered_stored:
+                self._check(key, last)
+                self._write(key, value)
+            await asyncio.Event().wait()  # the answer never comes
         self._check(key, last)
         return self._write(key, value)
 
@@ -328,6 +341,67 @@ async def test_a_renew_refused_while_the_link_is_down_goes_out_when_it_is_back(
     a.lease.on_link(True)
     await step(clock, 2 * TTL)
     assert a.may_act() and a.epoch == 1 and value(kv)["epoch"] == 1
+
+
+async def test_a_renew_nobody_answers_is_sent_again_and_the_term_goes_on(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """A renew that goes out on a live link and is never answered (nothing stored) is sent
+    again `UNANSWERED_AFTER` later, same revision check; the copy is stored and the term goes
+    on with the same epoch, instead of ending at the deadline."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    revision = kv.current(LEASE_KEY).revision  # type: ignore[union-attr]
+    kv.unanswered = 1
+    await step(clock, RENEW + UNANSWERED_AFTER + 0.125)
+    assert kv.unanswered == 0 and kv.current(LEASE_KEY).revision > revision  # type: ignore[union-attr]
+    await step(clock, 2 * TTL)
+    assert a.may_act() and a.epoch == 1 and not a.lost.is_set() and value(kv)["epoch"] == 1
+
+
+async def test_a_renew_stored_but_unanswered_is_taken_back_when_its_copy_is_refused(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """The first copy of a renew was stored but its answer never came: the copy sent again
+    is refused "wrong last sequence", the key is found still ours and taken back with a
+    checked update, and the term goes on, same epoch."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    kv.unanswered, kv.unanswered_stored = 1, True
+    await step(clock, RENEW + UNANSWERED_AFTER + 0.125)
+    assert kv.unanswered == 0
+    await step(clock, 2 * TTL)
+    assert a.may_act() and a.epoch == 1 and not a.lost.is_set()
+    assert value(kv)["epoch"] == 1 and value(kv)["run"] == a.lease.run
+
+
+async def test_an_unanswered_renew_never_takes_back_another_instances_write(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """While a renew waits unanswered another instance writes the key: the copy sent again is
+    refused, the key is not ours, and the term ends at once."""
+    a, _ = start("a")
+    await settle(a.may_act)
+    kv.unanswered = 1
+    await step(clock, RENEW + 0.125)
+    kv._write(LEASE_KEY, json.dumps({"instance": "b", "epoch": 2, "run": "other"}).encode())
+    await step(clock, UNANSWERED_AFTER)
+    assert not a.may_act() and a.lost.is_set() and value(kv)["instance"] == "b"
+
+
+async def test_a_campaign_whose_create_gets_no_answer_tries_again_next_tick(
+    start: Start, kv: FakeKV, clock: FakeClock
+) -> None:
+    """A standby's create sent to a bucket leader that froze gets no answer: it is given up
+    after TTL/3 and sent again on the next tick, so the standby takes office within a tick of
+    the bucket answering again, not after the client's whole request timeout."""
+    kv.creates_hang = True
+    a, _ = start("a")
+    await step(clock, 2.0)
+    assert not a.may_act()
+    kv.creates_hang = False  # the bucket has a leader again
+    await step(clock, TTL / 3 + CAMPAIGN + 0.125)
+    assert a.may_act() and a.epoch == 1
 
 
 async def test_a_late_renewal_stored_after_the_term_ended_is_taken_back_not_waited_out(

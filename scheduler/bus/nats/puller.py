@@ -114,6 +114,8 @@ class Puller:
         self._heard = now = time.monotonic()
         status = status_of(hdr) if not data and not reply else None
         if status is not None:
+            if status != "100":
+                log.debug("puller.status code=%s requested=%d", status, self._requested)
             if status in _DONE_STATUSES or status.startswith("4"):
                 self._requested = 0  # our requests are over; take() asks again
                 self._arrived.set()
@@ -320,6 +322,7 @@ class Puller:
             await self.nc.publish(self.subject, json.dumps(req).encode(), reply=self._inbox)
         except (OutboundBufferLimitError, ConnectionClosedError, ConnectionReconnectingError):
             return  # the link dropped just now: back-pressure, the next take() asks again
+        log.debug("puller.pull want=%d requested=%d", want, self._requested)
         self._requested += want
 
     async def take(

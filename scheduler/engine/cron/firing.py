@@ -120,7 +120,7 @@ class CronEngine:
             try:
                 await self.tick(epoch, publisher, cursors)
             except FencedError:
-                self.office.depose()
+                self.office.depose(epoch)
                 return
             except Exception as exc:  # PostgreSQL or NATS trouble: cursors unchanged, retry soon
                 log.warning("cron.tick_failed error=%r", exc)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from scheduler.clock import Clock
+from scheduler.engine.delayed import trace
 from scheduler.engine.delayed.armed import Armed
 from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.engine.delayed.fairness import Throttles
@@ -162,7 +163,10 @@ class Claimer:
         so a burst due at one instant still goes out in firing order."""
         try:
             ids = [e[3] for e in entries]
+            sent = trace.now_ms()
             claimed = await self.tasks.claim_within(epoch, ids, from_ms(until), budget)
+            if trace.on():
+                trace.step("claimed", (t.id for t in (*claimed.ready, *claimed.parked)), sent=sent)
             await before.wait()
             self.arm_or_park(claimed)
         except FencedError:

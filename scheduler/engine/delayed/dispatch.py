@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from scheduler.clock import Clock, wait_event
+from scheduler.engine.delayed import trace
 from scheduler.engine.delayed.armed import Armed
 from scheduler.engine.delayed.books import Books
 from scheduler.engine.delayed.claims import Claimer
@@ -162,7 +163,7 @@ class Dispatcher:
 
     def _deposed(self, epoch: int) -> None:  # the claimer's and the books' `on_fenced`
         log.error("engine.fenced epoch=%d: a newer leader exists; stepping down", epoch)
-        self.office.depose()
+        self.office.depose(epoch)
 
     def arm(self, claimed: Sequence[ClaimedTask]) -> None:
         """Hand claimed tasks to the dispatcher, which publishes each at its due millisecond
@@ -248,6 +249,8 @@ class Dispatcher:
         if lateness:
             self._events.tasks_dispatched(now_ms, lateness)
         if batch:
+            if trace.on():
+                trace.step("sent", (t.id for t in batch))
             self._inflight += len(batch)
             self._inflight_bytes += size
             await self.publisher.publish_tasks(batch, done, now)
@@ -326,6 +329,8 @@ class Dispatcher:
             del self._outcomes[:BOOK_DEFER_MAX]
             expired, self._expired = self._expired, []
             if outcomes or expired:
+                if trace.on():
+                    trace.step("acked", _ack_marks(outcomes))
                 self._booking = len(outcomes) + len(expired)
                 try:
                     await self.books.book(epoch, outcomes, expired)
@@ -375,3 +380,10 @@ class Dispatcher:
         self._books_closing = True
         self.outcome_event.set()
         await books
+
+
+def _ack_marks(
+    outcomes: Sequence[tuple[ClaimedTask, PubAck | PublishError, datetime]],
+) -> list[str]:
+    """`id@answer ms` of each outcome, `!` after a failure's (see `engine.delayed.trace`)."""
+    return [f"{t.id}@{to_ms(at)}{'' if isinstance(o, PubAck) else '!'}" for t, o, at in outcomes]

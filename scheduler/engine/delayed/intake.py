@@ -5,10 +5,12 @@ task in it is due more than a second ahead: `Intake.gather`), judge each message
 (decodable subject and headers, target, header rules, size, envelope, TTL, max delay), store
 the good ones in one round trip, put those inside the loaded horizon straight onto the heap,
 then ack. A task id already stored is a no-op when the message repeats that task exactly (same
-target, same bytes: a redelivery or a resend) and `duplicate_id` otherwise. Bad input is
-dead-lettered (table `dead_letters`, then a copy on stream `MQ_DLQ` with an `Mq-Error` header
-naming the field and the problem) and termed, so it never blocks the lane nor fails its batch
-neighbours.
+target, same bytes: a redelivery or a resend) and `duplicate_id` otherwise; an exact copy of a
+task committed lately is known as one before it is validated and acked without a round trip
+(`engine.delayed.repeats`: after an outage most of a lane's backlog can be producers' resends).
+Bad input is dead-lettered (table `dead_letters`, then a copy on stream `MQ_DLQ` with an
+`Mq-Error` header naming the field and the problem) and termed, so it never blocks the lane nor
+fails its batch neighbours.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from scheduler.clock import Clock
+from scheduler.engine.delayed import trace
 from scheduler.engine.delayed.dead_budget import DeadLetterBudget, budget_key
 from scheduler.engine.delayed.dead_letters import DeadLetter, DeadLetterCopies
 from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.engine.delayed.horizon import Horizon
 from scheduler.engine.delayed.quota import OrgLedger, quota_error
+from scheduler.engine.delayed.repeats import Key, Repeats, key_of
 from scheduler.engine.ports import Broker, Delivery, Source, TaskRepository
 from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.messages.envelope import Envelope, Limits, check_org, check_size, parse_envelope
@@ -98,6 +102,7 @@ class Intake:
         self.ledger = ledger  # per-org quotas (engine/delayed/quota.py), when on
         # refusals stored per organisation or subject and minute (engine/delayed/dead_budget.py)
         self.budget = DeadLetterBudget.of(settings, clock, events)
+        self.repeats = Repeats()  # tasks committed lately: their exact resends are acked at once
 
     async def run(self, puller: Source, stop: asyncio.Event, may_act: Callable[[], bool]) -> None:
         """Handle batches as they arrive until `stop` is set or `may_act()` turns false.
@@ -113,13 +118,15 @@ class Intake:
         stopping.add_done_callback(lambda _: puller.interrupt())
         try:
             while not stop.is_set() and may_act():
-                msgs, results = await self.gather(puller, stop)
-                if not msgs:
+                msgs, results, repeats = await self.gather(puller, stop)
+                if not msgs and not repeats:
                     continue
                 if committing is not None:
                     await self._settle(*committing)
-                task = asyncio.create_task(self.accept(msgs, results), name="intake-commit")
-                committing = (task, len(msgs))
+                task = asyncio.create_task(
+                    self.accept(msgs, results, repeats), name="intake-commit"
+                )
+                committing = (task, len(msgs) + len(repeats))
         finally:
             stopping.cancel()
             # The puller first: until it unsubscribes, the server keeps handing this instance
@@ -132,28 +139,55 @@ class Intake:
 
     async def gather(
         self, puller: Source, stop: asyncio.Event
-    ) -> tuple[list[Delivery], list[NewTask | Rejected]]:
+    ) -> tuple[list[Delivery], list[NewTask | Rejected], list[Delivery]]:
         """The next batch, validated: a chunk taken with `INTAKE_LINGER`, then, while every
         message so far is a task due more than `FAR_DUE` ahead, more chunks until `GATHER_FOR`
         after the first came in or a whole batch (`batch`) is in. No task due sooner waits
-        longer than a chunk's linger, and the messages keep the lane's order."""
-        msgs = list(await puller.take(timeout=0.5, linger=INTAKE_LINGER))
-        if not msgs:
-            return msgs, []
+        longer than a chunk's linger, and the messages keep the lane's order.
+
+        Exact copies (`engine.delayed.repeats`) of a task committed lately, or of a message
+        earlier in the batch, are set apart unvalidated: the third list."""
+        seen: set[Key] = set()
+        taken = list(await puller.take(timeout=0.5, linger=INTAKE_LINGER))
+        if not taken:
+            return [], [], []
         until = self.clock.monotonic() + GATHER_FOR - INTAKE_LINGER  # the first waited a linger
+        msgs, repeats = self._set_apart(taken, seen)
         results = await self.validate_all(msgs)
         chunk = results
         while self._all_far(chunk) and not stop.is_set() and self._may_act():
-            room, left = self.settings.batch - len(msgs), until - self.clock.monotonic()
+            room = self.settings.batch - len(msgs) - len(repeats)
+            left = until - self.clock.monotonic()
             if room <= 0 or left <= 0:
                 break
             more = await puller.take(timeout=left, linger=min(INTAKE_LINGER, left), limit=room)
             if not more:
                 break
-            msgs += more
-            chunk = await self.validate_all(more)
+            fresh, copies = self._set_apart(more, seen)
+            msgs += fresh
+            repeats += copies
+            chunk = await self.validate_all(fresh)
             results += chunk
-        return msgs, results
+        if trace.on():
+            trace.step("taken", _lane_marks(msgs, results), repeats=len(repeats))
+        return msgs, results, repeats
+
+    def _set_apart(
+        self, msgs: Sequence[Delivery], seen: set[Key]
+    ) -> tuple[list[Delivery], list[Delivery]]:
+        """(the messages to judge, the exact copies of a task committed lately or of one of
+        `seen`, the keys of this batch so far, which the first gain)."""
+        fresh, copies = [], []
+        known = self.repeats.known
+        for msg in msgs:
+            key = key_of(msg)
+            if key is not None and (key in seen or known(key)):
+                copies.append(msg)
+                continue
+            if key is not None:
+                seen.add(key)
+            fresh.append(msg)
+        return fresh, copies
 
     def _all_far(self, results: Sequence[NewTask | Rejected]) -> bool:
         """Whether every result is a task due more than `FAR_DUE` from now."""
@@ -208,10 +242,25 @@ class Intake:
             org_id=env.org_id,
         )
 
-    async def accept(self, msgs: Sequence[Delivery], results: list[NewTask | Rejected]) -> None:
-        """Insert the good tasks, dead-letter the bad ones, then ack: never ack before commit."""
+    async def accept(
+        self,
+        msgs: Sequence[Delivery],
+        results: list[NewTask | Rejected],
+        repeats: Sequence[Delivery] = (),
+    ) -> None:
+        """Insert the good tasks, dead-letter the bad ones, then ack: never ack before commit.
+
+        `repeats` (see `gather`) are acked with them when their task is committed by then (an
+        exact resend), and so are the messages of the batch that turn out to be copies of a
+        task the batch before committed meanwhile; a copy of a message this batch refused is
+        judged on its own after it."""
         if not self._may_act():  # self-fenced: leave the batch unacked for the next leader
             raise RuntimeError("office lost before the commit")
+        known = [self.repeats.known(key_of(m)) for m in msgs]
+        if any(known):
+            repeats = [*repeats, *(m for m, k in zip(msgs, known, strict=True) if k)]
+            results = [r for r, k in zip(results, known, strict=True) if not k]
+            msgs = [m for m, k in zip(msgs, known, strict=True) if not k]
         good = [(m, r) for m, r in zip(msgs, results, strict=True) if isinstance(r, NewTask)]
         bad = [r for r in results if isinstance(r, Rejected)]
         if self.ledger is not None and good:
@@ -219,7 +268,13 @@ class Intake:
             bad += over
         acked: list[Delivery] = []
         if good:
+            began = trace.now_ms()
             insertion = await self._store([m for m, _ in good], [t for _, t in good])
+            if trace.on():
+                trace.step(
+                    "stored", (t.id for _, t in good), took=trace.now_ms() - began,
+                    resent=len(insertion.resent),
+                )  # fmt: skip
             refused = [(t, "duplicate_id", DUPLICATE_ID) for t in insertion.taken]
             refused += [(t, "unstorable", f"task: {e}") for t, e in insertion.refused]
             acked = [m for m, _ in good]  # stored, or an exact resend
@@ -228,10 +283,18 @@ class Intake:
                 bad += [Rejected(msg_of[id(t)], t.target, why, err) for t, why, err in refused]
                 dropped = {id(t) for t, _, _ in refused}
                 acked = [m for m, t in good if id(t) not in dropped]
+        self.repeats.add(key_of(m) for m in acked)  # stored, or stored already: committed
         if bad:
             await self._reject(bad)
+        resent = [m for m in repeats if self.repeats.known(key_of(m))]
+        again = [m for m in repeats if not self.repeats.known(key_of(m))] if resent else repeats
+        if resent:
+            self._events.intake_committed(0, len(resent), 0)
+            acked += resent
         # One frame per ack, all handed to the connection at once (see scheduler.bus.nats.wire).
         await self.publisher.ack(m.reply for m in acked if m.reply)
+        if again:  # copies of a message refused just now: judged alone, as before
+            await self.accept(again, await self.validate_all(again))
 
     def _over_quota(
         self, good: list[tuple[Delivery, NewTask]]
@@ -340,6 +403,22 @@ def asked_for(env: Envelope, msg: Delivery, now: datetime) -> datetime:
     accepted = min(stored, now) if isinstance(stored, datetime) else now
     asked = accepted if env.delay_until is None else max(env.delay_until, accepted)
     return ceil_ms(min(asked, now))
+
+
+def _lane_marks(msgs: Sequence[Delivery], results: Sequence[NewTask | Rejected]) -> list[str]:
+    """`id@lane store ms/stream seq/consumer seq/delivery count` of each task in a batch
+    (consumer sequence 0: read back from the stream, see `scheduler.bus.nats.puller`)."""
+    marks = []
+    for msg, r in zip(msgs, results, strict=True):
+        if isinstance(r, NewTask):
+            try:
+                meta = msg.metadata
+                stored = int(meta.timestamp.timestamp() * 1000)
+                seqs = f"{meta.sequence.stream}/{meta.sequence.consumer}/{meta.num_delivered}"
+                marks.append(f"{r.id}@{stored}/{seqs}")
+            except Exception:  # not a JetStream message (the in-memory twin's tests)
+                marks.append(r.id)
+    return marks
 
 
 def _dead_row(r: Rejected, cap: int) -> dict[str, Any]:

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+SLOW_STATEMENT = 0.1  # s of a statement (pool wait included) a DEBUG line reports
+
 
 class _Connection(asyncpg.Connection):
     """No reset statement on release to the pool: the scheduler keeps no session state (no
@@ -172,10 +174,17 @@ class PostgresStore:
         """A pooled connection whose use is recorded as operation `op`."""
         start = time.perf_counter()
         async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+            got = time.perf_counter()
             # asyncpg-stubs types the pool's PoolConnectionProxy apart from Connection, though it
             # forwards every Connection method; the store's helpers all take a Connection
             yield conn  # type: ignore[misc]
-        self._events.statement_timed(op, time.perf_counter() - start)
+        end = time.perf_counter()
+        self._events.statement_timed(op, end - start)
+        if end - start > SLOW_STATEMENT:  # a diagnostic at DEBUG: pool wait apart from use
+            log.debug(
+                "postgres.slow op=%s acquire_ms=%d use_ms=%d", op, (got - start) * 1000,
+                (end - got) * 1000,
+            )  # fmt: skip
 
     async def ping(self) -> bool:
         """True when PostgreSQL answers within two seconds."""
