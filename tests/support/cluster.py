@@ -228,6 +228,26 @@ class NatsCluster:
                 if time.monotonic() > deadline:
                     raise ClusterError(f"{node.name} not healthy within {timeout:g}s")
                 time.sleep(0.05)
+        # and the meta leader counts every other live node as a current peer: right after a
+        # node came back, an R3 stream was refused "no suitable peers for placement"
+        while not self._peers_current():
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the meta leader lacks current peers after {timeout:g}s")
+            time.sleep(0.05)
+
+    def _peers_current(self) -> bool:
+        leader = self.meta_leader()
+        if leader is None:
+            return False
+        try:
+            meta = self.node(leader).monitor("/jsz").get("meta_cluster", {})
+        except OSError:
+            return False
+        peers = {r.get("name"): r for r in meta.get("replicas") or []}
+        others = [n.name for n in self._answering() if n.name != leader]
+        return all(
+            n in peers and peers[n].get("current") and not peers[n].get("offline") for n in others
+        )
 
     def stream_leader(self, stream: str, timeout: float = 15.0) -> Node:
         """The node leading `stream` (waiting through an election)."""
