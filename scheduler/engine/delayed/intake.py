@@ -256,7 +256,8 @@ class Intake:
         judged on its own after it."""
         if not self._may_act():  # self-fenced: leave the batch unacked for the next leader
             raise RuntimeError("office lost before the commit")
-        known = [self.repeats.known(key_of(m)) for m in msgs]
+        key = {id(m): key_of(m) for m in (*msgs, *repeats)}  # each message hashed once
+        known = [self.repeats.known(key[id(m)]) for m in msgs]
         if any(known):
             repeats = [*repeats, *(m for m, k in zip(msgs, known, strict=True) if k)]
             results = [r for r, k in zip(results, known, strict=True) if not k]
@@ -283,11 +284,11 @@ class Intake:
                 bad += [Rejected(msg_of[id(t)], t.target, why, err) for t, why, err in refused]
                 dropped = {id(t) for t, _, _ in refused}
                 acked = [m for m, t in good if id(t) not in dropped]
-        self.repeats.add(key_of(m) for m in acked)  # stored, or stored already: committed
+        self.repeats.add(key[id(m)] for m in acked)  # stored, or stored already: committed
         if bad:
             await self._reject(bad)
-        resent = [m for m in repeats if self.repeats.known(key_of(m))]
-        again = [m for m in repeats if not self.repeats.known(key_of(m))] if resent else repeats
+        resent = [m for m in repeats if self.repeats.known(key[id(m)])]
+        again = [m for m in repeats if not self.repeats.known(key[id(m)])] if resent else repeats
         if resent:
             self._events.intake_committed(0, len(resent), 0)
             acked += resent

@@ -12,7 +12,7 @@ server's wall clock too, so the lines compare with them). The steps, in a task's
 - `sent`: the dispatcher handed it to the publisher,
 - `acked`: its publish was answered (`@` when; `!` a failure).
 
-`tests/faults/timeline.py` reads these lines back into one row per task.
+`tests/support/timeline.py` reads these lines back into one row per task.
 """
 
 from __future__ import annotations
