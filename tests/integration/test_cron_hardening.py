@@ -12,6 +12,7 @@ import nats.aio.msg
 import pytest
 from nats.js.api import DiscardPolicy, StreamConfig
 
+from scheduler.backoff import JITTER
 from scheduler.bus.nats.connection import NatsBus
 from scheduler.bus.nats.publisher import Publisher
 from scheduler.clock import SystemClock
@@ -70,9 +71,15 @@ async def test_a_job_whose_target_stream_is_full_backs_off(settings: Settings) -
         failures = _value(daemon.metrics, "cron_failures")
         backing_off = _value(daemon.metrics, "cron_backing_off")
         await js.update_stream(StreamConfig(name="FULL", subjects=["mq.scheduled.>"]))
-        await wait_until(lambda: len(seen) > attempts, within=6)
-        await asyncio.sleep(1.5)
-        held = (await js.stream_info("FULL")).state.messages
+        # A publish that reached the server just before the update was refused too, and its
+        # retry waits out the next backoff: 0.2 s doubling per failure, +20 % jitter. So the
+        # job's message is awaited for that long (plus 2 s), not for the next publish seen.
+        refused = _value(daemon.metrics, "cron_failures") or 0.0
+        held = 1
+        async with asyncio.timeout(0.2 * 2.0**refused * (1 + JITTER) + 2.0):
+            while held < 2:
+                held = (await js.stream_info("FULL")).state.messages
+                await asyncio.sleep(0.05)
     finally:
         await runner.stop()
         await nc.close()

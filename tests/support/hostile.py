@@ -48,17 +48,17 @@ class Reader:
         return self
 
     async def take(self, count: int, within: float = 5.0) -> list[Msg]:
-        """The next `count` messages; fewer when `within` seconds pass first."""
+        """The next `count` messages; fewer when `within` seconds pass first. Bounded by the
+        fetch's own timeout, never by cancelling it: a fetch cancelled after its first message
+        came drops what it had gathered (this consumer acks nothing, so it never comes back)."""
         out: list[Msg] = []
-        try:
-            async with asyncio.timeout(within):
-                while len(out) < count:
-                    try:
-                        out += await self.sub.fetch(count - len(out), timeout=min(within, 1.0))
-                    except TimeoutError:
-                        continue
-        except TimeoutError:
-            pass
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while len(out) < count and (left := deadline - loop.time()) > 0:
+            try:
+                out += await self.sub.fetch(count - len(out), timeout=min(max(left, 0.05), 1.0))
+            except TimeoutError:
+                continue
         self.seen += out
         return out
 
