@@ -92,6 +92,7 @@ class Rig:
     stop: asyncio.Event
     counter: int = 0
     arrived: dict[str, float] = field(default_factory=dict)
+    sent: dict[str, bytes] = field(default_factory=dict)
 
     def send(self, due_in: timedelta, valid: bool = True) -> str:
         """A producer's envelope on the lane now, due `due_in` from now (or not JSON)."""
@@ -107,6 +108,7 @@ class Rig:
             "data": {"n": self.counter},
         }
         data = json.dumps(doc).encode() if valid else b"not json"
+        self.sent[task_id] = data
         self.lane.put(Delivery("mq.delay.inference.chat", data, f"ack.{task_id}"))
         self.arrived[task_id] = self.clock.monotonic()
         return task_id
@@ -243,6 +245,35 @@ async def test_a_gathered_batch_is_acked_only_after_its_commit(rig: Rig) -> None
     rig.store.gate.set()
     await rig.run_for(1)
     assert rig.broker.acked == [f"ack.{t}" for t in sent]
+    await stopped(rig, runner)
+
+
+async def test_what_comes_while_a_commit_runs_waits_for_it_in_one_batch(rig: Rig) -> None:
+    """While one insert is held, tasks due at once keep arriving in chunks over 40 ms: they all
+    go into the next insert (one, not one per chunk) as soon as the first returns, in lane
+    order; an exact copy of the held task among them is acked once that task is committed,
+    never inserted; and past the hold a lone task waits only its linger again."""
+    rig.store.gate.clear()
+    runner = await running(rig)
+    first = rig.send(timedelta(0))
+    await rig.run_for(15)
+    assert [ids for _, ids in rig.store.calls] == [[first]]
+    later = []
+    for _ in range(4):
+        later.append(rig.send(timedelta(0)))
+        await rig.run_for(10)
+    rig.lane.put(Delivery("mq.delay.inference.chat", rig.sent[first], "ack.copy"))
+    await rig.run_for(5)
+    assert len(rig.store.calls) == 1  # nothing commits while the first insert is held
+    rig.store.gate.set()
+    await rig.run_for(5)
+    assert [ids for _, ids in rig.store.calls] == [[first], later]
+    assert sorted(rig.broker.acked) == sorted(f"ack.{t}" for t in (first, *later, "copy"))
+    await rig.run_for(30)
+    alone = rig.send(timedelta(0))
+    await rig.run_for(30)
+    assert rig.store.calls[-1][1] == [alone]
+    assert rig.stored_at(alone) - rig.arrived[alone] <= INTAKE_LINGER + 2 * MS
     await stopped(rig, runner)
 
 

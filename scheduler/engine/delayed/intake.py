@@ -54,6 +54,14 @@ INTAKE_LINGER = 0.01
 GATHER_FOR = 0.05
 FAR_DUE = timedelta(seconds=1)
 YIELD_EVERY = 100  # messages validated between two yields to the event loop
+# While the batch before commits, the next one goes on taking what the lane hands over (it
+# could not commit sooner anyway), polling this often for the end of that commit, up to a
+# whole batch of tasks and COPIES_PER_BATCH batches of exact copies: a backlog then drains in
+# a commit per batch, not per chunk. After a frozen lane leader resumed with 16,000 messages,
+# most of them a producer's resends, chunks of 1,000 each waited for an insert of ~130 tasks:
+# ~7,000 messages/s, the tasks behind them up to 1.5 s late (bench/cluster_faults.py).
+BUSY_POLL = 0.002
+COPIES_PER_BATCH = 8
 
 DUPLICATE_ID = (
     "id: already taken by another task (another target or other bytes); ids must be unique, "
@@ -118,7 +126,8 @@ class Intake:
         stopping.add_done_callback(lambda _: puller.interrupt())
         try:
             while not stop.is_set() and may_act():
-                msgs, results, repeats = await self.gather(puller, stop)
+                busy = committing[0] if committing is not None else None
+                msgs, results, repeats = await self.gather(puller, stop, busy)
                 if not msgs and not repeats:
                     continue
                 if committing is not None:
@@ -138,12 +147,14 @@ class Intake:
                 await self._settle(*committing)
 
     async def gather(
-        self, puller: Source, stop: asyncio.Event
+        self, puller: Source, stop: asyncio.Event, busy: asyncio.Task[None] | None = None
     ) -> tuple[list[Delivery], list[NewTask | Rejected], list[Delivery]]:
         """The next batch, validated: a chunk taken with `INTAKE_LINGER`, then, while every
         message so far is a task due more than `FAR_DUE` ahead, more chunks until `GATHER_FOR`
         after the first came in or a whole batch (`batch`) is in. No task due sooner waits
-        longer than a chunk's linger, and the messages keep the lane's order.
+        longer than a chunk's linger (or than the commit before, `busy`, which it waits for
+        anyway: until then more chunks join, see `BUSY_POLL`), and the messages keep the
+        lane's order.
 
         Exact copies (`engine.delayed.repeats`) of a task committed lately, or of a message
         earlier in the batch, are set apart unvalidated: the third list."""
@@ -168,6 +179,17 @@ class Intake:
             repeats += copies
             chunk = await self.validate_all(fresh)
             results += chunk
+        copies_most = COPIES_PER_BATCH * self.settings.batch
+        while busy is not None and not busy.done() and not stop.is_set() and self._may_act():
+            room = min(self.settings.batch - len(msgs), copies_most - len(repeats))
+            if room <= 0:
+                break
+            more = await puller.take(timeout=BUSY_POLL, linger=0, limit=room)
+            if more:
+                fresh, copies = self._set_apart(more, seen)
+                msgs += fresh
+                repeats += copies
+                results += await self.validate_all(fresh)
         if trace.on():
             trace.step("taken", _lane_marks(msgs, results), repeats=len(repeats))
         return msgs, results, repeats
