@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -47,11 +48,35 @@ class EmbeddedError(SchedulerError, RuntimeError):
     """An embedded server could not be found or started."""
 
 
+# Ports handed out for servers started here come from below the kernel's ephemeral range: a
+# port from that range (what binding port 0 gives) can be taken as the local end of any
+# outgoing connection between the moment it is chosen and the moment the server binds it
+# ("port ... is already in use": seen in the test suite, where thousands of loopback
+# connections come and go while servers start).
+LOWEST_PORT = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
+    """A TCP port nothing listens on right now, outside the ephemeral range when it is known
+    (else what the kernel picks for port 0)."""
+    top = _ephemeral_low() - 1
+    if top > LOWEST_PORT:
+        for _ in range(50):
+            port = random.randint(LOWEST_PORT, top)
+            if port_is_free(port, host):
+                return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux), or 0 when it cannot be read."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
