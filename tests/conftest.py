@@ -273,16 +273,39 @@ def settings(nats_url: str, database_url: str, tmp_path: Path) -> Settings:
     )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(trylast=True)  # after xdist's own (see `_xdist_group`)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Everything under tests/integration and tests/faults talks to real servers; the runs on
-    production's server versions carry `compat`."""
+    production's server versions carry `compat`; the Spark tests share one xdist worker (one
+    JVM instead of one per worker) under `--dist loadgroup`."""
     for item in items:
         parts = Path(str(item.fspath)).parts
         if "integration" in parts or "faults" in parts:
             item.add_marker(pytest.mark.integration)
+        if "spark" in parts:
+            item.add_marker(pytest.mark.xdist_group("spark"))
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("servers") == "compat":
             item.add_marker(pytest.mark.compat)
+        if getattr(config.option, "loadgroup", False):
+            _xdist_group(item)
+
+
+def _xdist_group(item: pytest.Item) -> None:
+    """What `--dist loadgroup` needs on pytest 9: xdist 3.8 sends every test of one
+    `xdist_group` to one worker by appending `@group` to its node id, but writes
+    `item._nodeid`, which pytest 9 no longer reads (the id lives in `item._id`), so the groups
+    were silently spread over every worker. The suffix is put where pytest 9 keeps the id; an
+    id xdist did suffix is left alone."""
+    from _pytest.nodeid import NodeId
+
+    names = sorted(
+        {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+         for m in item.iter_markers("xdist_group")}
+    )  # fmt: skip
+    suffix = "@" + "_".join(names)
+    if names and not item.nodeid.endswith(suffix):
+        item._id = NodeId.parse(item.nodeid + suffix)
 
 
 @pytest.fixture(scope="session")
