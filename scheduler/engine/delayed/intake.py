@@ -40,6 +40,7 @@ from scheduler.records import Insertion, NewTask, ceil_ms
 from scheduler.settings import Settings
 
 T = TypeVar("T")
+Keys = dict[int, Key | None]  # a message's repeat key, by the message's id()
 
 log = logging.getLogger(__name__)
 
@@ -127,13 +128,13 @@ class Intake:
         try:
             while not stop.is_set() and may_act():
                 busy = committing[0] if committing is not None else None
-                msgs, results, repeats = await self.gather(puller, stop, busy)
+                msgs, results, repeats, keys = await self.gather(puller, stop, busy)
                 if not msgs and not repeats:
                     continue
                 if committing is not None:
                     await self._settle(*committing)
                 task = asyncio.create_task(
-                    self.accept(msgs, results, repeats), name="intake-commit"
+                    self.accept(msgs, results, repeats, keys), name="intake-commit"
                 )
                 committing = (task, len(msgs) + len(repeats))
         finally:
@@ -148,7 +149,7 @@ class Intake:
 
     async def gather(
         self, puller: Source, stop: asyncio.Event, busy: asyncio.Task[None] | None = None
-    ) -> tuple[list[Delivery], list[NewTask | Rejected], list[Delivery]]:
+    ) -> tuple[list[Delivery], list[NewTask | Rejected], list[Delivery], Keys]:
         """The next batch, validated: a chunk taken with `INTAKE_LINGER`, then, while every
         message so far is a task due more than `FAR_DUE` ahead, more chunks until `GATHER_FOR`
         after the first came in or a whole batch (`batch`) is in. No task due sooner waits
@@ -157,13 +158,15 @@ class Intake:
         lane's order.
 
         Exact copies (`engine.delayed.repeats`) of a task committed lately, or of a message
-        earlier in the batch, are set apart unvalidated: the third list."""
+        earlier in the batch, are set apart unvalidated: the third list. The fourth holds each
+        message's repeat key, for `accept`: a payload is hashed once."""
         seen: set[Key] = set()
+        keys: Keys = {}
         taken = list(await puller.take(timeout=0.5, linger=INTAKE_LINGER))
         if not taken:
-            return [], [], []
+            return [], [], [], keys
         until = self.clock.monotonic() + GATHER_FOR - INTAKE_LINGER  # the first waited a linger
-        msgs, repeats = self._set_apart(taken, seen)
+        msgs, repeats = self._set_apart(taken, seen, keys)
         results = await self.validate_all(msgs)
         chunk = results
         while self._all_far(chunk) and not stop.is_set() and self._may_act():
@@ -174,7 +177,7 @@ class Intake:
             more = await puller.take(timeout=left, linger=min(INTAKE_LINGER, left), limit=room)
             if not more:
                 break
-            fresh, copies = self._set_apart(more, seen)
+            fresh, copies = self._set_apart(more, seen, keys)
             msgs += fresh
             repeats += copies
             chunk = await self.validate_all(fresh)
@@ -186,23 +189,24 @@ class Intake:
                 break
             more = await puller.take(timeout=BUSY_POLL, linger=0, limit=room)
             if more:
-                fresh, copies = self._set_apart(more, seen)
+                fresh, copies = self._set_apart(more, seen, keys)
                 msgs += fresh
                 repeats += copies
                 results += await self.validate_all(fresh)
         if trace.on():
             trace.step("taken", _lane_marks(msgs, results), repeats=len(repeats))
-        return msgs, results, repeats
+        return msgs, results, repeats, keys
 
     def _set_apart(
-        self, msgs: Sequence[Delivery], seen: set[Key]
+        self, msgs: Sequence[Delivery], seen: set[Key], keys: Keys
     ) -> tuple[list[Delivery], list[Delivery]]:
         """(the messages to judge, the exact copies of a task committed lately or of one of
-        `seen`, the keys of this batch so far, which the first gain)."""
+        `seen`, the keys of this batch so far, which the first gain); each message's key is
+        noted in `keys`."""
         fresh, copies = [], []
         known = self.repeats.known
         for msg in msgs:
-            key = key_of(msg)
+            key = keys[id(msg)] = key_of(msg)
             if key is not None and (key in seen or known(key)):
                 copies.append(msg)
                 continue
@@ -269,16 +273,21 @@ class Intake:
         msgs: Sequence[Delivery],
         results: list[NewTask | Rejected],
         repeats: Sequence[Delivery] = (),
+        keys: Keys | None = None,
     ) -> None:
         """Insert the good tasks, dead-letter the bad ones, then ack: never ack before commit.
 
         `repeats` (see `gather`) are acked with them when their task is committed by then (an
         exact resend), and so are the messages of the batch that turn out to be copies of a
         task the batch before committed meanwhile; a copy of a message this batch refused is
-        judged on its own after it."""
+        judged on its own after it. `keys`: the repeat keys `gather` noted (by `id`), the
+        others are computed here."""
         if not self._may_act():  # self-fenced: leave the batch unacked for the next leader
             raise RuntimeError("office lost before the commit")
-        key = {id(m): key_of(m) for m in (*msgs, *repeats)}  # each message hashed once
+        key: Keys = {} if keys is None else keys  # each message hashed once
+        for m in (*msgs, *repeats):
+            if id(m) not in key:
+                key[id(m)] = key_of(m)
         known = [self.repeats.known(key[id(m)]) for m in msgs]
         if any(known):
             repeats = [*repeats, *(m for m, k in zip(msgs, known, strict=True) if k)]
@@ -317,7 +326,7 @@ class Intake:
         # One frame per ack, all handed to the connection at once (see scheduler.bus.nats.wire).
         await self.publisher.ack(m.reply for m in acked if m.reply)
         if again:  # copies of a message refused just now: judged alone, as before
-            await self.accept(again, await self.validate_all(again))
+            await self.accept(again, await self.validate_all(again), keys=key)
 
     def _over_quota(
         self, good: list[tuple[Delivery, NewTask]]
