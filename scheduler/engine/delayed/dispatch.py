@@ -21,6 +21,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from scheduler.clock import Clock, wait_event
 from scheduler.engine.delayed import trace
@@ -135,6 +136,8 @@ class Dispatcher:
         """Claim, publish and record until `stop` is set or office is lost."""
         dispatcher = asyncio.create_task(self._dispatch(), name="dispatch")
         books = asyncio.create_task(self._keep_books(epoch), name="books")
+        stopped = asyncio.ensure_future(stop.wait())  # a stop ends the loop's wait at once
+        stopped.add_done_callback(self._wake_all)
         try:
             claims = self.claims
             while not stop.is_set() and self.office.may_act():
@@ -151,7 +154,15 @@ class Dispatcher:
                 if wait > 0 or not await claims.claim_due(epoch):
                     await self._wait(self.horizon.wake, max(wait, 0.001))
         finally:
+            stopped.cancel()
             await self._finish(dispatcher, books)
+
+    def _wake_all(self, stopped: asyncio.Future[Any]) -> None:
+        """Wake the claim loop from whichever wait it is in (it then sees the stop)."""
+        if stopped.cancelled():
+            return
+        for event in (self.horizon.wake, self.room_event, self.booked_event):
+            event.set()
 
     def reclaim_orphans(self, stale: timedelta | None = None) -> None:
         """See `Claimer.reclaim_orphans`."""
