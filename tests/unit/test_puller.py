@@ -169,9 +169,14 @@ class LaneClient(FakeClient):
             "ack_floor": {},
         }
         self.gets: list[int] = []
+        self.checks: list[float] = []  # the timeout of every CONSUMER.INFO asked
+        self.leaderless = False  # CONSUMER.INFO gets no answer (the consumer has no leader)
 
     async def request(self, subject: str, payload: bytes, timeout: float = 1.0) -> Any:
         if subject.startswith("$JS.API.CONSUMER.INFO."):
+            self.checks.append(timeout)
+            if self.leaderless:
+                raise TimeoutError
             return _Reply(json.dumps(self.info).encode())
         assert subject == "$JS.API.STREAM.MSG.GET.S"
         seq = json.loads(payload)["seq"]
@@ -278,3 +283,31 @@ async def test_a_gap_larger_than_a_few_batches_is_left_to_the_ack_wait(now: list
     }
     p = make(nc, now)
     assert await p._recover() == [] and nc.gets == []
+
+
+async def test_an_unanswered_check_is_short_and_asked_again_once_the_consumer_is_heard(
+    now: list[float],
+) -> None:
+    """take() waits for the consumer check, so a check nobody answers (a frozen consumer
+    leader) holds intake at most CHECK_TIMEOUT, not a second; and when deliveries come again
+    the check is made at once, not a RECHECK_PAUSE later, so what was handed to the frozen node
+    is read back as soon as the consumer answers."""
+    nc = LaneClient({4: b"four", 5: b"five"})
+    p = make(nc, now)
+    p._requested = 100
+    _deliver_seqs(p, [(1, 1), (2, 2)])
+    assert len(await p.take(timeout=1, linger=0)) == 2
+    nc.stats["reconnects"] = 1
+    await p.take(timeout=0, linger=0)  # the reconnect schedules a check
+    now[0] += puller_module.RECHECK_AFTER
+    nc.leaderless = True
+    assert await p.take(timeout=0, linger=0) == []
+    assert len(nc.checks) == 1 and nc.checks[0] <= 0.25
+    assert p._check_at == now[0] + puller_module.RECHECK_PAUSE  # asked again later
+    nc.leaderless = False
+    nc.info = {"delivered": {"consumer_seq": 5, "stream_seq": 5}, "ack_floor": {"stream_seq": 0}}
+    now[0] += 0.01  # well inside the pause: the consumer delivers again (no gap in sequence)
+    _deliver_seqs(p, [(3, 3)])
+    got = await p.take(timeout=0, linger=0)
+    assert len(nc.checks) == 2  # asked at once
+    assert [m.data for m in got] == [b"four", b"five", b"{}"]

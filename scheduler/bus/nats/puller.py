@@ -60,6 +60,10 @@ RECHECK_PAUSE = 0.25
 RECOVER_MAX = 4  # batches: a larger gap is left to the ack wait (a backlog, not a loss)
 RECOVER_AT_ONCE = 64  # STREAM.MSG.GET requests in flight together
 RECOVER_TIMEOUT = 1.0  # s for each request of a recovery
+# s for the consumer check: take() waits for it, so a check sent to a consumer leader that does
+# not answer (frozen, electing) must not hold intake for a whole second; it is asked again
+# RECHECK_PAUSE later, and at once when the consumer is heard from again.
+CHECK_TIMEOUT = 0.25
 
 
 class Puller:
@@ -125,6 +129,11 @@ class Puller:
             return  # 100 = idle heartbeat
         self._requested -= 1
         self._note_sequences(reply)
+        if self._check_failures and self._check_at is not None and self._check_at > now:
+            # The consumer answers again after checks that went unanswered: ask it now, not a
+            # pause later (what it handed a frozen node is read back that much sooner).
+            self._check_at = now
+            self._arrived.set()
         if not self._buffer:
             self._first_at = now
             self._arrived.set()  # once per gathering: later arrivals find it set anyway
@@ -202,7 +211,7 @@ class Puller:
         gaps, self._gaps = self._gaps, []
         try:
             reply = await self.nc.request(
-                f"$JS.API.CONSUMER.INFO.{self.stream}.{self.consumer}", b"", RECOVER_TIMEOUT
+                f"$JS.API.CONSUMER.INFO.{self.stream}.{self.consumer}", b"", CHECK_TIMEOUT
             )
             info = json.loads(reply.data)
             delivered, floor = info["delivered"], info.get("ack_floor") or {}
