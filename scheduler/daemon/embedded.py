@@ -195,6 +195,7 @@ class NatsServer:
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
+        log.info("embedded.nats_stopping url=%s", self.url)
         self.proc.terminate()
         try:
             self.proc.wait(timeout)
@@ -268,6 +269,7 @@ class Postgres:
     def stop(self) -> None:
         """Stop the server (pg_ctl stop) and forget pgserver's cached handle for the dir."""
         if self._server is not None:
+            log.info("embedded.postgres_stopping dir=%s", self.data_dir)
             self._server.cleanup()
             self._server = None
 

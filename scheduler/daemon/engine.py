@@ -6,7 +6,8 @@ What the edge beside it shows of it (state, role, metrics) it writes to the run 
 (`scheduler.daemon.pair`) and never reads back.
 
 Start order: the embedded servers if asked (`embedded.start_missing`; `on_servers` is told the
-settings with their URLs, so `scheduler run` can start its edge), NATS, migrations, the
+settings with their URLs, so `scheduler run` can start its edge, and `before_servers_stop`, run
+before the servers stop, waits for that edge to end), NATS, migrations, the
 PostgreSQL pool, provisioning (with the checks of `preflight`), then the loops: leadership and
 its heartbeat, the role loop (`terms.TermLoop`), housekeeping (`upkeep`), the leader's gauges
 (`Refresher`), the clock check and the status export. Every component registers its own
@@ -89,6 +90,7 @@ class EngineDaemon(Phased):
         metrics: Metrics | None = None,
         run_dir: Path | None = None,
         on_servers: Callable[[Settings, list[str]], Awaitable[None]] | None = None,
+        before_servers_stop: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -97,6 +99,7 @@ class EngineDaemon(Phased):
         self.metrics = metrics or Metrics()
         self.run_dir = run_dir
         self.on_servers = on_servers
+        self.before_servers_stop = before_servers_stop
         self.embedded_started: list[str] = []
         self.bus: NatsBus | None = None
         self.store: PostgresStore | None = None
@@ -130,6 +133,10 @@ class EngineDaemon(Phased):
 
     async def _start(self, stack: AsyncExitStack) -> None:
         s = self.settings = await self._start_embedded(stack)
+        if self.before_servers_stop is not None:
+            # pushed after the embedded servers' stops, so it runs before them: what uses the
+            # servers beside this process (the edge of `scheduler run`) ends while they still run
+            stack.push_async_callback(self.before_servers_stop)
         if self.on_servers is not None:
             await self.on_servers(s, self.embedded_started)
         budget = s.startup_timeout.total_seconds()

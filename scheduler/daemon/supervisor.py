@@ -4,9 +4,10 @@ One command starts both roles and stops both (Ctrl-C, SIGTERM); `scheduler run -
 engine|edge` runs one. The engine runs here, so the process a user (or a fault test) signals,
 pauses or kills is the one that fires, exactly as before the split; the edge is a child in a
 session of its own that `scheduler run` starts once the servers' URLs are known (after the
-embedded servers, in embedded mode), stops with SIGTERM at the end, and restarts with a backoff
-when it dies while the engine runs (firing never waits for it). The child ends itself when this
-process dies, even by SIGKILL (`PR_SET_PDEATHSIG`).
+embedded servers, in embedded mode), stops with SIGTERM at the end and waits for before the
+embedded servers stop (so it never sees them go), and restarts with a backoff when it dies
+while the engine runs (firing never waits for it). The child ends itself when this process
+dies, even by SIGKILL (`PR_SET_PDEATHSIG`).
 
 The child takes this process's settings (the same `--config`, the URLs the embedded servers got,
 the instance id, the development tokens) and the run folder (`scheduler.daemon.pair`) where the
@@ -77,7 +78,11 @@ class Pair:
         self.run_dir = settings.run_dir or Path(tempfile.mkdtemp(prefix="mq-scheduler-run-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.engine = EngineDaemon(
-            settings, embedded=embedded, run_dir=self.run_dir, on_servers=self._servers_up
+            settings,
+            embedded=embedded,
+            run_dir=self.run_dir,
+            on_servers=self._servers_up,
+            before_servers_stop=self._stop_child,
         )
         self.endpoints = Endpoints()
         self.started = asyncio.Event()

@@ -97,6 +97,15 @@ def test_run_embedded_with_default_ports_taken_prints_urls_and_ctrl_c_leaves_not
         assert code == 0, proc.transcript()
         assert "(embedded)" in "\n".join(proc.out)
         assert not [line for line in proc.err if " WARNING " in line], proc.transcript()
+        # the edge ends before the embedded servers it uses stop (it saw PostgreSQL go and
+        # logged the pool's reconnect warnings when they stopped first)
+        order = [
+            i
+            for marker in ("daemon.stopped role=edge", "embedded.postgres_stopping")
+            for i, line in enumerate(proc.err)
+            if marker in line
+        ]
+        assert len(order) == 2 and order[0] < order[1], proc.transcript()
         assert not [c for c in children if c.is_running() and c.status() != "zombie"]
         assert not (tmp_path / "data" / "postgres" / "postmaster.pid").exists()
     assert nats_urls[0] == nats_urls[1]
