@@ -311,3 +311,70 @@ async def test_an_unanswered_check_is_short_and_asked_again_once_the_consumer_is
     got = await p.take(timeout=0, linger=0)
     assert len(nc.checks) == 2  # asked at once
     assert [m.data for m in got] == [b"four", b"five", b"{}"]
+
+
+async def test_requests_kept_alive_but_unserved_are_asked_again(now: list[float]) -> None:
+    """After a frozen consumer leader thaws, requests sent into the freeze may get idle
+    heartbeats and no message until they expire (5 s) while the lane fills. A check that finds
+    the consumer holding undelivered messages while nothing came here for RECHECK_AFTER asks
+    again at once and checks once more; once deliveries flow, no more."""
+    nc = LaneClient({})
+    p = make(nc, now)
+    await p._top_up()
+    assert [r["batch"] for r in nc.sent] == [100]
+    _deliver_seqs(p, [(1, 1)])
+    assert len(await p.take(timeout=0, linger=0)) == 1
+    nc.info = {"delivered": {"consumer_seq": 1, "stream_seq": 1}, "num_pending": 40}
+    now[0] += puller_module.RECHECK_AFTER
+    p._on_raw(b"_INBOX.x", b"", b"", b"NATS/1.0 100 Idle Heartbeat\r\n\r\n")  # alive, no message
+    assert await p._recover() == []
+    await p._top_up()
+    assert len(nc.sent) == 2 and nc.sent[1]["batch"] == 100  # asked again, in full
+    assert p._check_at == now[0] + puller_module.RECHECK_AFTER  # and looked at once more
+    now[0] += 0.1
+    _deliver_seqs(p, [(2, 2)])  # the new request is served
+    assert len(await p.take(timeout=0, linger=0)) == 1
+    now[0] += puller_module.RECHECK_AFTER - 0.1
+    nc.info = {"delivered": {"consumer_seq": 2, "stream_seq": 2}, "num_pending": 39}
+    assert await p._recover() == []
+    await p._top_up()
+    assert len(nc.sent) == 2 and p._check_at is None  # served: nothing more
+
+
+async def test_unserved_requests_are_asked_again_a_bounded_number_of_times(
+    now: list[float],
+) -> None:
+    """Requests that stay unserved check after check are asked again UNSERVED_TRIES times, not
+    for ever: then their own expiry is left to end them."""
+    nc = LaneClient({})
+    p = make(nc, now)
+    await p._top_up()
+    nc.info = {"delivered": {"consumer_seq": 0, "stream_seq": 0}, "num_pending": 40}
+    for _ in range(puller_module.UNSERVED_TRIES + 3):
+        now[0] += puller_module.RECHECK_AFTER
+        p._on_raw(b"_INBOX.x", b"", b"", b"NATS/1.0 100 Idle Heartbeat\r\n\r\n")  # alive
+        assert await p._recover() == []
+        await p._top_up()
+    assert len(nc.sent) == 1 + puller_module.UNSERVED_TRIES
+    assert p._check_at is None
+
+
+async def test_no_request_is_sent_again_for_a_consumer_idle_or_at_its_ack_limit(
+    now: list[float],
+) -> None:
+    """An idle lane (nothing undelivered) with live requests is no reason to ask again, nor is
+    a consumer holding undelivered messages because max_ack_pending is reached (it serves
+    no request until acks come, whatever is asked)."""
+    nc = LaneClient({})
+    p = make(nc, now)
+    await p._top_up()
+    for info in (
+        {"num_pending": 0},
+        {"num_pending": 40, "num_ack_pending": 100, "config": {"max_ack_pending": 100}},
+    ):
+        nc.info = {"delivered": {"consumer_seq": 0, "stream_seq": 0}, **info}
+        now[0] += 1.0
+        p._on_raw(b"_INBOX.x", b"", b"", b"NATS/1.0 100 Idle Heartbeat\r\n\r\n")  # alive
+        assert await p._recover() == []
+        await p._top_up()
+        assert len(nc.sent) == 1 and p._check_at is None, info

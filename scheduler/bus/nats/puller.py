@@ -13,7 +13,11 @@ say so. As nats.go's `Consume` does (ADR-37), every request asks for idle heartb
 requests (404, 408, 409 "Leadership Change", any 4xx), and after `MISSED_HEARTBEATS` heartbeats of
 silence; a request nobody answers (503: the consumer is electing a leader, no server takes it)
 is sent again `NO_LEADER_PAUSE` later. A lost leader therefore costs about two heartbeats, not a
-request's whole `expires`. A request that cannot be sent while disconnected is back-pressure:
+request's whole `expires`. Requests can also stay alive but unserved: on a 3-node cluster, after
+the consumer's leader was frozen and thawed, requests sent into the freeze got idle heartbeats
+and no message until they expired while the lane filled (4.2 s of tasks late). So each consumer
+check (below) that finds messages undelivered, the consumer below its ack limit and nothing
+delivered here for `RECHECK_AFTER` asks again and checks once more (`UNSERVED_TRIES` at most). A request that cannot be sent while disconnected is back-pressure:
 nothing is counted as requested and the next `take()` tries again.
 
 Deliveries can be lost on the way too: the consumer's leader hands a message to the inbox's
@@ -57,6 +61,9 @@ RECHECK_AFTER = 0.5  # s after a reconnect, silence or leader change before aski
 # left to the ack wait, RECHECK_PAUSE apart: about the ack wait itself.
 RECHECK_TRIES = 40
 RECHECK_PAUSE = 0.25
+# Checks in a row that may find requests unserved (see `_recover`) before the requests' own
+# expiry is left to end them.
+UNSERVED_TRIES = 20
 RECOVER_MAX = 4  # batches: a larger gap is left to the ack wait (a backlog, not a loss)
 RECOVER_AT_ONCE = 64  # STREAM.MSG.GET requests in flight together
 RECOVER_TIMEOUT = 1.0  # s for each request of a recovery
@@ -81,6 +88,8 @@ class Puller:
         self._sub = None
         self._reconnects = 0
         self._heard = 0.0  # monotonic time of the last delivery or status
+        self._delivered_at = 0.0  # monotonic time of the last delivery
+        self._unserved = 0  # checks in a row that found the requests unserved
         self._retry_at = 0.0  # monotonic time before which no request is sent (after a 503)
         self.heartbeat = min(HEARTBEAT, expires / 2)
         self._first_at = 0.0  # monotonic time the oldest buffered message arrived
@@ -127,7 +136,10 @@ class Puller:
                 self._requested = 0  # nobody took it: ask again shortly
                 self._retry_at = now + NO_LEADER_PAUSE
             return  # 100 = idle heartbeat
-        self._requested -= 1
+        # never below 0: after a re-pull the old requests may still deliver (counted against
+        # the new ones, so the buffer stays within about a batch)
+        self._requested = max(0, self._requested - 1)
+        self._delivered_at = now
         self._note_sequences(reply)
         if self._check_failures and self._check_at is not None and self._check_at > now:
             # The consumer answers again after checks that went unanswered: ask it now, not a
@@ -219,6 +231,8 @@ class Puller:
             delivered_s = int(delivered.get("stream_seq", 0))
             floor_s = int(floor.get("stream_seq", 0))
             pending = int(info.get("num_ack_pending", 0))
+            undelivered = int(info.get("num_pending", 0))
+            ack_limit = int((info.get("config") or {}).get("max_ack_pending", 0))
         except Exception as exc:  # no answer now: asked again, a few times (then the ack wait)
             self._check_failures += 1
             if self._check_failures < RECHECK_TRIES:
@@ -228,7 +242,9 @@ class Puller:
                 self._check_failures, self._fresh, self._since_start = 0, False, set()
             log.debug("puller.recover_check_failed error=%r", exc)
             return []
-        self._check_failures = 0
+        was_unanswered, self._check_failures = self._check_failures > 0, 0
+        saturated = 0 < ack_limit <= pending  # serves no request until acks come
+        self._look_for_unserved(0 if saturated else undelivered, was_unanswered)
         mine: set[int] = set()
         if self._fresh:  # a new puller: what a previous holder left unacknowledged
             self._fresh, mine, self._since_start = False, self._since_start, set()
@@ -252,6 +268,30 @@ class Puller:
             wanted[-1],
         )  # fmt: skip
         return out
+
+    def _look_for_unserved(self, undelivered: int, was_unanswered: bool) -> None:
+        """Requests the consumer keeps alive (its idle heartbeats come) but does not serve:
+        seen on a 3-node cluster after the consumer's leader was frozen and thawed, requests
+        sent into the freeze got heartbeats and no message until they expired (5 s) while the
+        lane filled. A consumer that answers its check, holds messages it has not delivered and
+        has delivered none here for RECHECK_AFTER has lost our requests: they are asked again,
+        and checked once more RECHECK_AFTER later (after unanswered checks, always once more:
+        the consumer's leader may just have changed), UNSERVED_TRIES times at most."""
+        idle = time.monotonic() - self._delivered_at >= RECHECK_AFTER
+        if undelivered > 0 and idle and self._requested > 0:
+            self._unserved += 1
+            if self._unserved > UNSERVED_TRIES:
+                return  # not lost requests, then (or not ours to mend): their expiry ends them
+            log.info(
+                "puller.repull reason=unserved requested=%d undelivered=%d",
+                self._requested, undelivered,
+            )  # fmt: skip
+            self._requested = 0
+            self._recheck()
+        else:
+            self._unserved = 0
+            if was_unanswered:
+                self._recheck()
 
     async def _read(self, seq: int) -> Msg | None:
         """The lane's message `seq` as a RecoveredMsg; None when it is gone (acknowledged: the
