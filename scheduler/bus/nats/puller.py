@@ -10,15 +10,16 @@ Pull requests live in the server that leads the consumer, for the connection tha
 after a reconnect they are gone, and when that server dies (or is frozen) no status will ever
 say so. As nats.go's `Consume` does (ADR-37), every request asks for idle heartbeats
 (`HEARTBEAT`), and the puller asks again at once after a reconnect, after a status that ends its
-requests (404, 408, 409 "Leadership Change", any 4xx), and after `MISSED_HEARTBEATS` heartbeats of
-silence; a request nobody answers (503: the consumer is electing a leader, no server takes it)
-is sent again `NO_LEADER_PAUSE` later. A lost leader therefore costs about two heartbeats, not a
-request's whole `expires`. Requests can also stay alive but unserved: on a 3-node cluster, after
-the consumer's leader was frozen and thawed, requests sent into the freeze got idle heartbeats
-and no message until they expired while the lane filled (4.2 s of tasks late). So each consumer
-check (below) that finds messages undelivered, the consumer below its ack limit and nothing
-delivered here for `RECHECK_AFTER` asks again and checks once more (`UNSERVED_TRIES` at most). A request that cannot be sent while disconnected is back-pressure:
-nothing is counted as requested and the next `take()` tries again.
+requests (404, 408, 409 "Leadership Change", any 4xx), and after `MISSED_HEARTBEATS` heartbeats
+of silence; a request nobody answers (503: the consumer is electing a leader, no server takes
+it) is sent again `NO_LEADER_PAUSE` later. A lost leader therefore costs about two heartbeats,
+not a request's whole `expires`. Requests can also stay alive but unserved: on a 3-node cluster,
+after the consumer's leader was frozen and thawed, requests sent into the freeze got idle
+heartbeats and no message until they expired while the lane filled (4.2 s of tasks late). So
+each consumer check (below) that finds messages undelivered, the consumer below its ack limit
+and nothing delivered here for `RECHECK_AFTER` asks again and checks once more (`UNSERVED_TRIES`
+at most). A request that cannot be sent while disconnected is back-pressure: nothing is counted
+as requested and the next `take()` tries again.
 
 Deliveries can be lost on the way too: the consumer's leader hands a message to the inbox's
 interest, and when that interest is a node that froze (or died) the message goes with it; the
