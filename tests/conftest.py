@@ -39,7 +39,7 @@ from nats.js.errors import NotFoundError
 from scheduler.daemon import migrate
 from scheduler.daemon.embedded import free_port
 from scheduler.settings import Settings
-from tests.support.cluster import NatsCluster
+from tests.support.cluster import ClusterError, NatsCluster
 from tests.support.compat import CURRENT, NatsServerOf, Servers, compat_servers, session_postgres
 
 # Locally hypothesis explores new cases on every run; CI replays a fixed set so a rare
@@ -343,6 +343,19 @@ async def _delete_every_stream(nc: nats.aio.client.Client, cluster: NatsCluster)
             return
         for name in names:
             # 30 s: a replica catching up after a fault took over 15 s on a loaded 2-core host
-            await asyncio.to_thread(cluster.replicas_current, name, 30.0)
+            try:
+                await asyncio.to_thread(cluster.replicas_current, name, 30.0)
+            except ClusterError:
+                # Seen once in a full run on a loaded host: after a SIGSTOP fault whose test
+                # passed, an idle stream's (MQ_DLQ's) replica stayed not current for 30 s. That
+                # is the broker's recovery, not the test's subject: the lagging node is restarted
+                # (it rejoins from its store and catches up) so the next test gets a healthy
+                # cluster; the nodes' log tails are printed for the record.
+                for node in await asyncio.to_thread(cluster.lagging, name):
+                    print(f"teardown: {name} lags on {node.name}; restarting it\n"
+                          f"{cluster.log_tail(node)}")  # fmt: skip
+                    await asyncio.to_thread(cluster.restart, node)
+                await asyncio.to_thread(cluster.heal)
+                await asyncio.to_thread(cluster.replicas_current, name, 30.0)
             with contextlib.suppress(NotFoundError):
                 await js.delete_stream(name)

@@ -296,6 +296,31 @@ class NatsCluster:
             time.sleep(0.05)
         raise ClusterError(f"stream {stream}'s replicas are not current within {timeout:g}s")
 
+    def lagging(self, stream: str) -> list[Node]:
+        """The nodes whose replica of `stream` is not current, as a node that sees a leader
+        says (every node but the leader when none does)."""
+        for node in self._answering():
+            try:
+                doc = node.monitor("/jsz?streams=true")
+            except OSError:
+                continue
+            for account in doc.get("account_details", []):
+                for info in account.get("stream_detail", []):
+                    cluster = info.get("cluster") or {}
+                    if info.get("name") != stream or not cluster.get("leader"):
+                        continue
+                    names = {p.get("name") for p in cluster.get("replicas") or []
+                             if not p.get("current")}  # fmt: skip
+                    return [n for n in self.nodes if n.name in names]
+        return list(self.nodes)
+
+    def log_tail(self, node: Node, lines: int = 15) -> str:
+        try:
+            text = (node.store / "nats-server.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
     def _all_current(self, node: Node, stream: str) -> bool:
         try:
             doc = node.monitor("/jsz?streams=true")
