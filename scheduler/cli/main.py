@@ -302,7 +302,14 @@ async def _run_daemon(daemon: Any, tokens: DevAccess | None = None, banner: bool
         loop.add_signal_handler(signal.SIGHUP, daemon.reload)
     runner = asyncio.create_task(daemon.run(), name="daemon")
     started = asyncio.create_task(daemon.started.wait(), name="started")
-    await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the second signal during start-up
+        started.cancel()
+        runner.cancel()
+        await asyncio.gather(runner, started, return_exceptions=True)
+        print("scheduler: stopped at once (second signal)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if started.done() and not runner.done():
         if banner:
             access = None

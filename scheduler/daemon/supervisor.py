@@ -91,6 +91,7 @@ class Pair:
         self._edge_ran = False
         self._spawned = asyncio.Event()
         self._stopping = False
+        self._termed: asyncio.subprocess.Process | None = None  # the child sent SIGTERM
 
     # -- what `scheduler run` asks of a daemon ------------------------------------------------
     @property
@@ -228,11 +229,16 @@ class Pair:
 
     def _signal_child(self, sig: int) -> None:
         if self.child is not None and self.child.returncode is None:
+            if sig == signal.SIGTERM:
+                # once per child: a second SIGTERM is a second Ctrl-C to it (no grace)
+                if self._termed is self.child:
+                    return
+                self._termed = self.child
             with contextlib.suppress(ProcessLookupError):
                 self.child.send_signal(sig)
 
     async def _stop_child(self) -> None:
-        """SIGTERM, then SIGKILL after EDGE_STOP_GRACE."""
+        """SIGTERM (unless sent already), then SIGKILL after EDGE_STOP_GRACE."""
         child = self.child
         if child is None or child.returncode is not None:
             return

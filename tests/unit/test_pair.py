@@ -3,16 +3,21 @@ exposition and the metrics port's Host guard."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler.api.edge import host_policy
 from scheduler.api.starting import MetricsApp
+from scheduler.cli.main import EXIT_INTERRUPTED, _run_daemon
 from scheduler.daemon.edge import CachedRender, EdgeDaemon, FolderEngine
 from scheduler.daemon.pair import (
     ENGINE_METRICS,
@@ -22,6 +27,7 @@ from scheduler.daemon.pair import (
     read_engine_report,
     write_json,
 )
+from scheduler.daemon.supervisor import Pair
 from scheduler.settings import Settings
 
 
@@ -116,3 +122,71 @@ async def test_the_metrics_port_keeps_the_apis_host_guard() -> None:
         assert (await c.get("/metrics")).status_code == 200
         refused = await c.get("/metrics", headers={"Host": "rebound.example"})
         assert refused.status_code == 400
+
+
+class _Child:
+    """Just what `Pair` touches of its edge child: the signals it gets, its exit."""
+
+    def __init__(self) -> None:
+        self.returncode: int | None = None
+        self.pid = 4242
+        self.signals: list[int] = []
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        if sig == signal.SIGKILL:
+            self.returncode = -9
+
+    async def wait(self) -> int:
+        self.returncode = 0 if self.returncode is None else self.returncode
+        return self.returncode
+
+
+async def test_a_stopping_pair_sends_its_edge_one_sigterm(tmp_path: Path) -> None:
+    """`stop()` sends SIGTERM, and the stop before the embedded servers go (or the end of
+    `run`) only waits: a second SIGTERM is a second Ctrl-C to the edge, which then drops its
+    grace (seen: an edge stopped during its start printed a CancelledError traceback)."""
+    pair = Pair(Settings(data_dir=tmp_path, run_dir=tmp_path / "run"))
+    child = _Child()
+    pair.child = child  # type: ignore[assignment]
+    pair.stop()
+    await pair._stop_child()
+    await pair._stop_child()
+    assert child.signals == [signal.SIGTERM]
+    restarted = _Child()  # a new child (an edge restarted) gets its own SIGTERM
+    pair.child = restarted  # type: ignore[assignment]
+    await pair._stop_child()
+    assert restarted.signals == [signal.SIGTERM]
+
+
+async def test_a_second_signal_during_start_up_ends_the_run_without_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The second SIGTERM or Ctrl-C while the daemon is still starting cancels the start and
+    says so in one line (it raised CancelledError out of `scheduler run` before)."""
+
+    class Starting:
+        started = asyncio.Event()  # never set: the start never ends
+        embedded = False
+        stopped = False
+
+        def stop(self) -> None:
+            self.stopped = True
+
+        async def run(self) -> None:
+            await asyncio.Event().wait()
+
+    daemon = Starting()
+    loop = asyncio.get_running_loop()
+    run = asyncio.create_task(_run_daemon(daemon))
+    try:
+        await asyncio.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(0.01)
+        assert daemon.stopped and not run.done()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await asyncio.wait_for(run, 2) == EXIT_INTERRUPTED
+    finally:  # the session's loop keeps no handler of this pretend daemon
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+    assert "stopped at once (second signal)" in capsys.readouterr().err
