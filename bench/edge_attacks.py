@@ -27,12 +27,18 @@ Only `scheduler run` and the HTTP and NATS interfaces are driven (the lease hold
 PostgreSQL's epoch row, CPU is summed over each daemon's process tree), so the script measures
 a daemon that runs its roles as separate processes the same way.
 
+`--attacker-nice N` runs the attacker processes at nice N. On one 2-core host the attackers'
+own CPU (an HTTP or NATS client flooding at thousands of requests a second) takes the cores the
+engine waits for, which clients on other hosts (production's case) do not; at nice 19 they
+only get what the daemons leave, a stand-in for remote clients. The default (0) is the
+same-host worst case.
+
 `--tree PATH` runs the daemons from another checkout (its code through PYTHONPATH; the bench's
 own code stays this tree's), e.g. a worktree of an older commit for a "before" table.
 
     .venv/bin/python bench/edge_attacks.py [--rate 300] [--quiet-seconds 20]
         [--phase-seconds 20] [--gap-seconds 5] [--max-recovery 60] [--vectors chunked_get,...]
-        [--pending 200000] [--ttl 3] [--tree PATH] [--logs DIR] [--out FILE]
+        [--pending 200000] [--ttl 3] [--attacker-nice 0] [--tree PATH] [--logs DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -356,6 +362,12 @@ def main() -> None:
     ap.add_argument("--lead", type=float, default=8, help="s before the first due, beyond publish")
     ap.add_argument("--grace", type=float, default=30, help="s to wait for the last deliveries")
     ap.add_argument("--log-level", default="WARNING", help="the daemons' SCHEDULER_LOG_LEVEL")
+    ap.add_argument(
+        "--attacker-nice",
+        type=int,
+        default=0,
+        help="run the attackers at this nice value (19: a stand-in for clients on other hosts)",
+    )
     ap.add_argument("--tree", default="", help="run the daemons from this checkout's code")
     ap.add_argument("--logs", default="", help="keep the daemons' logs in this folder")
     ap.add_argument("--out", default=None, help="also write the JSON here")

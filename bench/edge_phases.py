@@ -79,11 +79,13 @@ def due_of(scheduled_for: str | None, data: bytes) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def start_attacker(vector: str, target: Target, out: str) -> subprocess.Popen[bytes]:
+def start_attacker(vector: str, target: Target, out: str, nice: int = 0) -> subprocess.Popen[bytes]:
     """The attacker's child process; it says `ready` once imported, then waits for its window
-    (`start until` on stdin)."""
+    (`start until` on stdin). `nice` > 0 runs it at that nice value (`--attacker-nice`)."""
     args = [sys.executable, SCRIPT, "--attack", vector, "--target-json"]
     args += [json.dumps(dataclasses.asdict(target)), "--out", out]
+    if nice > 0:
+        args = ["nice", "-n", str(nice), *args]
     return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 
@@ -185,7 +187,7 @@ async def attack_phase(
     await asyncio.sleep(max(0.0, not_before - time.time() - 1.5))
     watch = Watch(daemons, conn)
     holder = await watch.holder()
-    child = start_attacker(vector, aimed(daemons, holder, env.nats_url), out)
+    child = start_attacker(vector, aimed(daemons, holder, env.nats_url), out, a.attacker_nice)
     try:
         window = await open_window(child, not_before, a.phase_seconds)
     except (RuntimeError, TimeoutError):
