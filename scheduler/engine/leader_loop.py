@@ -24,7 +24,7 @@ from scheduler.engine.delayed.fairness import horizon_heap
 from scheduler.engine.delayed.horizon import Catchup, Horizon
 from scheduler.engine.delayed.intake import Intake
 from scheduler.engine.delayed.quota import OrgLedger
-from scheduler.engine.office import Office
+from scheduler.engine.office import Office, TermOffice
 from scheduler.engine.ports import Broker, Bus, TaskRepository
 from scheduler.messages.envelope import Limits
 from scheduler.records import from_ms, to_ms
@@ -81,7 +81,8 @@ class LeaderEngine:
         if not taking.done() or taking.cancelled():
             return  # stopped while standing by
         epoch = taking.result()
-        publisher = await self.bus.open_publisher(PUBLISH_TIMEOUT, self.office.may_act)
+        office = TermOffice(self.office, epoch)  # this term's: not the next one's
+        publisher = await self.bus.open_publisher(PUBLISH_TIMEOUT, office.may_act)
         relinked = asyncio.Event()
 
         def on_link(up: bool) -> None:
@@ -99,7 +100,7 @@ class LeaderEngine:
             horizon=self.horizon,
             tasks=self.tasks,
             publisher=publisher,
-            office=self.office,
+            office=office,
             clock=self.clock,
             events=self._events,
             on_stream=self.check_stream,
@@ -128,12 +129,12 @@ class LeaderEngine:
                             self.intake_stream, self.settings.intake_consumer, self.settings.batch
                         ),
                         stop,
-                        self.office.may_act,
+                        office.may_act,
                     ),
                     name="intake",
                 )
                 tg.create_task(self._loader(stop, dispatcher, epoch), name="loader")
-                tg.create_task(self._watch_office(stop, publisher), name="office-watch")
+                tg.create_task(self._watch_office(office, stop, publisher), name="office-watch")
                 tg.create_task(
                     self._revalidate(epoch, publisher, dispatcher, relinked, stop), name="relink"
                 )
@@ -197,9 +198,11 @@ class LeaderEngine:
             self.warnings[stream] = why
             log.warning("stream.duplicate_window_short %s", why)
 
-    async def _watch_office(self, stop: asyncio.Event, publisher: Broker) -> None:
-        await first_of(self.office.lost.wait(), stop.wait())
-        if self.office.lost.is_set():
+    async def _watch_office(
+        self, office: TermOffice, stop: asyncio.Event, publisher: Broker
+    ) -> None:
+        await first_of(office.lost.wait(), stop.wait())
+        if not office.may_act():  # (`lost` may be cleared again: this instance began a new term)
             publisher.on_office_lost()  # nothing queued may go out after the lease
             if not stop.is_set():
                 raise OfficeLost()
@@ -243,7 +246,7 @@ class LeaderEngine:
         last_sweep, last_count = 0.0, self.clock.monotonic() - COUNT_EVERY + 3.0
         last_analyze = 0.0
         hungry = self.horizon.hungry
-        while not stop.is_set() and self.office.may_act():
+        while not stop.is_set() and dispatcher.office.may_act():  # this term's office
             hungry.clear()
             try:
                 full = await self.load_once()

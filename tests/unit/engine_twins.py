@@ -70,7 +70,12 @@ class Lane:
 
 
 class Office(FixedOffice):
-    """A fixed office whose epoch the test may take away (`depose`) like a lost lease."""
+    """A fixed office whose epoch the test may take away (`depose`) like a lost lease, and
+    give back with a newer epoch (`retake`), as a lease lost and won again does."""
+
+    def retake(self, epoch: int) -> None:
+        self._epoch = epoch
+        self._lost.clear()
 
 
 @dataclass

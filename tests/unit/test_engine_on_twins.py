@@ -168,3 +168,20 @@ async def test_without_coalescing_every_task_goes_out_at_its_millisecond(twin: E
     late = {task_id: at[task_id] - due[task_id] for task_id in due}
     assert all(0 <= ms <= 1 for ms in late.values()), late  # 1 ms: the fake clock's float steps
     assert len(set(at.values())) >= 3, at  # published apart, not gathered
+
+
+async def test_a_term_ends_once_its_instance_holds_a_newer_epoch(twin: Engine) -> None:
+    """Office lost and won again (a newer epoch) before the term looked: the old term ends
+    and publishes nothing more. It went on as if it led (the office was held again, `lost`
+    cleared), its writes fenced by the newer epoch, and held the new term back (2.1 s on a
+    3-node cluster after a SIGSTOP of the lease's node)."""
+    assert twin.runner is not None
+    task_id = twin.send(5_000)
+    await twin.until(lambda: task_id in twin.store.rows)
+    newer = await twin.store.take_office("twin")
+    twin.office.depose()
+    twin.office.retake(newer)  # before the term's loops run again
+    await twin.until(twin.runner.done, limit_ms=2_000)
+    twin.clock.advance(6)
+    await twin.settle()
+    assert twin.ids() == [] and twin.store.status(task_id) == "pending"

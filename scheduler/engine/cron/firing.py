@@ -25,7 +25,7 @@ from scheduler.engine.cron.cursors import CursorBook, Result
 from scheduler.engine.cron.events import CronEvents
 from scheduler.engine.cron.message import envelope
 from scheduler.engine.cron.plan import Firing, OccurrencePlanner
-from scheduler.engine.office import Office
+from scheduler.engine.office import Office, TermOffice
 from scheduler.engine.ports import Broker, Bus, ScheduleRepository
 from scheduler.errors import FencedError
 from scheduler.records import PubAck, PublishError
@@ -110,7 +110,8 @@ class CronEngine:
     async def _loop(self, epoch: int, publisher: Broker, stop: asyncio.Event) -> None:
         await self.sync()
         cursors = await self.store.cursors()
-        while not stop.is_set() and self.office.may_act():
+        office = TermOffice(self.office, epoch)  # this term's: not a newer one of this instance
+        while not stop.is_set() and office.may_act():
             if self.catalog.stale():
                 self.catalog.reload_requested.clear()
                 await self.sync()
