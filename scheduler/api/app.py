@@ -35,6 +35,7 @@ from scheduler.api.routes.common import MAX_LIMIT
 from scheduler.api.server import Served, serve
 from scheduler.metrics import Metrics
 from scheduler.operations.build import Operations
+from scheduler.operations.records import Instance
 from scheduler.settings import Settings
 
 __all__ = ["ApiBackend", "Served", "build_api", "serve"]
@@ -79,7 +80,7 @@ class ApiBackend(Protocol):
 
     async def leader(self) -> dict[str, Any]: ...
 
-    async def instances(self) -> list[dict[str, Any]]:
+    async def instances(self) -> list[Instance]:
         """The instances' heartbeats (`scheduler.operations.instances`)."""
         ...
 

@@ -21,6 +21,54 @@ from pydantic import (
 )
 
 from scheduler.messages.envelope import bounded_instant
+from scheduler.operations.records import (
+    AuditRun as AuditRun,
+)
+from scheduler.operations.records import (
+    AuditRuns as AuditRuns,
+)
+from scheduler.operations.records import (
+    EpochSeen as EpochSeen,
+)
+from scheduler.operations.records import (
+    History as History,
+)
+from scheduler.operations.records import (
+    HistoryBucket as HistoryBucket,
+)
+from scheduler.operations.records import (
+    HistoryLateness as HistoryLateness,
+)
+from scheduler.operations.records import (
+    Instance as Instance,
+)
+from scheduler.operations.records import (
+    InstanceList as InstanceList,
+)
+from scheduler.operations.records import (
+    LateFire as LateFire,
+)
+from scheduler.operations.records import (
+    Lateness as Lateness,
+)
+from scheduler.operations.records import (
+    LeaseAge as LeaseAge,
+)
+from scheduler.operations.records import (
+    LeaseHolder as LeaseHolder,
+)
+from scheduler.operations.records import (
+    PartsHealth as PartsHealth,
+)
+from scheduler.operations.records import (
+    PostgresHealth as PostgresHealth,
+)
+from scheduler.operations.records import (
+    Stats as Stats,
+)
+from scheduler.operations.records import (  # the read models, served as they are
+    SubjectCount as SubjectCount,
+)
 
 TASK_ID = r"^[\x21-\x7e]{1,200}$"  # the envelope's id rule: printable ASCII, no spaces
 JOB_NAME = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
@@ -312,147 +360,7 @@ class ReplayBatchResult(BaseModel):
 
 
 # -- statistics --------------------------------------------------------------------------------
-class SubjectCount(BaseModel):
-    subject: str
-    pending: int
-
-
-class Lateness(BaseModel):
-    window_seconds: int
-    samples: int
-    p50: float | None
-    p99: float | None
-
-
-class LeaseHolder(BaseModel):
-    instance: str | None
-    epoch: int | None
-    since: str | None
-
-
-class Stats(BaseModel):
-    at: datetime
-    pending: int
-    pending_by_subject: list[SubjectCount]
-    due: dict[str, int] = Field(description="pending tasks due within 1m, 5m, 15m, 1h")
-    lateness_ms: Lateness
-    dead_letters_unresolved: int
-    leader: LeaseHolder
-    epoch: int
-    epoch_taken_by: str | None
-    epoch_taken_at: datetime | None
-    instance: dict[str, Any] = Field(description="how the answering instance sees itself")
-
-
-class HistoryLateness(BaseModel):
-    p50: float | None
-    p99: float | None
-    max: float | None
-
-
-class HistoryBucket(BaseModel):
-    start: datetime
-    deliveries: int | None = Field(description="null: before `covered_since` (not read)")
-    per_minute: float | None
-    p50_ms: float | None
-    p99_ms: float | None
-    max_ms: float | None
-    abnormal: bool = Field(description="a delivery in it was at least `abnormal_ms` late")
-    dead_letters: int | None = Field(description="dead letters that last failed in it (all jobs)")
-
-
-class LateFire(BaseModel):
-    kind: Literal["cron", "delayed"]
-    key: str = Field(description="the cron job's name or the delayed task's id")
-    subject: str
-    scheduled_for: datetime
-    fired_at: datetime
-    lateness_ms: float
-    attempt: int
-    epoch: int
-    instance: str
-    cause: str | None = Field(description="why it was late, when the fire log tells it")
-
-
-class EpochSeen(BaseModel):
-    epoch: int
-    instance: str
-    first_fired_at: datetime
-    last_fired_at: datetime
-
-
-class History(BaseModel):
-    at: datetime = Field(description="when these figures were read (shared for a few seconds)")
-    window: Literal["1h", "1d"]
-    job: str | None
-    since: datetime
-    until: datetime
-    bucket_seconds: int
-    deliveries: int
-    truncated: bool = Field(description="more deliveries than one read takes: see covered_since")
-    covered_since: datetime | None
-    abnormal_ms: float
-    lateness_ms: HistoryLateness
-    buckets: list[HistoryBucket]
-    late: list[LateFire] = Field(
-        description="up to 10 deliveries at least abnormal_ms late, the latest first"
-    )
-    epochs: list[EpochSeen] = Field(description="the epochs that delivered in the window")
-
-
-class PostgresHealth(BaseModel):
-    reachable: bool
-    round_trip_ms: float | None
-    migrated: bool
-
-
-class LeaseAge(BaseModel):
-    instance: str | None
-    epoch: int | None
-    since: str | None
-    age_seconds: float | None
-
-
-class PartsHealth(BaseModel):
-    at: datetime
-    instance: str | None
-    role: str | None
-    nats: str = Field(description="connected, disconnected or closed")
-    postgres: PostgresHealth
-    clock_skew_ms: float | None = Field(description="this host's clock minus PostgreSQL's")
-    clock_skew_bound_ms: float
-    clock_skew_ok: bool | None
-    lease: LeaseAge
-
-
-# -- instances ---------------------------------------------------------------------------------
-class Instance(BaseModel):
-    instance: str
-    role: Literal["leader", "standby"]
-    epoch: int | None
-    since: datetime | None = Field(description="when it took this role")
-    last_seen: datetime = Field(description="its latest heartbeat (every 5 s)")
-    stale: bool = Field(description="no heartbeat for 15 s: crashed, or cut off from NATS")
-
-
-class InstanceList(BaseModel):
-    items: list[Instance]
-
-
 # -- drift audit -------------------------------------------------------------------------------
-class AuditRun(BaseModel):
-    run: str = Field(description="the run's folder under SCHEDULER_AUDIT_DIR")
-    day: str = Field(description="the day audited: the folder's name, or when it was written")
-    written_at: datetime = Field(description="when its summary.json was written")
-    has_report: bool
-
-
-class AuditRuns(BaseModel):
-    configured: bool = Field(description="false: SCHEDULER_AUDIT_DIR is not set")
-    problem: str | None = Field(description="why the folder cannot be read")
-    items: list[AuditRun] = Field(description="newest first")
-
-
 class AuditSummary(BaseModel):
     run: str
     has_report: bool

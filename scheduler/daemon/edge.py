@@ -51,6 +51,7 @@ from scheduler.metrics import Metrics
 from scheduler.operations import paging
 from scheduler.operations.build import Operations, build_operations
 from scheduler.operations.instances import read_instances
+from scheduler.operations.records import Instance
 from scheduler.settings import Settings
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.intents import IntentLimits
@@ -368,7 +369,7 @@ class EdgeDaemon(Phased):
             "self": me,
         }
 
-    async def instances(self) -> list[dict[str, Any]]:
+    async def instances(self) -> list[Instance]:
         """What `GET /v1/instances` answers: every instance's latest heartbeat."""
         if self.state_kv is None:
             raise ServiceUnavailableError("NATS", "the state bucket is not open yet")

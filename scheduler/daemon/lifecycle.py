@@ -27,6 +27,7 @@ from scheduler.daemon.engine import EngineDaemon
 from scheduler.daemon.pair import EngineReport
 from scheduler.daemon.runstate import Endpoints, Phased, RunState
 from scheduler.metrics import Metrics
+from scheduler.operations.records import Instance
 from scheduler.settings import Settings
 
 __all__ = ["Daemon", "Endpoints", "RunState", "migrate", "tune_gc"]
@@ -200,7 +201,7 @@ class Daemon(Phased):
     async def leader(self) -> dict[str, Any]:
         return await self.edge.leader()
 
-    async def instances(self) -> list[dict[str, Any]]:
+    async def instances(self) -> list[Instance]:
         return await self.edge.instances()
 
     def is_alive(self) -> bool:

@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from scheduler.operations.records import AuditRun, AuditRuns
+
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 SUMMARY = "summary.json"
 REPORT = "report.html"
@@ -40,16 +42,17 @@ class AuditReports:
 
     directory: Path | None
 
-    def listing(self, limit: int) -> dict[str, Any]:
-        """`{configured, problem, items}`: the newest `limit` runs, newest first."""
+    def listing(self, limit: int) -> AuditRuns:
+        """Whether a folder is configured, why it cannot be read, and the newest `limit` runs,
+        newest first."""
         if self.directory is None:
-            return {"configured": False, "problem": None, "items": []}
+            return AuditRuns(configured=False, problem=None, items=[])
         if not self.directory.is_dir():
             problem = f"SCHEDULER_AUDIT_DIR: {self.directory} is not a readable folder"
-            return {"configured": True, "problem": problem, "items": []}
+            return AuditRuns(configured=True, problem=problem, items=[])
         runs = [run for child in self._children() if (run := self._describe(child))]
-        runs.sort(key=lambda r: (r["day"], r["written_at"]), reverse=True)
-        return {"configured": True, "problem": None, "items": runs[:limit]}
+        runs.sort(key=lambda r: (r.day, r.written_at), reverse=True)
+        return AuditRuns(configured=True, problem=None, items=runs[:limit])
 
     def summary(self, run: str) -> dict[str, Any] | None:
         """The run's `summary.json` as written, or None when there is no such run."""
@@ -95,7 +98,7 @@ class AuditReports:
         path = (folder / name).resolve()
         return path if path.parent == folder and path.is_file() else None
 
-    def _describe(self, child: Path) -> dict[str, Any] | None:
+    def _describe(self, child: Path) -> AuditRun | None:
         summary = self._file(child.name, SUMMARY)
         if summary is None:
             return None
@@ -104,12 +107,9 @@ class AuditReports:
         except OSError:
             return None
         day = child.name if _DAY.fullmatch(child.name) else written.date().isoformat()
-        return {
-            "run": child.name,
-            "day": day,
-            "written_at": written,
-            "has_report": self.has_report(child.name),
-        }
+        return AuditRun(
+            run=child.name, day=day, written_at=written, has_report=self.has_report(child.name)
+        )
 
 
 def _read(path: Path, limit: int, run: str) -> bytes:

@@ -26,6 +26,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from scheduler.clock import Clock
+from scheduler.operations.records import (
+    EpochSeen,
+    History,
+    HistoryBucket,
+    HistoryLateness,
+    LateFire,
+    LeaseAge,
+    PartsHealth,
+    PostgresHealth,
+)
 from scheduler.operations.shared import SharedRead
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.epoch import database_time
@@ -96,40 +106,41 @@ def _at(value: Any) -> datetime:
 Doc = dict[str, Any]
 
 
-def shape(name: str, window: Window, read: Doc, office: Doc) -> Doc:
-    """The answer of `/v1/stats/history` from one read: every bucket (empty ones too)."""
+def shape(name: str, window: Window, read: Doc, office: Doc, at: datetime) -> History:
+    """The answer of `/v1/stats/history` from one read at `at`: every bucket (empty ones too)."""
     count = int(WINDOWS[name][0] / window.bucket)
     truncated = read["deliveries"] >= window.cap
     covered = read["oldest"] if truncated else window.since
-    return {
-        "window": name,
-        "job": window.job,
-        "since": window.since,
-        "until": window.until,
-        "bucket_seconds": int(window.bucket.total_seconds()),
-        "deliveries": read["deliveries"],
-        "truncated": truncated,
-        "covered_since": covered,
-        "abnormal_ms": window.abnormal_ms,
-        "lateness_ms": {"p50": read["p50"], "p99": read["p99"], "max": read["max"]},
-        "buckets": _buckets(window, count, read, covered),
-        "late": [_late(f, read["epochs"], office) for f in read["worst"]],
-        "epochs": [_epoch(e) for e in read["epochs"]],
-    }
+    return History(
+        at=at,
+        window=name,  # one of WINDOWS: window_of accepted it
+        job=window.job,
+        since=window.since,
+        until=window.until,
+        bucket_seconds=int(window.bucket.total_seconds()),
+        deliveries=read["deliveries"],
+        truncated=truncated,
+        covered_since=covered,
+        abnormal_ms=window.abnormal_ms,
+        lateness_ms=HistoryLateness(p50=read["p50"], p99=read["p99"], max=read["max"]),
+        buckets=_buckets(window, count, read, covered),
+        late=[_late(f, read["epochs"], office) for f in read["worst"]],
+        epochs=[_epoch(e) for e in read["epochs"]],
+    )
 
 
-def _epoch(e: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "epoch": e["epoch"],
-        "instance": e["instance"],
-        "first_fired_at": e["first_at"],
-        "last_fired_at": e["last_at"],
-    }
+def _epoch(e: Doc) -> EpochSeen:
+    return EpochSeen(
+        epoch=e["epoch"],
+        instance=e["instance"],
+        first_fired_at=e["first_at"],
+        last_fired_at=e["last_at"],
+    )
 
 
 def _buckets(
-    window: Window, count: int, read: dict[str, Any], covered: datetime | None
-) -> list[dict[str, Any]]:
+    window: Window, count: int, read: Doc, covered: datetime | None
+) -> list[HistoryBucket]:
     found = {b["i"]: b for b in read["buckets"]}
     dead = read["dead"]
     minutes = window.bucket.total_seconds() / 60
@@ -140,32 +151,32 @@ def _buckets(
         q = (b or {}).get("q") or [None, None]
         known = covered is None or start + window.bucket > covered
         n = b["n"] if b else (0 if known else None)
-        shown.append({
-            "start": start,
-            "deliveries": n,
-            "per_minute": None if n is None else round(n / minutes, 3),
-            "p50_ms": q[0],
-            "p99_ms": q[1],
-            "max_ms": b["mx"] if b else None,
-            "abnormal": bool(b and b["mx"] >= window.abnormal_ms),
-            "dead_letters": None if dead is None else dead.get(i, 0),
-        })  # fmt: skip
+        shown.append(HistoryBucket(
+            start=start,
+            deliveries=n,
+            per_minute=None if n is None else round(n / minutes, 3),
+            p50_ms=q[0],
+            p99_ms=q[1],
+            max_ms=b["mx"] if b else None,
+            abnormal=bool(b and b["mx"] >= window.abnormal_ms),
+            dead_letters=None if dead is None else dead.get(i, 0),
+        ))  # fmt: skip
     return shown
 
 
-def _late(fire: Doc, epochs: list[Doc], office: Doc) -> Doc:
-    return {
-        "kind": fire["kind"],
-        "key": fire["key"],
-        "subject": fire["subject"],
-        "scheduled_for": fire["scheduled_for"],
-        "fired_at": fire["fired_at"],
-        "lateness_ms": fire["late_ms"],
-        "attempt": fire["attempt"],
-        "epoch": fire["epoch"],
-        "instance": fire["instance"],
-        "cause": cause(fire, epochs, office),
-    }
+def _late(fire: Doc, epochs: list[Doc], office: Doc) -> LateFire:
+    return LateFire(
+        kind=fire["kind"],
+        key=fire["key"],
+        subject=fire["subject"],
+        scheduled_for=fire["scheduled_for"],
+        fired_at=fire["fired_at"],
+        lateness_ms=fire["late_ms"],
+        attempt=fire["attempt"],
+        epoch=fire["epoch"],
+        instance=fire["instance"],
+        cause=cause(fire, epochs, office),
+    )
 
 
 class HistoryReads:
@@ -175,21 +186,21 @@ class HistoryReads:
         self.store = store
         self.overview = overview
         self.clock = clock
-        self._kept: OrderedDict[tuple[str, str | None], SharedRead[dict[str, Any]]] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, str | None], SharedRead[History]] = OrderedDict()
 
-    async def read(self, name: str, job: str | None = None) -> dict[str, Any]:
+    async def read(self, name: str, job: str | None = None) -> History:
         key = (name, job)
         shared = self._kept.pop(key, None) or SharedRead(self.clock, MAX_AGE)
         self._kept[key] = shared  # most recently used last; the oldest leaves beyond KEPT
         while len(self._kept) > KEPT:
             self._kept.popitem(last=False)
 
-        async def fresh() -> dict[str, Any]:
+        async def fresh() -> History:
             now = self.clock.now()
             window = window_of(name, now, job)
             read = await self.store.read(window)
             office = await self.overview.leadership()
-            return {"at": now, **shape(name, window, read, office)}
+            return shape(name, window, read, office, now)
 
         return await shared.get(fresh)
 
@@ -227,28 +238,28 @@ class HealthCheck:
 
 def health(
     ready: dict[str, Any], leader: dict[str, Any], ping: Ping, bound_ms: float, now: datetime
-) -> dict[str, Any]:
+) -> PartsHealth:
     """The answer of `/v1/stats/health` from what the instance and PostgreSQL said."""
     since = leader.get("since")
     age = (now - _at(since)).total_seconds() if since else None
     skew_ok = None if ping.skew_ms is None or bound_ms <= 0 else abs(ping.skew_ms) <= bound_ms
-    return {
-        "at": now,
-        "instance": ready.get("instance"),
-        "role": ready.get("role"),
-        "nats": ready.get("nats", "disconnected"),
-        "postgres": {
-            "reachable": ping.reachable,
-            "round_trip_ms": ping.round_trip_ms,
-            "migrated": ready.get("postgres") == "migrated",
-        },
-        "clock_skew_ms": ping.skew_ms,
-        "clock_skew_bound_ms": bound_ms,
-        "clock_skew_ok": skew_ok,
-        "lease": {
-            "instance": leader.get("instance"),
-            "epoch": leader.get("epoch"),
-            "since": since,
-            "age_seconds": None if age is None else round(age, 3),
-        },
-    }
+    return PartsHealth(
+        at=now,
+        instance=ready.get("instance"),
+        role=ready.get("role"),
+        nats=ready.get("nats", "disconnected"),
+        postgres=PostgresHealth(
+            reachable=ping.reachable,
+            round_trip_ms=ping.round_trip_ms,
+            migrated=ready.get("postgres") == "migrated",
+        ),
+        clock_skew_ms=ping.skew_ms,
+        clock_skew_bound_ms=bound_ms,
+        clock_skew_ok=skew_ok,
+        lease=LeaseAge(
+            instance=leader.get("instance"),
+            epoch=leader.get("epoch"),
+            since=since,
+            age_seconds=None if age is None else round(age, 3),
+        ),
+    )

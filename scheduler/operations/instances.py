@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import datetime, timedelta
-from typing import Any
 
 from nats.js.kv import KeyValue
 
 from scheduler.leadership.heartbeat import HEARTBEAT_EVERY
+from scheduler.operations.records import Instance
 
 PREFIX = "instances."
 STALE_AFTER = timedelta(seconds=3 * HEARTBEAT_EVERY)
@@ -25,7 +25,7 @@ GONE_AFTER = timedelta(hours=1)
 READ_TIMEOUT = 2.0
 
 
-async def read_instances(kv: KeyValue, now: datetime) -> list[dict[str, Any]]:
+async def read_instances(kv: KeyValue, now: datetime) -> list[Instance]:
     """Every instance seen within `GONE_AFTER`: the leader first, then by name."""
     watcher = await kv.watch(PREFIX + ">", ignore_deletes=True)
     entries: list[tuple[str, bytes]] = []
@@ -36,10 +36,10 @@ async def read_instances(kv: KeyValue, now: datetime) -> list[dict[str, Any]]:
     finally:
         await watcher.stop()
     found = [d for key, value in entries if (d := instance_record(key, value, now)) is not None]
-    return sorted(found, key=lambda d: (d["stale"], d["role"] != "leader", d["instance"]))
+    return sorted(found, key=lambda d: (d.stale, d.role != "leader", d.instance))
 
 
-def instance_record(key: str, value: bytes, now: datetime) -> dict[str, Any] | None:
+def instance_record(key: str, value: bytes, now: datetime) -> Instance | None:
     """One heartbeat as listed (an older daemon's names its instance by its key only), or None
     when it is not a heartbeat or too old to list."""
     try:
@@ -51,14 +51,15 @@ def instance_record(key: str, value: bytes, now: datetime) -> dict[str, Any] | N
     if now - seen > GONE_AFTER:
         return None
     since = doc.get("since")
-    return {
-        "instance": instance,
-        "role": "leader" if doc.get("role") == "leader" else "standby",
-        "epoch": doc.get("epoch") if isinstance(doc.get("epoch"), int) else None,
-        "since": _instant(since) if isinstance(since, str) else None,
-        "last_seen": seen,
-        "stale": now - seen > STALE_AFTER,
-    }
+    epoch = doc.get("epoch")
+    return Instance(
+        instance=instance,
+        role="leader" if doc.get("role") == "leader" else "standby",
+        epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
+        since=_instant(since) if isinstance(since, str) else None,
+        last_seen=seen,
+        stale=now - seen > STALE_AFTER,
+    )
 
 
 def _instant(text: str) -> datetime:

@@ -22,6 +22,7 @@ from typing import Any
 
 from scheduler.clock import Clock
 from scheduler.operations.history import HealthCheck, HistoryReads
+from scheduler.operations.records import Lateness, LeaseHolder, Stats, SubjectCount
 from scheduler.operations.shared import SharedRead
 from scheduler.store.postgres.dead_letters import DeadLetterStore
 from scheduler.store.postgres.history import HistoryStore
@@ -81,30 +82,35 @@ class StatsOperations:
             leadership=await self.overview.leadership(),
         )
 
-    async def stats(self, top: int) -> dict[str, Any]:
+    async def stats(self, top: int) -> Stats:
         f = await self.shared.get(self.figures)
         leadership = f.leadership
         lease = await self.lease()
         by_subject = f.by_subject[:top]
         others = f.pending - sum(n for _, n in by_subject)
-        subjects = [{"subject": s, "pending": n} for s, n in by_subject]
+        subjects = [SubjectCount(subject=s, pending=n) for s, n in by_subject]
         if others:
-            subjects.append({"subject": OTHER, "pending": others})
+            subjects.append(SubjectCount(subject=OTHER, pending=others))
         samples, p50, p99 = f.lateness
-        return {
-            "at": f.at,
-            "pending": f.pending,
-            "pending_by_subject": subjects,
-            "due": dict(f.due),
-            "lateness_ms": {"window_seconds": 300, "samples": samples, "p50": p50, "p99": p99},
-            "dead_letters_unresolved": f.dead_letters_unresolved,
-            "leader": {
-                "instance": lease.get("instance"),
-                "epoch": lease.get("epoch"),
-                "since": lease.get("since"),
-            },
-            "epoch": leadership["epoch"],
-            "epoch_taken_by": leadership["instance"],
-            "epoch_taken_at": leadership["since"],
-            "instance": lease.get("self", {}),
-        }
+        return Stats(
+            at=f.at,
+            pending=f.pending,
+            pending_by_subject=subjects,
+            due=dict(f.due),
+            lateness_ms=Lateness(
+                window_seconds=int(LATENESS_WINDOW.total_seconds()),
+                samples=samples,
+                p50=p50,
+                p99=p99,
+            ),
+            dead_letters_unresolved=f.dead_letters_unresolved,
+            leader=LeaseHolder(
+                instance=lease.get("instance"),
+                epoch=lease.get("epoch"),
+                since=lease.get("since"),
+            ),
+            epoch=leadership["epoch"],
+            epoch_taken_by=leadership["instance"],
+            epoch_taken_at=leadership["since"],
+            instance=lease.get("self", {}),
+        )

@@ -16,6 +16,7 @@ from scheduler.console.display import ago, in_zone, ms, seg, when
 from scheduler.console.session import Signer
 from scheduler.operations.audits import AuditReports, AuditUnreadableError
 from scheduler.operations.instances import instance_record
+from scheduler.operations.records import AuditRuns
 from scheduler.settings import Settings
 
 NOW = 1_800_000_000.0
@@ -105,16 +106,16 @@ def test_audit_runs_are_listed_newest_day_first(tmp_path: Path) -> None:
     (tmp_path / "2026-11-23").mkdir()  # still running: no summary yet
     write_run(tmp_path, ".hidden")
     listing = AuditReports(tmp_path).listing(10)
-    assert listing["configured"] and listing["problem"] is None
-    runs = [(r["run"], r["day"], r["has_report"]) for r in listing["items"]]
+    assert listing.configured and listing.problem is None
+    runs = [(r.run, r.day, r.has_report) for r in listing.items]
     assert runs == [
         ("2026-11-22", "2026-11-22", False),
         ("manual", "2026-11-21", True),
         ("2026-11-20", "2026-11-20", True),
     ]
-    assert [r["run"] for r in AuditReports(tmp_path).listing(2)["items"]] == runs_first_two(runs)
-    assert AuditReports(None).listing(10) == {"configured": False, "problem": None, "items": []}
-    assert "not a readable folder" in AuditReports(tmp_path / "no").listing(10)["problem"]
+    assert [r.run for r in AuditReports(tmp_path).listing(2).items] == runs_first_two(runs)
+    assert AuditReports(None).listing(10) == AuditRuns(configured=False, problem=None, items=[])
+    assert "not a readable folder" in str(AuditReports(tmp_path / "no").listing(10).problem)
 
 
 def runs_first_two(runs: list[tuple[str, str, bool]]) -> list[str]:
@@ -134,7 +135,7 @@ def test_audit_files_never_come_from_outside_the_folder(tmp_path: Path) -> None:
     assert reports.report("2026-11-21") == b"<p>report</p>"
     for name in ("linked", "..", "../secret", "2026-11-21/../../secret", "/etc", ""):
         assert reports.summary(name) is None and reports.report(name) is None, name
-    assert [r["run"] for r in reports.listing(10)["items"]] == ["2026-11-21"]
+    assert [r.run for r in reports.listing(10).items] == ["2026-11-21"]
     (root / "2026-11-21" / "summary.json").write_text("{not json")
     with pytest.raises(AuditUnreadableError, match="not JSON"):
         reports.summary("2026-11-21")
@@ -146,12 +147,12 @@ def test_heartbeats_list_role_since_and_staleness() -> None:
     now = datetime(2026, 11, 25, 10, 0, tzinfo=UTC)
     beat = {"instance": "a", "role": "leader", "epoch": 3, "since": "2026-11-25T09:00:00Z"}
     fresh = instance_record("a", json.dumps({**beat, "at": "2026-11-25T09:59:58Z"}).encode(), now)
-    assert fresh is not None and fresh["role"] == "leader" and fresh["epoch"] == 3
-    assert fresh["since"] == datetime(2026, 11, 25, 9, tzinfo=UTC) and not fresh["stale"]
+    assert fresh is not None and fresh.role == "leader" and fresh.epoch == 3
+    assert fresh.since == datetime(2026, 11, 25, 9, tzinfo=UTC) and not fresh.stale
     old = json.dumps({"role": "standby", "epoch": None, "at": "2026-11-25T09:59:30Z"}).encode()
     stale = instance_record("b", old, now)
-    assert stale is not None and stale["stale"] and stale["instance"] == "b"
-    assert stale["since"] is None
+    assert stale is not None and stale.stale and stale.instance == "b"
+    assert stale.since is None
     gone = json.dumps({**beat, "at": "2026-11-25T08:59:00Z"}).encode()
     assert instance_record("a", gone, now) is None
     assert instance_record("c", b"not json", now) is None

@@ -33,7 +33,7 @@ async def list_audits(
     request: Request,
     _: Reader,
     limit: Annotated[int, Query(ge=1, le=366, description="at most this many runs")] = 30,
-) -> Any:
+) -> AuditRuns:
     """The runs, newest day first (`configured` false when SCHEDULER_AUDIT_DIR is not set)."""
     return await asyncio.to_thread(_reports(request).listing, limit)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 
 from scheduler.api.auth import Reader
@@ -14,8 +12,8 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/v1/instances", response_model=InstanceList, responses=responses(401, 403, 503))
-async def list_instances(request: Request, _: Reader) -> Any:
+async def list_instances(request: Request, _: Reader) -> InstanceList:
     """Each instance with its role, epoch, since when and its latest heartbeat; the leader
     first. An instance that stopped leaves the list; one silent for 15 s is `stale`. For
     display: who leads is decided by the lease (`GET /v1/leader`)."""
-    return {"items": await request.app.state.backend.instances()}
+    return InstanceList(items=await request.app.state.backend.instances())

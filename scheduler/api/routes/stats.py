@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 
@@ -20,7 +20,7 @@ async def stats(
     ops: Ops,
     _: Reader,
     top: Annotated[int, Query(ge=1, le=100, description="subjects listed by name")] = 10,
-) -> Any:
+) -> Stats:
     """Pending tasks by subject (top N plus `other`), due within 1/5/15/60 minutes, lateness
     p50/p99 of the last 5 minutes, unresolved dead letters, leader and epoch. The figures are
     read once per SCHEDULER_FORECAST_INTERVAL and shared by every caller; `at` says when."""
@@ -38,7 +38,7 @@ async def history(
         str | None,
         Query(pattern=JOB_NAME, max_length=100, description="one cron job's deliveries only"),
     ] = None,
-) -> Any:
+) -> History:
     """Lateness p50/p99/max, deliveries per minute and dead letters per bucket over the last
     hour or day, from the fire log (manual fires left out); the deliveries at least
     `abnormal_ms` late, worst first, with their cause when the fire log tells it (a retry, a
@@ -48,7 +48,7 @@ async def history(
 
 
 @router.get("/v1/stats/health", response_model=PartsHealth, responses=responses(401, 403, 503))
-async def parts_health(ops: Ops, _: Reader, request: Request) -> Any:
+async def parts_health(ops: Ops, _: Reader, request: Request) -> PartsHealth:
     """The answering instance's NATS connection; whether PostgreSQL answers on the API's pool
     (round trip); this host's clock minus PostgreSQL's against SCHEDULER_MAX_CLOCK_SKEW; the
     lease holder and how long it has held office. PostgreSQL is asked at most every 2 s."""

@@ -1,0 +1,152 @@
+"""What the operator half answers, as records (the read models of `scheduler.operations`).
+
+The operations return these, not dicts: a route, a NATS verb or a test reads fields a type
+checker knows, and the HTTP API serves them as they are (its OpenAPI document is generated
+from them; `scheduler.api.models` re-exports them beside the request bodies)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class SubjectCount(BaseModel):
+    subject: str
+    pending: int
+
+
+class Lateness(BaseModel):
+    window_seconds: int
+    samples: int
+    p50: float | None
+    p99: float | None
+
+
+class LeaseHolder(BaseModel):
+    instance: str | None
+    epoch: int | None
+    since: str | None
+
+
+class Stats(BaseModel):
+    at: datetime
+    pending: int
+    pending_by_subject: list[SubjectCount]
+    due: dict[str, int] = Field(description="pending tasks due within 1m, 5m, 15m, 1h")
+    lateness_ms: Lateness
+    dead_letters_unresolved: int
+    leader: LeaseHolder
+    epoch: int
+    epoch_taken_by: str | None
+    epoch_taken_at: datetime | None
+    instance: dict[str, Any] = Field(description="how the answering instance sees itself")
+
+
+class HistoryLateness(BaseModel):
+    p50: float | None
+    p99: float | None
+    max: float | None
+
+
+class HistoryBucket(BaseModel):
+    start: datetime
+    deliveries: int | None = Field(description="null: before `covered_since` (not read)")
+    per_minute: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    abnormal: bool = Field(description="a delivery in it was at least `abnormal_ms` late")
+    dead_letters: int | None = Field(description="dead letters that last failed in it (all jobs)")
+
+
+class LateFire(BaseModel):
+    kind: Literal["cron", "delayed"]
+    key: str = Field(description="the cron job's name or the delayed task's id")
+    subject: str
+    scheduled_for: datetime
+    fired_at: datetime
+    lateness_ms: float
+    attempt: int
+    epoch: int
+    instance: str
+    cause: str | None = Field(description="why it was late, when the fire log tells it")
+
+
+class EpochSeen(BaseModel):
+    epoch: int
+    instance: str
+    first_fired_at: datetime
+    last_fired_at: datetime
+
+
+class History(BaseModel):
+    at: datetime = Field(description="when these figures were read (shared for a few seconds)")
+    window: Literal["1h", "1d"]
+    job: str | None
+    since: datetime
+    until: datetime
+    bucket_seconds: int
+    deliveries: int
+    truncated: bool = Field(description="more deliveries than one read takes: see covered_since")
+    covered_since: datetime | None
+    abnormal_ms: float
+    lateness_ms: HistoryLateness
+    buckets: list[HistoryBucket]
+    late: list[LateFire] = Field(
+        description="up to 10 deliveries at least abnormal_ms late, the latest first"
+    )
+    epochs: list[EpochSeen] = Field(description="the epochs that delivered in the window")
+
+
+class PostgresHealth(BaseModel):
+    reachable: bool
+    round_trip_ms: float | None
+    migrated: bool
+
+
+class LeaseAge(BaseModel):
+    instance: str | None
+    epoch: int | None
+    since: str | None
+    age_seconds: float | None
+
+
+class PartsHealth(BaseModel):
+    at: datetime
+    instance: str | None
+    role: str | None
+    nats: str = Field(description="connected, disconnected or closed")
+    postgres: PostgresHealth
+    clock_skew_ms: float | None = Field(description="this host's clock minus PostgreSQL's")
+    clock_skew_bound_ms: float
+    clock_skew_ok: bool | None
+    lease: LeaseAge
+
+
+class Instance(BaseModel):
+    instance: str
+    role: Literal["leader", "standby"]
+    epoch: int | None
+    since: datetime | None = Field(description="when it took this role")
+    last_seen: datetime = Field(description="its latest heartbeat (every 5 s)")
+    stale: bool = Field(description="no heartbeat for 15 s: crashed, or cut off from NATS")
+
+
+class InstanceList(BaseModel):
+    items: list[Instance]
+
+
+# -- drift audit ---------------------------------------------------------------------------------
+class AuditRun(BaseModel):
+    run: str = Field(description="the run's folder under SCHEDULER_AUDIT_DIR")
+    day: str = Field(description="the day audited: the folder's name, or when it was written")
+    written_at: datetime = Field(description="when its summary.json was written")
+    has_report: bool
+
+
+class AuditRuns(BaseModel):
+    configured: bool = Field(description="false: SCHEDULER_AUDIT_DIR is not set")
+    problem: str | None = Field(description="why the folder cannot be read")
+    items: list[AuditRun] = Field(description="newest first")
