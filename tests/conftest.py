@@ -332,30 +332,26 @@ async def nats_cluster(nats_cluster_service: NatsCluster) -> AsyncIterator[NatsC
 
 
 async def _delete_every_stream(nc: nats.aio.client.Client, cluster: NatsCluster) -> None:
-    """Delete every stream. Names come from `$JS.API.STREAM.NAMES` (the meta group's list):
-    `STREAM.LIST` waits 4 s for the leaders of streams that are moving to new peers and then
-    leaves them out."""
+    """Delete every stream and wait until no node holds one. Names come from
+    `$JS.API.STREAM.NAMES` (the meta group's list): `STREAM.LIST` waits 4 s for the leaders of
+    streams that are moving to new peers and then leaves them out."""
     js = nc.jetstream(timeout=10)
     while True:
         reply = await nc.request("$JS.API.STREAM.NAMES", b"{}", timeout=10)
         names = json.loads(reply.data).get("streams") or []
         if not names:
-            return
+            break
         for name in names:
-            # 30 s: a replica catching up after a fault took over 15 s on a loaded 2-core host
+            # A replica catching up after a fault took over 15 s on a loaded 2-core host, and
+            # twice in full runs one never did within 30 s (an idle MQ_DLQ after a SIGSTOP, an
+            # MQ_TASKS after the replicas test): a stream is waited for 10 s and then deleted as
+            # it is (a delete is the meta group's, no stream leader needed); a node that still
+            # holds it afterwards is restarted (`wait_streams_gone`).
             try:
-                await asyncio.to_thread(cluster.replicas_current, name, 30.0)
+                await asyncio.to_thread(cluster.replicas_current, name, 10.0)
             except ClusterError:
-                # Seen once in a full run on a loaded host: after a SIGSTOP fault whose test
-                # passed, an idle stream's (MQ_DLQ's) replica stayed not current for 30 s. That
-                # is the broker's recovery, not the test's subject: the lagging node is restarted
-                # (it rejoins from its store and catches up) so the next test gets a healthy
-                # cluster; the nodes' log tails are printed for the record.
-                for node in await asyncio.to_thread(cluster.lagging, name):
-                    print(f"teardown: {name} lags on {node.name}; restarting it\n"
-                          f"{cluster.log_tail(node)}")  # fmt: skip
-                    await asyncio.to_thread(cluster.restart, node)
-                await asyncio.to_thread(cluster.heal)
-                await asyncio.to_thread(cluster.replicas_current, name, 30.0)
+                print(f"teardown: {name}'s replicas are not current after 10 s; deleting it")
             with contextlib.suppress(NotFoundError):
                 await js.delete_stream(name)
+    await asyncio.to_thread(cluster.wait_streams_gone, 30.0)
+    await asyncio.to_thread(cluster.wait_healthy)
