@@ -28,7 +28,16 @@ FIRST_WAIT, MAX_WAIT = 0.2, 5.0
 WRITE_TIMEOUT = 5.0
 FINAL_BUDGET = 3.0
 # What an unreachable or restarting PostgreSQL raises; anything else is a bug and raises.
-TRANSIENT = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+# asyncpg's InternalClientError too: a pooled connection left mid-operation when PostgreSQL
+# stopped under it ("cannot switch to state 11; another operation (2) is in progress", seen on a
+# busy host as a manual trigger's fire-log confirm: the trigger answered 500 though published).
+TRANSIENT = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
 
 
 @dataclass(frozen=True, slots=True)

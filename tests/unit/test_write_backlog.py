@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+import asyncpg
 import pytest
 
 from scheduler.operations import backlog as backlog_module
@@ -58,3 +59,30 @@ async def test_retries_until_written_then_logs_what_is_lost_at_stop(
         "backlog.lost reason=stopping what=row a again",
         "backlog.lost reason=stopping what=row d",
     ]
+
+
+async def test_a_connection_left_mid_operation_is_retried_like_an_outage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asyncpg's InternalClientError (a pooled connection left mid-operation by a PostgreSQL
+    that stopped under it) is transient: the write is retried and done, and the operations
+    that defer writes (a trigger's fire-log confirm) answer `pending` instead of a 500."""
+    monkeypatch.setattr(backlog_module, "FIRST_WAIT", 0.01)
+    assert issubclass(asyncpg.InternalClientError, backlog_module.TRANSIENT)
+    tries: list[int] = []
+    written = asyncio.Event()
+
+    async def write() -> None:
+        tries.append(1)
+        if len(tries) == 1:
+            raise asyncpg.InternalClientError("cannot switch to state 11; another operation")
+        written.set()
+
+    backlog, stop = WriteBacklog(), asyncio.Event()
+    runner = asyncio.create_task(backlog.run(stop))
+    assert backlog.add("row", write)
+    async with asyncio.timeout(3):
+        await written.wait()
+    stop.set()
+    await runner
+    assert len(tries) == 2
