@@ -21,54 +21,6 @@ from pydantic import (
 )
 
 from scheduler.messages.envelope import bounded_instant
-from scheduler.operations.records import (
-    AuditRun as AuditRun,
-)
-from scheduler.operations.records import (
-    AuditRuns as AuditRuns,
-)
-from scheduler.operations.records import (
-    EpochSeen as EpochSeen,
-)
-from scheduler.operations.records import (
-    History as History,
-)
-from scheduler.operations.records import (
-    HistoryBucket as HistoryBucket,
-)
-from scheduler.operations.records import (
-    HistoryLateness as HistoryLateness,
-)
-from scheduler.operations.records import (
-    Instance as Instance,
-)
-from scheduler.operations.records import (
-    InstanceList as InstanceList,
-)
-from scheduler.operations.records import (
-    LateFire as LateFire,
-)
-from scheduler.operations.records import (
-    Lateness as Lateness,
-)
-from scheduler.operations.records import (
-    LeaseAge as LeaseAge,
-)
-from scheduler.operations.records import (
-    LeaseHolder as LeaseHolder,
-)
-from scheduler.operations.records import (
-    PartsHealth as PartsHealth,
-)
-from scheduler.operations.records import (
-    PostgresHealth as PostgresHealth,
-)
-from scheduler.operations.records import (
-    Stats as Stats,
-)
-from scheduler.operations.records import (  # the read models, served as they are
-    SubjectCount as SubjectCount,
-)
 
 TASK_ID = r"^[\x21-\x7e]{1,200}$"  # the envelope's id rule: printable ASCII, no spaces
 JOB_NAME = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"

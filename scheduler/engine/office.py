@@ -78,7 +78,7 @@ class FixedOffice:
 
 class TermOffice:
     """One term's view of the office: in office only while the instance holds this term's
-    epoch (`LeaderEngine.run_term` and `CronEngine.run` hand it to the term's parts).
+    epoch (`LeaderEngine.run_term` hands it to the term's parts; `CronEngine` makes its own).
 
     A term that lost office winds down (its batch in flight, its books) while the instance may
     take office again with a newer epoch; seen through the instance's office, that old term

@@ -2,7 +2,7 @@
 
 The operations return these, not dicts: a route, a NATS verb or a test reads fields a type
 checker knows, and the HTTP API serves them as they are (its OpenAPI document is generated
-from them; `scheduler.api.models` re-exports them beside the request bodies)."""
+from them as from the request bodies in `scheduler.api.models`)."""
 
 from __future__ import annotations
 

@@ -9,9 +9,10 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from scheduler.api.auth import Reader
-from scheduler.api.models import AuditRuns, AuditSummary
+from scheduler.api.models import AuditSummary
 from scheduler.api.problems import ApiProblem, responses
 from scheduler.operations.audits import RUN_NAME, AuditReports, AuditUnreadableError
+from scheduler.operations.records import AuditRuns
 
 router = APIRouter(prefix="/v1/audits", tags=["drift audit"])
 Run = Annotated[str, Path(pattern=RUN_NAME, description="the run's folder name")]

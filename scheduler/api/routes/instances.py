@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from scheduler.api.auth import Reader
-from scheduler.api.models import InstanceList
 from scheduler.api.problems import responses
+from scheduler.operations.records import InstanceList
 
 router = APIRouter(tags=["health"])
 

@@ -7,10 +7,11 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 
 from scheduler.api.auth import Reader
-from scheduler.api.models import JOB_NAME, History, PartsHealth, Stats
+from scheduler.api.models import JOB_NAME
 from scheduler.api.problems import responses
 from scheduler.api.routes.common import Ops
 from scheduler.operations.history import health as health_of
+from scheduler.operations.records import History, PartsHealth, Stats
 
 router = APIRouter(tags=["statistics"])
 
