@@ -311,21 +311,23 @@ class NatsCluster:
         """Until no live node holds a stream; a node still holding one after `timeout` (a
         replica that never caught up, seen after faults on a loaded host) is restarted from
         its store, which it then leaves as the meta group says, and waited for once more."""
-        deadline = time.monotonic() + timeout
-        while (held := self.holding_streams()) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        held = self._holding_after(timeout)
         for node in held:
             print(f"cluster: {node.name} still holds streams after {timeout:g}s; restarting it\n"
                   f"{self.log_tail(node)}")  # fmt: skip
             self.restart(node)
         if held:
             self.heal()
-            deadline = time.monotonic() + timeout
-            while (held := self.holding_streams()) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if held:
+            if held := self._holding_after(timeout):
                 names = ", ".join(n.name for n in held)
                 raise ClusterError(f"{names} still hold streams {timeout:g}s after a restart")
+
+    def _holding_after(self, timeout: float) -> list[Node]:
+        """The nodes that still hold a stream once none does or `timeout` has passed."""
+        deadline = time.monotonic() + timeout
+        while (held := self.holding_streams()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return held
 
     def log_tail(self, node: Node, lines: int = 15) -> str:
         try:
