@@ -72,6 +72,7 @@ def _collect_like_the_daemon() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """A shared NATS_URL cannot serve parallel workers: refuse it before any test runs."""
+    config.pluginmanager.register(_LoadGroupIds(), "mq-scheduler-loadgroup-ids")
     if os.environ.get("NATS_URL") and config.getoption("numprocesses", None):
         raise pytest.UsageError(
             "NATS_URL is set, but with -n every pytest-xdist worker's teardown would delete "
@@ -273,11 +274,12 @@ def settings(nats_url: str, database_url: str, tmp_path: Path) -> Settings:
     )
 
 
-@pytest.hookimpl(trylast=True)  # after xdist's own (see `_xdist_group`)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Everything under tests/integration and tests/faults talks to real servers; the runs on
-    production's server versions carry `compat`; the Spark tests share one xdist worker (one
-    JVM instead of one per worker) under `--dist loadgroup`."""
+    production's server versions carry `compat`; the Spark tests share one xdist group. Marked
+    before `-m` is applied: marked after it (as this hook once was, to run after xdist's own),
+    `-m "not integration"` and `-m "not compat"` selected every test."""
     for item in items:
         parts = Path(str(item.fspath)).parts
         if "integration" in parts or "faults" in parts:
@@ -287,8 +289,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("servers") == "compat":
             item.add_marker(pytest.mark.compat)
+
+
+class _LoadGroupIds:
+    """The Spark tests share one xdist worker (one JVM instead of one per worker) under
+    `--dist loadgroup`: their ids get the group's suffix after xdist's own hook (a plugin of
+    its own, since this hook must run last and the conftest's first)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
         if getattr(config.option, "loadgroup", False):
-            _xdist_group(item)
+            for item in items:
+                _xdist_group(item)
 
 
 def _xdist_group(item: pytest.Item) -> None:
