@@ -9,28 +9,35 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
-class SubjectCount(BaseModel):
+class Record(BaseModel):
+    """A read model of the operator half: immutable once built (a route, a verb or the
+    console's page reads it; none changes it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+
+class SubjectCount(Record):
     subject: str
     pending: int
 
 
-class Lateness(BaseModel):
+class Lateness(Record):
     window_seconds: int
     samples: int
     p50: float | None
     p99: float | None
 
 
-class LeaseHolder(BaseModel):
+class LeaseHolder(Record):
     instance: str | None
     epoch: int | None
     since: str | None
 
 
-class Stats(BaseModel):
+class Stats(Record):
     at: datetime
     pending: int
     pending_by_subject: list[SubjectCount]
@@ -44,13 +51,13 @@ class Stats(BaseModel):
     instance: dict[str, Any] = Field(description="how the answering instance sees itself")
 
 
-class HistoryLateness(BaseModel):
+class HistoryLateness(Record):
     p50: float | None
     p99: float | None
     max: float | None
 
 
-class HistoryBucket(BaseModel):
+class HistoryBucket(Record):
     start: datetime
     deliveries: int | None = Field(description="null: before `covered_since` (not read)")
     per_minute: float | None
@@ -61,7 +68,7 @@ class HistoryBucket(BaseModel):
     dead_letters: int | None = Field(description="dead letters that last failed in it (all jobs)")
 
 
-class LateFire(BaseModel):
+class LateFire(Record):
     kind: Literal["cron", "delayed"]
     key: str = Field(description="the cron job's name or the delayed task's id")
     subject: str
@@ -74,14 +81,14 @@ class LateFire(BaseModel):
     cause: str | None = Field(description="why it was late, when the fire log tells it")
 
 
-class EpochSeen(BaseModel):
+class EpochSeen(Record):
     epoch: int
     instance: str
     first_fired_at: datetime
     last_fired_at: datetime
 
 
-class History(BaseModel):
+class History(Record):
     at: datetime = Field(description="when these figures were read (shared for a few seconds)")
     window: Literal["1h", "1d"]
     job: str | None
@@ -100,20 +107,20 @@ class History(BaseModel):
     epochs: list[EpochSeen] = Field(description="the epochs that delivered in the window")
 
 
-class PostgresHealth(BaseModel):
+class PostgresHealth(Record):
     reachable: bool
     round_trip_ms: float | None
     migrated: bool
 
 
-class LeaseAge(BaseModel):
+class LeaseAge(Record):
     instance: str | None
     epoch: int | None
     since: str | None
     age_seconds: float | None
 
 
-class PartsHealth(BaseModel):
+class PartsHealth(Record):
     at: datetime
     instance: str | None
     role: str | None
@@ -125,7 +132,7 @@ class PartsHealth(BaseModel):
     lease: LeaseAge
 
 
-class Instance(BaseModel):
+class Instance(Record):
     instance: str
     role: Literal["leader", "standby"]
     epoch: int | None
@@ -134,19 +141,19 @@ class Instance(BaseModel):
     stale: bool = Field(description="no heartbeat for 15 s: crashed, or cut off from NATS")
 
 
-class InstanceList(BaseModel):
+class InstanceList(Record):
     items: list[Instance]
 
 
 # -- drift audit ---------------------------------------------------------------------------------
-class AuditRun(BaseModel):
+class AuditRun(Record):
     run: str = Field(description="the run's folder under SCHEDULER_AUDIT_DIR")
     day: str = Field(description="the day audited: the folder's name, or when it was written")
     written_at: datetime = Field(description="when its summary.json was written")
     has_report: bool
 
 
-class AuditRuns(BaseModel):
+class AuditRuns(Record):
     configured: bool = Field(description="false: SCHEDULER_AUDIT_DIR is not set")
     problem: str | None = Field(description="why the folder cannot be read")
     items: list[AuditRun] = Field(description="newest first")
