@@ -87,47 +87,7 @@ class LeaderView(BaseModel):
     self_: dict[str, Any] = Field(alias="self", serialization_alias="self")
 
 
-# -- delayed tasks -----------------------------------------------------------------------------
-class TaskSummary(BaseModel):
-    id: str
-    target: str
-    status: str = Field(description="pending, claimed, fired, cancelled, expired, dead, ...")
-    priority: int | None = Field(description="null once fired (the task's row is deleted)")
-    due_at: datetime = Field(description="when it fires (moves on retries and reschedules)")
-    scheduled_for: datetime = Field(description="the time the producer (or a replay) asked for")
-    expires_at: datetime | None
-    attempts: int
-    created_at: datetime | None = Field(description="null once fired")
-    fired_at: datetime | None
-
-
-class Delivery(BaseModel):
-    scheduled_for: datetime
-    fired_at: datetime
-    attempt: int
-    epoch: int
-    instance: str
-    stream: str | None
-    stream_seq: int | None
-
-
-class TaskDetail(TaskSummary):
-    stream_seq: int | None
-    last_error: str | None
-    claimed_epoch: int | None
-    claimed_at: datetime | None
-    updated_at: datetime
-    headers: dict[str, Any] = Field(description="producer headers delivered with the task")
-    envelope: dict[str, Any] | None = Field(description="the stored envelope, when it is JSON")
-    payload_base64: str | None = Field(description="the stored bytes, when they are not JSON")
-    deliveries: list[Delivery]
-
-
-class TaskPage(BaseModel):
-    items: list[TaskSummary]
-    next_cursor: str | None = Field(description="pass as `cursor` for the next page")
-
-
+# -- delayed tasks (the answers: scheduler.operations.task_records) --------------------------
 class Reschedule(Body):
     delay_until: Instant = Field(description="the new due time, RFC 3339 with an offset")
 
@@ -392,15 +352,6 @@ class DelayedShort(Body):
         if (self.at is None) == (self.in_ is None):
             raise ValueError("give exactly one of `at` (RFC 3339) and `in` (a duration)")
         return self
-
-
-class DelayedScheduled(BaseModel):
-    """The NATS `schedule` verb's answer: the task is on the delay lane (durable)."""
-
-    status: Literal["scheduled"]
-    id: str
-    target: str
-    due_at: str = Field(description="when it fires, RFC 3339 UTC (now if due or past)")
 
 
 class BackfillWindow(Body):

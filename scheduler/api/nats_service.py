@@ -119,7 +119,7 @@ class SchedulerService:
 
     async def schedule(self, target: str, _: dict[str, Any], raw: bytes) -> dict[str, Any]:
         """Validate and put the envelope on the delay lane; it is durable once this returns."""
-        return await self.tasks.schedule(target, raw)
+        return (await self.tasks.schedule(target, raw)).model_dump()
 
     async def cancel(self, target: str, body: dict[str, Any], _: bytes) -> dict[str, Any]:
         return (await self.tasks.cancel(_task_id(body), target)).as_reply()
@@ -132,7 +132,7 @@ class SchedulerService:
         task = await self.tasks.get(_task_id(body), target)
         if task is None:
             return {"status": "not_found", "id": body.get("id")}
-        return {"status": "found", "task": {k: _plain(v) for k, v in task.items()}}
+        return {"status": "found", "task": {k: _plain(v) for k, v in task.model_dump().items()}}
 
 
 def _body(data: bytes) -> dict[str, Any]:

@@ -112,8 +112,8 @@ class DeadLetterOperations:
         if task is None:  # the task row is gone: its stored bytes go through the intake again
             return await self._through_intake(dead, dead["target"] or dead["subject"], who)
         now = self.clock.now()
-        if task["expires_at"] is not None and task["expires_at"] <= now:
-            detail = f"task {task_id}'s ttl ran out at {task['expires_at']}; it would expire"
+        if task.expires_at is not None and task.expires_at <= now:
+            detail = f"task {task_id}'s ttl ran out at {task.expires_at}; it would expire"
             return Outcome("expired", ident, detail)
         done = await self.store.requeue(dead["id"], task_id, ceil_ms(now), who)  # whole ms
         if done.status != "replayed" or done.ref is None:
@@ -136,7 +136,7 @@ class DeadLetterOperations:
             return Outcome("still_invalid", ident, f"{exc} (fix the producer and publish again)")
         existing = await self.tasks.get(env.id)
         if existing is not None:
-            detail = f"task {env.id} already exists ({existing['status']}); nothing to replay"
+            detail = f"task {env.id} already exists ({existing.status}); nothing to replay"
             return Outcome("duplicate", ident, detail, {"task_id": env.id})
         if not await self.store.mark_replayed(dead["id"], who):
             return Outcome("already_replayed", ident)

@@ -11,6 +11,8 @@ lost notice is caught by the leader's sweep.
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import datetime
 from typing import Any
 
@@ -40,6 +42,7 @@ from scheduler.operations.paging import (
     kind_of,
 )
 from scheduler.operations.ports import BusWriter
+from scheduler.operations.task_records import DelayedScheduled, TaskDetail, TaskState
 from scheduler.records import TaskRef, ceil_ms
 from scheduler.settings import Settings
 from scheduler.store.postgres.overview import Listed, OverviewStore, TaskFilter
@@ -85,7 +88,7 @@ class TaskOperations:
 
     async def schedule(
         self, target: str, raw: bytes, now: datetime | None = None
-    ) -> dict[str, Any]:
+    ) -> DelayedScheduled:
         """Validate the envelope `raw` for the checked `target` (envelope rules, size against
         the server's max_payload, max delay, org rule) and put it on the delay lane; the task is
         durable once this returns (the lane's PubAck). The NATS `schedule` verb and
@@ -104,16 +107,28 @@ class TaskOperations:
         # no Nats-Msg-Id: the lane's window is shared by all producers (see client.publish_delayed)
         await self.bus.store(subject, raw)
         due = ceil_ms(env.due_at(now or self.clock.now()))  # as intake stores it
-        return {"status": "scheduled", "id": env.id, "target": target, "due_at": to_rfc3339(due)}
+        return DelayedScheduled(
+            status="scheduled", id=env.id, target=target, due_at=to_rfc3339(due)
+        )
 
-    async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None:
+    async def get(self, task_id: str, target: str | None = None) -> TaskState | None:
         """A task's state (no payload), only if it targets `target` when one is given."""
         check_id(task_id)
-        return await self.tasks.get(task_id, target)
+        row = await self.tasks.get(task_id, target)
+        return None if row is None else TaskState.model_validate(row)
 
-    async def detail(self, task_id: str) -> dict[str, Any] | None:
-        """A task with its envelope, headers and deliveries."""
-        return await self.overview.task(task_id)
+    async def detail(self, task_id: str) -> TaskDetail | None:
+        """A task with its envelope (or, when its bytes are not a JSON object, the bytes in
+        base64), headers and deliveries; a fired task has neither: its row is gone."""
+        doc = await self.overview.task(task_id)
+        if doc is None:
+            return None
+        payload: bytes | None = doc.pop("payload")
+        envelope = None if payload is None else _json_object(payload)
+        encoded = None
+        if payload is not None and envelope is None:
+            encoded = base64.b64encode(payload).decode()
+        return TaskDetail.model_validate(doc | {"envelope": envelope, "payload_base64": encoded})
 
     async def list(self, where: TaskFilter, cursor: str | None, limit: int) -> Page[str]:
         """Tasks still held (any status but fired) in firing order, or fired tasks in the
@@ -191,6 +206,15 @@ class TaskOperations:
         put it on the delay lane (scheduler.store.postgres.lane_notes), on any instance."""
         task = await self.tasks.get(task_id)
         return await self.tasks.lane_target(task_id) if task is None else str(task["target"])
+
+
+def _json_object(payload: bytes) -> dict[str, Any] | None:
+    """The stored bytes as a JSON object, None when they are not one."""
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def check_id(task_id: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import uuid
@@ -18,13 +17,10 @@ from scheduler.api.models import (
     SUBJECT,
     TASK_ID,
     TASK_STATUSES,
-    DelayedScheduled,
     DelayedShort,
     Instant,
     Reschedule,
-    TaskDetail,
     TaskOutcome,
-    TaskPage,
 )
 from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done, json_page
@@ -41,6 +37,7 @@ from scheduler.messages.envelope import (
 from scheduler.messages.subjects import check_target
 from scheduler.operations import Outcome
 from scheduler.operations.ports import WriteFailed
+from scheduler.operations.task_records import DelayedScheduled, TaskDetail, TaskPage
 from scheduler.store.postgres.idempotency import Claim
 from scheduler.store.postgres.overview import TaskFilter
 
@@ -123,22 +120,11 @@ async def list_tasks(
 
 
 @router.get("/{task_id}", response_model=TaskDetail, responses=responses(401, 403, 404, 422, 503))
-async def get_task(task_id: TaskId, ops: Ops, _: Reader) -> Any:
+async def get_task(task_id: TaskId, ops: Ops, _: Reader) -> TaskDetail:
     """One task: state, envelope, headers and every delivery recorded in the fire log."""
     task = await ops.tasks.detail(task_id)
     if task is None:
         raise ApiProblem(404, "not_found", f"no delayed task with id {task_id!r}", id=task_id)
-    payload = task.pop("payload")
-    if payload is None:  # fired: the row and its bytes are gone, the delivery is in the log
-        task["envelope"] = task["payload_base64"] = None
-        return task
-    try:
-        envelope = json.loads(payload)
-    except ValueError:
-        envelope = None
-    task["envelope"] = envelope if isinstance(envelope, dict) else None
-    encoded = base64.b64encode(payload).decode()
-    task["payload_base64"] = None if task["envelope"] is not None else encoded
     return task
 
 
@@ -273,10 +259,8 @@ async def schedule_task(
         at = ops.clock.now() if claim is None else claim.first_at
         sent = raw if short is None else _written(short, at, claim)
         answer = await _put(ops, target, sent, at)
-        outcome = Outcome(
-            "scheduled", answer["id"], data={"target": target, "due_at": answer["due_at"]}
-        )
-        return {"id": answer["id"], **done(caller, "schedule", outcome, "task")}
+        outcome = Outcome("scheduled", answer.id, data={"target": target, "due_at": answer.due_at})
+        return {"id": answer.id, **done(caller, "schedule", outcome, "task")}
 
     fingerprint = _Request(sha256=hashlib.sha256(raw).hexdigest())
     return await once(request, ops, caller, key, target, fingerprint, DelayedScheduled, run)
@@ -350,7 +334,7 @@ def _refused(exc: EnvelopeError) -> ApiProblem:
     return ApiProblem(422, exc.reason, str(exc), errors=errors)
 
 
-async def _put(ops: Ops, target: str, body: bytes, at: datetime) -> dict[str, Any]:
+async def _put(ops: Ops, target: str, body: bytes, at: datetime) -> DelayedScheduled:
     try:
         return await ops.tasks.schedule(target, body, at)
     except EnvelopeError as exc:

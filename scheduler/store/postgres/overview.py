@@ -41,8 +41,8 @@ def micros(column: str) -> str:
 
 
 # One task of a listing as JSON text, built by PostgreSQL from a summary row `s`: the fields,
-# their order and formats of `scheduler.api.models.TaskSummary` (a test holds the two equal),
-# so the daemon writes the page's bytes without decoding a row into Python objects.
+# their order and formats of `scheduler.operations.task_records.TaskSummary` (a test holds the
+# two equal), so the daemon writes the page's bytes without decoding a row into Python objects.
 _SUMMARY_TIMES = ("due_at", "scheduled_for", "expires_at", "created_at", "fired_at")
 SUMMARY_JSON = (
     "json_build_object("

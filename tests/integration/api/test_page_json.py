@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 from pydantic_core import to_json
 
-from scheduler.api.models import TaskSummary
+from scheduler.operations.task_records import TaskSummary
 from scheduler.store.postgres.overview import _TASK_SUMMARY, FIRED_SQL
 from tests.integration.api.harness import READ, TARGET, ApiHarness, envelope, poll
 
