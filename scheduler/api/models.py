@@ -4,7 +4,6 @@ OpenAPI document at `/openapi.json` is generated from them (never written by han
 from __future__ import annotations
 
 import re
-import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -87,7 +86,7 @@ class LeaderView(BaseModel):
     self_: dict[str, Any] = Field(alias="self", serialization_alias="self")
 
 
-# -- delayed tasks (the answers: scheduler.operations.task_records) --------------------------
+# -- delayed tasks (the answers: scheduler.operations.task_records) ----------------------------
 class Reschedule(Body):
     delay_until: Instant = Field(description="the new due time, RFC 3339 with an offset")
 
@@ -205,45 +204,7 @@ class TriggerOutcome(BaseModel):
     )
 
 
-# -- dead letters ------------------------------------------------------------------------------
-class DeadLetterSummary(BaseModel):
-    id: uuid.UUID
-    original_id: str
-    subject: str
-    target: str | None
-    reason: str
-    stage: str = Field(description="intake (bad input, never a task) or firing")
-    error: str | None
-    attempts: int
-    first_seen: datetime
-    last_failed: datetime
-    resolved: bool
-    resolved_at: datetime | None
-    resolved_by: str | None
-    replayed_at: datetime | None
-    raw_size: int | None = Field(
-        default=None, description="the message's size in bytes as received (null: not recorded)"
-    )
-    raw_truncated: bool = Field(
-        default=False,
-        description="only the first SCHEDULER_DEAD_LETTER_PAYLOAD_CAP bytes were kept; the "
-        "DLQ stream holds the whole message, and replay answers 409 payload_truncated",
-    )
-
-
-class DeadLetterDetail(DeadLetterSummary):
-    payload: Any = Field(
-        description="the message as JSON (bytes that are not JSON: base64; null when cut)"
-    )
-    headers: dict[str, Any]
-    raw_base64: str | None
-
-
-class DeadLetterPage(BaseModel):
-    items: list[DeadLetterSummary]
-    next_cursor: str | None
-
-
+# -- dead letters (the answers: scheduler.operations.dead_letter_records) ----------------------
 class Resolve(Body):
     resolved: StrictBool = Field(default=True, description="false opens it again")
 

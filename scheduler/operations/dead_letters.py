@@ -19,6 +19,7 @@ not replayed (`payload_truncated`, naming the DLQ stream subject that holds the 
 
 from __future__ import annotations
 
+import base64
 import builtins
 import logging
 import uuid
@@ -29,6 +30,7 @@ from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.messages.envelope import Limits, check_org, parse_envelope
 from scheduler.messages.subjects import check_target, delay_lane_prefix, dlq_subject
 from scheduler.operations import Outcome
+from scheduler.operations.dead_letter_records import DeadLetterDetail, DeadLetterSummary
 from scheduler.operations.paging import (
     DEAD_ID,
     TIME,
@@ -67,19 +69,25 @@ class DeadLetterOperations:
 
     async def list(
         self, where: DeadLetterFilter, cursor: str | None, limit: int
-    ) -> Page[dict[str, Any]]:
+    ) -> Page[DeadLetterSummary]:
         key = decode(CURSOR, cursor, (TIME, DEAD_ID))
         after = None
         if key is not None:
             after = (from_us(key[0]), _uuid(key[1]))
         rows = await self.store.list(where, after, limit + 1)
-        return page(rows, limit, lambda r: (us(r["last_failed"]), str(r["id"])), CURSOR)
+        found = [DeadLetterSummary.model_validate(row) for row in rows]
+        return page(found, limit, lambda d: (us(d.last_failed), str(d.id)), CURSOR)
 
-    async def show(self, dead_id: uuid.UUID) -> dict[str, Any] | None:
-        return await self.store.get(dead_id)
+    async def show(self, dead_id: uuid.UUID) -> DeadLetterDetail | None:
+        row = await self.store.get(dead_id)
+        return None if row is None else _detail(row)
 
-    async def resolve(self, dead_id: uuid.UUID, resolved: bool, who: str) -> dict[str, Any] | None:
-        return await self.store.resolve(dead_id, resolved, who)
+    async def resolve(
+        self, dead_id: uuid.UUID, resolved: bool, who: str
+    ) -> DeadLetterDetail | None:
+        """Mark resolved (or open again); None when there is no such dead letter."""
+        row = await self.store.resolve(dead_id, resolved, who)
+        return None if row is None else _detail(row)
 
     async def replay(self, dead_id: uuid.UUID, who: str) -> Outcome:
         """Replay one dead letter: `replayed`, or why not (a status and a detail)."""
@@ -164,6 +172,13 @@ class DeadLetterOperations:
             f"{self.settings.dlq_stream}, subject {where}, for SCHEDULER_DLQ_MAX_AGE after it "
             "failed: publish it from there once fixed"
         )
+
+
+def _detail(row: dict[str, Any]) -> DeadLetterDetail:
+    """A stored dead letter (`DeadLetterStore.get`) as answered: its bytes in base64."""
+    raw: bytes | None = row["raw"]
+    encoded = None if raw is None else base64.b64encode(raw).decode()
+    return DeadLetterDetail.model_validate(row | {"raw_base64": encoded})
 
 
 def _is_nats(header: str) -> bool:

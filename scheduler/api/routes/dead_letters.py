@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import uuid
 from typing import Annotated, Any
 
@@ -13,8 +12,6 @@ from scheduler.api.idempotency import IdempotencyKey, once
 from scheduler.api.models import (
     SUBJECT,
     WORD,
-    DeadLetterDetail,
-    DeadLetterPage,
     ReplayBatch,
     ReplayBatchResult,
     ReplayOutcome,
@@ -24,6 +21,7 @@ from scheduler.api.models import (
 from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done, log_write
 from scheduler.operations import Outcome
+from scheduler.operations.dead_letter_records import DeadLetterDetail, DeadLetterPage
 from scheduler.store.postgres.dead_letters import DeadLetterFilter
 from scheduler.store.postgres.idempotency import Claim
 
@@ -48,18 +46,18 @@ async def list_dead_letters(
     resolved: bool | None = None,
     limit: Limit = 50,
     cursor: Cursor = None,
-) -> Any:
+) -> DeadLetterPage:
     """Dead letters, newest failure first."""
     got = await ops.dead_letters.list(
         DeadLetterFilter(reason, subject, stage, resolved), cursor, limit
     )
-    return got.as_dict()
+    return DeadLetterPage(items=got.items, next_cursor=got.next_cursor)
 
 
 @router.get(
     "/{dead_id:uuid}", response_model=DeadLetterDetail, responses=responses(401, 403, 404, 422, 503)
 )
-async def get_dead_letter(dead_id: uuid.UUID, ops: Ops, _: Reader) -> Any:
+async def get_dead_letter(dead_id: uuid.UUID, ops: Ops, _: Reader) -> DeadLetterDetail:
     """One dead letter with its payload, headers and the stored bytes."""
     return _detail(await ops.dead_letters.show(dead_id), dead_id)
 
@@ -115,20 +113,18 @@ async def resolve_dead_letter(
     """Mark a dead letter resolved (handled, nothing to replay), or open it again."""
 
     async def run(_: Claim | None) -> Any:
-        doc = await ops.dead_letters.resolve(dead_id, body.resolved, caller.who)
-        status = "resolved" if body.resolved else "reopened"
-        log_write(caller, "resolve", Outcome(status if doc else "not_found", str(dead_id)))
-        return _detail(doc, dead_id)
+        dead = await ops.dead_letters.resolve(dead_id, body.resolved, caller.who)
+        status = "not_found" if dead is None else "resolved" if body.resolved else "reopened"
+        log_write(caller, "resolve", Outcome(status, str(dead_id)))
+        return _detail(dead, dead_id)
 
     return await once(request, ops, caller, key, str(dead_id), body, DeadLetterDetail, run)
 
 
-def _detail(doc: dict[str, Any] | None, dead_id: uuid.UUID) -> dict[str, Any]:
-    if doc is None:
+def _detail(dead: DeadLetterDetail | None, dead_id: uuid.UUID) -> DeadLetterDetail:
+    if dead is None:
         raise ApiProblem(404, "not_found", f"no dead letter with id {dead_id}", id=str(dead_id))
-    raw = doc.pop("raw")
-    doc["raw_base64"] = base64.b64encode(raw).decode() if raw is not None else None
-    return doc
+    return dead
 
 
 def _replay_result(outcome: Outcome) -> dict[str, Any]:
