@@ -30,7 +30,7 @@ import logging
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduler.clock import Clock, to_rfc3339
 from scheduler.cron.expression import occurrences
@@ -40,6 +40,13 @@ from scheduler.engine.cron.message import envelope
 from scheduler.operations import Outcome
 from scheduler.operations.backfill import Backfiller
 from scheduler.operations.backlog import TRANSIENT, WriteBacklog
+from scheduler.operations.cron_job_records import (
+    Fire,
+    Occurrence,
+    ScheduleDetail,
+    ScheduleProblem,
+    ScheduleSummary,
+)
 from scheduler.operations.paging import NAME, Page, decode, page
 from scheduler.operations.ports import PUBLISH_TIMEOUT, BusWriter, NoAnswer, NoStream, Refused
 from scheduler.records import Advance
@@ -56,6 +63,7 @@ FIRES_COUNT = 20
 CHANGED_SUBJECT = "scheduler.v1.internal.schedules"
 CONFIRM_TIMEOUT = 2.0
 _UNREAD = object()
+S = TypeVar("S", bound=ScheduleSummary)
 
 
 class ScheduleOperations:
@@ -74,18 +82,18 @@ class ScheduleOperations:
         self.store = store
         self.overview = overview
         self.clock = clock
-        self._problems: tuple[object, list[dict[str, Any]]] = (_UNREAD, [])
+        self._problems: tuple[object, list[ScheduleProblem]] = (_UNREAD, [])
         self.backfiller = Backfiller(bus, settings, BackfillStore(store.db), clock, backlog)
 
     async def list(
         self, active: bool | None, cursor: str | None, limit: int
-    ) -> Page[dict[str, Any]]:
+    ) -> Page[ScheduleSummary]:
         key = decode(CURSOR, cursor, (NAME,))
         rows = await self.overview.schedules(active, key[0] if key else None, limit + 1)
-        listed = page(rows, limit, lambda r: (r["name"],), CURSOR)
-        return Page([self._summary(r) for r in listed.items], listed.next_cursor)
+        jobs = [_summary(ScheduleSummary, row) for row in rows]
+        return page(jobs, limit, lambda job: (job.name,), CURSOR)
 
-    async def problems(self) -> builtins.list[dict[str, Any]]:  # `list` is the method above
+    async def problems(self) -> builtins.list[ScheduleProblem]:  # `list` is the method above
         """Errors in the YAML files as this instance reads them now (the jobs they name are not
         loaded, so not fired): `{file, line, job, message}`. Read again only when a file was
         added, removed or changed."""
@@ -95,20 +103,19 @@ class ScheduleOperations:
             self._problems = (stamp, await asyncio.to_thread(_load_problems, directory))
         return self._problems[1]
 
-    async def show(self, name: str) -> dict[str, Any] | None:
+    async def show(self, name: str) -> ScheduleDetail | None:
         """A job's summary plus its next occurrences and latest deliveries with lateness."""
         row = await self.overview.schedule(name)
         if row is None:
             return None
-        doc = self._summary(row)
         job = _job(row)
         after = max(self.clock.now(), row["last_scheduled_for"] or self.clock.now())
-        doc["next"] = [
-            {"scheduled_for": at, "fire_at": fire_time(job, at)}
+        coming = [
+            Occurrence(scheduled_for=at, fire_at=fire_time(job, at))
             for at in islice(occurrences(job.cron, after, job.timezone), NEXT_COUNT)
         ]
-        doc["fires"] = [_fire(f) for f in await self.overview.fires(name, FIRES_COUNT)]
-        return doc
+        fires = [_fire(f) for f in await self.overview.fires(name, FIRES_COUNT)]
+        return _summary(ScheduleDetail, row, definition=row["definition"], next=coming, fires=fires)
 
     async def pause(self, name: str, who: str, note: str | None = None) -> Outcome:
         """Pause for `who`, with the operator's `note` (why) kept beside it until resumed."""
@@ -216,33 +223,6 @@ class ScheduleOperations:
             what = f"delete unconfirmed manual row job={name} scheduled_for={to_rfc3339(at)}"
             self.backlog.add(what, functools.partial(self.store.forget_manual_intent, name, at))
 
-    def _summary(self, row: dict[str, Any]) -> dict[str, Any]:
-        definition = row["definition"]
-        in_yaml = bool(definition.get("paused"))
-        return {
-            "name": row["name"],
-            "subject": definition["subject"],
-            "cron": definition["cron"],
-            "timezone": definition["timezone"],
-            "description": definition.get("description", ""),
-            "active": row["active"],
-            "paused": in_yaml or row["paused_at"] is not None,
-            "paused_in_yaml": in_yaml,
-            "paused_at": row["paused_at"],
-            "paused_by": row["paused_by"],
-            "pause_note": row.get("pause_note"),
-            "failed": row["failed_at"] is not None,
-            "failed_at": row["failed_at"],
-            "failed_reason": row["failed_reason"],
-            "failed_error": row["failed_error"],
-            "file": row["file"],
-            "line": row["line"],
-            "last_scheduled_for": row["last_scheduled_for"],
-            "last_fired_at": row["last_fired_at"],
-            "skipped": row["skipped"] or 0,
-            "definition": definition,
-        }
-
 
 def manual_msg_id(job: str, now: datetime, key: str | None) -> str:
     """`<job>@manual-<instant>`, or with an idempotency key `<job>@manual-key-<digest>`."""
@@ -267,18 +247,48 @@ def _files_stamp(directory: Path) -> object:
         return None
 
 
-def _load_problems(directory: Path) -> list[dict[str, Any]]:
+def _load_problems(directory: Path) -> list[ScheduleProblem]:
     if not directory.is_dir():
         message = "not a folder (SCHEDULER_SCHEDULES_DIR)"
-        return [{"file": str(directory), "line": None, "job": None, "message": message}]
+        return [ScheduleProblem(file=str(directory), line=None, job=None, message=message)]
     errors = load_dir(directory).errors
-    return [{"file": e.file, "line": e.line, "job": e.job, "message": e.message} for e in errors]
+    return [ScheduleProblem(file=e.file, line=e.line, job=e.job, message=e.message) for e in errors]
 
 
 def _job(row: dict[str, Any]) -> Job:
     return job_from_definition(row["definition"], row["file"] or "", row["line"] or 0)
 
 
-def _fire(row: dict[str, Any]) -> dict[str, Any]:
+def _summary(record: type[S], row: dict[str, Any], **more: Any) -> S:
+    """A job as listed (`ScheduleSummary`) or shown (`ScheduleDetail`, its fields in `more`)
+    from its row (`OverviewStore.schedules`): paused in YAML or by an operator, failed."""
+    definition = row["definition"]
+    in_yaml = bool(definition.get("paused"))
+    return record(
+        name=row["name"],
+        subject=definition["subject"],
+        cron=definition["cron"],
+        timezone=definition["timezone"],
+        description=definition.get("description", ""),
+        active=row["active"],
+        paused=in_yaml or row["paused_at"] is not None,
+        paused_in_yaml=in_yaml,
+        paused_at=row["paused_at"],
+        paused_by=row["paused_by"],
+        pause_note=row.get("pause_note"),
+        failed=row["failed_at"] is not None,
+        failed_at=row["failed_at"],
+        failed_reason=row["failed_reason"],
+        failed_error=row["failed_error"],
+        file=row["file"],
+        line=row["line"],
+        last_scheduled_for=row["last_scheduled_for"],
+        last_fired_at=row["last_fired_at"],
+        skipped=row["skipped"] or 0,
+        **more,
+    )
+
+
+def _fire(row: dict[str, Any]) -> Fire:
     late = (row["fired_at"] - row["scheduled_for"]).total_seconds() * 1000
-    return {**row, "lateness_ms": round(late, 3)}
+    return Fire.model_validate(row | {"lateness_ms": round(late, 3)})

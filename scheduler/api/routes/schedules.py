@@ -14,13 +14,12 @@ from scheduler.api.models import (
     BackfillOutcome,
     BackfillWindow,
     PauseRequest,
-    ScheduleDetail,
     ScheduleOutcome,
-    SchedulePage,
     TriggerOutcome,
 )
 from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done
+from scheduler.operations.cron_job_records import ScheduleDetail, SchedulePage
 from scheduler.store.postgres.idempotency import Claim
 
 router = APIRouter(prefix="/v1/schedules", tags=["cron jobs"])
@@ -48,20 +47,21 @@ async def list_schedules(
     ] = True,
     limit: Limit = 50,
     cursor: Cursor = None,
-) -> Any:
+) -> SchedulePage:
     """Cron jobs by name: spec, source file and line, paused or not, last occurrence; and the
     errors in the YAML files (`problems`)."""
     got = await ops.schedules.list(active, cursor, limit)
-    return {**got.as_dict(), "problems": await ops.schedules.problems()}
+    problems = await ops.schedules.problems()
+    return SchedulePage(items=got.items, next_cursor=got.next_cursor, problems=problems)
 
 
 @router.get("/{name}", response_model=ScheduleDetail, responses=responses(401, 403, 404, 422, 503))
-async def get_schedule(name: Name, ops: Ops, _: Reader) -> Any:
+async def get_schedule(name: Name, ops: Ops, _: Reader) -> ScheduleDetail:
     """A job with its next 10 occurrences (the daemon's own cron code) and last 20 fires."""
-    doc = await ops.schedules.show(name)
-    if doc is None:
+    job = await ops.schedules.show(name)
+    if job is None:
         raise ApiProblem(404, "not_found", f"no cron job named {name!r}", id=name)
-    return doc
+    return job
 
 
 @router.post("/{name}/pause", response_model=ScheduleOutcome, responses=WRITE)
