@@ -1,5 +1,6 @@
-"""The management API's request and response bodies: the handlers validate with these, and the
-OpenAPI document at `/openapi.json` is generated from them (never written by hand)."""
+"""The management API's request bodies and the answers of its writes: the handlers validate
+with these, and the OpenAPI document at `/openapi.json` is generated from them and from the
+read models the operations return (`scheduler.operations.*records`), never written by hand."""
 
 from __future__ import annotations
 
@@ -167,36 +168,11 @@ class ReplayBatchResult(BaseModel):
     results: list[ReplayOutcome]
 
 
-# -- statistics --------------------------------------------------------------------------------
 # -- drift audit -------------------------------------------------------------------------------
 class AuditSummary(BaseModel):
     run: str
     has_report: bool
     summary: dict[str, Any] = Field(description="the run's summary.json (docs/drift-audit.md)")
-
-
-# -- activity log ------------------------------------------------------------------------------
-class ActivityEntry(BaseModel):
-    id: int
-    at: datetime = Field(description="when the request was taken")
-    who: str = Field(description="the token kind and the client's address, e.g. admin@10.0.0.7")
-    via: Literal["api", "console"] = Field(description="a direct API call, or the web console")
-    session: str | None = Field(description="the console session's tag (via console only)")
-    action: str = Field(description="pause, resume, trigger, cancel, reschedule, replay, ...")
-    route: str = Field(description="method and route, e.g. POST /v1/schedules/{name}/pause")
-    target: str = Field(description="job name, task id, dead-letter id; `*` for a filter")
-    detail: dict[str, Any] = Field(
-        description="bounded: the note, the new due time, the filter, counts, the refusal"
-    )
-    http_status: int
-    outcome: str = Field(description="the operation's status (paused, ...) or the problem's code")
-    request_id: str = Field(description="the answer's X-Request-Id (and the log line's)")
-    idempotency_key: str | None
-
-
-class ActivityPage(BaseModel):
-    items: list[ActivityEntry]
-    next_cursor: str | None = Field(description="pass as `cursor` for the next page")
 
 
 # -- authoring: a delayed task over HTTP, a backfill of a cron job ------------------------------

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from scheduler.clock import Clock
+from scheduler.operations.activity_records import ActivityEntry
 from scheduler.operations.paging import SEQ, TIME, Page, decode, from_us, page, us
 from scheduler.store.postgres.activity import Activity, ActivityFilter, ActivityStore
 
@@ -75,12 +76,13 @@ class ActivityOperations:
 
     async def list(
         self, where: ActivityFilter, cursor: str | None, limit: int
-    ) -> Page[dict[str, Any]]:
+    ) -> Page[ActivityEntry]:
         """Rows matching `where`, newest first; `cursor` continues a previous page."""
         key = decode(CURSOR, cursor, (TIME, SEQ))
         after = (from_us(key[0]), key[1]) if key else None
         rows = await self.store.list(where, after, limit + 1)
-        return page(rows, limit, lambda r: (us(r["at"]), r["id"]), CURSOR)
+        entries = [ActivityEntry.model_validate(row) for row in rows]
+        return page(entries, limit, lambda e: (us(e.at), e.id), CURSOR)
 
     async def prune(self, retention: timedelta, batch: int = PRUNE_BATCH) -> int:
         """Delete the rows older than `retention` (by this clock), then the oldest past

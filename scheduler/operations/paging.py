@@ -36,10 +36,6 @@ class Page(Generic[T]):
     items: list[T]
     next_cursor: str | None
 
-    def as_dict(self) -> dict[str, Any]:
-        """The API's page body: `{"items": [...], "next_cursor": ...}`."""
-        return {"items": self.items, "next_cursor": self.next_cursor}
-
 
 # The signing key: one per deployment (`load_key` reads it from the state bucket at start),
 # until then one per process, so a cursor is never unsigned.

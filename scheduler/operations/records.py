@@ -2,7 +2,9 @@
 
 The operations return these, not dicts: a route, a NATS verb or a test reads fields a type
 checker knows, and the HTTP API serves them as they are (its OpenAPI document is generated
-from them as from the request bodies in `scheduler.api.models`)."""
+from them as from the request bodies in `scheduler.api.models`). This module holds the
+overview's (stats, history, health, instances, audit runs) and their base `Record`; tasks,
+dead letters, cron jobs and the activity log have a `*_records` module each."""
 
 from __future__ import annotations
 

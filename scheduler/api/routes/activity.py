@@ -3,14 +3,15 @@ CLI), newest first (`scheduler.api.activity` records them)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from scheduler.api.auth import Reader
-from scheduler.api.models import WORD, ActivityPage, Instant
+from scheduler.api.models import WORD, Instant
 from scheduler.api.problems import responses
 from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops
+from scheduler.operations.activity_records import ActivityPage
 from scheduler.store.postgres.activity import ActivityFilter
 
 router = APIRouter(prefix="/v1/activity", tags=["activity log"])
@@ -41,9 +42,9 @@ async def list_activity(
     until: Annotated[Instant | None, Query(description="recorded strictly before")] = None,
     limit: Limit = 50,
     cursor: Cursor = None,
-) -> Any:
+) -> ActivityPage:
     """Operator actions, newest first: who, when, what, on which target, and the answer.
     Kept for SCHEDULER_ACTIVITY_RETENTION (90 days by default)."""
     where = ActivityFilter(action, target, who, since, until)
     got = await ops.activity.list(where, cursor, limit)
-    return got.as_dict()
+    return ActivityPage(items=got.items, next_cursor=got.next_cursor)
