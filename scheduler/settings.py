@@ -34,6 +34,7 @@ from pydantic_settings import (
 
 from scheduler.durations import parse_duration
 from scheduler.errors import ConfigError
+from scheduler.partitions import MAX_PARTITIONS
 
 ENV_PREFIX = "SCHEDULER_"
 CONFIG_ENV = "SCHEDULER_CONFIG"
@@ -140,6 +141,10 @@ class Settings(BaseSettings):
     catchup: Literal["due_order", "on_time_first"] = "due_order"
     catchup_backlog_share: float = Field(default=0.5, gt=0.0, le=1.0)
     batch: int = Field(default=1000, ge=1, le=100_000)
+    # the deployment's partition count (scheduler/partitions.py), recorded in PostgreSQL by
+    # migration 0022; an engine started with another count refuses to start
+    # (store/postgres/partitioning.py). Only 1 runs today: ownership per partition is to come
+    partitions: int = Field(default=1, ge=1, le=MAX_PARTITIONS)
     max_attempts: int = Field(default=5, ge=1, le=1000)
     backoff: Duration = timedelta(seconds=1)
     campaign_interval: Duration = timedelta(seconds=0.5)

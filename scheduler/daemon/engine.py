@@ -68,6 +68,7 @@ from scheduler.store.postgres.dead_letters import DeadLetterStore
 from scheduler.store.postgres.epoch import database_time
 from scheduler.store.postgres.intents import IntentLimits
 from scheduler.store.postgres.overview import OverviewStore
+from scheduler.store.postgres.partitioning import check_partitions
 from scheduler.store.postgres.tasks import TaskStore
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ class EngineDaemon(Phased):
         self._enter("provisioning streams and buckets")
         self.leader_kv = await self.bus.setup(while_electing(self._provision, "provision"))
         self._enter("starting the lease")
-        self.tasks = TaskStore(self.store, IntentLimits.from_settings(s))
+        self.tasks = TaskStore(self.store, IntentLimits.from_settings(s), s.partitions)
         self.clock_check = ClockCheck(
             functools.partial(database_time, self.store.pool),
             self.clock,
@@ -174,7 +175,7 @@ class EngineDaemon(Phased):
         s = self.settings
         assert self.store is not None and self.bus is not None and self.leadership is not None
         assert self.tasks is not None
-        schedules = ScheduleStore(self.store)
+        schedules = ScheduleStore(self.store, s.partitions)
         self.cron = CronEngine(s, schedules, self.leadership, self.clock, self.metrics, self.bus)
         self.engine = LeaderEngine(
             s,
@@ -332,7 +333,8 @@ class EngineDaemon(Phased):
             self.warnings.append(warning)
 
     async def _open_postgres(self, stack: AsyncExitStack, budget: float) -> PostgresStore:
-        """First contact (retried for `budget` s), migrations, then the pool."""
+        """First contact (retried for `budget` s), migrations, then the pool, and the
+        partition count checked against the one the database records."""
         dsn = self.settings.database_dsn
         assert dsn is not None
         await migrate.at_start(dsn, budget, self._enter)
@@ -340,6 +342,7 @@ class EngineDaemon(Phased):
         self._enter("opening the PostgreSQL pool")
         store = PostgresStore(await create_pool(dsn, budget), self.metrics)
         stack.push_async_callback(store.close)
+        await check_partitions(store.pool, self.settings.partitions)
         self.metrics.postgres_connected()
         return store
 

@@ -49,7 +49,9 @@ def build_operations(
     task_ops = TaskOperations(bus, settings, tasks, overview, clock)
     return Operations(
         tasks=task_ops,
-        schedules=ScheduleOperations(bus, settings, ScheduleStore(db), overview, clock, backlog),
+        schedules=ScheduleOperations(
+            bus, settings, ScheduleStore(db, settings.partitions), overview, clock, backlog
+        ),
         dead_letters=DeadLetterOperations(bus, settings, dead, task_ops, clock),
         stats=StatsOperations(
             overview, dead, clock, lease, settings.forecast_interval.total_seconds()

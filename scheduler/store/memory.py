@@ -11,8 +11,9 @@ without its payload, `parked`); bookkeeping applies only to tasks still claimed 
 epoch; a cancel succeeds only on a `pending` task and answers `in_flight` for one in doubt; a
 fired task's row is deleted and its id kept in `fired` (the tombstone of migration 0010: target
 and bytes, so a resend of the same task is still told from another task reusing the id),
-refused at intake. The fencing epoch is this object's `epoch`, raised by `take_office` as
-`scheduler.store.postgres.epoch.take_office` raises PostgreSQL's.
+refused at intake. Each row keeps its partition, `partition_of(id, partitions)`, and each cron
+job its own by name (scheduler/partitions.py). The fencing epoch is this object's `epoch`,
+raised by `take_office` as `scheduler.store.postgres.epoch.take_office` raises PostgreSQL's.
 
 A claimed row has the status `claimed` here; PostgreSQL leaves the status alone and marks the
 claim by `claimed_epoch` (a HOT update, migration 0013). Both report `claimed`.
@@ -28,6 +29,7 @@ from typing import Any
 
 from scheduler.errors import FencedError
 from scheduler.messages.subjects import org_of
+from scheduler.partitions import partition_of
 from scheduler.records import (
     Claimed,
     ClaimedTask,
@@ -62,6 +64,7 @@ class Row:
     task: NewTask
     seq: int
     created_at: datetime
+    partition: int = 0
     status: str = "pending"
     attempts: int = 0
     doubted: bool = False
@@ -114,6 +117,7 @@ class MemoryTaskStore:
 
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     epoch: int = 0
+    partitions: int = 1  # the deployment's P
     rows: dict[str, Row] = field(default_factory=dict)
     fired: dict[str, Row] = field(default_factory=dict)  # tombstones: deleted rows, by id
     fire_log: list[dict[str, Any]] = field(default_factory=list)
@@ -155,7 +159,8 @@ class MemoryTaskStore:
             stored = replace(t)
             if live and intent is not None and intent.kind == "reschedule" and intent.due:
                 stored.due_at = stored.scheduled_for = intent.due
-            row = self.rows[t.id] = Row(stored, next(self._seq), self.now())
+            partition = partition_of(t.id, self.partitions)
+            row = self.rows[t.id] = Row(stored, next(self._seq), self.now(), partition)
             if live and intent is not None and intent.kind == "cancel":
                 row.status = "cancelled"
                 cancelled.append(t)
@@ -461,7 +466,9 @@ class MemoryScheduleStore:
     `epoch` fences `advance` as PostgreSQL's does; share a `MemoryTaskStore`'s by `office`."""
 
     office: MemoryTaskStore = field(default_factory=MemoryTaskStore)
+    partitions: int = 1  # the deployment's P
     fingerprints: dict[str, str] = field(default_factory=dict)  # active jobs
+    job_partitions: dict[str, int] = field(default_factory=dict)  # by name, as synced
     paused: set[str] = field(default_factory=set)  # by an operator
     state: dict[str, datetime] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
@@ -475,6 +482,7 @@ class MemoryScheduleStore:
         self.fingerprints = wanted
         for name in changed:
             self.failures.pop(name, None)
+            self.job_partitions[name] = partition_of(name, self.partitions)
         return len(changed), len(removed)
 
     async def fail(self, epoch: int, failures: Sequence[CronFailure]) -> None:

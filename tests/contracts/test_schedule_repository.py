@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from scheduler.cron.jobs import load_text
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
+from scheduler.partitions import partition_of
 from scheduler.records import Advance, CronFailure
 from scheduler.store.memory import MemoryScheduleStore
 from tests.contracts.admin import StoredSchedules
@@ -32,21 +34,38 @@ scheduled_jobs:
 class Repo:
     schedules: StoredSchedules
     take_office: Callable[[], Awaitable[int]]
+    partition: Callable[[str], Awaitable[int]]  # the partition a synced job's row holds
 
 
 @pytest.fixture
 async def repo(database: str | None) -> AsyncIterator[Repo]:
+    async with open_repo(database) as opened:
+        yield opened
+
+
+@asynccontextmanager
+async def open_repo(database: str | None, partitions: int = 1) -> AsyncIterator[Repo]:
+    """The twin, or the PostgreSQL store on `database`, for a deployment of `partitions`."""
     if database is None:
-        store = MemoryScheduleStore()
-        yield Repo(store, store.office.take_office)
+        store = MemoryScheduleStore(partitions=partitions)
+
+        async def partition_memory(name: str) -> int:
+            return store.job_partitions[name]
+
+        yield Repo(store, store.office.take_office, partition_memory)
         return
     from scheduler.store.postgres.connect import PostgresStore, create_pool
     from scheduler.store.postgres.cron_jobs import ScheduleStore
     from scheduler.store.postgres.epoch import take_office
 
     pool = await create_pool(database, min_size=1, max_size=2)
+
+    async def partition_real(name: str) -> int:
+        return int(await pool.fetchval("SELECT partition FROM schedules WHERE name = $1", name))
+
     try:
-        yield Repo(ScheduleStore(PostgresStore(pool, Metrics())), lambda: take_office(pool, "t"))
+        real = ScheduleStore(PostgresStore(pool, Metrics()), partitions)
+        yield Repo(real, lambda: take_office(pool, "t"), partition_real)
     finally:
         await pool.close()
 
@@ -59,6 +78,21 @@ async def test_sync_counts_changed_and_removed_jobs(repo: Repo) -> None:
     assert await repo.schedules.sync(jobs, T0) == (0, 0)
     changed = load_text(JOBS.replace('"0 * * * *"', '"30 * * * *"')).jobs[:1]
     assert await repo.schedules.sync(changed, T0) == (1, 1)
+
+
+async def test_a_synced_job_holds_the_partition_of_its_name(database: str | None) -> None:
+    """Under P = 8 each synced job holds `partition_of(name, 8)`, a changed one too; under
+    P = 1 every job is in partition 0."""
+    jobs = load_text(JOBS).jobs
+    async with open_repo(database, partitions=8) as repo:
+        await repo.schedules.sync(jobs, T0)
+        await repo.schedules.sync(load_text(JOBS.replace("*/5", "*/10")).jobs, T0)
+        got = [await repo.partition(j.name) for j in jobs]
+        assert got == [partition_of(j.name, 8) for j in jobs] == [2, 6]
+    others = load_text(JOBS.replace("name: a", "name: c").replace("name: b", "name: d")).jobs
+    async with open_repo(database) as repo:
+        await repo.schedules.sync(others, T0)
+        assert [await repo.partition(j.name) for j in others] == [0, 0]
 
 
 async def test_cursors_move_forward_only_and_writes_are_fenced(repo: Repo) -> None:

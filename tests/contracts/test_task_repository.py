@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
+from scheduler.partitions import partition_of
 from scheduler.records import ClaimedTask, Fired, NewTask, to_ms
 from scheduler.store.memory import MemoryTaskStore
 from scheduler.store.postgres.intents import IntentLimits
@@ -30,12 +32,20 @@ class Repo:
     has_row: Callable[[str], Awaitable[bool]]  # whether `delayed_messages` holds the id
     # the intake dead letters recorded for a lane message's key: (original_id, reason) each
     dead_intake: Callable[[str], Awaitable[list[tuple[str, str]]]]
+    partition: Callable[[str], Awaitable[int]]  # the partition a task's row holds
 
 
 @pytest.fixture
 async def repo(database: str | None) -> AsyncIterator[Repo]:
+    async with open_repo(database) as opened:
+        yield opened
+
+
+@asynccontextmanager
+async def open_repo(database: str | None, partitions: int = 1) -> AsyncIterator[Repo]:
+    """The twin, or the PostgreSQL store on `database`, for a deployment of `partitions`."""
     if database is None:
-        store = MemoryTaskStore(intent_limits=LIMITS)
+        store = MemoryTaskStore(intent_limits=LIMITS, partitions=partitions)
 
         async def in_rows(task_id: str) -> bool:
             return task_id in store.rows
@@ -44,7 +54,10 @@ async def repo(database: str | None) -> AsyncIterator[Repo]:
             got = [d for d in store.dead_letters if d.get("key") == key]
             return [(d["original_id"], d["reason"]) for d in got]
 
-        yield Repo(store, store.take_office, in_rows, dead_memory)
+        async def partition_memory(task_id: str) -> int:
+            return store.rows[task_id].partition
+
+        yield Repo(store, store.take_office, in_rows, dead_memory, partition_memory)
         return
     from scheduler.store.postgres.connect import PostgresStore, create_pool
     from scheduler.store.postgres.epoch import take_office
@@ -60,9 +73,13 @@ async def repo(database: str | None) -> AsyncIterator[Repo]:
         sql = "SELECT original_id, reason FROM dead_letters WHERE intake_key = $1 ORDER BY id"
         return [(r["original_id"], r["reason"]) for r in await pool.fetch(sql, key)]
 
+    async def partition_real(task_id: str) -> int:
+        sql = "SELECT partition FROM delayed_messages WHERE id = $1"
+        return int(await pool.fetchval(sql, task_id))
+
     try:
-        tasks = TaskStore(PostgresStore(pool, Metrics()), LIMITS)
-        yield Repo(tasks, lambda: take_office(pool, "t"), has_row, dead_real)
+        tasks = TaskStore(PostgresStore(pool, Metrics()), LIMITS, partitions)
+        yield Repo(tasks, lambda: take_office(pool, "t"), has_row, dead_real, partition_real)
     finally:
         await pool.close()
 
@@ -311,6 +328,23 @@ async def test_unfinished_tasks_are_counted_per_org(repo: Repo) -> None:
     await repo.tasks.mark_fired(epoch, [Fired(claimed[a3.id], NOW, "S", 1)], "x")
     await repo.tasks.expire(epoch, [b1.id])
     assert await repo.tasks.pending_by_org() == {"a": 3, None: 1}
+
+
+async def test_a_stored_task_holds_the_partition_of_its_id(database: str | None) -> None:
+    """Under P = 8 each stored task holds `partition_of(id, 8)`, a task taking over its id's
+    reschedule intent too; under P = 1 every task is in partition 0."""
+    async with open_repo(database, partitions=8) as repo:
+        tasks = [task(1) for _ in range(16)]
+        waited = task(1)
+        await repo.tasks.reschedule(waited.id, waited.target, NOW + timedelta(minutes=5))
+        await repo.tasks.insert_batch([*tasks, waited])
+        stored = [await repo.partition(t.id) for t in [*tasks, waited]]
+        assert stored == [partition_of(t.id, 8) for t in [*tasks, waited]]
+        assert len(set(stored)) > 1
+    async with open_repo(database) as repo:
+        tasks = [task(1) for _ in range(4)]
+        await repo.tasks.insert_batch(tasks)
+        assert [await repo.partition(t.id) for t in tasks] == [0] * 4
 
 
 # -- cancel and reschedule intents: a task still on the delay lane (issue 25 item 5) ---------

@@ -169,6 +169,51 @@ async def test_migration_0010_turns_fired_rows_into_tombstones_and_back(
     assert "fired_tasks" in await tables(database_url)
 
 
+OLD_INTAKE = (
+    "SELECT id FROM scheduler_intake_insert($1::text[], ARRAY['mq.x'], ARRAY['{}'::bytea], "
+    "ARRAY['{}'::jsonb], ARRAY[5::smallint], ARRAY[$2::bigint], ARRAY[$2::bigint], NULL, NULL)"
+)
+NEW_INTAKE = OLD_INTAKE.replace("NULL, NULL)", "NULL, NULL, $3::smallint[])")
+PARTITION_OF = "SELECT partition FROM {} WHERE {} = $1"
+HAS_COLUMN = (
+    "SELECT count(*) FROM information_schema.columns WHERE column_name = 'partition' "
+    "AND table_name IN ('delayed_messages', 'schedules')"
+)
+
+
+async def test_migration_0022_puts_every_row_in_partition_0_and_back(database_url: str) -> None:
+    """Upgrading to 0022 leaves every task and cron job in partition 0 and records the count 1;
+    the previous version's intake (nine arguments) still stores tasks, in partition 0, beside
+    the new one, which stores the partitions it is given. Downgrading to 0021 drops the
+    columns, the table, the index and the new function; intake the old way still works."""
+    await asyncio.to_thread(migrate.downgrade, database_url, "0021")
+    due = int(datetime.now(UTC).timestamp() * 1e6) + 60_000_000
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await conn.fetchval(OLD_INTAKE, ["before"], due) == "before"
+        await conn.execute(
+            "INSERT INTO schedules (name, definition, fingerprint) VALUES ('job', '{}', 'f')"
+        )
+        await migrate.upgrade_async(database_url)
+        assert await conn.fetchval("SELECT partitions FROM partitioning") == 1
+        assert await conn.fetchval(PARTITION_OF.format("schedules", "name"), "job") == 0
+        assert await conn.fetchval(OLD_INTAKE, ["rolling"], due) == "rolling"
+        assert await conn.fetchval(NEW_INTAKE, ["new"], due, [7]) == "new"
+        stored = await conn.fetch("SELECT id, partition FROM delayed_messages ORDER BY seq")
+        assert [tuple(r) for r in stored] == [("before", 0), ("rolling", 0), ("new", 7)]
+        await asyncio.to_thread(migrate.downgrade, database_url, "0021")
+        assert await conn.fetchval(HAS_COLUMN) == 0
+        assert "partitioning" not in await tables(database_url)
+        gone = "SELECT to_regclass('delayed_messages_partition_due') IS NULL AND count(*) = 1 "
+        gone += "FROM pg_proc WHERE proname = 'scheduler_intake_insert'"
+        assert await conn.fetchval(gone)
+        assert await conn.fetchval(OLD_INTAKE, ["after"], due) == "after"
+    finally:
+        await conn.close()
+    await migrate.upgrade_async(database_url)
+    assert "partitioning" in await tables(database_url)
+
+
 FIRE_LOG_INDEXES = (
     "SELECT c.relname, i.indisprimary FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
     "WHERE i.indrelid = 'fire_log'::regclass ORDER BY c.relname"

@@ -46,6 +46,7 @@ def test_defaults_match_the_design() -> None:
     assert s.dispatch_coalesce == timedelta(0)  # every due millisecond
     assert s.intent_ttl == timedelta(hours=24)
     assert s.intent_max_per_target == 10_000
+    assert s.partitions == 1  # one leader fires everything, as before partitions
 
 
 def test_environment_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,6 +98,10 @@ def test_fence_margin_default_scales_with_ttl(monkeypatch: pytest.MonkeyPatch) -
         ("SCHEDULER_INTENT_MAX_PER_TARGET", "0", "greater than or equal to 1"),
         ("SCHEDULER_INTENT_MAX_PER_TARGET", "10000001", "less than or equal to 10000000"),
         ("SCHEDULER_INTENT_MAX_PER_TARGET", "many", "valid integer"),
+        ("SCHEDULER_PARTITIONS", "0", "greater than or equal to 1"),
+        ("SCHEDULER_PARTITIONS", "4097", "less than or equal to 4096"),
+        ("SCHEDULER_PARTITIONS", "1.5", "valid integer"),
+        ("SCHEDULER_PARTITIONS", "many", "valid integer"),
     ],
 )
 def test_wrong_values_name_the_variable(

@@ -1,5 +1,5 @@
-"""Cron jobs in PostgreSQL: the YAML synced into `schedules` (with a failed job's mark),
-cursors in `schedule_state`."""
+"""Cron jobs in PostgreSQL: the YAML synced into `schedules` (with a failed job's mark and its
+partition, `partition_of(name, P)`: scheduler/partitions.py), cursors in `schedule_state`."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ from datetime import datetime
 from typing import Any
 
 from scheduler.cron.jobs import Job
+from scheduler.partitions import partition_of
 from scheduler.records import Advance, CronFailure
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.epoch import fenced
 
 
 class ScheduleStore:
-    def __init__(self, db: PostgresStore) -> None:
+    def __init__(self, db: PostgresStore, partitions: int = 1) -> None:
         self.db = db
+        self.partitions = partitions  # the deployment's P (scheduler/partitions.py)
 
     async def sync(self, jobs: Sequence[Job], at: datetime | None = None) -> tuple[int, int]:
         """Upsert the YAML's jobs as active, deactivate the rest; return (changed, removed).
@@ -28,11 +30,13 @@ class ScheduleStore:
         async with self.db.timed("sync") as conn, conn.transaction():
             changed = await conn.fetch(
                 "WITH u AS (SELECT * FROM unnest($1::text[], $2::jsonb[], $3::text[], "
-                "$4::text[], $5::int[]) AS u(name, definition, fingerprint, file, line)) "
-                "INSERT INTO schedules (name, definition, fingerprint, file, line) "
+                "$4::text[], $5::int[], $6::smallint[]) "
+                "AS u(name, definition, fingerprint, file, line, partition)) "
+                "INSERT INTO schedules (name, definition, fingerprint, file, line, partition) "
                 "SELECT * FROM u ON CONFLICT (name) DO UPDATE SET definition = "
                 "excluded.definition, fingerprint = excluded.fingerprint, file = excluded.file, "
-                "line = excluded.line, active = true, failed_at = NULL, failed_reason = NULL, "
+                "line = excluded.line, partition = excluded.partition, active = true, "
+                "failed_at = NULL, failed_reason = NULL, "
                 "failed_error = NULL, updated_at = now() WHERE "
                 "schedules.fingerprint <> excluded.fingerprint OR NOT schedules.active "
                 "RETURNING name",
@@ -41,6 +45,7 @@ class ScheduleStore:
                 [j.fingerprint() for j in jobs],
                 [j.file for j in jobs],
                 [j.line for j in jobs],
+                [partition_of(name, self.partitions) for name in names],
             )
             removed = await conn.fetch(
                 "UPDATE schedules SET active = false, updated_at = now() "

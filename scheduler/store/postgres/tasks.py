@@ -101,8 +101,10 @@ class TaskStore(TaskIntake, TaskAdmin):
     the in-memory twin to it) with the operators' statements too; the daemon hands
     scheduler.operations a `TaskAdmin` of the management API's pool."""
 
-    def __init__(self, db: PostgresStore, intent_limits: IntentLimits | None = None) -> None:
-        TaskIntake.__init__(self, db)
+    def __init__(
+        self, db: PostgresStore, intent_limits: IntentLimits | None = None, partitions: int = 1
+    ) -> None:
+        TaskIntake.__init__(self, db, partitions)
         TaskAdmin.__init__(self, db, intent_limits)
 
     async def load_page(

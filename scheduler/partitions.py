@@ -1,0 +1,26 @@
+"""Partitions: the fixed count P of shards a deployment's work is split into, and which one a
+task (by its id) or a cron job (by its name) belongs to.
+
+`partition_of` is the one rule, pure and stable across processes, hosts and Python versions:
+the first four bytes of the SHA-256 digest of the key's UTF-8 bytes, read big-endian, modulo P
+(Python's `hash()` is salted per process, so two engines would disagree). Every stored row
+keeps the partition it got under the deployment's P, so the rule may never change under a
+deployment: tests/unit/test_partitions.py pins its values. SHA-256 because PostgreSQL computes
+it too (`sha256(convert_to(key, 'UTF8'))`, also in FIPS mode, where `md5()` fails), so a later
+statement that moves rows to a new P can do it in SQL.
+
+Today only P = 1 runs (every row in partition 0): what exists, and what is still to come, is in
+docs/leadership.md, "Partitions".
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+MAX_PARTITIONS = 4096  # SCHEDULER_PARTITIONS' bound; a partition fits PostgreSQL's SMALLINT
+
+
+def partition_of(key: str, count: int) -> int:
+    """The partition, in 0..count-1, of a task id or a cron job's name among `count`."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return int.from_bytes(digest[:4], "big") % count

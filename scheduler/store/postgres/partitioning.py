@@ -1,0 +1,30 @@
+"""The deployment's partition count as PostgreSQL records it (table `partitioning`, migration
+0022), and the check an engine makes of its own SCHEDULER_PARTITIONS against it at start.
+
+Every task and cron job row holds the partition `partition_of` gave it under the recorded count
+(scheduler/partitions.py), so an engine counting otherwise would store new rows in other
+partitions than the old ones: it refuses to start instead. Changing the count means moving
+every row to its new partition, which no command does yet (docs/leadership.md, "Partitions").
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from scheduler.errors import ConfigError
+
+VARIABLE = "SCHEDULER_PARTITIONS"
+
+
+async def check_partitions(pool: asyncpg.Pool, partitions: int) -> None:
+    """Raise ConfigError naming SCHEDULER_PARTITIONS, this count and the recorded one, unless
+    they are equal."""
+    recorded = await pool.fetchval("SELECT partitions FROM partitioning WHERE id = 1")
+    if recorded != partitions:
+        raise ConfigError(
+            VARIABLE,
+            f"is {partitions}, but this deployment's database records a partition count of "
+            f"{recorded} (table partitioning), under which its tasks and cron jobs are "
+            "stored. Changing the count means moving every row to its new partition, which no "
+            f"command does yet: start with {VARIABLE}={recorded}",
+        )
