@@ -9,15 +9,10 @@ deployment records its partition count, and intake's function stores each task's
   every existing row was stored under. An engine whose SCHEDULER_PARTITIONS differs refuses to
   start (scheduler/store/postgres/partitioning.py): its rows would sit in other partitions than
   the rule gives, and changing the count means moving them, which nothing does yet.
-- `delayed_messages_partition_due` on (partition, due_at, priority, seq) of the tasks a claim
-  may take (`pending`, `in_doubt`): one partition's tasks in firing order, both statuses in one
-  index. No statement reads it yet (ownership per partition is to come); today's keep their
-  plans, since their own partial indexes are smaller and this one gives their order only for a
-  single partition (tests/integration/test_partitions.py runs them and counts its scans). It
-  costs each task one index entry more at intake (about 2.5 us of PostgreSQL CPU, migration
-  0010's measure); a claim stays a HOT update, as it changes no column of the index or of its
-  predicate. Building it reads the table once while writes to it wait (as 0010's rebuild
-  did): on a table of millions of rows, upgrade in a quiet moment.
+- No index by partition yet: nothing reads the column until claims go by partition, and an
+  index nobody reads would cost each task an index entry at intake (about 2.5 us of
+  PostgreSQL CPU, migration 0010's measure). The migration that moves claims to partitions
+  adds it (and can drop the pending index it replaces).
 - `scheduler_intake_insert(..., new_partitions SMALLINT[])`: the function of 0021 with a tenth
   argument, each task's partition (NULL: all in partition 0, how P = 1 passes it, nothing per
   row). An intent row (a cancel or reschedule for a task still on the lane) is written in
@@ -25,8 +20,8 @@ deployment records its partition count, and intake's function stores each task's
   function stays, unchanged, for the previous version during a rolling upgrade (it stores
   partition 0, right under the only count that runs); a later migration may drop it.
 
-Expand only: new columns with defaults, a new table, index and function the previous version
-never reads. Downgrade drops them all.
+Expand only: new columns with defaults, a new table and a function the previous version never
+reads. Downgrade drops them all.
 
 Revision ID: 0022
 Revises: 0021
@@ -49,7 +44,6 @@ SIGNATURE = (
     "scheduler_intake_insert(TEXT[], TEXT[], BYTEA[], JSONB[], SMALLINT[], BIGINT[], BIGINT[], "
     "BIGINT[], TEXT[], SMALLINT[])"
 )
-INDEX = "delayed_messages_partition_due"
 
 PARTITIONING = """
 CREATE TABLE partitioning (
@@ -83,16 +77,11 @@ def upgrade() -> None:
         op.execute(f"ALTER TABLE {table} ADD COLUMN partition SMALLINT NOT NULL DEFAULT 0")
     op.execute(PARTITIONING)
     op.execute("INSERT INTO partitioning (id, partitions) VALUES (1, 1)")
-    op.execute(
-        f"CREATE INDEX {INDEX} ON delayed_messages (partition, due_at, priority, seq) "
-        "WHERE status IN ('pending', 'in_doubt')"
-    )
     op.execute(FUNCTION)
 
 
 def downgrade() -> None:
     op.execute(f"DROP FUNCTION {SIGNATURE}")
-    op.execute(f"DROP INDEX {INDEX}")
     op.execute("DROP TABLE partitioning")
     for table in ("schedules", "delayed_messages"):
         op.execute(f"ALTER TABLE {table} DROP COLUMN partition")
