@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -313,10 +314,12 @@ class Daemon:
         buckets: list[tuple[float, float]] = []
         for line in text.splitlines():
             if line.startswith(name + "_bucket{") and 'role="edge"' not in line:
-                le = line.split('le="', 1)[1].split('"', 1)[0]
-                buckets.append(
-                    (float("inf") if le == "+Inf" else float(le), float(line.split()[-1]))
-                )
+                # the label itself, not the tail of `role="engine"` (which ends in `le="`)
+                found = re.search(r'[{,]le="([^"]+)"', line)
+                if found is not None:
+                    le = found.group(1)
+                    bound = float("inf") if le == "+Inf" else float(le)
+                    buckets.append((bound, float(line.split()[-1])))
         if not buckets or buckets[-1][1] == 0:
             return {"count": 0}
         total = buckets[-1][1]
