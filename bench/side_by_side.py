@@ -26,8 +26,11 @@ and what the rest of the host used over the window (`host.others_share_of_a_core
 shows there). Targets (issue 28): ours p99 <= 10 ms at store time, the broker's p99 >= 30x ours,
 ours nothing lost, doubled or early, both producers fully acknowledged.
 
+`--tree PATH` runs the daemon from another checkout (its code through PYTHONPATH; the bench's
+own code stays this tree's), e.g. a worktree of an older commit, alternated with this tree.
+
     .venv/bin/python bench/side_by_side.py [--rate 2000] [--duration 60] [--delay 2]
-        [--grace 15] [--out FILE]
+        [--grace 15] [--tree PATH] [--out FILE]
 """
 
 from __future__ import annotations
@@ -220,6 +223,8 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
     with servers() as env:
         nc = await nats.connect(env.nats_url)
         daemon = Daemon(env)
+        if a.tree:  # its code, and its folder as the working directory (first on sys.path)
+            daemon.env["PYTHONPATH"], daemon.cwd = a.tree, a.tree
         collectors: dict[str, RawCollector] = {}
         procs: dict[str, Any] = {}
         try:
@@ -360,12 +365,16 @@ def main() -> None:
     ap.add_argument("--grace", type=float, default=15, help="wait after the last due time")
     ap.add_argument("--ack-timeout", type=float, default=10, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument("--tree", default="", help="run the daemon from this checkout's code")
     # a producer child: --producer SIDE --nats-url URL --prefix P --start EPOCH
     ap.add_argument("--producer", choices=SIDES, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--nats-url", default="", help=argparse.SUPPRESS)
     ap.add_argument("--prefix", default="", help=argparse.SUPPRESS)
     ap.add_argument("--start", type=float, default=0.0, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.tree and not os.path.isfile(os.path.join(a.tree, "scheduler", "__init__.py")):
+        ap.error(f"--tree: no scheduler package in {a.tree}")
+    a.tree = os.path.abspath(a.tree) if a.tree else ""
     if a.producer:
         doc = run(produce(a.nats_url, a.producer, a.prefix, a.start, a))
         print(json.dumps(doc), flush=True)
@@ -378,6 +387,7 @@ def main() -> None:
         "lost": 0, "duplicates": 0, "early": 0, "producer_unacked": 0, "producer_errors": 0,
     }  # fmt: skip
     params = {k: v for k, v in vars(a).items() if k in ("rate", "duration", "delay", "grace")}
+    params["tree"] = a.tree or "(this tree)"
     report("side_by_side", params, r, targets, passed, line(r), a.out)
 
 
