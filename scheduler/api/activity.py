@@ -47,7 +47,7 @@ from scheduler.api.events import ApiEvents
 from scheduler.api.problems import request_id
 from scheduler.operations import Outcome
 from scheduler.operations.activity import DETAIL_TEXT, bounded, clip
-from scheduler.operations.build import Operations
+from scheduler.operations.bundle import Operations
 from scheduler.store.postgres.activity import Activity
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from scheduler.api.routes import (
 from scheduler.api.routes.common import MAX_LIMIT
 from scheduler.api.server import Served, serve
 from scheduler.metrics import Metrics
-from scheduler.operations.build import Operations
+from scheduler.operations.bundle import Operations
 from scheduler.operations.records import Instance
 from scheduler.settings import Settings
 

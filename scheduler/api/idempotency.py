@@ -44,7 +44,7 @@ from scheduler.api import activity
 from scheduler.api.auth import Caller
 from scheduler.api.problems import ApiProblem, problem_response
 from scheduler.operations.backlog import TRANSIENT
-from scheduler.operations.build import Operations
+from scheduler.operations.bundle import Operations
 from scheduler.store.postgres.idempotency import Claim, KeyUse, Recorded
 
 log = logging.getLogger(__name__)

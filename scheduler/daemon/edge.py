@@ -35,6 +35,7 @@ from scheduler.bus.nats.writer import NatsWriter
 from scheduler.clock import Clock, SystemClock
 from scheduler.daemon import migrate
 from scheduler.daemon.listeners import api_imported, build_api_app, listen
+from scheduler.daemon.operations import build_operations
 from scheduler.daemon.pair import (
     ENGINE_METRICS,
     STALE_AFTER,
@@ -49,7 +50,7 @@ from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.leadership.lease import read_holder
 from scheduler.metrics import Metrics
 from scheduler.operations import paging
-from scheduler.operations.build import Operations, build_operations
+from scheduler.operations.bundle import Operations
 from scheduler.operations.instances import read_instances
 from scheduler.operations.records import Instance
 from scheduler.settings import Settings

@@ -17,7 +17,7 @@ from scheduler.api.auth import Caller, identify
 from scheduler.api.gate import RETRY_AFTER_SECONDS, OutOfBudget, Overloaded, QueryGate, RowBudget
 from scheduler.api.problems import ApiProblem, from_outcome
 from scheduler.operations import Outcome
-from scheduler.operations.build import Operations
+from scheduler.operations.bundle import Operations
 
 log = logging.getLogger(__name__)
 

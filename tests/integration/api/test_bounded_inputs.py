@@ -17,8 +17,9 @@ from nats.aio.client import Client
 
 from scheduler.bus.nats.writer import NatsWriter
 from scheduler.clock import SystemClock
+from scheduler.daemon.operations import build_operations
 from scheduler.metrics import Metrics
-from scheduler.operations.build import Operations, build_operations
+from scheduler.operations.bundle import Operations
 from scheduler.settings import Settings
 from scheduler.store.postgres.activity import Activity
 from scheduler.store.postgres.connect import PostgresStore, create_pool

@@ -1,15 +1,16 @@
-"""All operations of one daemon, wired to its bus writer (`scheduler.operations.ports`) and
-PostgreSQL pool."""
+"""The operator half wired to PostgreSQL: one daemon's `Operations` over its bus writer
+(`scheduler.operations.ports`) and a PostgreSQL pool. The edge builds two (the API's pool and
+the NATS verbs'); the operator half itself never names a concrete store."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from scheduler.clock import Clock
 from scheduler.operations.activity import ActivityOperations
 from scheduler.operations.backlog import WriteBacklog
+from scheduler.operations.bundle import Operations
 from scheduler.operations.cron_jobs import ScheduleOperations
 from scheduler.operations.dead_letters import DeadLetterOperations
 from scheduler.operations.ports import BusWriter
@@ -23,18 +24,6 @@ from scheduler.store.postgres.dead_letters import DeadLetterStore
 from scheduler.store.postgres.idempotency import IdempotencyStore
 from scheduler.store.postgres.overview import OverviewStore
 from scheduler.store.postgres.task_admin import TaskAdmin
-
-
-@dataclass(frozen=True, slots=True)
-class Operations:
-    tasks: TaskOperations
-    schedules: ScheduleOperations
-    dead_letters: DeadLetterOperations
-    stats: StatsOperations
-    idempotency: IdempotencyStore  # the API's stored answers (`scheduler.api.idempotency`)
-    backlog: WriteBacklog  # writes retried in the background; the daemon runs its loop
-    clock: Clock
-    activity: ActivityOperations  # the operator actions' log (`scheduler.api.activity`)
 
 
 def build_operations(
