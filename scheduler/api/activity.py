@@ -48,7 +48,7 @@ from scheduler.api.problems import request_id
 from scheduler.operations import Outcome
 from scheduler.operations.activity import DETAIL_TEXT, bounded, clip
 from scheduler.operations.bundle import Operations
-from scheduler.store.postgres.activity import Activity
+from scheduler.operations.stores import Activity
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from scheduler.api.auth import Caller
 from scheduler.api.problems import ApiProblem, problem_response
 from scheduler.operations.backlog import TRANSIENT
 from scheduler.operations.bundle import Operations
-from scheduler.store.postgres.idempotency import Claim, KeyUse, Recorded
+from scheduler.operations.stores import Claim, KeyUse, Recorded
 
 log = logging.getLogger(__name__)
 

@@ -47,6 +47,7 @@ from scheduler.daemon.preflight import check_api_exposure
 from scheduler.daemon.runstate import Endpoints, Phased, RunState
 from scheduler.daemon.upkeep import activity_upkeep, idempotency_upkeep, loop_lag_probe
 from scheduler.errors import ConfigError, ServiceUnavailableError
+from scheduler.leadership import heartbeat
 from scheduler.leadership.lease import read_holder
 from scheduler.metrics import Metrics
 from scheduler.operations import paging
@@ -374,7 +375,7 @@ class EdgeDaemon(Phased):
         """What `GET /v1/instances` answers: every instance's latest heartbeat."""
         if self.state_kv is None:
             raise ServiceUnavailableError("NATS", "the state bucket is not open yet")
-        return await read_instances(self.state_kv, self.clock.now())
+        return await read_instances(self.state_kv, self.clock.now(), heartbeat.STALE_AFTER)
 
     def is_alive(self) -> bool:
         """Starting or running with a NATS connection that can still come back; with an

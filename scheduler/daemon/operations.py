@@ -4,6 +4,7 @@ the NATS verbs'); the operator half itself never names a concrete store."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,9 +19,12 @@ from scheduler.operations.stats import StatsOperations
 from scheduler.operations.tasks import TaskOperations
 from scheduler.settings import Settings
 from scheduler.store.postgres.activity import ActivityStore
+from scheduler.store.postgres.backfill import BackfillStore
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.dead_letters import DeadLetterStore
+from scheduler.store.postgres.epoch import database_time
+from scheduler.store.postgres.history import HistoryStore
 from scheduler.store.postgres.idempotency import IdempotencyStore
 from scheduler.store.postgres.overview import OverviewStore
 from scheduler.store.postgres.task_admin import TaskAdmin
@@ -36,14 +40,22 @@ def build_operations(
 ) -> Operations:
     overview, dead, backlog = OverviewStore(db), DeadLetterStore(db), WriteBacklog()
     task_ops = TaskOperations(bus, settings, tasks, overview, clock)
+    schedules = ScheduleStore(db, settings.partitions)
+    ping = functools.partial(database_time, db.pool, clock.now)
     return Operations(
         tasks=task_ops,
         schedules=ScheduleOperations(
-            bus, settings, ScheduleStore(db, settings.partitions), overview, clock, backlog
+            bus, settings, schedules, overview, BackfillStore(db), clock, backlog
         ),
         dead_letters=DeadLetterOperations(bus, settings, dead, task_ops, clock),
         stats=StatsOperations(
-            overview, dead, clock, lease, settings.forecast_interval.total_seconds()
+            overview,
+            dead,
+            HistoryStore(db),
+            ping,
+            clock,
+            lease,
+            settings.forecast_interval.total_seconds(),
         ),
         idempotency=IdempotencyStore(db, settings.idempotency_max_keys),
         backlog=backlog,

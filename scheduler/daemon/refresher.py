@@ -28,10 +28,11 @@ from scheduler.operations.cron_jobs import CHANGED_SUBJECT
 from scheduler.operations.events import OperationsEvents
 from scheduler.operations.shared import SLOW_FACTOR
 from scheduler.operations.stats import OTHER
+from scheduler.operations.stores import WINDOWS
 from scheduler.settings import Settings
 from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.dead_letters import DeadLetterStore
-from scheduler.store.postgres.overview import WINDOWS, OverviewStore
+from scheduler.store.postgres.overview import OverviewStore
 
 log = logging.getLogger(__name__)
 

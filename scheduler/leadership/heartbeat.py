@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import re
+from datetime import timedelta
 
 from nats.js.kv import KeyValue
 
@@ -18,6 +19,7 @@ from scheduler.clock import Clock, to_rfc3339
 from scheduler.leadership.tenure import Tenure
 
 HEARTBEAT_EVERY = 5.0
+STALE_AFTER = timedelta(seconds=3 * HEARTBEAT_EVERY)  # a record not renewed this long is stale
 
 
 class Heartbeat:

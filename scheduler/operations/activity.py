@@ -17,7 +17,7 @@ from typing import Any
 from scheduler.clock import Clock
 from scheduler.operations.activity_records import ActivityEntry
 from scheduler.operations.paging import SEQ, TIME, Page, decode, from_us, page, us
-from scheduler.store.postgres.activity import Activity, ActivityFilter, ActivityStore
+from scheduler.operations.stores import Activity, ActivityFilter, ActivityLog
 
 CURSOR = "activity"
 TEXT = 200
@@ -66,7 +66,7 @@ def bounded(*sources: dict[str, Any]) -> dict[str, Any]:
 
 
 class ActivityOperations:
-    def __init__(self, store: ActivityStore, clock: Clock, max_rows: int | None = None) -> None:
+    def __init__(self, store: ActivityLog, clock: Clock, max_rows: int | None = None) -> None:
         self.store = store
         self.clock = clock
         self.max_rows = max_rows  # SCHEDULER_ACTIVITY_MAX_ROWS; None: bounded by age only

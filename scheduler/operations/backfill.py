@@ -40,8 +40,8 @@ from scheduler.messages.headers import block_size
 from scheduler.operations import Outcome
 from scheduler.operations.backlog import TRANSIENT, WriteBacklog
 from scheduler.operations.ports import PUBLISH_TIMEOUT, BusWriter, NoAnswer, NoStream, Refused
+from scheduler.operations.stores import BackfillLog
 from scheduler.settings import Settings
-from scheduler.store.postgres.backfill import BackfillStore
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Backfiller:
         self,
         bus: BusWriter,
         settings: Settings,
-        store: BackfillStore,
+        store: BackfillLog,
         clock: Clock,
         backlog: WriteBacklog,
     ) -> None:

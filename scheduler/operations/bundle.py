@@ -12,8 +12,8 @@ from scheduler.operations.backlog import WriteBacklog
 from scheduler.operations.cron_jobs import ScheduleOperations
 from scheduler.operations.dead_letters import DeadLetterOperations
 from scheduler.operations.stats import StatsOperations
+from scheduler.operations.stores import IdempotencyKeys
 from scheduler.operations.tasks import TaskOperations
-from scheduler.store.postgres.idempotency import IdempotencyStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +22,7 @@ class Operations:
     schedules: ScheduleOperations
     dead_letters: DeadLetterOperations
     stats: StatsOperations
-    idempotency: IdempotencyStore  # the API's stored answers (`scheduler.api.idempotency`)
+    idempotency: IdempotencyKeys  # the API's stored answers (`scheduler.api.idempotency`)
     backlog: WriteBacklog  # writes retried in the background; the daemon runs its loop
     clock: Clock
     activity: ActivityOperations  # the operator actions' log (`scheduler.api.activity`)

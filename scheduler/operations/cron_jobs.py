@@ -49,11 +49,9 @@ from scheduler.operations.cron_job_records import (
 )
 from scheduler.operations.paging import NAME, Page, decode, page
 from scheduler.operations.ports import PUBLISH_TIMEOUT, BusWriter, NoAnswer, NoStream, Refused
+from scheduler.operations.stores import BackfillLog, Overview, ScheduleControl
 from scheduler.records import Advance
 from scheduler.settings import Settings
-from scheduler.store.postgres.backfill import BackfillStore
-from scheduler.store.postgres.cron_jobs import ScheduleStore
-from scheduler.store.postgres.overview import OverviewStore
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +69,9 @@ class ScheduleOperations:
         self,
         bus: BusWriter,
         settings: Settings,
-        store: ScheduleStore,
-        overview: OverviewStore,
+        store: ScheduleControl,
+        overview: Overview,
+        backfills: BackfillLog,
         clock: Clock,
         backlog: WriteBacklog,
     ) -> None:
@@ -83,7 +82,7 @@ class ScheduleOperations:
         self.overview = overview
         self.clock = clock
         self._problems: tuple[object, list[ScheduleProblem]] = (_UNREAD, [])
-        self.backfiller = Backfiller(bus, settings, BackfillStore(store.db), clock, backlog)
+        self.backfiller = Backfiller(bus, settings, backfills, clock, backlog)
 
     async def list(
         self, active: bool | None, cursor: str | None, limit: int

@@ -42,10 +42,10 @@ from scheduler.operations.paging import (
     us,
 )
 from scheduler.operations.ports import PUBLISH_TIMEOUT, BusWriter, WriteFailed
+from scheduler.operations.stores import DeadLetterFilter, DeadLetters
 from scheduler.operations.tasks import TaskOperations
 from scheduler.records import ceil_ms
 from scheduler.settings import Settings
-from scheduler.store.postgres.dead_letters import DeadLetterFilter, DeadLetterStore
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class DeadLetterOperations:
         self,
         bus: BusWriter,
         settings: Settings,
-        store: DeadLetterStore,
+        store: DeadLetters,
         tasks: TaskOperations,
         clock: Clock,
     ) -> None:

@@ -37,10 +37,7 @@ from scheduler.operations.records import (
     PostgresHealth,
 )
 from scheduler.operations.shared import SharedRead
-from scheduler.store.postgres.connect import PostgresStore
-from scheduler.store.postgres.epoch import database_time
-from scheduler.store.postgres.history import HistoryStore, Window
-from scheduler.store.postgres.overview import OverviewStore
+from scheduler.operations.stores import DatabaseTime, FireHistory, Overview, Window
 
 # window -> (span, bucket)
 WINDOWS = {
@@ -182,7 +179,7 @@ def _late(fire: Doc, epochs: list[Doc], office: Doc) -> LateFire:
 class HistoryReads:
     """History answers, each window read once per `MAX_AGE` seconds for every caller."""
 
-    def __init__(self, store: HistoryStore, overview: OverviewStore, clock: Clock) -> None:
+    def __init__(self, store: FireHistory, overview: Overview, clock: Clock) -> None:
         self.store = store
         self.overview = overview
         self.clock = clock
@@ -217,8 +214,8 @@ class Ping:
 class HealthCheck:
     """Asks PostgreSQL for its clock on the API's pool, at most once per `PING_MAX_AGE`."""
 
-    def __init__(self, db: PostgresStore, clock: Clock) -> None:
-        self.db = db
+    def __init__(self, database_time: DatabaseTime, clock: Clock) -> None:
+        self.database_time = database_time
         self.clock = clock
         self.shared: SharedRead[Ping] = SharedRead(clock, PING_MAX_AGE)
 
@@ -228,7 +225,7 @@ class HealthCheck:
     async def _ping(self) -> Ping:
         try:
             async with asyncio.timeout(PING_TIMEOUT):
-                sent, theirs, back = await database_time(self.db.pool, self.clock.now)
+                sent, theirs, back = await self.database_time()
         except (OSError, TimeoutError):  # unreachable is the answer here, not an error
             return Ping(False)
         trip = (back - sent).total_seconds()

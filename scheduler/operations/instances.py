@@ -2,9 +2,9 @@
 
 Every instance writes `instances.<id>` = `{instance, role, epoch, since, at}` every few seconds
 and on every change of role (`scheduler.leadership.heartbeat.Heartbeat`) and deletes it when it
-stops. A
-record not renewed for `STALE_AFTER` belongs to an instance that crashed or lost NATS: it is
-listed, marked `stale`, until `GONE_AFTER`, then left out. For display only: leadership is
+stops. A record not renewed for `stale_after` (the heartbeat's `STALE_AFTER`, which the daemon
+passes) belongs to an instance that crashed or lost NATS: it is listed, marked `stale`, until
+`GONE_AFTER`, then left out. For display only: leadership is
 decided by the lease, never by these records.
 """
 
@@ -16,16 +16,14 @@ from datetime import datetime, timedelta
 
 from nats.js.kv import KeyValue
 
-from scheduler.leadership.heartbeat import HEARTBEAT_EVERY
 from scheduler.operations.records import Instance
 
 PREFIX = "instances."
-STALE_AFTER = timedelta(seconds=3 * HEARTBEAT_EVERY)
 GONE_AFTER = timedelta(hours=1)
 READ_TIMEOUT = 2.0
 
 
-async def read_instances(kv: KeyValue, now: datetime) -> list[Instance]:
+async def read_instances(kv: KeyValue, now: datetime, stale_after: timedelta) -> list[Instance]:
     """Every instance seen within `GONE_AFTER`: the leader first, then by name."""
     watcher = await kv.watch(PREFIX + ">", ignore_deletes=True)
     entries: list[tuple[str, bytes]] = []
@@ -35,11 +33,17 @@ async def read_instances(kv: KeyValue, now: datetime) -> list[Instance]:
                 entries.append((entry.key.removeprefix(PREFIX), entry.value or b""))
     finally:
         await watcher.stop()
-    found = [d for key, value in entries if (d := instance_record(key, value, now)) is not None]
+    found = [
+        d
+        for key, value in entries
+        if (d := instance_record(key, value, now, stale_after)) is not None
+    ]
     return sorted(found, key=lambda d: (d.stale, d.role != "leader", d.instance))
 
 
-def instance_record(key: str, value: bytes, now: datetime) -> Instance | None:
+def instance_record(
+    key: str, value: bytes, now: datetime, stale_after: timedelta
+) -> Instance | None:
     """One heartbeat as listed (an older daemon's names its instance by its key only), or None
     when it is not a heartbeat or too old to list."""
     try:
@@ -58,7 +62,7 @@ def instance_record(key: str, value: bytes, now: datetime) -> Instance | None:
         epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
         since=_instant(since) if isinstance(since, str) else None,
         last_seen=seen,
-        stale=now - seen > STALE_AFTER,
+        stale=now - seen > stale_after,
     )
 
 

@@ -24,9 +24,7 @@ from scheduler.clock import Clock
 from scheduler.operations.history import HealthCheck, HistoryReads
 from scheduler.operations.records import Lateness, LeaseHolder, Stats, SubjectCount
 from scheduler.operations.shared import SharedRead
-from scheduler.store.postgres.dead_letters import DeadLetterStore
-from scheduler.store.postgres.history import HistoryStore
-from scheduler.store.postgres.overview import WINDOWS, OverviewStore
+from scheduler.operations.stores import WINDOWS, DatabaseTime, DeadLetters, FireHistory, Overview
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +51,10 @@ class Figures:
 class StatsOperations:
     def __init__(
         self,
-        overview: OverviewStore,
-        dead_letters: DeadLetterStore,
+        overview: Overview,
+        dead_letters: DeadLetters,
+        history: FireHistory,
+        database_time: DatabaseTime,
         clock: Clock,
         lease: Callable[[], Awaitable[dict[str, Any]]],
         max_age: float = 5.0,
@@ -64,8 +64,8 @@ class StatsOperations:
         self.clock = clock
         self.lease = lease
         self.shared: SharedRead[Figures] = SharedRead(clock, max_age)
-        self.history = HistoryReads(HistoryStore(overview.db), overview, clock)
-        self.health = HealthCheck(overview.db, clock)
+        self.history = HistoryReads(history, overview, clock)
+        self.health = HealthCheck(database_time, clock)
 
     async def figures(self) -> Figures:
         """One round of reads (see the module doc for how rounds are shared)."""

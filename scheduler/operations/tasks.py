@@ -42,11 +42,10 @@ from scheduler.operations.paging import (
     kind_of,
 )
 from scheduler.operations.ports import BusWriter
+from scheduler.operations.stores import Listed, Overview, TaskControl, TaskFilter
 from scheduler.operations.task_records import DelayedScheduled, TaskDetail, TaskState
 from scheduler.records import TaskRef, ceil_ms
 from scheduler.settings import Settings
-from scheduler.store.postgres.overview import Listed, OverviewStore, TaskFilter
-from scheduler.store.postgres.task_admin import TaskAdmin
 
 CURSOR = "delayed"
 FIRED_CURSOR = "delayed_fired"  # continues among fired tasks (`fired_at`, id)
@@ -76,8 +75,8 @@ class TaskOperations:
         self,
         bus: BusWriter,
         settings: Settings,
-        tasks: TaskAdmin,
-        overview: OverviewStore,
+        tasks: TaskControl,
+        overview: Overview,
         clock: Clock,
     ) -> None:
         self.bus = bus

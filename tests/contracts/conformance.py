@@ -2,9 +2,10 @@
 
 The contract suites beside this module test what each implementation does; this module makes a
 signature that drifts from its port (`scheduler.engine.ports`, `scheduler.engine.office`) an
-error before any test runs. mypy reads it with the package and the other tests (`files` in
-`[tool.mypy]`, pyproject.toml; `scripts/test` runs it). Nothing imports it and pytest collects
-nothing here.
+error before any test runs; the operator half's stores are held to theirs
+(`scheduler.operations.stores`) the same way. mypy reads it with the package and the other
+tests (`files` in `[tool.mypy]`, pyproject.toml; `scripts/test` runs it). Nothing imports it and
+pytest collects nothing here.
 """
 
 from __future__ import annotations
@@ -35,8 +36,25 @@ from scheduler.engine.ports import (
 )
 from scheduler.leadership.election import Leadership
 from scheduler.operations.ports import BusWriter
+from scheduler.operations.stores import (
+    ActivityLog,
+    BackfillLog,
+    DeadLetters,
+    FireHistory,
+    IdempotencyKeys,
+    Overview,
+    ScheduleControl,
+    TaskControl,
+)
 from scheduler.store.memory import MemoryScheduleStore, MemoryTaskStore
+from scheduler.store.postgres.activity import ActivityStore
+from scheduler.store.postgres.backfill import BackfillStore
 from scheduler.store.postgres.cron_jobs import ScheduleStore
+from scheduler.store.postgres.dead_letters import DeadLetterStore
+from scheduler.store.postgres.history import HistoryStore
+from scheduler.store.postgres.idempotency import IdempotencyStore
+from scheduler.store.postgres.overview import OverviewStore
+from scheduler.store.postgres.task_admin import TaskAdmin
 from scheduler.store.postgres.tasks import TaskStore
 
 
@@ -72,3 +90,36 @@ def schedule_repositories(
 
 def offices(real: Leadership, twin: FixedOffice) -> list[Office]:
     return [real, twin]
+
+
+# -- the operator half's stores (scheduler.operations.stores) ----------------------------------
+def task_controls(real: TaskAdmin) -> list[TaskControl]:
+    return [real]
+
+
+def overviews(real: OverviewStore) -> list[Overview]:
+    return [real]
+
+
+def fire_histories(real: HistoryStore) -> list[FireHistory]:
+    return [real]
+
+
+def schedule_controls(real: ScheduleStore) -> list[ScheduleControl]:
+    return [real]
+
+
+def backfill_logs(real: BackfillStore) -> list[BackfillLog]:
+    return [real]
+
+
+def dead_letter_stores(real: DeadLetterStore) -> list[DeadLetters]:
+    return [real]
+
+
+def activity_logs(real: ActivityStore) -> list[ActivityLog]:
+    return [real]
+
+
+def idempotency_keys(real: IdempotencyStore) -> list[IdempotencyKeys]:
+    return [real]

@@ -14,7 +14,8 @@ from scheduler.clock import FakeClock
 from scheduler.daemon import migrate
 from scheduler.metrics import Metrics
 from scheduler.operations.activity import ActivityOperations
-from scheduler.store.postgres.activity import Activity, ActivityFilter, ActivityStore
+from scheduler.operations.stores import Activity, ActivityFilter
+from scheduler.store.postgres.activity import ActivityStore
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 
 T0 = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)

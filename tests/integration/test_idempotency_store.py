@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from scheduler.metrics import Metrics
+from scheduler.operations.stores import Claim, KeyUse, Recorded
 from scheduler.store.postgres.connect import PostgresStore, create_pool
-from scheduler.store.postgres.idempotency import Claim, IdempotencyStore, KeyUse, Recorded
+from scheduler.store.postgres.idempotency import IdempotencyStore
 
 T0 = datetime(2026, 11, 26, 10, 0, tzinfo=UTC)
 LOCK, KEEP = timedelta(seconds=60), timedelta(hours=24)

@@ -249,9 +249,10 @@ async def test_listings_and_counts_report_claimed_tasks_as_before(database_url: 
     status filter, the task detail, the forecast and the counts report it as before: `claimed`
     (also once in doubt), never among the pending or in-doubt ones, still unfinished for its
     organisation."""
+    from scheduler.operations.stores import TaskFilter
     from scheduler.records import ClaimedTask
     from scheduler.store.postgres.epoch import take_office
-    from scheduler.store.postgres.overview import OverviewStore, TaskFilter
+    from scheduler.store.postgres.overview import OverviewStore
 
     pool = await create_pool(database_url, min_size=1, max_size=2)
     db = PostgresStore(pool, Metrics())

@@ -14,6 +14,7 @@ import pytest
 from scheduler.console.console import safe_next
 from scheduler.console.display import ago, in_zone, ms, seg, when
 from scheduler.console.session import Signer
+from scheduler.leadership.heartbeat import STALE_AFTER
 from scheduler.operations.audits import AuditReports, AuditUnreadableError
 from scheduler.operations.instances import instance_record
 from scheduler.operations.records import AuditRuns
@@ -146,17 +147,19 @@ def test_heartbeats_list_role_since_and_staleness() -> None:
     stale, one silent for an hour is left out, and what is not a heartbeat is ignored."""
     now = datetime(2026, 11, 25, 10, 0, tzinfo=UTC)
     beat = {"instance": "a", "role": "leader", "epoch": 3, "since": "2026-11-25T09:00:00Z"}
-    fresh = instance_record("a", json.dumps({**beat, "at": "2026-11-25T09:59:58Z"}).encode(), now)
+    seen = json.dumps({**beat, "at": "2026-11-25T09:59:58Z"}).encode()
+    fresh = instance_record("a", seen, now, STALE_AFTER)
     assert fresh is not None and fresh.role == "leader" and fresh.epoch == 3
     assert fresh.since == datetime(2026, 11, 25, 9, tzinfo=UTC) and not fresh.stale
     old = json.dumps({"role": "standby", "epoch": None, "at": "2026-11-25T09:59:30Z"}).encode()
-    stale = instance_record("b", old, now)
+    stale = instance_record("b", old, now, STALE_AFTER)
     assert stale is not None and stale.stale and stale.instance == "b"
     assert stale.since is None
     gone = json.dumps({**beat, "at": "2026-11-25T08:59:00Z"}).encode()
-    assert instance_record("a", gone, now) is None
-    assert instance_record("c", b"not json", now) is None
-    assert instance_record("c", b'{"at": "2026-11-25T09:59:58"}', now) is None  # naive time
+    assert instance_record("a", gone, now, STALE_AFTER) is None
+    assert instance_record("c", b"not json", now, STALE_AFTER) is None
+    naive = b'{"at": "2026-11-25T09:59:58"}'
+    assert instance_record("c", naive, now, STALE_AFTER) is None  # naive time
 
 
 def test_values_show_in_utc_in_the_jobs_zone_and_as_ages() -> None:

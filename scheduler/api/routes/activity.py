@@ -12,7 +12,7 @@ from scheduler.api.models import WORD, Instant
 from scheduler.api.problems import responses
 from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops
 from scheduler.operations.activity_records import ActivityPage
-from scheduler.store.postgres.activity import ActivityFilter
+from scheduler.operations.stores import ActivityFilter
 
 router = APIRouter(prefix="/v1/activity", tags=["activity log"])
 TEXT = r"^[^\x00-\x1f\x7f]{1,200}$"

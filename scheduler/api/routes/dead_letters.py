@@ -22,8 +22,7 @@ from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done, log_write
 from scheduler.operations import Outcome
 from scheduler.operations.dead_letter_records import DeadLetterDetail, DeadLetterPage
-from scheduler.store.postgres.dead_letters import DeadLetterFilter
-from scheduler.store.postgres.idempotency import Claim
+from scheduler.operations.stores import Claim, DeadLetterFilter
 
 router = APIRouter(prefix="/v1/dead-letters", tags=["dead letters"])
 WRITE = responses(400, 401, 403, 404, 409, 422, 503)

@@ -37,9 +37,8 @@ from scheduler.messages.envelope import (
 from scheduler.messages.subjects import check_target
 from scheduler.operations import Outcome
 from scheduler.operations.ports import WriteFailed
+from scheduler.operations.stores import Claim, TaskFilter
 from scheduler.operations.task_records import DelayedScheduled, TaskDetail, TaskPage
-from scheduler.store.postgres.idempotency import Claim
-from scheduler.store.postgres.overview import TaskFilter
 
 router = APIRouter(prefix="/v1/delayed", tags=["delayed tasks"])
 TaskId = Annotated[str, Path(pattern=TASK_ID, description="the envelope id")]

@@ -20,7 +20,7 @@ from scheduler.api.models import (
 from scheduler.api.problems import ApiProblem, links, responses
 from scheduler.api.routes.common import Budgeted, Cursor, Limit, Ops, done
 from scheduler.operations.cron_job_records import ScheduleDetail, SchedulePage
-from scheduler.store.postgres.idempotency import Claim
+from scheduler.operations.stores import Claim
 
 router = APIRouter(prefix="/v1/schedules", tags=["cron jobs"])
 Name = Annotated[str, Path(pattern=JOB_NAME, max_length=100, description="the job's name")]

@@ -4,39 +4,11 @@ by the management API on its own pool, listed newest first, pruned past their re
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from scheduler.operations.stores import Activity, ActivityFilter
 from scheduler.store.postgres.connect import PostgresStore
-
-
-@dataclass(frozen=True, slots=True)
-class Activity:
-    """One operator action as recorded (every text already bounded by the caller)."""
-
-    at: datetime
-    who: str
-    via: str  # "api" or "console"
-    session: str | None
-    action: str
-    route: str
-    target: str
-    detail: dict[str, Any]
-    http_status: int
-    outcome: str
-    request_id: str
-    idempotency_key: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ActivityFilter:
-    action: str | None = None
-    target: str | None = None
-    who: str | None = None  # a prefix: `admin` matches `admin@10.0.0.7`
-    since: datetime | None = None  # at or after
-    until: datetime | None = None  # strictly before
-
 
 _COLUMNS = (
     "id, at, who, via, session, action, route, target, detail::text AS detail, http_status, "

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
+from scheduler.operations.stores import DeadLetterFilter, Requeued
 from scheduler.records import TaskRef, to_ms
 from scheduler.store.postgres import task_states as states
 from scheduler.store.postgres.connect import PostgresStore
@@ -26,25 +26,6 @@ _COLUMNS = (
     "resolved, resolved_at, resolved_by, replayed_at, raw_size, raw_truncated"
 )
 _DETAIL = _COLUMNS + ", payload::text AS payload, headers::text AS headers, raw"
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetterFilter:
-    """Which dead letters to list or replay; None means any."""
-
-    reason: str | None = None
-    subject: str | None = None
-    stage: str | None = None
-    resolved: bool | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Requeued:
-    """What a replay did: the task back in `pending` (with its heap ref), or why not."""
-
-    status: str  # "replayed" | "already_replayed" | "not_dead" | "missing_task"
-    ref: TaskRef | None = None
-    task_status: str | None = None
 
 
 class _Abort(Exception):

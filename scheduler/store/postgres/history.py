@@ -17,10 +17,9 @@ it starts): the cost stays that of `cap` rows whatever the rate.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
+from scheduler.operations.stores import Window
 from scheduler.store.postgres.connect import PostgresStore
 
 LATE_MS = "(greatest(extract(epoch FROM fired_at - scheduled_for), 0) * 1000)::float8"
@@ -65,18 +64,6 @@ DEAD_SQL = (
     "$1::timestamptz AND last_failed < $2::timestamptz ORDER BY last_failed DESC "
     "LIMIT $4::int) d GROUP BY 1"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """What to read: [since, until) in buckets of `bucket`, at most `cap` rows per table."""
-
-    since: datetime
-    until: datetime
-    bucket: timedelta
-    cap: int
-    abnormal_ms: float
-    job: str | None = None
 
 
 class HistoryStore:

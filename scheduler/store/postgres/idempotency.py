@@ -11,46 +11,10 @@ is evaluated again on the newest row version, so exactly one of them owns the ke
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from scheduler.operations.stores import Claim, KeyUse, Recorded
 from scheduler.store.postgres.connect import PostgresStore
-
-
-@dataclass(frozen=True, slots=True)
-class KeyUse:
-    """One request's use of a key: who (scope), the key, what it asks (route, target) and a
-    hash of the whole request (method, route, target, body)."""
-
-    scope: str
-    key: str
-    route: str
-    target: str
-    fingerprint: str
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """The key is this request's to run: `first_at` is when its first request began."""
-
-    use: KeyUse
-    owner: uuid.UUID
-    first_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Recorded:
-    """The key's row as another request left it."""
-
-    route: str
-    target: str
-    fingerprint: str
-    state: str
-    locked_until: datetime
-    status: int | None
-    media_type: str | None
-    body: bytes | None
-
 
 _CLAIM = """
 INSERT INTO api_idempotency AS t (scope, key, route, target, fingerprint, state, owner,

@@ -7,12 +7,12 @@ page by keyset (the last row's sort key), never by offset, so a page costs the s
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from datetime import datetime
+from typing import Any
 
 import asyncpg
 
+from scheduler.operations.stores import WINDOWS, Listed, TaskFilter
 from scheduler.store.postgres import task_states as states
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.dead_letters import subject_clause
@@ -65,14 +65,6 @@ SUMMARY_JSON = (
 )
 
 
-class Listed(NamedTuple):
-    """One task of a listing: its JSON text and its sort key (the cursor's parts: due time in
-    microseconds, priority, intake sequence for a held task; fired time and id for a fired one)."""
-
-    doc: str
-    key: tuple[Any, ...]
-
-
 # The filter for a reported status (scheduler.store.postgres.task_states): a claimed task keeps its
 # ready status, so `pending` and `in_doubt` mean not claimed. Each a literal predicate, so
 # that `pending` still reads the pending index. `$2` is always named, so its type is known.
@@ -117,14 +109,6 @@ _SCHEDULE = (
     "st.last_scheduled_for, st.last_fired_at, st.skipped"
 )
 
-# The forecast windows: label -> how far ahead. The widest bounds the index range read.
-WINDOWS: tuple[tuple[str, timedelta], ...] = (
-    ("1m", timedelta(minutes=1)),
-    ("5m", timedelta(minutes=5)),
-    ("15m", timedelta(minutes=15)),
-    ("1h", timedelta(hours=1)),
-)
-
 # One range read of the pending index (pending not claimed, due_at <= now + widest window),
 # counted per subject and window; tasks already overdue count in every window, claimed ones
 # (being published) in none.
@@ -137,17 +121,6 @@ FORECAST_SQL = (
     + f" FROM delayed_messages WHERE {states.unclaimed(states.PENDING)} "
     f"AND due_at <= $1::timestamptz + ${len(WINDOWS) + 1}::interval GROUP BY target"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class TaskFilter:
-    """Which delayed tasks to list; None means any."""
-
-    subject: str | None = None
-    org_id: str | None = None
-    status: str | None = None
-    due_before: datetime | None = None
-    due_after: datetime | None = None
 
 
 class OverviewStore:

@@ -20,10 +20,9 @@ from scheduler.clock import SystemClock
 from scheduler.daemon.operations import build_operations
 from scheduler.metrics import Metrics
 from scheduler.operations.bundle import Operations
+from scheduler.operations.stores import Activity, KeyUse
 from scheduler.settings import Settings
-from scheduler.store.postgres.activity import Activity
 from scheduler.store.postgres.connect import PostgresStore, create_pool
-from scheduler.store.postgres.idempotency import KeyUse
 from scheduler.store.postgres.intents import IntentLimits
 from scheduler.store.postgres.task_admin import TaskAdmin
 from tests.integration.api.harness import READ, ApiHarness, poll
@@ -42,16 +41,16 @@ async def _lease() -> dict[str, Any]:
 @asynccontextmanager
 async def instance(
     settings: Settings, limits: IntentLimits | None = None
-) -> AsyncIterator[Operations]:
+) -> AsyncIterator[tuple[Operations, asyncpg.Pool]]:
     """Another instance's operations (its own NATS connection and pool, nothing in memory
-    shared with the daemon under test), as the API's routes call them."""
+    shared with the daemon under test), as the API's routes call them, and that pool."""
     nc: Client = await nats.connect(settings.nats_servers)
     assert settings.database_url is not None
     pool = await create_pool(settings.database_url.get_secret_value(), min_size=1, max_size=4)
     try:
         db = PostgresStore(pool, Metrics())
         admin = TaskAdmin(db, limits or IntentLimits.from_settings(settings))
-        yield build_operations(NatsWriter(nc), settings, db, admin, SystemClock(), _lease)
+        yield build_operations(NatsWriter(nc), settings, db, admin, SystemClock(), _lease), pool
     finally:
         await pool.close()
         await nc.close()
@@ -104,7 +103,7 @@ async def test_intents_are_bounded_per_organisation_and_in_total(settings: Setti
     refused naming the bound, nothing recorded; a stored task is still cancelled."""
     limits = IntentLimits(max_per_target=10, max_per_org=3, max_total=5)
     later = datetime.now(UTC) + timedelta(hours=1)
-    async with instance(settings, limits) as ops:
+    async with instance(settings, limits) as (ops, pool):
         tasks = ops.tasks
         answers = [(await tasks.cancel(f"t_{n}", f"mq.org.acme.t{n}")).status for n in range(3)]
         assert answers == ["cancelled"] * 3
@@ -119,7 +118,6 @@ async def test_intents_are_bounded_per_organisation_and_in_total(settings: Setti
         assert total.status == "too_many_intents_total"
         assert "SCHEDULER_INTENT_MAX_TOTAL" in total.detail
         assert (await tasks.cancel("t_0", "mq.org.acme.t0")).status == "cancelled"  # renewed
-        pool = tasks.tasks.db.pool
         intents = await pool.fetch("SELECT id, org_id FROM delayed_messages ORDER BY id")
         assert [(r["id"], r["org_id"]) for r in intents] == [
             ("t_0", "acme"),
@@ -212,7 +210,7 @@ async def test_idempotency_answers_and_activity_rows_are_bounded_by_count(
     oldest rows past SCHEDULER_IDEMPOTENCY_MAX_KEYS and SCHEDULER_ACTIVITY_MAX_ROWS."""
     bounded = settings.with_overrides(idempotency_max_keys=3, activity_max_rows=4)
     now = datetime.now(UTC)
-    async with instance(bounded) as ops:
+    async with instance(bounded) as (ops, pool):
         for n in range(5):
             use = KeyUse("admin", f"k{n}", "POST /v1/delayed", TARGET, "f")
             at = now + timedelta(seconds=n)
@@ -226,7 +224,6 @@ async def test_idempotency_answers_and_activity_rows_are_bounded_by_count(
             await ops.activity.record(row)
         assert await ops.idempotency.prune(now) == 2
         assert await ops.activity.prune(bounded.activity_retention) == 2
-        pool = ops.tasks.tasks.db.pool
         keys = await pool.fetch("SELECT key FROM api_idempotency ORDER BY key")
         assert [r["key"] for r in keys] == ["k2", "k3", "k4"]
         rows = await pool.fetch("SELECT target FROM activity_log ORDER BY at")
@@ -243,7 +240,7 @@ async def test_a_cancel_naming_no_target_on_another_instance_holds_for_a_task_on
     is cancelled by `scheduler delayed cancel --target`."""
     kv = await hold_lease(api.js, api.settings.with_overrides(lease_ttl=30.0))
     await api.start(lease_ttl=30.0)
-    async with instance(api.settings) as other:
+    async with instance(api.settings) as (other, _):
         soon = datetime.now(UTC) + timedelta(milliseconds=300)
         held = envelope(soon)
         await other.tasks.schedule(TARGET, json.dumps(held).encode())

@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler.metrics import Metrics
+from scheduler.operations.stores import WINDOWS
 from scheduler.store.postgres.connect import PostgresStore, create_pool
-from scheduler.store.postgres.overview import FORECAST_SQL, WINDOWS, OverviewStore
+from scheduler.store.postgres.overview import FORECAST_SQL, OverviewStore
 from tests.integration.api.harness import TARGET, ApiHarness, envelope, poll
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

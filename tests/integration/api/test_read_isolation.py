@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from scheduler.operations.stores import Listed
 from scheduler.store.postgres.connect import PostgresStore
-from scheduler.store.postgres.overview import Listed, OverviewStore
+from scheduler.store.postgres.overview import OverviewStore
 from tests.integration.api.harness import READ, TARGET, ApiHarness, Reply, envelope, poll
 from tests.support.helpers import wait_until
 
