@@ -1,2 +1,3 @@
-"""The system of record: PostgreSQL (`store.postgres`) and the in-memory twin of its engine
-port (`store.memory`), held to the same contract tests."""
+"""The system of record: PostgreSQL (`store.postgres`) and the in-memory twins of its ports, the
+engine's (`store.memory`) and the operator half's (`store.memory_*`), held to the same contract
+tests."""

@@ -1,7 +1,7 @@
 """What the repository contract suites test beyond the engine's ports: the operators'
-statements both stores answer. They have no port of their own (scheduler.operations takes the
-PostgreSQL stores themselves); these Protocols name the part the in-memory twins share, so a
-contract test calls nothing that one of the two lacks."""
+statements both stores answer (the operator half's own ports, `scheduler.operations.stores`,
+name what it calls; these Protocols name the part the engine's in-memory twins share, so a
+contract test calls nothing that one of the two lacks)."""
 
 from __future__ import annotations
 

@@ -47,6 +47,8 @@ from scheduler.operations.stores import (
     TaskControl,
 )
 from scheduler.store.memory import MemoryScheduleStore, MemoryTaskStore
+from scheduler.store.memory_activity import MemoryActivityStore
+from scheduler.store.memory_idempotency import MemoryIdempotencyStore
 from scheduler.store.postgres.activity import ActivityStore
 from scheduler.store.postgres.backfill import BackfillStore
 from scheduler.store.postgres.cron_jobs import ScheduleStore
@@ -93,8 +95,8 @@ def offices(real: Leadership, twin: FixedOffice) -> list[Office]:
 
 
 # -- the operator half's stores (scheduler.operations.stores) ----------------------------------
-def task_controls(real: TaskAdmin) -> list[TaskControl]:
-    return [real]
+def task_controls(real: TaskAdmin, twin: MemoryTaskStore) -> list[TaskControl]:
+    return [real, twin]
 
 
 def overviews(real: OverviewStore) -> list[Overview]:
@@ -117,9 +119,9 @@ def dead_letter_stores(real: DeadLetterStore) -> list[DeadLetters]:
     return [real]
 
 
-def activity_logs(real: ActivityStore) -> list[ActivityLog]:
-    return [real]
+def activity_logs(real: ActivityStore, twin: MemoryActivityStore) -> list[ActivityLog]:
+    return [real, twin]
 
 
-def idempotency_keys(real: IdempotencyStore) -> list[IdempotencyKeys]:
-    return [real]
+def idempotency_keys(real: IdempotencyStore, twin: MemoryIdempotencyStore) -> list[IdempotencyKeys]:
+    return [real, twin]

@@ -1,20 +1,18 @@
-"""The activity log on real PostgreSQL: migration 0018 up and down, and pruning past the
-retention by the operations' clock."""
+"""The activity log's migration 0018 up and down on real PostgreSQL (what the log's rows do is
+the contract suite's: tests/contracts/test_activity_log.py)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
 
-from scheduler.clock import FakeClock
 from scheduler.daemon import migrate
 from scheduler.metrics import Metrics
-from scheduler.operations.activity import ActivityOperations
-from scheduler.operations.stores import Activity, ActivityFilter
+from scheduler.operations.stores import Activity
 from scheduler.store.postgres.activity import ActivityStore
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 
@@ -36,23 +34,6 @@ async def store(database_url: str) -> AsyncIterator[ActivityStore]:
         yield ActivityStore(PostgresStore(pool, Metrics()))
     finally:
         await pool.close()
-
-
-async def test_rows_past_the_retention_are_pruned_by_the_clock(store: ActivityStore) -> None:
-    """A pass deletes exactly the rows recorded before now minus the retention (the
-    operations' clock, moved by the test), in batches, and keeps the rest."""
-    clock = FakeClock(T0)
-    ops = ActivityOperations(store, clock)
-    for days in (100, 91, 90, 10, 0):
-        await store.record(_row(T0 - timedelta(days=days), f"job-{days}"))
-    await store.record(_row(T0 - timedelta(days=90, seconds=1), "job-90s"))
-    assert await ops.prune(timedelta(days=90), batch=1) == 3
-    kept = await store.list(ActivityFilter(), None, 10)
-    assert [r["target"] for r in kept] == ["job-0", "job-10", "job-90"]
-    clock.jump_wall(timedelta(days=80, seconds=1).total_seconds())
-    assert await ops.prune(timedelta(days=90)) == 2
-    assert [r["target"] for r in await store.list(ActivityFilter(), None, 10)] == ["job-0"]
-    assert await ops.prune(timedelta(days=90)) == 0
 
 
 async def test_migration_0018_adds_and_removes_the_log_and_the_note(database_url: str) -> None:
