@@ -49,7 +49,7 @@ from scheduler.operations.cron_job_records import (
 )
 from scheduler.operations.paging import NAME, Page, decode, page
 from scheduler.operations.ports import PUBLISH_TIMEOUT, BusWriter, NoAnswer, NoStream, Refused
-from scheduler.operations.stores import BackfillLog, Overview, ScheduleControl
+from scheduler.operations.stores import BackfillLog, ScheduleControl, ScheduleReads
 from scheduler.records import Advance
 from scheduler.settings import Settings
 
@@ -70,7 +70,7 @@ class ScheduleOperations:
         bus: BusWriter,
         settings: Settings,
         store: ScheduleControl,
-        overview: Overview,
+        overview: ScheduleReads,
         backfills: BackfillLog,
         clock: Clock,
         backlog: WriteBacklog,

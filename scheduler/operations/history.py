@@ -37,7 +37,7 @@ from scheduler.operations.records import (
     PostgresHealth,
 )
 from scheduler.operations.shared import SharedRead
-from scheduler.operations.stores import DatabaseTime, FireHistory, Overview, Window
+from scheduler.operations.stores import DatabaseTime, FireHistory, Statistics, Window
 
 # window -> (span, bucket)
 WINDOWS = {
@@ -179,7 +179,7 @@ def _late(fire: Doc, epochs: list[Doc], office: Doc) -> LateFire:
 class HistoryReads:
     """History answers, each window read once per `MAX_AGE` seconds for every caller."""
 
-    def __init__(self, store: FireHistory, overview: Overview, clock: Clock) -> None:
+    def __init__(self, store: FireHistory, overview: Statistics, clock: Clock) -> None:
         self.store = store
         self.overview = overview
         self.clock = clock

@@ -24,7 +24,7 @@ from scheduler.clock import Clock
 from scheduler.operations.history import HealthCheck, HistoryReads
 from scheduler.operations.records import Lateness, LeaseHolder, Stats, SubjectCount
 from scheduler.operations.shared import SharedRead
-from scheduler.operations.stores import WINDOWS, DatabaseTime, DeadLetters, FireHistory, Overview
+from scheduler.operations.stores import WINDOWS, DatabaseTime, DeadLetters, FireHistory, Statistics
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Figures:
 class StatsOperations:
     def __init__(
         self,
-        overview: Overview,
+        overview: Statistics,
         dead_letters: DeadLetters,
         history: FireHistory,
         database_time: DatabaseTime,

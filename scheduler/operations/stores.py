@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Protocol
 
 from scheduler.records import Advance, TaskRef
 
-# The forecast's windows, in order: label and how far ahead of now (`Overview.forecast`).
+# The forecast's windows, in order: label and how far ahead of now (`Statistics.forecast`).
 WINDOWS: tuple[tuple[str, timedelta], ...] = (
     ("1m", timedelta(minutes=1)),
     ("5m", timedelta(minutes=5)),
@@ -88,9 +88,9 @@ class TaskControl(Protocol):
         ...
 
 
-# -- the overview: listings and statistics --------------------------------------------------------
-class Overview(Protocol):
-    """The operators' reads of tasks, cron jobs, the fire log and leadership."""
+# -- the overview: listings and statistics ------------------------------------------------------
+class TaskReads(Protocol):
+    """The operators' reads of delayed tasks: listings in firing order and one task."""
 
     async def tasks(
         self, where: TaskFilter, after: tuple[datetime, int, int] | None, limit: int
@@ -108,6 +108,14 @@ class Overview(Protocol):
         """One task with its envelope bytes, headers and deliveries, read in one snapshot."""
         ...
 
+
+class ScheduleReads(Protocol):
+    """The operators' reads of cron jobs as synced from YAML, with their operator pauses,
+    failed marks, cursors and fire log. Each row: `name`, `definition` (the job as a dict),
+    `file`, `line`, `active`, `paused_at`, `paused_by`, `pause_note`, `failed_at`,
+    `failed_reason`, `failed_error`, `updated_at`, and the cursor's `last_scheduled_for`,
+    `last_fired_at`, `skipped` (None before the job's first occurrence)."""
+
     async def schedules(
         self, active: bool | None, after: str | None, limit: int
     ) -> list[dict[str, Any]]:
@@ -119,8 +127,14 @@ class Overview(Protocol):
         ...
 
     async def fires(self, name: str, limit: int) -> list[dict[str, Any]]:
-        """A cron job's latest deliveries, newest first."""
+        """A cron job's latest deliveries, newest first: `scheduled_for`, `fired_at`,
+        `attempt`, `epoch`, `instance`, `stream`, `stream_seq`, `manual`."""
         ...
+
+
+class Statistics(Protocol):
+    """What `/v1/stats` and the history read besides the fire log: pending tasks, the
+    forecast, recent lateness, leadership."""
 
     async def forecast(self, now: datetime) -> dict[str, list[int]]:
         """Pending tasks per subject due by now + each of `WINDOWS` (in that order)."""

@@ -42,7 +42,7 @@ from scheduler.operations.paging import (
     kind_of,
 )
 from scheduler.operations.ports import BusWriter
-from scheduler.operations.stores import Listed, Overview, TaskControl, TaskFilter
+from scheduler.operations.stores import Listed, TaskControl, TaskFilter, TaskReads
 from scheduler.operations.task_records import DelayedScheduled, TaskDetail, TaskState
 from scheduler.records import TaskRef, ceil_ms
 from scheduler.settings import Settings
@@ -76,7 +76,7 @@ class TaskOperations:
         bus: BusWriter,
         settings: Settings,
         tasks: TaskControl,
-        overview: Overview,
+        overview: TaskReads,
         clock: Clock,
     ) -> None:
         self.bus = bus

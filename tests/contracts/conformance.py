@@ -42,13 +42,16 @@ from scheduler.operations.stores import (
     DeadLetters,
     FireHistory,
     IdempotencyKeys,
-    Overview,
     ScheduleControl,
+    ScheduleReads,
+    Statistics,
     TaskControl,
+    TaskReads,
 )
 from scheduler.store.memory import MemoryScheduleStore, MemoryTaskStore
 from scheduler.store.memory_activity import MemoryActivityStore
 from scheduler.store.memory_idempotency import MemoryIdempotencyStore
+from scheduler.store.memory_schedules import MemorySchedules
 from scheduler.store.postgres.activity import ActivityStore
 from scheduler.store.postgres.backfill import BackfillStore
 from scheduler.store.postgres.cron_jobs import ScheduleStore
@@ -99,16 +102,20 @@ def task_controls(real: TaskAdmin, twin: MemoryTaskStore) -> list[TaskControl]:
     return [real, twin]
 
 
-def overviews(real: OverviewStore) -> list[Overview]:
-    return [real]
+def overviews(real: OverviewStore) -> tuple[TaskReads, ScheduleReads, Statistics]:
+    return real, real, real
 
 
 def fire_histories(real: HistoryStore) -> list[FireHistory]:
     return [real]
 
 
-def schedule_controls(real: ScheduleStore) -> list[ScheduleControl]:
-    return [real]
+def schedule_controls(real: ScheduleStore, twin: MemorySchedules) -> list[ScheduleControl]:
+    return [real, twin]
+
+
+def schedule_reads(real: OverviewStore, twin: MemorySchedules) -> list[ScheduleReads]:
+    return [real, twin]
 
 
 def backfill_logs(real: BackfillStore) -> list[BackfillLog]:
