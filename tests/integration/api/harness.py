@@ -56,6 +56,29 @@ class Reply:
         return f"Reply({self.status}, {self.body!r})"
 
 
+def replayed(first: Reply, again: Reply) -> None:
+    """`again` is the first answer served again: same status and body, marked replayed."""
+    assert again.status == first.status, (first, again)
+    assert again.body == first.body
+    assert header(again, "Idempotency-Replayed") == "true", again.headers
+    assert header(first, "Idempotency-Replayed") is None
+
+
+def header(reply: Reply, name: str) -> str | None:
+    """A header of `reply`, by its name in any case."""
+    return {k.lower(): v for k, v in reply.headers.items()}.get(name.lower())
+
+
+def request_headers(
+    token: str | None, headers: dict[str, str] | None, json_text: bool
+) -> dict[str, str]:
+    """A call's headers: the token's, then the caller's, and the JSON type for raw `data`."""
+    sent = {**({"Authorization": f"Bearer {token}"} if token else {}), **(headers or {})}
+    if json_text:
+        sent["Content-Type"] = "application/json"
+    return sent
+
+
 class ApiHarness(DaemonRunner):
     """A daemon with the API's tokens set, a TASKS stream and a NATS connection for the test."""
 
@@ -80,9 +103,7 @@ class ApiHarness(DaemonRunner):
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
     ) -> Reply:
-        headers = {**({"Authorization": f"Bearer {token}"} if token else {}), **(headers or {})}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
+        headers = request_headers(token, headers, data is not None)
         async with asyncio.timeout(10):
             async with self.http.request(
                 method,

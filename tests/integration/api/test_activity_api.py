@@ -1,5 +1,6 @@
 """The activity log on a running daemon: every write leaves exactly one row (done or refused),
-a replayed answer none; `GET /v1/activity` filters and pages it; a pause keeps its note."""
+a replayed answer none. The list's filters and pages, the pause's note and a failed record run
+on the twins: tests/unit/test_activity_api.py."""
 
 from __future__ import annotations
 
@@ -118,79 +119,3 @@ async def test_every_write_leaves_one_row_done_or_refused(
 
 def _found(reply: Reply) -> bool:
     return reply.status == 200
-
-
-async def test_the_list_filters_pages_newest_first_and_shows_the_note(api: ApiHarness) -> None:
-    """`GET /v1/activity` (read token) lists newest first, filters by action, target, who and
-    time, pages with a signed cursor; the pause's note, who and when show on the job, in the
-    list and the detail, and resume clears them."""
-    await api.start()
-    await _synced(api)
-    start = datetime.now(UTC) - timedelta(seconds=1)
-    for note in ("first", "second", "third"):
-        r = await api.call("POST", "/v1/schedules/nightly/pause", json_body={"note": note})
-        assert r.status == 200, r
-    assert (await api.call("POST", "/v1/schedules/every-second/trigger")).status == 200
-
-    async def listed(**params: Any) -> dict[str, Any]:
-        r = await api.call("GET", "/v1/activity", token=READ, params=params)
-        assert r.status == 200, r
-        body: dict[str, Any] = r.body
-        return body
-
-    everything = await listed()
-    assert [a["action"] for a in everything["items"]] == ["trigger", "pause", "pause", "pause"]
-    notes = [a["detail"]["note"] for a in (await listed(action="pause"))["items"]]
-    assert notes == ["third", "second", "first"]
-    assert [a["action"] for a in (await listed(target="every-second"))["items"]] == ["trigger"]
-    assert len((await listed(who="admin"))["items"]) == 4
-    assert (await listed(who="read"))["items"] == []
-    assert len((await listed(since=start.isoformat()))["items"]) == 4
-    assert (await listed(until=start.isoformat()))["items"] == []
-    first = await listed(limit=3)
-    rest = await listed(limit=3, cursor=first["next_cursor"])
-    assert first["next_cursor"] and rest["next_cursor"] is None
-    assert [a["id"] for a in first["items"] + rest["items"]] == [
-        a["id"] for a in everything["items"]
-    ]
-    forged = await api.call("GET", "/v1/activity", token=READ, params={"cursor": "abc"})
-    assert forged.status == 400 and forged.body["code"] == "bad_cursor"
-
-    job = (await api.call("GET", "/v1/schedules/nightly", token=READ)).body
-    assert job["paused"] and job["pause_note"] == "third" and job["paused_by"].startswith("admin@")
-    item = next(
-        j
-        for j in (await api.call("GET", "/v1/schedules", token=READ)).body["items"]
-        if j["name"] == "nightly"
-    )
-    assert item["pause_note"] == "third" and item["paused_at"] == job["paused_at"]
-    assert (await api.call("POST", "/v1/schedules/nightly/resume")).status == 200
-    job = (await api.call("GET", "/v1/schedules/nightly", token=READ)).body
-    assert not job["paused"] and job["pause_note"] is None and job["paused_by"] is None
-
-
-async def test_a_failed_record_never_fails_the_action(api: ApiHarness, database_url: str) -> None:
-    """With the activity table unusable the pause is still done and answered 200; the miss is
-    counted in mq_scheduler_activity_unrecorded_total; a header cannot claim a console session."""
-    await api.start()
-    await _synced(api)
-    spoof = {"mq_scheduler.console_session": "admin-forged"}
-    r = await api.call("POST", "/v1/schedules/nightly/pause", headers=spoof)
-    assert r.status == 200
-    shown = (await api.call("GET", "/v1/activity", token=READ)).body["items"]
-    assert [(a["via"], a["session"]) for a in shown] == [("api", None)]
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute("ALTER TABLE activity_log RENAME TO activity_log_away")
-        assert api.daemon is not None
-        metrics = api.daemon.metrics.registry
-        name = "mq_scheduler_activity_unrecorded_total"
-        missed = metrics.get_sample_value(name) or 0.0
-        r = await api.call("POST", "/v1/schedules/nightly/resume")
-        assert r.status == 200 and r.body["status"] == "resumed"
-        assert metrics.get_sample_value(name) == missed + 1
-        job = (await api.call("GET", "/v1/schedules/nightly", token=READ)).body
-        assert not job["paused"]
-    finally:
-        await conn.execute("ALTER TABLE activity_log_away RENAME TO activity_log")
-        await conn.close()
