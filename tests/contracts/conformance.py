@@ -50,6 +50,7 @@ from scheduler.operations.stores import (
 )
 from scheduler.store.memory import MemoryScheduleStore, MemoryTaskStore
 from scheduler.store.memory_activity import MemoryActivityStore
+from scheduler.store.memory_dead_letters import MemoryDeadLetterStore
 from scheduler.store.memory_idempotency import MemoryIdempotencyStore
 from scheduler.store.memory_schedules import MemorySchedules
 from scheduler.store.postgres.activity import ActivityStore
@@ -122,8 +123,8 @@ def backfill_logs(real: BackfillStore) -> list[BackfillLog]:
     return [real]
 
 
-def dead_letter_stores(real: DeadLetterStore) -> list[DeadLetters]:
-    return [real]
+def dead_letter_stores(real: DeadLetterStore, twin: MemoryDeadLetterStore) -> list[DeadLetters]:
+    return [real, twin]
 
 
 def activity_logs(real: ActivityStore, twin: MemoryActivityStore) -> list[ActivityLog]:

@@ -7,7 +7,7 @@ tests/integration/api/harness.py's JOBS synced; requests go through httpx's `ASG
 the console's do (`scheduler/console/client.py`). `EdgeOnTwins.call` answers as
 `ApiHarness.call` does, so a test moved here keeps its assertions.
 
-A port with no twin yet (task reads, statistics, the fire history, dead letters, backfills) is
+A port with no twin yet (task reads, statistics, the fire history, backfills) is
 `Missing`: a test that reaches it fails naming the port, and belongs on real servers
 (tests/integration/api) until that twin exists.
 """
@@ -38,7 +38,6 @@ from scheduler.operations.stats import StatsOperations
 from scheduler.operations.stores import (
     BackfillLog,
     DatabaseTime,
-    DeadLetters,
     FireHistory,
     Statistics,
     TaskReads,
@@ -47,6 +46,7 @@ from scheduler.operations.tasks import TaskOperations
 from scheduler.settings import Settings
 from scheduler.store.memory import MemoryTaskStore
 from scheduler.store.memory_activity import MemoryActivityStore
+from scheduler.store.memory_dead_letters import MemoryDeadLetterStore
 from scheduler.store.memory_idempotency import MemoryIdempotencyStore
 from scheduler.store.memory_schedules import MemorySchedules
 from tests.integration.api.harness import ADMIN, JOBS, READ, Reply, request_headers
@@ -107,6 +107,7 @@ class EdgeOnTwins:
         self.schedules = MemorySchedules(clock.now)
         self.idempotency = MemoryIdempotencyStore(settings.idempotency_max_keys)
         self.activity = MemoryActivityStore()
+        self.dead_letters = MemoryDeadLetterStore(self.tasks, clock.now)
         self.backend = TwinBackend(settings, self._operations())
         self.metrics = self.backend.metrics
         self.app = build_api(self.backend)
@@ -114,7 +115,7 @@ class EdgeOnTwins:
     def _operations(self) -> Operations:
         s, clock, backlog, bus = self.settings, self.clock, WriteBacklog(), self.writer
         task_ops = TaskOperations(bus, s, self.tasks, cast(TaskReads, Missing("TaskReads")), clock)
-        dead = cast(DeadLetters, Missing("DeadLetters"))
+        dead = self.dead_letters
         backfills = cast(BackfillLog, Missing("BackfillLog"))
         stats = StatsOperations(
             cast(Statistics, Missing("Statistics")),
