@@ -2,8 +2,9 @@
 
 `edge_on_twins()` builds `scheduler.api.app.build_api` over a backend whose `operations` are
 made from the in-memory twins (`scheduler.store.memory*`), a `MemoryWriter` over
-`MemoryStreams` holding the target streams TASKS and SCHEDULED, and the cron jobs of
-tests/integration/api/harness.py's JOBS synced; requests go through httpx's `ASGITransport`, as
+`MemoryStreams` holding the delay lane and the target streams TASKS and SCHEDULED, and the cron
+jobs of tests/integration/api/harness.py's JOBS written to `jobs.yaml` and synced as the engine
+syncs them; requests go through httpx's `ASGITransport`, as
 the console's do (`scheduler/console/client.py`). `EdgeOnTwins.call` answers as
 `ApiHarness.call` does, so a test moved here keeps its assertions.
 
@@ -26,7 +27,7 @@ import httpx
 from scheduler.api.app import build_api
 from scheduler.bus.memory import MemoryStreams, MemoryWriter, Stored
 from scheduler.clock import Clock, SystemClock
-from scheduler.cron.jobs import load_text
+from scheduler.cron.jobs import load_dir
 from scheduler.metrics import Metrics
 from scheduler.operations.activity import ActivityOperations
 from scheduler.operations.backlog import WriteBacklog
@@ -49,7 +50,7 @@ from scheduler.store.memory_activity import MemoryActivityStore
 from scheduler.store.memory_dead_letters import MemoryDeadLetterStore
 from scheduler.store.memory_idempotency import MemoryIdempotencyStore
 from scheduler.store.memory_schedules import MemorySchedules
-from tests.integration.api.harness import ADMIN, JOBS, READ, Reply, request_headers
+from tests.integration.api.harness import ADMIN, JOBS, READ, Reply, request_headers, write_jobs
 
 __all__ = ["ADMIN", "READ", "EdgeOnTwins", "Reply", "edge_on_twins"]
 
@@ -100,6 +101,7 @@ class EdgeOnTwins:
     def __init__(self, settings: Settings, clock: Clock) -> None:
         self.settings, self.clock = settings, clock
         self.streams = MemoryStreams()
+        self.streams.add_stream(settings.intake_stream, [settings.intake_subject])
         self.streams.add_stream("TASKS", ["mq.tasks.>"])
         self.streams.add_stream("SCHEDULED", ["mq.scheduled.>"])
         self.writer = MemoryWriter(self.streams)
@@ -161,7 +163,7 @@ class EdgeOnTwins:
             body = json.loads(resp.content) if resp.content else None
         except ValueError:
             body = None
-        return Reply(resp.status_code, dict(resp.headers), body)
+        return Reply(resp.status_code, resp.headers, body)  # by name in any case, as aiohttp's
 
     async def read_stream(
         self, stream: str, quiet: float = 1.0, within: float = 10.0, subject: str = ">"
@@ -177,7 +179,6 @@ async def edge_on_twins(
     tmp_path: Path, clock: Clock | None = None, jobs: str = JOBS, **overrides: Any
 ) -> AsyncIterator[EdgeOnTwins]:
     """The API on twins with both tokens, fast retries and the `jobs` YAML synced."""
-    (tmp_path / "schedules").mkdir(exist_ok=True)
     settings = Settings(
         schedules_dir=tmp_path / "schedules",
         data_dir=tmp_path / "data",
@@ -187,6 +188,8 @@ async def edge_on_twins(
         backoff=timedelta(milliseconds=100),
         forecast_interval=timedelta(milliseconds=200),
     ).with_overrides(**overrides)
+    settings.schedules_dir.mkdir(exist_ok=True)
+    write_jobs(settings, jobs)
     edge = EdgeOnTwins(settings, clock or SystemClock())
-    await edge.schedules.sync(load_text(jobs).jobs, edge.clock.now())
+    await edge.schedules.sync(load_dir(settings.schedules_dir).jobs, edge.clock.now())
     yield edge

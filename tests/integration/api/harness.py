@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -47,7 +47,7 @@ scheduled_jobs:
 class Reply:
     """One HTTP answer: status, headers and the decoded JSON body (None when not JSON)."""
 
-    def __init__(self, status: int, headers: dict[str, str], body: Any) -> None:
+    def __init__(self, status: int, headers: Mapping[str, str], body: Any) -> None:
         self.status = status
         self.headers = headers
         self.body = body

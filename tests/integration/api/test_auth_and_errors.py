@@ -1,4 +1,5 @@
-"""Tokens, problem details and paging of the management API, against a running daemon."""
+"""Tokens, problem details and paging of the management API, against a running daemon. The
+refusals that need no stored state run on the twins: tests/unit/test_api_refusals.py."""
 
 from __future__ import annotations
 
@@ -6,10 +7,8 @@ import asyncio
 import base64
 import json
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import aiohttp
-import pytest
 
 from scheduler.daemon.lifecycle import Daemon
 from scheduler.settings import Settings
@@ -63,20 +62,6 @@ async def test_probes_metrics_and_the_document_need_no_token(api: ApiHarness) ->
         assert "mq_scheduler_api_requests_total" in await resp.text()
 
 
-async def test_without_an_admin_token_every_write_is_refused_naming_the_variable(
-    api: ApiHarness,
-) -> None:
-    """With only a read token configured, writes answer 403 naming SCHEDULER_ADMIN_TOKEN."""
-    await api.start(admin_token=None)
-    for method, path in WRITES:
-        for token in (READ, None, "anything"):
-            r = await api.call(method, path, token=token, json_body={})
-            assert r.status == 403, (method, path, r)
-            assert r.body["code"] == "writes_disabled"
-            assert "set SCHEDULER_ADMIN_TOKEN" in r.body["detail"]
-    assert (await api.call("GET", "/v1/schedules", token=READ)).status == 200
-
-
 async def test_with_no_token_configured_reads_are_open(api: ApiHarness) -> None:
     """No token configured at all: reads need none (loopback default); writes stay refused."""
     await api.start(admin_token=None, read_token=None)
@@ -113,55 +98,6 @@ async def test_unknown_names_are_404_problems(api: ApiHarness) -> None:
 
 def _soon() -> str:
     return (datetime.now(UTC) + timedelta(minutes=5)).isoformat()
-
-
-@pytest.mark.parametrize(
-    ("body", "status", "field", "words"),
-    [
-        ({"delay_until": "2030-01-01T00:00:00"}, 422, "body.delay_until", "timezone"),
-        ({"delay_until": "tomorrow"}, 422, "body.delay_until", "RFC 3339"),
-        ({"delay_until": 1700000000}, 422, "body.delay_until", "RFC 3339"),
-        ({}, 422, "body.delay_until", "Field required"),
-        ({"delay_until": "2030-01-01T00:00:00Z", "x": 1}, 422, "body.x", "Extra inputs"),
-        ({"delay_until": "2999-01-01T00:00:00Z"}, 422, "delay_until", "SCHEDULER_MAX_DELAY"),
-    ],
-)
-async def test_bad_bodies_name_the_field(
-    api: ApiHarness, body: dict[str, Any], status: int, field: str, words: str
-) -> None:
-    """A bad reschedule body answers 422 with the field and the problem in `errors`."""
-    await api.start()
-    r = await api.call("PATCH", "/v1/delayed/any-task", json_body=body)
-    assert r.status == status, r
-    assert r.headers["Content-Type"] == PROBLEM
-    assert any(e["field"] == field and words in e["message"] for e in r.body["errors"]), r.body
-    assert field.split(".")[-1] in r.body["detail"]
-
-
-async def test_malformed_json_and_bad_queries(api: ApiHarness) -> None:
-    """Unparseable JSON is 400 `bad_json`; bad query values are 422 naming the parameter."""
-    await api.start()
-    r = await api.call("PATCH", "/v1/delayed/any-task", data=b'{"delay_until": ')
-    assert r.status == 400 and r.body["code"] == "bad_json"
-    cases: list[tuple[dict[str, Any], str]] = [
-        ({"limit": 0}, "query.limit"),
-        ({"limit": 501}, "query.limit"),
-        ({"due_before": "2030-01-01T00:00:00"}, "query.due_before"),
-        ({"status": "Pending!"}, "query.status"),
-    ]
-    for params, field in cases:
-        r = await api.call("GET", "/v1/delayed", params=params)
-        assert r.status == 422, (params, r)
-        assert [e["field"] for e in r.body["errors"]] == [field]
-    r = await api.call("GET", "/v1/delayed", params={"due_after": "0.5"})
-    assert r.status == 422 and "RFC 3339" in r.body["detail"]
-    assert (await api.call("GET", "/v1/dead-letters/not-a-uuid")).status == 404
-    r = await api.call("PATCH", "/v1/dead-letters/replay", json_body={"resolved": True})
-    assert r.status == 405 and r.headers["Allow"] == "POST"
-    r = await api.call("PUT", "/v1/delayed/some-task")
-    assert r.status == 405 and r.headers["Allow"] == "DELETE, GET, PATCH"
-    r = await api.call("GET", "/v1/schedules/Not_Kebab")
-    assert r.status == 422 and r.body["errors"][0]["field"] == "path.name"
 
 
 async def test_paging_bounds_and_opaque_cursors(api: ApiHarness) -> None:

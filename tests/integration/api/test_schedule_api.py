@@ -1,5 +1,6 @@
 """`POST /v1/delayed`: a delayed task over HTTP, as the NATS `schedule` verb makes one (same
-checks and answer), with an Idempotency-Key, and a cancel right after the answer that holds."""
+checks and answer), with an Idempotency-Key, and a cancel right after the answer that holds.
+The refusals that publish nothing run on the twins: tests/unit/test_api_refusals.py."""
 
 from __future__ import annotations
 
@@ -56,49 +57,6 @@ async def test_envelope_form_answers_as_the_nats_verb_and_delivers_the_bytes(
     )
     msgs = await poll(lambda: _delivered(api, 0.3), lambda m: len(m) == 2, within=10)
     assert raw in [m.data for m in msgs]
-
-
-async def test_invalid_requests_are_refused_naming_the_field(api: ApiHarness) -> None:
-    """Each bad request is refused before anything is published, with a code and the field:
-    no due time, both, a refused target, another organisation's target, data over the size
-    limit, an envelope without its target, and a body that is no object."""
-    await api.start()
-    big = "x" * (api.nc.max_payload - 2000)  # under the body limit, over the envelope limit
-    cases = [
-        ({"subject": TARGET}, None, 422, "validation", "body"),
-        (
-            {"subject": TARGET, "in": "1s", "at": "2030-01-01T00:00:00Z"},
-            None,
-            422,
-            "validation",
-            "body",
-        ),
-        ({"subject": TARGET, "in": "1 s"}, None, 422, "validation", "body.in"),
-        ({"subject": "mq.delay.tasks.x", "in": "1s"}, None, 422, "target_refused", "subject"),
-        (
-            {"subject": "mq.org.a.jobs", "in": "1s", "org_id": "b"},
-            None,
-            422,
-            "org_mismatch",
-            "org_id",
-        ),
-        ({"subject": TARGET, "in": "1s", "data": {"b": big}}, None, 422, "too_large", "payload"),
-        ({"subject": TARGET, "in": "1s", "colour": 1}, None, 422, "validation", "body.colour"),
-        (envelope(None), None, 422, "validation", "query.subject"),
-        ({"subject": TARGET, "in": "1s"}, "mq.tasks.other", 422, "validation", "query.subject"),
-        ({"subject": TARGET, "in": "500d"}, None, 422, "too_far", "delay_until"),
-        ([1, 2], None, 422, "validation", "body"),
-    ]
-    for body, subject, status, code, field in cases:
-        params = {"subject": subject} if subject else None
-        r = await api.call("POST", "/v1/delayed", json_body=body, params=params)
-        assert (r.status, r.body["code"]) == (status, code), (body, r)
-        assert r.body["errors"][0]["field"] == field, (body, r.body)
-    bad = await api.call("POST", "/v1/delayed", data=b"{nope")
-    assert (bad.status, bad.body["code"]) == (400, "bad_json")
-    read = await api.call("POST", "/v1/delayed", token=READ, json_body={"subject": TARGET})
-    assert read.status == 403
-    assert (await api.js.stream_info("MQ_DELAY")).state.last_seq == 0
 
 
 async def test_a_retry_with_the_same_key_makes_one_task(api: ApiHarness) -> None:

@@ -1,16 +1,12 @@
-"""Cron jobs through the management API: list, show, pause, resume, trigger."""
+"""Cron jobs through the management API on a running daemon: fires with their lateness, a pause
+that stops firing and survives a restart. The list, the detail and a trigger run on the twins:
+tests/unit/test_schedules_api.py."""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
-from itertools import islice
 from typing import Any
-from zoneinfo import ZoneInfo
 
-import asyncpg
-
-from scheduler.cron.expression import CronExpr, occurrences
 from tests.integration.api.harness import READ, ApiHarness, poll
 from tests.support.helpers import wait_until
 
@@ -23,32 +19,6 @@ async def _synced(api: ApiHarness) -> None:
         return [j["name"] for j in r.body["items"]]
 
     await poll(names, lambda n: len(n) == 3)
-
-
-async def test_list_and_show_come_from_postgres_with_next_occurrences(api: ApiHarness) -> None:
-    """The list shows spec, file and line and the pause state; a job's detail lists its next 10
-    occurrences exactly as the daemon's cron code computes them, in its time zone."""
-    await api.start()
-    await _synced(api)
-    r = await api.call("GET", "/v1/schedules", token=READ)
-    jobs = {j["name"]: j for j in r.body["items"]}
-    assert sorted(jobs) == ["every-second", "frozen", "nightly"]
-    nightly = jobs["nightly"]
-    assert nightly["cron"] == "30 2 * * *" and nightly["timezone"] == "Europe/Berlin"
-    assert nightly["subject"] == "mq.scheduled.nightly"
-    assert nightly["file"].endswith("jobs.yaml") and nightly["line"] == 7
-    assert jobs["frozen"]["paused"] and jobs["frozen"]["paused_in_yaml"]
-    assert not nightly["paused"]
-    before = datetime.now(UTC)
-    r = await api.call("GET", "/v1/schedules/nightly", token=READ)
-    assert r.status == 200
-    got = [datetime.fromisoformat(o["scheduled_for"]) for o in r.body["next"]]
-    expected = list(
-        islice(occurrences(CronExpr.parse("30 2 * * *"), before, ZoneInfo("Europe/Berlin")), 10)
-    )
-    assert got == expected
-    assert all(t.astimezone(ZoneInfo("Europe/Berlin")).hour == 2 for t in got)
-    assert r.body["definition"]["data"] == {"kind": "night"}
 
 
 async def test_fires_show_lateness_and_pause_stops_firing_until_resume(api: ApiHarness) -> None:
@@ -96,29 +66,3 @@ async def test_pause_survives_a_restart(api: ApiHarness) -> None:
     assert cron is not None
     await wait_until(lambda: "every-second" in cron.paused_by_operator, within=5)
     assert next(j for j in cron.jobs if j.name == "every-second").paused
-
-
-async def test_trigger_fires_once_now_with_a_manual_id_and_a_log_row(
-    api: ApiHarness, database_url: str
-) -> None:
-    """A trigger publishes one occurrence now as `<job>@manual-<instant>`, logged as manual,
-    even for a job paused in YAML."""
-    await api.start()
-    await _synced(api)
-    fired = await api.call("POST", "/v1/schedules/frozen/trigger")
-    assert fired.status == 200, fired
-    msg_id = fired.body["msg_id"]
-    assert msg_id.startswith("frozen@manual-") and msg_id.endswith("Z")
-    assert fired.body["stream"] == "SCHEDULED" and fired.body["subject"] == "mq.scheduled.frozen"
-    # the stream also takes `every-second`'s deliveries: read only the triggered job's subject
-    msgs = await api.read_stream("SCHEDULED", subject="mq.scheduled.frozen")
-    assert [m.headers["Nats-Msg-Id"] for m in msgs] == [msg_id]
-    assert msgs[0].headers["Mq-Schedule"] == "frozen"
-    conn = await asyncpg.connect(database_url)
-    try:
-        rows = await conn.fetch("SELECT manual, stream_seq FROM fire_log WHERE key = 'frozen'")
-    finally:
-        await conn.close()
-    assert [(row["manual"], row["stream_seq"]) for row in rows] == [(True, fired.body["seq"])]
-    shown = (await api.call("GET", "/v1/schedules/frozen", token=READ)).body
-    assert shown["fires"][0]["manual"] is True
