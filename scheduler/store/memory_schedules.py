@@ -1,5 +1,6 @@
-"""The in-memory twin of the operator half's cron jobs: `scheduler.operations.stores`'
-`ScheduleReads` and `ScheduleControl`, with the `sync` that loads the YAML's jobs.
+"""The in-memory twins of the operator half's cron jobs: `scheduler.operations.stores`'
+`ScheduleReads` and `ScheduleControl` (`MemorySchedules`, with the `sync` that loads the YAML's
+jobs) and `BackfillLog` (`MemoryBackfills`, writing its manual rows to the same fire log).
 
 It keeps the rules of `scheduler.store.postgres.cron_jobs` and `.overview`'s SQL: a sync
 stores new and changed jobs as active (clearing a failed mark) and deactivates the rest;
@@ -7,7 +8,10 @@ listings go by name; a pause keeps its first `paused_at` and takes the latest `w
 a resume clears all three and a failed mark; a manual trigger's fire-log row is written once
 per (job, instant), confirmed once, dropped for a duplicate whose first row holds the same
 stream sequence. Cursors are the engine's (`MemoryScheduleStore`): none here, as on a database
-no leader has fired from. tests/contracts/test_schedule_reads.py holds the two to the same
+no leader has fired from. A backfill claims an occurrence nobody fired or is firing (or whose
+claim is older than `stale_before`), confirms it once with its manual fire-log row, and gives
+back unconfirmed claims (`scheduler.store.postgres.backfill`). tests/contracts/
+test_schedule_reads.py and test_backfill_log.py hold the twins and PostgreSQL to the same
 answers.
 """
 
@@ -123,3 +127,63 @@ class MemorySchedules:
 
 def _unconfirmed(row: Row) -> bool:
     return row["stream"] is None
+
+
+class MemoryBackfills:
+    """`BackfillLog` over `schedules`' fire log: claims by (job, occurrence)."""
+
+    def __init__(self, schedules: MemorySchedules) -> None:
+        self.schedules = schedules
+        self.claims: dict[tuple[str, datetime], Row] = {}
+
+    async def fired(self, name: str, occurrences: Sequence[datetime]) -> set[datetime]:
+        return {at for at in occurrences if self._confirmed(name, at)}
+
+    async def claim(
+        self,
+        name: str,
+        occurrences: Sequence[datetime],
+        msg_ids: Sequence[str],
+        instance: str,
+        now: datetime,
+        stale_before: datetime,
+    ) -> set[datetime]:
+        taken = set()
+        for at, msg_id in zip(occurrences, msg_ids, strict=True):
+            held = self.claims.get((name, at))
+            if held is None:
+                self.claims[name, at] = {"msg_id": msg_id, "fired_at": None}
+            elif held["fired_at"] is not None or held["claimed_at"] >= stale_before:
+                continue
+            self.claims[name, at] |= {"instance": instance, "claimed_at": now}
+            taken.add(at)
+        return taken
+
+    async def confirm(
+        self,
+        name: str,
+        subject: str,
+        occurrence: datetime,
+        fired_at: datetime,
+        stream: str,
+        seq: int,
+        instance: str,
+    ) -> None:
+        held = self.claims.get((name, occurrence))
+        if held is None or held["fired_at"] is not None:
+            return
+        held |= {"fired_at": fired_at, "stream": stream, "stream_seq": seq}
+        self.schedules.fire_log.append(
+            {"key": name, "subject": subject, "scheduled_for": occurrence, "fired_at": fired_at}
+            | {"attempt": 1, "epoch": self.schedules.epoch, "instance": instance}
+            | {"stream": stream, "stream_seq": seq, "manual": True}
+        )
+
+    async def release(self, name: str, occurrences: Sequence[datetime]) -> None:
+        for at in occurrences:
+            if (name, at) in self.claims and not self._confirmed(name, at):
+                del self.claims[name, at]
+
+    def _confirmed(self, name: str, at: datetime) -> bool:
+        held = self.claims.get((name, at))
+        return held is not None and held["fired_at"] is not None

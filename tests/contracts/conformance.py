@@ -52,7 +52,7 @@ from scheduler.store.memory import MemoryScheduleStore, MemoryTaskStore
 from scheduler.store.memory_activity import MemoryActivityStore
 from scheduler.store.memory_dead_letters import MemoryDeadLetterStore
 from scheduler.store.memory_idempotency import MemoryIdempotencyStore
-from scheduler.store.memory_schedules import MemorySchedules
+from scheduler.store.memory_schedules import MemoryBackfills, MemorySchedules
 from scheduler.store.postgres.activity import ActivityStore
 from scheduler.store.postgres.backfill import BackfillStore
 from scheduler.store.postgres.cron_jobs import ScheduleStore
@@ -119,8 +119,8 @@ def schedule_reads(real: OverviewStore, twin: MemorySchedules) -> list[ScheduleR
     return [real, twin]
 
 
-def backfill_logs(real: BackfillStore) -> list[BackfillLog]:
-    return [real]
+def backfill_logs(real: BackfillStore, twin: MemoryBackfills) -> list[BackfillLog]:
+    return [real, twin]
 
 
 def dead_letter_stores(real: DeadLetterStore, twin: MemoryDeadLetterStore) -> list[DeadLetters]:

@@ -8,7 +8,7 @@ syncs them; requests go through httpx's `ASGITransport`, as
 the console's do (`scheduler/console/client.py`). `EdgeOnTwins.call` answers as
 `ApiHarness.call` does, so a test moved here keeps its assertions.
 
-A port with no twin yet (task reads, statistics, the fire history, backfills) is
+A port with no twin yet (task reads, statistics, the fire history) is
 `Missing`: a test that reaches it fails naming the port, and belongs on real servers
 (tests/integration/api) until that twin exists.
 """
@@ -37,7 +37,6 @@ from scheduler.operations.dead_letters import DeadLetterOperations
 from scheduler.operations.records import Instance
 from scheduler.operations.stats import StatsOperations
 from scheduler.operations.stores import (
-    BackfillLog,
     DatabaseTime,
     FireHistory,
     Statistics,
@@ -49,7 +48,7 @@ from scheduler.store.memory import MemoryTaskStore
 from scheduler.store.memory_activity import MemoryActivityStore
 from scheduler.store.memory_dead_letters import MemoryDeadLetterStore
 from scheduler.store.memory_idempotency import MemoryIdempotencyStore
-from scheduler.store.memory_schedules import MemorySchedules
+from scheduler.store.memory_schedules import MemoryBackfills, MemorySchedules
 from tests.integration.api.harness import ADMIN, JOBS, READ, Reply, request_headers, write_jobs
 
 __all__ = ["ADMIN", "READ", "EdgeOnTwins", "Reply", "edge_on_twins"]
@@ -107,6 +106,7 @@ class EdgeOnTwins:
         self.writer = MemoryWriter(self.streams)
         self.tasks = MemoryTaskStore(now=clock.now)
         self.schedules = MemorySchedules(clock.now)
+        self.backfills = MemoryBackfills(self.schedules)
         self.idempotency = MemoryIdempotencyStore(settings.idempotency_max_keys)
         self.activity = MemoryActivityStore()
         self.dead_letters = MemoryDeadLetterStore(self.tasks, clock.now)
@@ -118,7 +118,7 @@ class EdgeOnTwins:
         s, clock, backlog, bus = self.settings, self.clock, WriteBacklog(), self.writer
         task_ops = TaskOperations(bus, s, self.tasks, cast(TaskReads, Missing("TaskReads")), clock)
         dead = self.dead_letters
-        backfills = cast(BackfillLog, Missing("BackfillLog"))
+        backfills = self.backfills
         stats = StatsOperations(
             cast(Statistics, Missing("Statistics")),
             dead,
