@@ -1,22 +1,22 @@
-"""`POST /v1/schedules/{name}/backfill`: a past window's occurrences, each fired once (also by a
-retry or a later backfill), bounded, refused for a `forbid` job still holding its last run,
-and logged in `fire_log` as manual."""
+"""`POST /v1/schedules/{name}/backfill`, in-process on the twins (tests/support/edge_twins.py;
+the backfill's claims are held to PostgreSQL's by tests/contracts/test_backfill_log.py): a past
+window's occurrences, each fired once (also by a retry or a later backfill), bounded, refused
+for a `forbid` job still holding its last run, and logged in the fire log as manual."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-import asyncpg
 import pytest
 
-from scheduler.bus.nats.writer import NatsWriter
+from scheduler.bus.memory import MemoryWriter
 from scheduler.clock import FakeClock, rfc3339
 from scheduler.cron.jobs import load_text
 from scheduler.operations.backfill import Backfiller
 from scheduler.operations.backlog import WriteBacklog
-from scheduler.settings import Settings
-from tests.integration.api.harness import READ, ApiHarness, Reply, poll, running_api
+from tests.support.edge_twins import READ, EdgeOnTwins, Reply, edge_on_twins
 
 # Paused in YAML, so no regular fire joins the backfilled ones (a backfill fires paused jobs,
 # as a manual trigger does).
@@ -58,15 +58,10 @@ NAMES = 6
 
 
 @pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[ApiHarness]:
-    async with running_api(settings, JOBS) as harness:
-        await harness.start()
-
-        async def names() -> int:
-            r = await harness.call("GET", "/v1/schedules", token=READ)
-            return len(r.body["items"])
-
-        await poll(names, lambda n: n == NAMES)
+async def api(tmp_path: Path) -> AsyncIterator[EdgeOnTwins]:
+    async with edge_on_twins(tmp_path, jobs=JOBS) as harness:
+        r = await harness.call("GET", "/v1/schedules", token=READ)
+        assert len(r.body["items"]) == NAMES
         yield harness
 
 
@@ -76,7 +71,7 @@ def _hours_ago(hours: int) -> datetime:
 
 
 async def _fill(
-    api: ApiHarness,
+    api: EdgeOnTwins,
     name: str,
     start: datetime,
     end: datetime,
@@ -88,21 +83,14 @@ async def _fill(
     return await api.call("POST", path, json_body=body, headers=headers)
 
 
-async def _manual_rows(database_url: str, name: str) -> list[tuple[datetime, bool, int]]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        rows = await conn.fetch(
-            "SELECT scheduled_for, manual, stream_seq FROM fire_log WHERE key = $1 AND manual "
-            "ORDER BY scheduled_for",
-            name,
-        )
-    finally:
-        await conn.close()
+def _manual_rows(api: EdgeOnTwins, name: str) -> list[tuple[datetime, bool, int]]:
+    rows = [f for f in api.schedules.fire_log if f["key"] == name and f["manual"]]
+    rows.sort(key=lambda f: f["scheduled_for"])
     return [(r["scheduled_for"], r["manual"], r["stream_seq"]) for r in rows]
 
 
 async def test_each_occurrence_fires_once_with_its_id_and_a_manual_log_row(
-    api: ApiHarness, database_url: str
+    api: EdgeOnTwins,
 ) -> None:
     """Each occurrence of the window fires once as `<job>@backfill-<occurrence>` with its
     occurrence in `Mq-Scheduled-For` and a manual fire-log row at that occurrence; a retry
@@ -121,18 +109,18 @@ async def test_each_occurrence_fires_once_with_its_id_and_a_manual_log_row(
         at.strftime("%Y-%m-%dT%H:%M:%S") for at in expected
     ]
     assert all(m.headers["Mq-Backfill"] == "true" for m in msgs)
-    rows = await _manual_rows(database_url, "hourly")
+    rows = _manual_rows(api, "hourly")
     assert [(at, manual) for at, manual, _ in rows] == [(at, True) for at in expected]
-    assert [seq for *_, seq in rows] == [m.metadata.sequence.stream for m in msgs]
+    assert [seq for *_, seq in rows] == [m.seq for m in msgs]
     again = await _fill(api, "hourly", start, end, headers=key)
     assert again.body == r.body
     second = await _fill(api, "hourly", start - timedelta(hours=1), end)
     assert (second.body["fired"], second.body["already_fired"]) == (1, 4), second
     msgs = await api.read_stream("SCHEDULED", quiet=0.5, subject="mq.scheduled.hourly")
-    assert len(msgs) == 5 and len(await _manual_rows(database_url, "hourly")) == 5
+    assert len(msgs) == 5 and len(_manual_rows(api, "hourly")) == 5
 
 
-async def test_occurrences_follow_the_jobs_time_zone(api: ApiHarness) -> None:
+async def test_occurrences_follow_the_jobs_time_zone(api: EdgeOnTwins) -> None:
     """A Berlin 02:30 job backfilled over a spring-forward night fires at 03:00 local (01:00Z)
     that night and at 02:30 local the nights around it, as the daemon's cron code says."""
     start = datetime(2026, 3, 28, tzinfo=UTC)
@@ -144,7 +132,7 @@ async def test_occurrences_follow_the_jobs_time_zone(api: ApiHarness) -> None:
     assert {i["status"] for i in r.body["items"]} == {"planned"}
 
 
-async def test_window_is_bounded_past_and_ordered(api: ApiHarness) -> None:
+async def test_window_is_bounded_past_and_ordered(api: EdgeOnTwins) -> None:
     """A window past 1,000 occurrences, reaching the future or empty is refused 422 naming the
     field and the bound; an unknown job is 404."""
     end = _hours_ago(0)
@@ -168,32 +156,31 @@ async def test_window_is_bounded_past_and_ordered(api: ApiHarness) -> None:
     assert reader.status == 403
 
 
-async def test_forbid_job_is_refused_while_its_previous_run_is_held(api: ApiHarness) -> None:
+async def test_forbid_job_is_refused_while_its_previous_run_is_held(api: EdgeOnTwins) -> None:
     """A `concurrency: forbid` job whose subject still holds a message answers 409
     `previous_run_held` and fires nothing; once the stream is empty it backfills."""
-    await api.js.publish("mq.scheduled.single", b"{}")
+    await api.writer.store("mq.scheduled.single", b"{}")
     start, end = _hours_ago(3), _hours_ago(1)
     r = await _fill(api, "single", start, end)
     assert (r.status, r.body["code"]) == (409, "previous_run_held"), r
-    await api.js.purge_stream("SCHEDULED", subject="mq.scheduled.single")
+    api.streams.consume("SCHEDULED", "mq.scheduled.single")  # the stream's purge
     ok = await _fill(api, "single", start, end)
     assert (ok.status, ok.body["fired"]) == (200, 2), ok
 
 
-async def test_a_second_backfill_an_hour_later_fires_nothing_again(api: ApiHarness) -> None:
+async def test_a_second_backfill_an_hour_later_fires_nothing_again(api: EdgeOnTwins) -> None:
     """With the target stream's duplicate window long gone (100 ms here; an hour later in fake
-    time), a second backfill of the same window publishes nothing: PostgreSQL remembers."""
-    await api.js.add_stream(name="QUICK", subjects=["mq.quick.>"], duplicate_window=0.1)
-    assert api.daemon is not None and api.daemon.operations is not None
-    store = api.daemon.operations.schedules.backfiller.store
-    [job] = [j for j in load_text(JOBS).jobs if j.name == "quick"]
+    time), a second backfill of the same window publishes nothing: the backfill log remembers."""
     clock = FakeClock(datetime(2026, 11, 20, 12, 0, tzinfo=UTC))
-    filler = Backfiller(NatsWriter(api.nc), api.settings, store, clock, WriteBacklog())
+    api.streams.monotonic = clock.monotonic  # the stream's duplicate window in the fake time
+    api.streams.add_stream("QUICK", ["mq.quick.>"], duplicate_window=0.1)
+    store = api.backfills
+    [job] = [j for j in load_text(JOBS).jobs if j.name == "quick"]
+    filler = Backfiller(MemoryWriter(api.streams), api.settings, store, clock, WriteBacklog())
     window = filler.window(job, datetime(2026, 11, 20, 6, tzinfo=UTC), clock.now())
     first = await filler.fire(job, window)
     assert (first.status, first.data["fired"]) == ("backfilled", 6)
     clock.advance(3600)
-    await api.read_stream("QUICK", quiet=0.3)  # real time: the 100 ms window has passed
     later = filler.window(job, datetime(2026, 11, 20, 6, tzinfo=UTC), clock.now())
     second = await filler.fire(job, later)
     assert (second.data["fired"], second.data["already_fired"]) == (1, 6)
@@ -203,17 +190,17 @@ async def test_a_second_backfill_an_hour_later_fires_nothing_again(api: ApiHarne
 
 
 async def test_an_unconfirmed_claim_is_in_flight_then_taken_again_after_a_minute(
-    api: ApiHarness,
+    api: EdgeOnTwins,
 ) -> None:
     """An occurrence another backfill claimed and never confirmed (its publish got no answer,
     or its instance died) is reported `in_flight` and not published; a minute later a backfill
     takes it over and publishes it under the same message id."""
-    await api.js.add_stream(name="QUICK", subjects=["mq.quick.>"], duplicate_window=0.1)
-    assert api.daemon is not None and api.daemon.operations is not None
-    store = api.daemon.operations.schedules.backfiller.store
-    [job] = [j for j in load_text(JOBS).jobs if j.name == "quick"]
     clock = FakeClock(datetime(2026, 11, 20, 12, 0, tzinfo=UTC))
-    filler = Backfiller(NatsWriter(api.nc), api.settings, store, clock, WriteBacklog())
+    api.streams.monotonic = clock.monotonic  # the stream's duplicate window in the fake time
+    api.streams.add_stream("QUICK", ["mq.quick.>"], duplicate_window=0.1)
+    store = api.backfills
+    [job] = [j for j in load_text(JOBS).jobs if j.name == "quick"]
+    filler = Backfiller(MemoryWriter(api.streams), api.settings, store, clock, WriteBacklog())
     window = filler.window(job, datetime(2026, 11, 20, 9, tzinfo=UTC), clock.now())
     stuck = window[1]
     claimed = await store.claim(
@@ -232,12 +219,12 @@ async def test_an_unconfirmed_claim_is_in_flight_then_taken_again_after_a_minute
     assert len(msgs) == 3
 
 
-async def test_a_refused_publish_gives_the_occurrences_back(api: ApiHarness) -> None:
+async def test_a_refused_publish_gives_the_occurrences_back(api: EdgeOnTwins) -> None:
     """A subject no stream captures answers 409 `no_stream` with nothing fired, and claims
     nothing: once a stream exists, the same backfill fires every occurrence."""
     start, end = _hours_ago(2), _hours_ago(0)
     refused = await _fill(api, "nowhere", start, end)
     assert (refused.status, refused.body["code"], refused.body["fired"]) == (409, "no_stream", 0)
-    await api.js.add_stream(name="NOWHERE", subjects=["mq.nowhere.>"])
+    api.streams.add_stream("NOWHERE", ["mq.nowhere.>"])
     ok = await _fill(api, "nowhere", start, end)
     assert (ok.status, ok.body["fired"], ok.body["already_fired"]) == (200, 2, 0), ok
