@@ -6,22 +6,14 @@ real servers, with the tasks and dead letters it needs
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
 from scheduler.operations.stores import Activity
-from tests.support.edge_twins import READ, EdgeOnTwins, edge_on_twins
-
-
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[EdgeOnTwins]:
-    async with edge_on_twins(tmp_path) as edge:
-        yield edge
+from tests.support.edge_twins import READ, EdgeOnTwins
 
 
 async def _synced(api: EdgeOnTwins) -> None:

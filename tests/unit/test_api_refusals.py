@@ -6,7 +6,6 @@ nothing. Tokens, probes and paging over stored tasks stay on real servers
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +14,6 @@ import pytest
 from tests.integration.api.harness import TARGET, envelope
 from tests.integration.api.test_auth_and_errors import PROBLEM, WRITES
 from tests.support.edge_twins import READ, EdgeOnTwins, edge_on_twins
-
-
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[EdgeOnTwins]:
-    async with edge_on_twins(tmp_path) as edge:
-        yield edge
 
 
 async def test_without_an_admin_token_every_write_is_refused_naming_the_variable(

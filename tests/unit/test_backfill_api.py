@@ -13,7 +13,7 @@ import pytest
 
 from scheduler.bus.memory import MemoryWriter
 from scheduler.clock import FakeClock, rfc3339
-from scheduler.cron.jobs import load_text
+from scheduler.cron.jobs import Job, load_text
 from scheduler.operations.backfill import Backfiller
 from scheduler.operations.backlog import WriteBacklog
 from tests.support.edge_twins import READ, EdgeOnTwins, Reply, edge_on_twins
@@ -168,15 +168,21 @@ async def test_forbid_job_is_refused_while_its_previous_run_is_held(api: EdgeOnT
     assert (ok.status, ok.body["fired"]) == (200, 2), ok
 
 
-async def test_a_second_backfill_an_hour_later_fires_nothing_again(api: EdgeOnTwins) -> None:
-    """With the target stream's duplicate window long gone (100 ms here; an hour later in fake
-    time), a second backfill of the same window publishes nothing: the backfill log remembers."""
+def _quick(api: EdgeOnTwins) -> tuple[FakeClock, Job, Backfiller]:
+    """A fake clock at 12:00, the `quick` job, and a backfiller on that clock whose target
+    stream QUICK keeps Nats-Msg-Ids for 100 ms of it."""
     clock = FakeClock(datetime(2026, 11, 20, 12, 0, tzinfo=UTC))
     api.streams.monotonic = clock.monotonic  # the stream's duplicate window in the fake time
     api.streams.add_stream("QUICK", ["mq.quick.>"], duplicate_window=0.1)
-    store = api.backfills
     [job] = [j for j in load_text(JOBS).jobs if j.name == "quick"]
-    filler = Backfiller(MemoryWriter(api.streams), api.settings, store, clock, WriteBacklog())
+    writer = MemoryWriter(api.streams)
+    return clock, job, Backfiller(writer, api.settings, api.backfills, clock, WriteBacklog())
+
+
+async def test_a_second_backfill_an_hour_later_fires_nothing_again(api: EdgeOnTwins) -> None:
+    """With the target stream's duplicate window long gone (100 ms here; an hour later in fake
+    time), a second backfill of the same window publishes nothing: the backfill log remembers."""
+    clock, job, filler = _quick(api)
     window = filler.window(job, datetime(2026, 11, 20, 6, tzinfo=UTC), clock.now())
     first = await filler.fire(job, window)
     assert (first.status, first.data["fired"]) == ("backfilled", 6)
@@ -195,12 +201,8 @@ async def test_an_unconfirmed_claim_is_in_flight_then_taken_again_after_a_minute
     """An occurrence another backfill claimed and never confirmed (its publish got no answer,
     or its instance died) is reported `in_flight` and not published; a minute later a backfill
     takes it over and publishes it under the same message id."""
-    clock = FakeClock(datetime(2026, 11, 20, 12, 0, tzinfo=UTC))
-    api.streams.monotonic = clock.monotonic  # the stream's duplicate window in the fake time
-    api.streams.add_stream("QUICK", ["mq.quick.>"], duplicate_window=0.1)
+    clock, job, filler = _quick(api)
     store = api.backfills
-    [job] = [j for j in load_text(JOBS).jobs if j.name == "quick"]
-    filler = Backfiller(MemoryWriter(api.streams), api.settings, store, clock, WriteBacklog())
     window = filler.window(job, datetime(2026, 11, 20, 9, tzinfo=UTC), clock.now())
     stuck = window[1]
     claimed = await store.claim(

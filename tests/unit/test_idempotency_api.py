@@ -7,24 +7,17 @@ engine stays on real servers (tests/integration/api/test_idempotency.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.api.harness import header, replayed
-from tests.support.edge_twins import READ, EdgeOnTwins, edge_on_twins
+from tests.support.edge_twins import READ, EdgeOnTwins
 
 KEY = "Idempotency-Key"
 TRIGGER = "/v1/schedules/frozen/trigger"
-
-
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[EdgeOnTwins]:
-    async with edge_on_twins(tmp_path) as edge:
-        yield edge
 
 
 async def _synced(api: EdgeOnTwins) -> None:

@@ -5,22 +5,12 @@ fire-log row. Firing itself (fires, pauses that stop it) stays on real servers
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from itertools import islice
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
-import pytest
-
 from scheduler.cron.expression import CronExpr, occurrences
-from tests.support.edge_twins import READ, EdgeOnTwins, edge_on_twins
-
-
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[EdgeOnTwins]:
-    async with edge_on_twins(tmp_path) as edge:
-        yield edge
+from tests.support.edge_twins import READ, EdgeOnTwins
 
 
 async def test_list_and_show_with_next_occurrences(api: EdgeOnTwins) -> None:
