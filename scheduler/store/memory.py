@@ -125,6 +125,7 @@ class MemoryTaskStore:
     intent_limits: IntentLimits = field(default_factory=IntentLimits)
     intents: dict[str, Intent] = field(default_factory=dict)  # by task id, as PostgreSQL's rows
     lane_notes: dict[str, str] = field(default_factory=dict)  # task id -> target (lane_notes)
+    office: tuple[str | None, datetime | None] = (None, None)  # the last take_office's
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # -- leadership (scheduler.store.postgres.epoch)
@@ -133,6 +134,7 @@ class MemoryTaskStore:
     async def take_office(self, instance: str = "") -> int:
         """A new fencing epoch: every write fenced by an older one fails from now on."""
         self.epoch += 1
+        self.office = (instance, self.now())  # who took it and when, as the leadership row
         return self.epoch
 
     def fence(self, epoch: int) -> None:

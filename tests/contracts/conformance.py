@@ -53,6 +53,7 @@ from scheduler.store.memory_activity import MemoryActivityStore
 from scheduler.store.memory_dead_letters import MemoryDeadLetterStore
 from scheduler.store.memory_idempotency import MemoryIdempotencyStore
 from scheduler.store.memory_schedules import MemoryBackfills, MemorySchedules
+from scheduler.store.memory_statistics import MemoryStatistics
 from scheduler.store.postgres.activity import ActivityStore
 from scheduler.store.postgres.backfill import BackfillStore
 from scheduler.store.postgres.cron_jobs import ScheduleStore
@@ -105,6 +106,10 @@ def task_controls(real: TaskAdmin, twin: MemoryTaskStore) -> list[TaskControl]:
 
 def overviews(real: OverviewStore) -> tuple[TaskReads, ScheduleReads, Statistics]:
     return real, real, real
+
+
+def statistics(real: OverviewStore, twin: MemoryStatistics) -> list[Statistics]:
+    return [real, twin]
 
 
 def fire_histories(real: HistoryStore) -> list[FireHistory]:

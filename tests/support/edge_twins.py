@@ -8,7 +8,7 @@ syncs them; requests go through httpx's `ASGITransport`, as
 the console's do (`scheduler/console/client.py`). `EdgeOnTwins.call` answers as
 `ApiHarness.call` does, so a test moved here keeps its assertions.
 
-A port with no twin yet (task reads, statistics, the fire history) is
+A port with no twin yet (task reads, the fire history, PostgreSQL's clock) is
 `Missing`: a test that reaches it fails naming the port, and belongs on real servers
 (tests/integration/api) until that twin exists.
 """
@@ -16,7 +16,7 @@ A port with no twin yet (task reads, statistics, the fire history) is
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -39,7 +39,6 @@ from scheduler.operations.stats import StatsOperations
 from scheduler.operations.stores import (
     DatabaseTime,
     FireHistory,
-    Statistics,
     TaskReads,
 )
 from scheduler.operations.tasks import TaskOperations
@@ -49,6 +48,7 @@ from scheduler.store.memory_activity import MemoryActivityStore
 from scheduler.store.memory_dead_letters import MemoryDeadLetterStore
 from scheduler.store.memory_idempotency import MemoryIdempotencyStore
 from scheduler.store.memory_schedules import MemoryBackfills, MemorySchedules
+from scheduler.store.memory_statistics import MemoryStatistics
 from tests.integration.api.harness import ADMIN, JOBS, READ, Reply, request_headers, write_jobs
 
 __all__ = ["ADMIN", "READ", "EdgeOnTwins", "Reply", "edge_on_twins"]
@@ -120,12 +120,12 @@ class EdgeOnTwins:
         dead = self.dead_letters
         backfills = self.backfills
         stats = StatsOperations(
-            cast(Statistics, Missing("Statistics")),
+            MemoryStatistics(self.tasks, [self.schedules.fire_log]),
             dead,
             cast(FireHistory, Missing("FireHistory")),
             cast(DatabaseTime, Missing("DatabaseTime")),
             clock,
-            cast(Callable[[], Awaitable[dict[str, Any]]], Missing("the lease")),
+            _no_lease,
         )
         return Operations(
             tasks=task_ops,
@@ -193,3 +193,8 @@ async def edge_on_twins(
     edge = EdgeOnTwins(settings, clock or SystemClock())
     await edge.schedules.sync(load_dir(settings.schedules_dir).jobs, edge.clock.now())
     yield edge
+
+
+async def _no_lease() -> dict[str, Any]:
+    """The KV lease as `/v1/stats` reads it: nobody holds it (no engine runs here)."""
+    return {}

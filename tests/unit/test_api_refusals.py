@@ -1,5 +1,6 @@
 """Requests the management API refuses before an operation runs, in-process on the twins
-(tests/support/edge_twins.py): writes without an admin token configured, bad bodies and queries
+(tests/support/edge_twins.py): writes without an admin token configured (and with no token at
+all, reads open), bad bodies and queries
 naming the field, malformed JSON, wrong methods, and `POST /v1/delayed` refusals that publish
 nothing. Tokens, probes and paging over stored tasks stay on real servers
 (tests/integration/api/test_auth_and_errors.py)."""
@@ -32,6 +33,19 @@ async def _refused_without_admin(api: EdgeOnTwins) -> None:
             assert r.body["code"] == "writes_disabled"
             assert "set SCHEDULER_ADMIN_TOKEN" in r.body["detail"]
     assert (await api.call("GET", "/v1/schedules", token=READ)).status == 200
+
+
+async def test_with_no_token_configured_reads_are_open(tmp_path: Path) -> None:
+    """No token configured at all: reads need none (loopback default); writes stay refused."""
+    async with edge_on_twins(tmp_path, admin_token=None, read_token=None) as api:
+        await _reads_open(api)
+
+
+async def _reads_open(api: EdgeOnTwins) -> None:
+    assert (await api.call("GET", "/v1/schedules", token=None)).status == 200
+    assert (await api.call("GET", "/v1/stats", token="whatever")).status == 200
+    r = await api.call("POST", "/v1/schedules/nightly/pause", token=None)
+    assert r.status == 403 and r.body["code"] == "writes_disabled"
 
 
 @pytest.mark.parametrize(

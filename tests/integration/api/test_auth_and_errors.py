@@ -62,15 +62,6 @@ async def test_probes_metrics_and_the_document_need_no_token(api: ApiHarness) ->
         assert "mq_scheduler_api_requests_total" in await resp.text()
 
 
-async def test_with_no_token_configured_reads_are_open(api: ApiHarness) -> None:
-    """No token configured at all: reads need none (loopback default); writes stay refused."""
-    await api.start(admin_token=None, read_token=None)
-    assert (await api.call("GET", "/v1/schedules", token=None)).status == 200
-    assert (await api.call("GET", "/v1/stats", token="whatever")).status == 200
-    r = await api.call("POST", "/v1/schedules/nightly/pause", token=None)
-    assert r.status == 403 and r.body["code"] == "writes_disabled"
-
-
 async def test_unknown_names_are_404_problems(api: ApiHarness) -> None:
     """Unknown jobs, tasks and dead letters answer 404 problem details naming what is missing."""
     await api.start()
