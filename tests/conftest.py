@@ -59,7 +59,7 @@ def _collect_like_the_daemon() -> None:
     """The daemons under test run in this process, beside every earlier test's objects: a
     full collection over them stalled their loops 0.3-0.65 s in the middle of a test (a
     refusal timed at 0.48 s against 0.4 failed on it). As `scheduler run` does once it is up
-    (`scheduler.daemon.lifecycle.tune_gc`), what exists before a test is frozen out of the
+    (`scheduler.daemon.runstate.tune_gc`), what exists before a test is frozen out of the
     collections it runs; every FULL_COLLECTION_EVERY tests, between two tests, one full
     collection frees what the earlier ones left."""
     _tests_since_full[0] += 1

@@ -319,7 +319,7 @@ async def _run_daemon(daemon: Any, tokens: DevAccess | None = None, banner: bool
                 url = daemon.endpoints.api.url
                 access = publish_dev_access(daemon.settings.data_dir, url, tokens)
             print_banner(daemon, tokens, access)
-        from scheduler.daemon.lifecycle import tune_gc
+        from scheduler.daemon.runstate import tune_gc
 
         tune_gc()
     started.cancel()

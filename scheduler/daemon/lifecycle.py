@@ -15,7 +15,6 @@ start abandons it at once and unwinds what was started; `stopped_during_start` n
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from contextlib import AsyncExitStack
 from typing import Any
@@ -30,7 +29,7 @@ from scheduler.metrics import Metrics
 from scheduler.operations.records import Instance
 from scheduler.settings import Settings
 
-__all__ = ["Daemon", "Endpoints", "RunState", "migrate", "tune_gc"]
+__all__ = ["Daemon", "Endpoints", "RunState", "migrate"]
 
 log = logging.getLogger(__name__)
 
@@ -209,15 +208,3 @@ class Daemon(Phased):
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         return self.edge.readiness()
-
-
-def tune_gc() -> None:
-    """Fewer, cheaper collections. The loops allocate short-lived objects by the hundred
-    thousand a second (messages, tasks, futures); with the default thresholds the cyclic
-    collector runs hundreds of times a second and a full collection over every long-lived
-    object (imported modules, the heap) stalls the loop for tens of milliseconds, which shows
-    up as delivery lateness. Objects alive after start-up are frozen out of collections.
-    Called by `scheduler run` once the daemon is up (it changes the whole process)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)

@@ -41,6 +41,36 @@ def test_the_daemon_start_path_imports_no_web_framework() -> None:
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+ENGINE_RUN = """
+import asyncio, sys
+import scheduler.cli.main as cli
+
+class Engine:  # what `scheduler run --role engine` hands `_run_daemon`, started at once
+    def __init__(self):
+        self.started = asyncio.Event()
+    async def run(self):
+        self.started.set()
+        await asyncio.sleep(0.2)  # running: `_run_daemon` tunes the collector meanwhile
+
+async def main():
+    return await cli._run_daemon(Engine(), banner=False)
+
+asyncio.run(main())
+print(sorted(m for m in ("uvicorn", "fastapi", "starlette", "jinja2", "scheduler.daemon.edge",
+                         "scheduler.daemon.lifecycle") if m in sys.modules))
+"""
+
+
+def test_the_engines_process_imports_no_web_framework_once_running() -> None:
+    """What `scheduler run` does once the engine is up (the collector's tuning) imports
+    nothing of the edge: it imported the one-process daemon's module, and through it uvicorn
+    and the edge, on the engine's loop after it had started firing (~0.2-0.5 s)."""
+    out = subprocess.run(
+        [sys.executable, "-c", ENGINE_RUN], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 async def test_the_probes_answer_from_the_daemon_before_the_api_is_built() -> None:
     probes = Probes()
     app = StartingApp(probes)
