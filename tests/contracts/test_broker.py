@@ -20,7 +20,7 @@ from scheduler.bus.memory import MemoryBroker, MemoryStreams
 from scheduler.engine.ports import Broker
 from scheduler.messages.prepared import PreparedMessage, StampedMessage
 from scheduler.records import ClaimedTask, Outcome, PubAck, PublishError
-from tests.support.cluster import wait_for_leader
+from tests.support.cluster import wait_for_capture, wait_for_leader
 
 STREAM = "CONTRACT"
 BUCKET = "contract_state"
@@ -103,6 +103,9 @@ async def side(nats_server_url: str | None, adapter: str, replicas: int) -> Asyn
     kv = await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas))
     for stream in (STREAM, f"KV_{BUCKET}") if replicas > 1 else ():
         await wait_for_leader(js, stream)
+    if replicas > 1:
+        await wait_for_capture(nc, "contract.probe")
+        await wait_for_capture(nc, f"$KV.{BUCKET}.probe")
     publisher = await kind(nc, timeout=2, fence=lambda: office["in"]).start()
     others: list[Broker] = []
 

@@ -17,7 +17,7 @@ from scheduler.engine.ports import Bus
 from scheduler.metrics import Metrics
 from scheduler.records import PublishError
 from scheduler.settings import Settings
-from tests.support.cluster import wait_for_leader
+from tests.support.cluster import wait_for_capture, wait_for_leader
 from tests.support.compat import NatsServerOf, Servers
 
 STREAM = "CONTRACT_BUS"
@@ -66,6 +66,8 @@ async def side(nats_server_url: str | None, adapter: str, replicas: int) -> Asyn
     )
     if replicas > 1:
         await wait_for_leader(js, STREAM)
+        assert real.nc is not None
+        await wait_for_capture(real.nc, "busc.probe")
     await js.add_consumer(STREAM, ConsumerConfig(durable_name=CONSUMER, ack_wait=5))
 
     async def put_real(subject: str, payload: bytes) -> None:

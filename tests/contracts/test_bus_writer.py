@@ -12,7 +12,7 @@ import pytest
 
 from scheduler.bus.memory import MemoryBus, MemoryStreams, MemoryWriter
 from scheduler.operations.ports import BusWriter, NoStream, Refused
-from tests.support.cluster import wait_for_leader
+from tests.support.cluster import wait_for_capture, wait_for_leader
 
 Listen = Callable[[str], Awaitable[asyncio.Queue[bytes]]]
 
@@ -60,6 +60,7 @@ async def side(nats_server_url: str | None, replicas: int) -> AsyncIterator[Side
     )
     if replicas > 1:
         await wait_for_leader(js, stream)
+        await wait_for_capture(nc, f"{prefix}.probe")
 
     async def listen_real(subject: str) -> asyncio.Queue[bytes]:
         got: asyncio.Queue[bytes] = asyncio.Queue()

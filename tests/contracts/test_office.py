@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from scheduler.engine.office import FixedOffice, Office
-from tests.support.cluster import wait_for_leader
+from tests.support.cluster import wait_for_capture, wait_for_leader
 
 BUCKET = "contract_leader"
 
@@ -39,6 +39,7 @@ async def office(
     await ensure_bucket(js, BUCKET, settings.lease_ttl, replicas)
     if replicas > 1:
         await wait_for_leader(js, f"KV_{BUCKET}")
+        await wait_for_capture(nc, f"$KV.{BUCKET}.probe")
     lead = Leadership(await js.key_value(BUCKET), pool, settings, SystemClock(), Metrics())
     stop = asyncio.Event()
     running = asyncio.create_task(lead.run(stop), name="contract-office")

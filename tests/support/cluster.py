@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 from nats.js.errors import ServiceUnavailableError
@@ -363,3 +364,23 @@ async def wait_for_leader(js: JetStreamContext, stream: str, timeout: float = 15
             except (NoRespondersError, ServiceUnavailableError, TimeoutError):
                 pass
             await asyncio.sleep(0.05)
+
+
+async def wait_for_capture(nc: Client, subject: str, timeout: float = 15.0) -> None:
+    """Wait until a publish to `subject` reaches the stream that captures it from the node `nc`
+    is connected to. A stream's leader can be elected before its subjects' interest has spread
+    over the routes to the other nodes; until then a publish there is answered "no responders"
+    (seen on CI: the first publish of a contract test right after `wait_for_leader`). The probe
+    asks for an impossible last sequence, so the stream refuses it and stores nothing."""
+    headers = {"Nats-Expected-Last-Sequence": str(2**63)}
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                reply = await nc.request(subject, b"", timeout=1.0, headers=headers)
+            except (NoRespondersError, TimeoutError):
+                await asyncio.sleep(0.05)
+                continue
+            error = json.loads(reply.data or b"{}").get("error")
+            if error is None:
+                raise ClusterError(f"the capture probe on {subject} was stored")
+            return
