@@ -16,7 +16,13 @@ import pytest
 from scheduler.bus.memory import MemoryBroker, MemoryStreams
 from scheduler.clock import FakeClock, to_rfc3339, wait_event
 from scheduler.engine.delayed.horizon import Horizon
-from scheduler.engine.delayed.intake import FAR_DUE, GATHER_FOR, INTAKE_LINGER, Intake
+from scheduler.engine.delayed.intake import (
+    FAILED_PAUSE,
+    FAR_DUE,
+    GATHER_FOR,
+    INTAKE_LINGER,
+    Intake,
+)
 from scheduler.messages.envelope import Limits
 from scheduler.metrics import Metrics
 from scheduler.records import Insertion, NewTask
@@ -303,3 +309,51 @@ async def test_an_intake_out_of_office_lets_go_of_the_lane_before_anything_else(
         await asyncio.gather(runner, return_exceptions=True)
     assert rig.lane.closed
     rig.store.gate.set()
+
+
+@dataclass
+class FailingOnce(Inserts):
+    """The twin store whose first insert fails (PostgreSQL away, or the link down for the acks)."""
+
+    failed: int = 0
+
+    async def insert_batch(self, tasks: Sequence[NewTask]) -> Insertion:
+        if not self.failed:
+            self.failed = 1
+            self.calls.append((self.clock.monotonic(), [t.id for t in tasks]))
+            raise ConnectionError("store away")
+        return await super().insert_batch(tasks)
+
+
+async def _failing_rig() -> tuple[Rig, FailingOnce]:
+    rig = await make_rig()
+    store = FailingOnce(now=rig.clock.now, clock=rig.clock)
+    store.gate.set()
+    rig.store = store
+    return rig, store
+
+
+async def test_after_a_failed_commit_the_next_waits_out_the_pause_from_the_failure() -> None:
+    """A batch right behind a failed commit waits until `FAILED_PAUSE` after the failure (the
+    store is not asked in a loop); one that comes seconds after it (a lane quiet through an
+    outage) is stored after its linger alone, not a whole pause late (seen on CI: 1 s)."""
+    rig, store = await _failing_rig()
+    runner = await running(rig)
+    lost = rig.send(timedelta(0))
+    await rig.run_for(20)
+    failed_at = rig.store.calls[0][0]
+    right_behind = rig.send(timedelta(0))
+    await rig.run_for(1200)
+    stored = rig.stored_at(right_behind)
+    assert FAILED_PAUSE - 5 * MS <= stored - failed_at <= FAILED_PAUSE + 20 * MS
+    await rig.run_for(3000)  # quiet: then one more batch fails, and a task comes 5 s later
+    store.failed = 0
+    rig.send(timedelta(0))
+    await rig.run_for(20)
+    await rig.run_for(5000)
+    late = rig.send(timedelta(0))
+    await rig.run_for(60)
+    assert late in {i for _, ids in rig.store.calls for i in ids}
+    assert rig.stored_at(late) - rig.arrived[late] <= INTAKE_LINGER + 5 * MS
+    assert f"ack.{lost}" not in rig.broker.acked  # never acked: it comes back after ack wait
+    await stopped(rig, runner)

@@ -63,6 +63,9 @@ YIELD_EVERY = 100  # messages validated between two yields to the event loop
 # ~7,000 messages/s, the tasks behind them up to 1.5 s late (bench/cluster_faults.py).
 BUSY_POLL = 0.002
 COPIES_PER_BATCH = 8
+# After a failed commit (PostgreSQL away, the link down for the acks) the next one waits until
+# this long after the failure, so a store that refuses every statement is not asked in a loop.
+FAILED_PAUSE = 1.0
 
 DUPLICATE_ID = (
     "id: already taken by another task (another target or other bytes); ids must be unique, "
@@ -112,6 +115,7 @@ class Intake:
         # refusals stored per organisation or subject and minute (engine/delayed/dead_budget.py)
         self.budget = DeadLetterBudget.of(settings, clock, events)
         self.repeats = Repeats()  # tasks committed lately: their exact resends are acked at once
+        self._failed_at: dict[asyncio.Task[None], float] = {}  # a failed commit: when it failed
 
     async def run(self, puller: Source, stop: asyncio.Event, may_act: Callable[[], bool]) -> None:
         """Handle batches as they arrive until `stop` is set or `may_act()` turns false.
@@ -134,7 +138,7 @@ class Intake:
                 if committing is not None:
                     await self._settle(*committing)
                 task = asyncio.create_task(
-                    self.accept(msgs, results, repeats, keys), name="intake-commit"
+                    self._commit(msgs, results, repeats, keys), name="intake-commit"
                 )
                 committing = (task, len(msgs) + len(repeats))
         finally:
@@ -221,11 +225,29 @@ class Intake:
         return all(isinstance(r, NewTask) and r.due_at > soon for r in results)
 
     async def _settle(self, committing: asyncio.Task[None], count: int) -> None:
+        """Wait for the commit before; when it failed, pause until `FAILED_PAUSE` after its
+        failure (not after this call: on a lane that went quiet through an outage the next
+        batch may come seconds after the failure, and it waited a whole pause on CI, 1 s late,
+        for an ack the link had refused six seconds before)."""
         try:
             await committing
         except Exception as exc:  # unacked messages come back after the ack wait
             log.warning("intake.failed count=%d error=%r", count, exc)
-            await self.clock.sleep(1.0)
+            failed = self._failed_at.pop(committing, self.clock.monotonic())
+            await self.clock.sleep(failed + FAILED_PAUSE - self.clock.monotonic())
+
+    async def _commit(
+        self, msgs: Sequence[Delivery], results: list[NewTask | Rejected],
+        repeats: Sequence[Delivery], keys: Keys,
+    ) -> None:  # fmt: skip
+        """`accept`, noting when it failed (for `_settle`'s pause)."""
+        try:
+            await self.accept(msgs, results, repeats, keys)
+        except Exception:
+            task = asyncio.current_task()
+            if task is not None:
+                self._failed_at[task] = self.clock.monotonic()
+            raise
 
     async def validate_all(self, msgs: Sequence[Delivery]) -> list[NewTask | Rejected]:
         """Validate a batch, each message alone (`validate`), in order."""
