@@ -155,7 +155,7 @@ _JSON = st.recursive(
 @settings(
     max_examples=120,
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(doc=_JSON, junk=st.binary(max_size=40), as_json=st.booleans())
 async def test_payload_documents_are_always_accepted_by_jsonb(
