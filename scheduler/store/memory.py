@@ -73,6 +73,7 @@ class Row:
     fired_at: datetime | None = None
     stream_seq: int | None = None
     last_error: str | None = None
+    updated_at: datetime | None = None  # None: unchanged since `created_at`
 
     @property
     def key(self) -> Key:
@@ -245,6 +246,7 @@ class MemoryTaskStore:
             if row is None or row.status not in READY or row.task.due_at > until:
                 continue
             row.status, row.claimed_epoch, row.claimed_at = "claimed", epoch, self.now()
+            row.updated_at = row.claimed_at
             row.attempts += 1
             taken.append(row)
         return self._budgeted(taken, budget)
@@ -268,7 +270,7 @@ class MemoryTaskStore:
             )
         ][:limit]
         for row in picked:
-            row.claimed_epoch, row.claimed_at = epoch, now
+            row.claimed_epoch, row.claimed_at, row.updated_at = epoch, now, now
         return self._budgeted(picked, budget)
 
     async def load_claimed(self, epoch: int, ids: Sequence[str], budget: int) -> Claimed:
@@ -325,6 +327,7 @@ class MemoryTaskStore:
             row.doubted = row.doubted or doubt
             row.status = "in_doubt" if row.doubted else "pending"
             row.task.due_at, row.last_error = due, error
+            row.claimed_epoch, row.updated_at = None, self.now()  # claimed_at stays, as in SQL
 
     async def expire(self, epoch: int, ids: Sequence[str]) -> None:
         if not ids:
@@ -333,7 +336,7 @@ class MemoryTaskStore:
         for task_id in ids:
             row = self._mine(epoch, task_id)
             if row is not None:
-                row.status = "expired"
+                row.status, row.updated_at = "expired", self.now()
 
     async def kill(self, epoch: int, items: Sequence[tuple[ClaimedTask, str, str]]) -> None:
         if not items:
@@ -343,7 +346,7 @@ class MemoryTaskStore:
             row = self._mine(epoch, task.id)
             if row is None:
                 continue
-            row.status, row.last_error = "dead", error
+            row.status, row.last_error, row.updated_at = "dead", error, self.now()
             self.dead_letters.append(
                 {"original_id": task.id, "reason": reason, "error": error, "stage": "firing"}
             )
@@ -364,7 +367,7 @@ class MemoryTaskStore:
     async def cancel(self, task_id: str, target: str) -> str:
         row = self.rows.get(task_id)
         if row is not None and row.task.target == target and row.status == "pending":
-            row.status = "cancelled"
+            row.status, row.updated_at = "cancelled", self.now()
             return "cancelled"
         status = self._answer_status(task_id, target)
         if status is None:
@@ -417,6 +420,7 @@ class MemoryTaskStore:
         row = self.rows.get(task_id)
         if row is not None and row.task.target == target and row.status == "pending":
             row.task.due_at = row.task.scheduled_for = due
+            row.updated_at = self.now()
             return "rescheduled", row.ref()
         status = self._answer_status(task_id, target)
         if status is None:

@@ -72,6 +72,7 @@ class MemoryDeadLetterStore:
             return Requeued("missing_task" if status is None else "not_dead", task_status=status)
         task.task = replace(task.task, due_at=due, scheduled_for=due)
         task.status, task.claimed_epoch, task.claimed_at = "pending", None, None
+        task.updated_at = self.now()
         task.attempts, task.last_error = 0, None
         self._mark(dead, who)
         return Requeued("replayed", task.ref())
@@ -132,7 +133,7 @@ def _key(row: Row) -> tuple[datetime, uuid.UUID]:
     return (row["last_failed"], row["id"])
 
 
-def _on(column: str | None, pattern: str) -> bool:
+def subject_matches(column: str | None, pattern: str) -> bool:
     """`subject_clause`: exact, or a prefix when the pattern ends in `.>`."""
     if column is None:
         return False
@@ -145,8 +146,8 @@ def _matches(row: Row, where: DeadLetterFilter) -> bool:
         (where.reason is None or row["reason"] == where.reason)
         and (
             subject is None
-            or _on(row["subject"] if row["target"] is None else row["target"], subject)
-            or _on(row["subject"], subject)
+            or subject_matches(row["subject"] if row["target"] is None else row["target"], subject)
+            or subject_matches(row["subject"], subject)
         )
         and (where.stage is None or row["stage"] == where.stage)
         and (where.resolved is None or row["resolved"] == where.resolved)

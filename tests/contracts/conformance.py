@@ -54,6 +54,7 @@ from scheduler.store.memory_dead_letters import MemoryDeadLetterStore
 from scheduler.store.memory_idempotency import MemoryIdempotencyStore
 from scheduler.store.memory_schedules import MemoryBackfills, MemorySchedules
 from scheduler.store.memory_statistics import MemoryStatistics
+from scheduler.store.memory_task_reads import MemoryTaskReads
 from scheduler.store.postgres.activity import ActivityStore
 from scheduler.store.postgres.backfill import BackfillStore
 from scheduler.store.postgres.cron_jobs import ScheduleStore
@@ -106,6 +107,10 @@ def task_controls(real: TaskAdmin, twin: MemoryTaskStore) -> list[TaskControl]:
 
 def overviews(real: OverviewStore) -> tuple[TaskReads, ScheduleReads, Statistics]:
     return real, real, real
+
+
+def task_reads(real: OverviewStore, twin: MemoryTaskReads) -> list[TaskReads]:
+    return [real, twin]
 
 
 def statistics(real: OverviewStore, twin: MemoryStatistics) -> list[Statistics]:
