@@ -43,7 +43,7 @@ class MemoryDeadLetterStore:
     async def list(
         self, where: DeadLetterFilter, after: tuple[datetime, uuid.UUID] | None, limit: int
     ) -> builtins.list[Row]:
-        found = sorted(self._all(), key=_key, reverse=True)
+        found = sorted(self.held(), key=_key, reverse=True)
         found = [r for r in found if _matches(r, where) and (after is None or _key(r) < after)]
         return [{c: r[c] for c in LISTED} for r in found[:limit]]
 
@@ -93,14 +93,15 @@ class MemoryDeadLetterStore:
             dead["resolved_by"] = None
 
     async def unresolved(self) -> int:
-        return sum(1 for r in self._all() if not r["resolved"])
+        return sum(1 for r in self.held() if not r["resolved"])
 
     def _mark(self, dead: Row, who: str) -> None:
         now = self.now()
         dead |= {"replayed_at": now, "resolved": True, "resolved_at": now}
         dead["resolved_by"] = f"{who} (replay)"
 
-    def _all(self) -> builtins.list[Row]:
+    def held(self) -> builtins.list[Row]:
+        """Every dead letter as its row, the engine twin's new ones taken in first."""
         self._take_in()
         return builtins.list(self.rows.values())
 

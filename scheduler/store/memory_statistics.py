@@ -54,7 +54,7 @@ class MemoryStatistics:
         )
         if not late:
             return 0, None, None
-        return len(late), _percentile(late, 0.5), _percentile(late, 0.99)
+        return len(late), percentile_cont(late, 0.5), percentile_cont(late, 0.99)
 
     async def leadership(self) -> dict[str, Any]:
         instance, since = self.tasks.office
@@ -64,8 +64,9 @@ class MemoryStatistics:
         return [row for row in self.tasks.rows.values() if row.status == "pending"]
 
 
-def _percentile(ordered: list[float], fraction: float) -> float:
-    """`percentile_cont`: linear between the two values around `fraction` of the way."""
+def percentile_cont(ordered: Sequence[float], fraction: float) -> float:
+    """PostgreSQL's `percentile_cont` over `ordered` (sorted, not empty): linear between the
+    two values around `fraction` of the way."""
     at = fraction * (len(ordered) - 1)
     low, high = math.floor(at), math.ceil(at)
     return ordered[low] + (ordered[high] - ordered[low]) * (at - low)

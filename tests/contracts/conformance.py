@@ -10,6 +10,10 @@ pytest collects nothing here.
 
 from __future__ import annotations
 
+import functools
+from datetime import UTC, datetime
+
+import asyncpg
 from nats.aio.msg import Msg
 
 from scheduler.bus.memory import (
@@ -39,6 +43,7 @@ from scheduler.operations.ports import BusWriter
 from scheduler.operations.stores import (
     ActivityLog,
     BackfillLog,
+    DatabaseTime,
     DeadLetters,
     FireHistory,
     IdempotencyKeys,
@@ -50,7 +55,9 @@ from scheduler.operations.stores import (
 )
 from scheduler.store.memory import MemoryScheduleStore, MemoryTaskStore
 from scheduler.store.memory_activity import MemoryActivityStore
+from scheduler.store.memory_clock import MemoryDatabaseTime
 from scheduler.store.memory_dead_letters import MemoryDeadLetterStore
+from scheduler.store.memory_history import MemoryFireHistory
 from scheduler.store.memory_idempotency import MemoryIdempotencyStore
 from scheduler.store.memory_schedules import MemoryBackfills, MemorySchedules
 from scheduler.store.memory_statistics import MemoryStatistics
@@ -59,6 +66,7 @@ from scheduler.store.postgres.activity import ActivityStore
 from scheduler.store.postgres.backfill import BackfillStore
 from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.dead_letters import DeadLetterStore
+from scheduler.store.postgres.epoch import database_time
 from scheduler.store.postgres.history import HistoryStore
 from scheduler.store.postgres.idempotency import IdempotencyStore
 from scheduler.store.postgres.overview import OverviewStore
@@ -117,8 +125,12 @@ def statistics(real: OverviewStore, twin: MemoryStatistics) -> list[Statistics]:
     return [real, twin]
 
 
-def fire_histories(real: HistoryStore) -> list[FireHistory]:
-    return [real]
+def fire_histories(real: HistoryStore, twin: MemoryFireHistory) -> list[FireHistory]:
+    return [real, twin]
+
+
+def database_times(real: asyncpg.Pool, twin: MemoryDatabaseTime) -> list[DatabaseTime]:
+    return [functools.partial(database_time, real, lambda: datetime.now(UTC)), twin]
 
 
 def schedule_controls(real: ScheduleStore, twin: MemorySchedules) -> list[ScheduleControl]:
