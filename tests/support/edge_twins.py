@@ -8,9 +8,10 @@ syncs them; requests go through httpx's `ASGITransport`, as
 the console's do (`scheduler/console/client.py`). `EdgeOnTwins.call` answers as
 `ApiHarness.call` does, so a test moved here keeps its assertions.
 
-A port with no twin yet (task reads, the fire history, PostgreSQL's clock) is
-`Missing`: a test that reaches it fails naming the port, and belongs on real servers
-(tests/integration/api) until that twin exists.
+Every port of the operator half has its twin here: the task reads and the fire history read
+the engine's twin (`tasks`), whose rows, tombstones and fire log a test fills through
+its port as the engine would (`insert_batch`, `claim_within`, `mark_fired`), and PostgreSQL's
+clock is the harness's clock.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
 
@@ -28,6 +29,7 @@ from scheduler.api.app import build_api
 from scheduler.bus.memory import MemoryStreams, MemoryWriter, Stored
 from scheduler.clock import Clock, SystemClock
 from scheduler.cron.jobs import load_dir
+from scheduler.messages.envelope import parse_envelope
 from scheduler.metrics import Metrics
 from scheduler.operations.activity import ActivityOperations
 from scheduler.operations.backlog import WriteBacklog
@@ -36,37 +38,21 @@ from scheduler.operations.cron_jobs import ScheduleOperations
 from scheduler.operations.dead_letters import DeadLetterOperations
 from scheduler.operations.records import Instance
 from scheduler.operations.stats import StatsOperations
-from scheduler.operations.stores import (
-    DatabaseTime,
-    FireHistory,
-    TaskReads,
-)
 from scheduler.operations.tasks import TaskOperations
+from scheduler.records import Fired, NewTask, ceil_ms
 from scheduler.settings import Settings
 from scheduler.store.memory import MemoryTaskStore
 from scheduler.store.memory_activity import MemoryActivityStore
+from scheduler.store.memory_clock import MemoryDatabaseTime
 from scheduler.store.memory_dead_letters import MemoryDeadLetterStore
+from scheduler.store.memory_history import MemoryFireHistory
 from scheduler.store.memory_idempotency import MemoryIdempotencyStore
 from scheduler.store.memory_schedules import MemoryBackfills, MemorySchedules
 from scheduler.store.memory_statistics import MemoryStatistics
+from scheduler.store.memory_task_reads import MemoryTaskReads
 from tests.integration.api.harness import ADMIN, JOBS, READ, Reply, request_headers, write_jobs
 
 __all__ = ["ADMIN", "READ", "EdgeOnTwins", "Reply", "edge_on_twins"]
-
-
-class Missing:
-    """Stands for a port that has no twin yet: any use fails, naming it."""
-
-    def __init__(self, port: str) -> None:
-        self.port = port
-
-    def __getattr__(self, name: str) -> Any:
-        raise AssertionError(
-            f"{self.port}.{name}: no twin of {self.port} yet; this test runs on real servers"
-        )
-
-    async def __call__(self) -> Any:
-        raise AssertionError(f"{self.port}: no twin yet; this test runs on real servers")
 
 
 class TwinBackend:
@@ -116,16 +102,18 @@ class EdgeOnTwins:
 
     def _operations(self) -> Operations:
         s, clock, backlog, bus = self.settings, self.clock, WriteBacklog(), self.writer
-        task_ops = TaskOperations(bus, s, self.tasks, cast(TaskReads, Missing("TaskReads")), clock)
+        task_ops = TaskOperations(bus, s, self.tasks, MemoryTaskReads(self.tasks), clock)
         dead = self.dead_letters
         backfills = self.backfills
+        cron_logs = [self.schedules.fire_log]
         stats = StatsOperations(
-            MemoryStatistics(self.tasks, [self.schedules.fire_log]),
+            MemoryStatistics(self.tasks, cron_logs),
             dead,
-            cast(FireHistory, Missing("FireHistory")),
-            cast(DatabaseTime, Missing("DatabaseTime")),
+            MemoryFireHistory(self.tasks, dead, cron_logs),
+            MemoryDatabaseTime(clock.now),
             clock,
             _no_lease,
+            s.forecast_interval.total_seconds(),
         )
         return Operations(
             tasks=task_ops,
@@ -164,6 +152,35 @@ class EdgeOnTwins:
         except ValueError:
             body = None
         return Reply(resp.status_code, resp.headers, body)  # by name in any case, as aiohttp's
+
+    async def store_task(self, target: str, doc: dict[str, Any]) -> NewTask:
+        """Store the task a producer published for `target` as the engine's intake stores it
+        (`scheduler.engine.delayed.intake`: the envelope's id, priority, expiry and org, due
+        at its `delay_until` rounded up to the millisecond, or now): no engine takes it off
+        the lane here."""
+        raw = json.dumps(doc).encode()
+        now = self.clock.now()
+        env = parse_envelope(raw, now)
+        due = ceil_ms(env.due_at(now))
+        task = NewTask(
+            env.id, target, raw, {}, env.priority, due, due, env.expires_at, org_id=env.org_id
+        )
+        inserted = await self.tasks.insert_batch([task])
+        assert [r.task_id for r in inserted.stored] == [env.id], inserted
+        return task
+
+    async def fire(self, *fired: tuple[str, datetime]) -> None:
+        """Deliver tasks (id, when) as the leader does, through the engine's port: claimed by
+        the harness's epoch, published to TASKS (stream sequences counted from 1 per call),
+        then recorded fired."""
+        epoch = self.tasks.epoch or await self.tasks.take_office(self.settings.instance_id)
+        ids = [task_id for task_id, _ in fired]
+        until = max(at for _, at in fired)
+        claimed = await self.tasks.claim_within(epoch, ids, until, 2**62)
+        by_id = {t.id: t for t in claimed.ready}
+        assert sorted(by_id) == sorted(ids), f"not due, or not pending: {ids}"
+        done = [Fired(by_id[i], at, "TASKS", n) for n, (i, at) in enumerate(fired, 1)]
+        await self.tasks.mark_fired(epoch, done, self.settings.instance_id)
 
     async def read_stream(
         self, stream: str, quiet: float = 1.0, within: float = 10.0, subject: str = ">"
