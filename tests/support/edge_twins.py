@@ -74,7 +74,10 @@ class TwinBackend:
         return True, {"status": "ready", "instance": self.settings.instance_id}
 
     async def leader(self) -> dict[str, Any]:
-        return {}
+        """As the edge answers with no lease holder and no engine of its own
+        (`scheduler.daemon.edge`)."""
+        nobody: dict[str, Any] = {"instance": None, "epoch": None, "since": None}
+        return nobody | {"self": {"instance": self.settings.instance_id}}
 
     async def instances(self) -> list[Instance]:
         return []
