@@ -4,9 +4,9 @@ write, documented once here, with the values they take and return.
 The operator half (`scheduler.operations`, `scheduler.api`, `scheduler.console`) imports
 nothing from `scheduler.store` (import-linter checks it: pyproject.toml). The daemon gives it
 the PostgreSQL stores (`scheduler.daemon.operations`), whose SQL lives in
-`scheduler.store.postgres`; tests give it the in-memory twins where one exists (`*Twin` in
-`scheduler.store`). tests/contracts/conformance.py holds each store to its port under mypy;
-each port with a twin has one contract suite in tests/contracts/ run over both.
+`scheduler.store.postgres`; tests give it the in-memory twins (`scheduler.store.memory*`, one
+for every port here). tests/contracts/conformance.py holds each store and twin to its port under
+mypy; each port has one contract suite in tests/contracts/ run over both.
 
 Rows that the operator half turns into its read models (`scheduler.operations.*_records`)
 cross these ports as `dict[str, Any]` with the columns the read model validates.
