@@ -2,11 +2,13 @@
 (tests/support/edge_twins.py): writes without an admin token configured (and with no token at
 all, reads open), bad bodies and queries
 naming the field, malformed JSON, wrong methods, and `POST /v1/delayed` refusals that publish
-nothing. Tokens, probes and paging over stored tasks stay on real servers
+nothing, instants out of range naming the field. Tokens and paging over stored tasks:
+tests/unit/test_tokens_and_paging_api.py; probes on the daemon's ports stay on real servers
 (tests/integration/api/test_auth_and_errors.py)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +137,34 @@ async def test_invalid_requests_are_refused_naming_the_field(api: EdgeOnTwins) -
     read = await api.call("POST", "/v1/delayed", token=READ, json_body={"subject": TARGET})
     assert read.status == 403
     assert await api.read_stream("MQ_DELAY") == []
+
+
+OUT_OF_RANGE = "0001-01-01T00:00:00+00:01"  # astimezone(UTC) overflows: OverflowError before
+
+
+async def test_instants_outside_the_envelope_range_answer_422_naming_the_field(
+    api: EdgeOnTwins,
+) -> None:
+    """Year-1 and year-9999 instants in a filter, the short form's `at`, a reschedule, a
+    backfill's `from` or the activity log's `since` answer 422 naming the field, never 500."""
+    for param in ("due_after", "due_before"):
+        for value in (OUT_OF_RANGE, "9999-12-31T23:59:59-01:00"):
+            r = await api.call("GET", "/v1/delayed", token=READ, params={param: value})
+            assert r.status == 422 and param in r.body["detail"], (param, value, r)
+    r = await api.call("GET", "/v1/activity", token=READ, params={"since": OUT_OF_RANGE})
+    assert r.status == 422 and "since" in r.body["detail"], r
+    short = {"subject": TARGET, "at": OUT_OF_RANGE, "data": {}}
+    r = await api.call("POST", "/v1/delayed", json_body=short)
+    assert r.status == 422 and "at" in r.body["errors"][0]["field"], r
+    r = await api.call(
+        "PATCH",
+        "/v1/delayed/t_x",
+        json_body={"delay_until": OUT_OF_RANGE},
+        params={"target": TARGET},
+    )
+    assert r.status == 422 and "delay_until" in r.body["detail"], r
+    now = datetime.now(UTC).isoformat()
+    r = await api.call(
+        "POST", "/v1/schedules/nightly/backfill", json_body={"from": OUT_OF_RANGE, "to": now}
+    )
+    assert r.status == 422 and "from" in r.body["detail"], r
