@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.api.gate import QueryGate
 from tests.integration.api.harness import TARGET, envelope
 from tests.integration.api.test_auth_and_errors import PROBLEM, WRITES
 from tests.support.edge_twins import READ, EdgeOnTwins, edge_on_twins
@@ -168,3 +169,26 @@ async def test_instants_outside_the_envelope_range_answer_422_naming_the_field(
         "POST", "/v1/schedules/nightly/backfill", json_body={"from": OUT_OF_RANGE, "to": now}
     )
     assert r.status == 422 and "from" in r.body["detail"], r
+
+
+async def test_refusals_are_answered_before_routing(api: EdgeOnTwins) -> None:
+    """A read without a token, and a read while every admission slot is taken, are answered
+    (401 with its challenge, 503 with Retry-After) by the edge before any route runs: they
+    are counted under no route (`unmatched`); `/v1/leader` needs neither token nor slot."""
+    registry = api.metrics.registry
+    r = await api.call("GET", "/v1/delayed", token=None)
+    assert r.status == 401 and "SCHEDULER_READ_TOKEN" in r.body["detail"], r
+    assert r.headers["WWW-Authenticate"].startswith("Bearer"), r.headers
+    app: Any = api.app
+    gate: QueryGate = app.state.query_gate
+    gate.admitted = gate.limit  # as if every slot were held by a running request
+    try:
+        r = await api.call("GET", "/v1/delayed", token=READ)
+        assert r.status == 503 and r.body["code"] == "overloaded", r
+        assert r.headers["Retry-After"] == "1"
+        assert (await api.call("GET", "/v1/leader", token=None)).status == 200
+    finally:
+        gate.admitted = 0
+    for status in ("401", "503"):
+        labels = {"route": "unmatched", "method": "GET", "status": status}
+        assert registry.get_sample_value("mq_scheduler_api_requests_total", labels) == 1, status

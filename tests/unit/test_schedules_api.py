@@ -1,16 +1,17 @@
 """Cron jobs through the management API, in-process on the twins (tests/support/edge_twins.py):
 list and show with the next occurrences, a trigger that publishes once with a manual id and a
-fire-log row. Firing itself (fires, pauses that stop it) stays on real servers
-(tests/integration/api/test_schedules_api.py)."""
+fire-log row, and the YAML problems the list reports. Firing itself (fires, pauses that stop
+it) stays on real servers (tests/integration/api/test_schedules_api.py)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from itertools import islice
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from scheduler.cron.expression import CronExpr, occurrences
-from tests.support.edge_twins import READ, EdgeOnTwins
+from tests.support.edge_twins import READ, EdgeOnTwins, edge_on_twins
 
 
 async def test_list_and_show_with_next_occurrences(api: EdgeOnTwins) -> None:
@@ -52,3 +53,31 @@ async def test_trigger_fires_once_now_with_a_manual_id_and_a_log_row(api: EdgeOn
     assert [(row["manual"], row["stream_seq"]) for row in rows] == [(True, fired.body["seq"])]
     shown = (await api.call("GET", "/v1/schedules/frozen", token=READ)).body
     assert shown["fires"][0]["manual"] is True
+
+
+BROKEN = """
+scheduled_jobs:
+  - name: weekly-report
+    subject: mq.scheduled.report
+    cron: "0 9 * * MON"
+    timezone: Mars/Olympus
+    data: {}
+"""
+
+
+async def test_schedule_list_reports_yaml_problems_with_file_line_and_job(
+    tmp_path: Path,
+) -> None:
+    """An invalid job in a schedules file is listed under `problems` with its file, line and
+    job, and leaves the list once the file is fixed."""
+    (tmp_path / "schedules").mkdir()
+    broken = tmp_path / "schedules" / "broken.yaml"
+    broken.write_text(BROKEN)
+    async with edge_on_twins(tmp_path) as api:
+        body = (await api.call("GET", "/v1/schedules", token=READ)).body
+        [problem] = body["problems"]
+        assert problem["file"] == str(broken) and problem["job"] == "weekly-report"
+        assert problem["line"] == 6 and "Mars/Olympus" in problem["message"]
+        assert "weekly-report" not in [job["name"] for job in body["items"]]
+        broken.write_text(BROKEN.replace("Mars/Olympus", "Europe/Paris"))
+        assert (await api.call("GET", "/v1/schedules", token=READ)).body["problems"] == []

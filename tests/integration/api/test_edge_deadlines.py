@@ -1,6 +1,7 @@
 """The HTTP edge's bounds in time and cost (issue 35): bodies refused where no route takes one,
 read whole under a deadline before a request is admitted, slow heads and trickled idle bytes
-cut, refusals answered before routing, and listings charged for the work they did."""
+cut, and listings charged for the work they did. Refusals answered before routing run on the
+twins (tests/unit/test_api_refusals.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -17,8 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from scheduler.api import gate
 from scheduler.api.deadlines import ConnectionLimits
-from scheduler.api.gate import QueryGate
-from scheduler.api.server import Served, serve
+from scheduler.api.server import serve
 from tests.integration.api.harness import ADMIN, READ, ApiHarness, poll
 from tests.integration.api.test_edge import _read_answer, head_of
 
@@ -204,39 +203,6 @@ async def test_trickled_bytes_do_not_keep_an_idle_connection_open() -> None:
 
 
 # -- refusals before routing, and listings charged by work -------------------------------------
-
-
-async def test_refusals_are_answered_before_routing(api: ApiHarness) -> None:
-    """A read without a token, and a read while every admission slot is taken, are answered
-    (401 with its challenge, 503 with Retry-After) by the edge before any route runs: they
-    are counted under no route (`unmatched`); `/v1/leader` needs neither token nor slot."""
-    await api.start()
-    assert api.daemon is not None
-    registry = api.daemon.metrics.registry
-    r = await api.call("GET", "/v1/delayed", token=None)
-    assert r.status == 401 and "SCHEDULER_READ_TOKEN" in r.body["detail"], r
-    assert r.headers["WWW-Authenticate"].startswith("Bearer"), r.headers
-    gate = _gate(api)
-    gate.admitted = gate.limit  # as if every slot were held by a running request
-    try:
-        r = await api.call("GET", "/v1/delayed", token=READ)
-        assert r.status == 503 and r.body["code"] == "overloaded", r
-        assert r.headers["Retry-After"] == "1"
-        assert (await api.call("GET", "/v1/leader", token=None)).status == 200
-    finally:
-        gate.admitted = 0
-    for status in ("401", "503"):
-        labels = {"route": "unmatched", "method": "GET", "status": status}
-        assert registry.get_sample_value("mq_scheduler_api_requests_total", labels) == 1, status
-
-
-def _gate(api: ApiHarness) -> QueryGate:
-    assert api.daemon is not None and isinstance(api.daemon.endpoints.api, Served)
-    app: Any = api.daemon.endpoints.api.server.config.loaded_app
-    while not hasattr(app, "state"):
-        app = app.app  # through uvicorn's and the daemon's wrappers to the FastAPI app
-    gate: QueryGate = app.state.query_gate
-    return gate
 
 
 EMPTY_FILTERS = (

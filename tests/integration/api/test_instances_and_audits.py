@@ -1,6 +1,7 @@
-"""`/v1/instances` (leader and standbys from their heartbeats), `/v1/audits` (the drift audit's
-runs) and the YAML problems `/v1/schedules` reports: what the console's overview, drift page and
-banner read."""
+"""`/v1/instances` (leader and standbys from their heartbeats) and `/v1/audits` (the drift
+audit's runs): what the console's overview and drift page read. The YAML problems
+`/v1/schedules` reports (the console's banner) are checked on the twins
+(tests/unit/test_schedules_api.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,6 @@ from typing import Any
 
 from tests.integration.api.harness import READ, ApiHarness, poll
 from tests.support.helpers import DaemonRunner
-
-BROKEN = """
-scheduled_jobs:
-  - name: weekly-report
-    subject: mq.scheduled.report
-    cron: "0 9 * * MON"
-    timezone: Mars/Olympus
-    data: {}
-"""
 
 
 async def test_instances_list_the_leader_and_a_standby_until_it_stops(api: ApiHarness) -> None:
@@ -78,20 +70,3 @@ async def test_audit_runs_summary_and_report_are_read_from_the_audit_folder(
     unset = await api.call("GET", "/v1/audits/2026-11-21", token=READ)
     assert unset.status == 404 and "SCHEDULER_AUDIT_DIR is not set" in unset.body["detail"]
     assert (await api.call("GET", "/v1/audits", token=READ)).body["configured"] is False
-
-
-async def test_schedule_list_reports_yaml_problems_with_file_line_and_job(
-    api: ApiHarness,
-) -> None:
-    """An invalid job in a schedules file is listed under `problems` with its file, line and
-    job, and leaves the list once the file is fixed."""
-    broken = Path(api.settings.schedules_dir) / "broken.yaml"
-    broken.write_text(BROKEN)
-    await api.start()
-    body = (await api.call("GET", "/v1/schedules", token=READ)).body
-    [problem] = body["problems"]
-    assert problem["file"] == str(broken) and problem["job"] == "weekly-report"
-    assert problem["line"] == 6 and "Mars/Olympus" in problem["message"]
-    assert "weekly-report" not in [job["name"] for job in body["items"]]
-    broken.write_text(BROKEN.replace("Mars/Olympus", "Europe/Paris"))
-    assert (await api.call("GET", "/v1/schedules", token=READ)).body["problems"] == []
