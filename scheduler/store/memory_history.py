@@ -10,7 +10,9 @@ over the window; each epoch's instance (the least name) and first and last deliv
 `WORST` deliveries at or above the abnormal threshold, latest first; and the newest `cap` dead
 letters that last failed in the window, per bucket (none for one job). What PostgreSQL builds
 as JSON is shaped as it writes it: buckets and epochs in order, instants as `to_json` writes a
-`timestamptz` in UTC, whole numbers without a fraction. tests/contracts/test_fire_history.py
+`timestamptz` in a UTC session (the test databases'; another session time zone writes another
+offset for the same instant), whole numbers without a fraction, and an epoch's least instance
+by code point (a `C` collation's order). tests/contracts/test_fire_history.py
 holds the twin and PostgreSQL to the same answers.
 """
 

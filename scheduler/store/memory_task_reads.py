@@ -12,9 +12,10 @@ task is its summary as PostgreSQL's `json_build_object` writes it (`SUMMARY_JSON
 separators, its escapes, instants in UTC with `Z` and microseconds only when there are any),
 keyed by the due (or fired) time in integer microseconds. One task's detail is its row with
 headers and bytes, or, once fired, its tombstone and latest delivery, with its deliveries in
-the order they were due. Ids compare as Python compares strings (PostgreSQL's collation agrees
-on the ids tests and producers use: ASCII letters of one case, digits, `-` and `_` in fixed
-places). tests/contracts/test_task_reads.py holds the twin and PostgreSQL to the same answers.
+the order they were due. Ids compare by code point, as PostgreSQL compares them under a `C`
+collation (the test databases' `C.UTF-8`; under a linguistic one, two ids fired at the same
+instant that differ in case or punctuation may list the other way round).
+tests/contracts/test_task_reads.py holds the twin and PostgreSQL to the same answers.
 """
 
 from __future__ import annotations
