@@ -16,7 +16,9 @@ job its own by name (scheduler/partitions.py). The fencing epoch is this object'
 raised by `take_office` as `scheduler.store.postgres.epoch.take_office` raises PostgreSQL's.
 
 A claimed row has the status `claimed` here; PostgreSQL leaves the status alone and marks the
-claim by `claimed_epoch` (a HOT update, migration 0013). Both report `claimed`.
+claim by `claimed_epoch` (a HOT update, migration 0013). Both report `claimed`. As there, a
+retry clears the claim's epoch but keeps its `claimed_at`, and every change of a row sets its
+`updated_at` (the operators' reads show both: `scheduler.store.memory_task_reads`).
 """
 
 from __future__ import annotations
