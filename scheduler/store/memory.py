@@ -127,7 +127,8 @@ class MemoryTaskStore:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     intent_limits: IntentLimits = field(default_factory=IntentLimits)
     intents: dict[str, Intent] = field(default_factory=dict)  # by task id, as PostgreSQL's rows
-    lane_notes: dict[str, str] = field(default_factory=dict)  # task id -> target (lane_notes)
+    # task id -> (target, expires_at), as lane_notes: a note lives as long as an intent
+    lane_notes: dict[str, tuple[str, datetime]] = field(default_factory=dict)
     office: tuple[str | None, datetime | None] = (None, None)  # the last take_office's
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -410,10 +411,11 @@ class MemoryTaskStore:
         return TOO_MANY_TOTAL if len(live) >= limits.max_total else None
 
     async def note_lane(self, task_id: str, target: str) -> None:
-        self.lane_notes[task_id] = target
+        self.lane_notes[task_id] = (target, self.now() + self.intent_limits.ttl)
 
     async def lane_target(self, task_id: str) -> str | None:
-        return self.lane_notes.get(task_id)
+        target, expires_at = self.lane_notes.get(task_id, (None, self.now()))
+        return target if expires_at > self.now() else None
 
     async def reschedule(
         self, task_id: str, target: str, due: datetime

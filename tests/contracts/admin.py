@@ -26,6 +26,10 @@ class TaskAdminStatements(Protocol):
 
     async def get(self, task_id: str, target: str | None = None) -> dict[str, Any] | None: ...
 
+    async def note_lane(self, task_id: str, target: str) -> None: ...
+
+    async def lane_target(self, task_id: str) -> str | None: ...
+
 
 class StoredTasks(TaskRepository, TaskAdminStatements, Protocol):
     """`TaskStore` or `MemoryTaskStore`: the engine's port and the operators' statements."""

@@ -480,3 +480,16 @@ async def test_analyze_if_stale_runs_only_after_growth(repo: Repo) -> None:
     since its last answer it does not run again."""
     assert isinstance(await repo.tasks.analyze_if_stale(), bool)
     assert await repo.tasks.analyze_if_stale() is False
+
+
+async def test_a_lane_note_names_the_target_while_an_intent_would_live(repo: Repo) -> None:
+    """A note gives back the target of a task put on the delay lane; a later note for the id
+    replaces it; an id never noted has none; a note lives as long as an intent (its TTL)."""
+    await repo.tasks.note_lane("n-1", "mq.t.a")
+    assert await repo.tasks.lane_target("n-1") == "mq.t.a"
+    await repo.tasks.note_lane("n-1", "mq.t.b")
+    assert await repo.tasks.lane_target("n-1") == "mq.t.b"
+    assert await repo.tasks.lane_target("n-2") is None
+    repo.tasks.intent_limits = IntentLimits(ttl=timedelta(0))
+    await repo.tasks.note_lane("n-3", "mq.t.a")
+    assert await repo.tasks.lane_target("n-3") is None, "a note past its TTL still answered"
