@@ -65,7 +65,7 @@ from scheduler.settings import Settings
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.dead_letters import DeadLetterStore
-from scheduler.store.postgres.epoch import database_time
+from scheduler.store.postgres.epoch import database_time, take_office
 from scheduler.store.postgres.intents import IntentLimits
 from scheduler.store.postgres.overview import OverviewStore
 from scheduler.store.postgres.partitioning import check_partitions
@@ -166,6 +166,8 @@ class EngineDaemon(Phased):
             self.metrics,
             clock_ok=self.clock_check.ok,
             clock_check=self.clock_check.measure,
+            # one term over every partition (leases per partition are still to come)
+            take_office=functools.partial(take_office, partitions=range(s.partitions)),
         )
         self.bus.link_listeners.append(self.leadership.lease.on_link)
         self.metrics.standing_by()

@@ -215,10 +215,10 @@ async def test_fenced_transaction_blocks_take_office(pool: asyncpg.Pool) -> None
 
 
 async def blocked_on_lock(pool: asyncpg.Pool) -> None:
-    """Wait until some backend's UPDATE of leadership waits for a row lock."""
+    """Wait until some backend's take_office waits for a row lock."""
     async with asyncio.timeout(3):
         while not await pool.fetchval(  # noqa: ASYNC110 (PostgreSQL has no event to await)
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE 'UPDATE leadership AS l SET epoch%'"
+            "AND query LIKE 'WITH was AS (SELECT partition, epoch FROM partition_offices%'"
         ):
             await asyncio.sleep(0.02)

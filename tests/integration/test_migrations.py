@@ -213,6 +213,55 @@ async def test_migration_0022_puts_every_row_in_partition_0_and_back(database_ur
     assert "partitioning" in await tables(database_url)
 
 
+# the previous version's take_office and fence (0002-0022), as it runs while a Deployment rolls
+OLD_TAKE_OFFICE = (
+    "UPDATE leadership AS l SET epoch = greatest(l.epoch, $2) + 1, instance = $1, "
+    "since = now() FROM (SELECT epoch FROM leadership WHERE id = 1) AS was "
+    "WHERE l.id = 1 RETURNING l.epoch"
+)
+OLD_FENCE = (
+    "WITH lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 FOR SHARE) "
+    "SELECT count(*) FROM lead"
+)
+OFFICES = "SELECT partition, epoch, instance FROM partition_offices ORDER BY partition"
+
+
+async def test_migration_0023_gives_every_partition_the_leader_s_epoch_and_back(
+    database_url: str,
+) -> None:
+    """Upgrading to 0023 gives each partition of the recorded count an office with the
+    leadership row's epoch and instance, and leaves `leadership` as partition 0's office, where
+    the previous version still takes office and fences. Downgrading to 0022 puts the table back
+    with the highest epoch of any partition; upgrading again restores the offices."""
+    await asyncio.to_thread(migrate.downgrade, database_url, "0022")
+    assert "partition_offices" not in await tables(database_url)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("UPDATE leadership SET epoch = 7, instance = 'old', since = now()")
+        await conn.execute("UPDATE partitioning SET partitions = 3")
+        await migrate.upgrade_async(database_url)
+        assert [tuple(r) for r in await conn.fetch(OFFICES)] == [(p, 7, "old") for p in range(3)]
+        assert "leadership" not in await tables(database_url)  # a view now
+        assert await conn.fetchval(OLD_TAKE_OFFICE, "previous", 0) == 8
+        assert await conn.fetchval(OLD_FENCE, 8) == 1 and await conn.fetchval(OLD_FENCE, 7) == 0
+        assert tuple(await conn.fetchrow(OFFICES) or ()) == (0, 8, "previous")
+        await conn.execute("UPDATE partition_offices SET epoch = 12 WHERE partition = 2")
+        await asyncio.to_thread(migrate.downgrade, database_url, "0022")
+        assert "partition_offices" not in await tables(database_url)
+        row = await conn.fetchrow("SELECT id, epoch, instance FROM leadership")
+        assert row is not None and tuple(row) == (1, 12, "previous")
+        await conn.execute("UPDATE partitioning SET partitions = 1")
+    finally:
+        await conn.close()
+    await migrate.upgrade_async(database_url)
+    assert "partition_offices" in await tables(database_url)
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert [tuple(r) for r in await conn.fetch(OFFICES)] == [(0, 12, "previous")]
+    finally:
+        await conn.close()
+
+
 FIRE_LOG_INDEXES = (
     "SELECT c.relname, i.indisprimary FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
     "WHERE i.indrelid = 'fire_log'::regclass ORDER BY c.relname"

@@ -12,13 +12,19 @@ from scheduler.cron.jobs import Job
 from scheduler.partitions import partition_of
 from scheduler.records import Advance, CronFailure
 from scheduler.store.postgres.connect import PostgresStore
-from scheduler.store.postgres.epoch import fenced
+from scheduler.store.postgres.epoch import fenced, fenced_by
 
 
 class ScheduleStore:
     def __init__(self, db: PostgresStore, partitions: int = 1) -> None:
         self.db = db
         self.partitions = partitions  # the deployment's P (scheduler/partitions.py)
+
+    def _partitions_of(self, names: Sequence[str]) -> list[int]:
+        """Each job's partition, `partition_of(name, P)` (as `sync` stores it)."""
+        if self.partitions == 1:
+            return [0] * len(names)
+        return [partition_of(name, self.partitions) for name in names]
 
     async def sync(self, jobs: Sequence[Job], at: datetime | None = None) -> tuple[int, int]:
         """Upsert the YAML's jobs as active, deactivate the rest; return (changed, removed).
@@ -98,22 +104,23 @@ class ScheduleStore:
                 conn,
                 epoch,
                 "u AS (SELECT * FROM unnest($3::text[], $4::timestamptz[], "
-                "$5::timestamptz[], $6::bigint[], $7::bigint[]) AS u(name, sched, fired, seq, "
-                "skipped)), st AS (INSERT INTO schedule_state (name, last_scheduled_for, "
-                "last_fired_at, last_stream_seq, skipped, epoch) SELECT u.name, u.sched, u.fired, "
-                "u.seq, u.skipped, $1 FROM u, lead ON CONFLICT (name) DO UPDATE SET "
+                "$5::timestamptz[], $6::bigint[], $7::bigint[], $15::smallint[]) AS u(name, "
+                "sched, fired, seq, skipped, part)), st AS (INSERT INTO schedule_state (name, "
+                "last_scheduled_for, last_fired_at, last_stream_seq, skipped, epoch) SELECT "
+                "u.name, u.sched, u.fired, u.seq, u.skipped, $1 FROM u JOIN lead ON "
+                "lead.partition = u.part ON CONFLICT (name) DO UPDATE SET "
                 "last_scheduled_for = GREATEST(schedule_state.last_scheduled_for, "
                 "excluded.last_scheduled_for), last_fired_at = COALESCE(excluded.last_fired_at, "
                 "schedule_state.last_fired_at), last_stream_seq = COALESCE("
                 "excluded.last_stream_seq, schedule_state.last_stream_seq), skipped = "
                 "schedule_state.skipped + excluded.skipped, epoch = $1, updated_at = now() "
                 "RETURNING 1), f AS (SELECT * FROM unnest($8::text[], $9::text[], "
-                "$10::timestamptz[], $11::timestamptz[], $12::int[], $13::text[], $14::bigint[]) "
-                "AS f(key, subject, sched, fired, attempt, stream, seq)), ins AS (INSERT INTO "
-                "fire_log (kind, key, subject, scheduled_for, fired_at, attempt, epoch, instance, "
-                "stream, stream_seq) SELECT 'cron', f.key, f.subject, f.sched, f.fired, "
-                "f.attempt, $1, $2, f.stream, f.seq FROM f, lead ON CONFLICT DO NOTHING "
-                "RETURNING 1)",
+                "$10::timestamptz[], $11::timestamptz[], $12::int[], $13::text[], $14::bigint[], "
+                "$16::smallint[]) AS f(key, subject, sched, fired, attempt, stream, seq, part)), "
+                "ins AS (INSERT INTO fire_log (kind, key, subject, scheduled_for, fired_at, "
+                "attempt, epoch, instance, stream, stream_seq) SELECT 'cron', f.key, f.subject, "
+                "f.sched, f.fired, f.attempt, $1, $2, f.stream, f.seq FROM f JOIN lead ON "
+                "lead.partition = f.part ON CONFLICT DO NOTHING RETURNING 1)",
                 instance,
                 [m.name for m in moves],
                 [m.scheduled_for for m in moves],
@@ -127,6 +134,9 @@ class ScheduleStore:
                 [m.attempt for m in fired],
                 [m.stream for m in fired],
                 [m.stream_seq for m in fired],
+                self._partitions_of([m.name for m in moves]),
+                self._partitions_of([m.name for m in fired]),
+                **fenced_by(set(self._partitions_of([m.name for m in moves]))),
             )
 
     async def fail(self, epoch: int, failures: Sequence[CronFailure]) -> None:
@@ -142,12 +152,14 @@ class ScheduleStore:
                 "$5::text[], $6::timestamptz[]) AS u(name, fingerprint, reason, error, at)), "
                 "f AS (UPDATE schedules s SET failed_at = u.at, failed_reason = u.reason, "
                 "failed_error = u.error, updated_at = now() FROM u, lead WHERE s.name = u.name "
-                "AND s.fingerprint = u.fingerprint AND s.active RETURNING 1)",
+                "AND s.partition = lead.partition AND s.fingerprint = u.fingerprint AND s.active "
+                "RETURNING 1)",
                 [f.name for f in failures],
                 [f.fingerprint for f in failures],
                 [f.reason for f in failures],
                 [f.error for f in failures],
                 [f.failed_at for f in failures],
+                **fenced_by(set(self._partitions_of([f.name for f in failures]))),
             )
 
     async def failed(self) -> frozenset[str]:

@@ -1,54 +1,104 @@
-"""The fencing epoch in PostgreSQL: taking office, and the one fence every leader's write runs.
+"""The fencing epochs in PostgreSQL, one per partition: taking office over a set of
+partitions, and the one fence every leader's write runs.
 
-The `leadership` table has one row; its `epoch` is the fencing token. Every state change a
-leader makes (claim, fired, retry, expire, dead, cron cursors and failures) is one statement
-run by `fenced`: it reads that row `FOR SHARE` (the `lead` item of its WITH list) only while
-the epoch is still the writer's, every write of the statement joins `lead`, and `fenced`
-raises FencedError, nothing written, when it is not. `take_office` increments the epoch
-(`UPDATE`, which needs the row exclusively), so it waits for every such statement in flight:
-once it returns, no write fenced by an older epoch can still commit, and every later one finds
-no `lead` and fails. This is the only place that SQL is written.
+The table `partition_offices` (migration 0023) has one row per partition; its `epoch` is that
+partition's fencing token (`leadership`, a view of partition 0's row, is how P = 1 and the
+previous version see it). Every state change a leader makes (claim, fired, retry, expire, dead,
+cron cursors and failures) is one statement run by `fenced`: its first WITH item, `lead`, holds
+the office rows of the partitions the statement writes to, read `FOR SHARE`, only while every
+one of them still has the writer's epoch; every write of the statement joins `lead` on its
+row's partition, and `fenced` raises FencedError, nothing written, when any of those
+partitions has moved on. `take_office` raises the epochs of a set of partitions (`UPDATE`,
+which needs each row exclusively), so it waits for every such statement in flight: once it
+returns, no write fenced by an older epoch of those partitions can still commit, and every
+later one finds no `lead` and fails. Writes to partitions it did not take go on. This is the
+only place that SQL is written.
 
 One statement, not a transaction that checks first: one round trip (the claim and the booking
-of deliveries are the hot path), and no way to write outside the lock.
+of deliveries are the hot path), and no way to write outside the lock. With P = 1 the office is
+partition 0: the same row lock and the same round trip as one epoch for the whole deployment.
+
+A term holds one epoch over all the partitions it took (`take_office` gives them the same
+one), so a claim's `claimed_epoch`, a `fire_log` row's epoch and a fenced write's `$1` stay one
+number per term, and a write names its partitions, not pairs.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import asyncpg
 
 from scheduler.errors import FencedError, ServiceUnavailableError
 
-# The epoch row, only while `$1` is the current epoch, locked until the statement's transaction
-# ends: the first WITH item of every fenced statement.
-_LEAD = "lead AS (SELECT epoch FROM leadership WHERE id = 1 AND epoch = $1 FOR SHARE)"
+# The office row of partition 0 while it holds the epoch `$1`, locked until the statement's
+# transaction ends: the first WITH items of every fenced statement under P = 1 (the office
+# {0}), one row and one parameter, as the one epoch row was before partitions.
+_LEAD = (
+    "held AS (SELECT partition, epoch FROM partition_offices WHERE partition = 0 "
+    "AND epoch = $1 FOR SHARE), lead AS (SELECT partition, epoch FROM held)"
+)
+# The same over the partitions `{owned}` (an array parameter): their office rows while every
+# one of them holds the epoch `$1`, and none as soon as one has moved on, so a statement writes
+# all of its partitions or none.
+_LEAD_OVER = (
+    "held AS (SELECT partition, epoch FROM partition_offices WHERE partition = "
+    "ANY({owned}) AND epoch = $1 FOR SHARE), lead AS (SELECT partition, epoch FROM held "
+    "WHERE (SELECT count(*) FROM held) = cardinality({owned}))"
+)
 _NOTHING = "SELECT true AS fenced_row WHERE false"  # `rows` of a statement that returns none
+# One epoch over a set of partitions: their rows locked in partition order (two overlapping
+# takes cannot deadlock), read as they are once locked (not as the statement's snapshot saw
+# them), then all set above the highest of them and the floor.
+_TAKE = (
+    "WITH was AS (SELECT partition, epoch FROM partition_offices WHERE partition = "
+    "ANY($3::smallint[]) ORDER BY partition FOR UPDATE), "
+    "top AS (SELECT max(epoch) AS was FROM was) "
+    "UPDATE partition_offices AS o SET epoch = greatest(top.was, $2) + 1, instance = $1, "
+    "since = now() FROM was, top WHERE o.partition = was.partition "
+    "RETURNING o.partition, o.epoch, top.was"
+)
 _log = logging.getLogger(__name__)
+OFFICE_OF_ONE = (0,)  # under P = 1, every row is in partition 0
 
 
-async def take_office(pool: asyncpg.Pool, instance: str, floor: int = 0) -> int:
-    """Raise the fencing epoch in PostgreSQL above both its own value and `floor` (the highest
-    epoch the caller has seen in use) and return it: every older epoch is now fenced.
+class FencedBy(TypedDict, total=False):
+    """`fenced`'s keyword naming the partitions a statement writes to, left out under P = 1
+    (`fenced_by`)."""
 
-    `floor` keeps the epoch from going backwards when the database was restored from an older
+    partitions: Collection[int]
+
+
+def fenced_by(partitions: Collection[int]) -> FencedBy:
+    """The keyword arguments of `fenced` for a write to `partitions`: none for partition 0
+    alone, the office under P = 1, so such a call reads as before partitions."""
+    return {} if set(partitions) == {0} else {"partitions": partitions}
+
+
+async def take_office(
+    pool: asyncpg.Pool,
+    instance: str,
+    floor: int = 0,
+    partitions: Iterable[int] = OFFICE_OF_ONE,
+) -> int:
+    """Raise the fencing epoch of each of `partitions` in PostgreSQL above its own value, the
+    others' and `floor` (the highest epoch the caller has seen in use), all to the one epoch it
+    returns: every older epoch of those partitions is now fenced. One statement.
+
+    `floor` keeps an epoch from going backwards when the database was restored from an older
     backup (docs/operations.md, "Backup and restore"): without it the restored value would be
     incremented into epochs a leader of before the restore held, whose late writes would pass
     the fence again. A restore found this way is logged (`leader.epoch_behind`)."""
+    owned = sorted(set(partitions))
     async with pool.acquire() as conn:
-        row = await conn.fetchrow(
-            "UPDATE leadership AS l SET epoch = greatest(l.epoch, $2) + 1, instance = $1, "
-            "since = now() FROM (SELECT epoch FROM leadership WHERE id = 1) AS was "
-            "WHERE l.id = 1 RETURNING l.epoch, was.epoch AS was",
-            instance,
-            floor,
-        )
-    assert row is not None  # the migrations insert the one row; nothing deletes it
-    epoch, was = int(row["epoch"]), int(row["was"])
+        rows = await conn.fetch(_TAKE, instance, floor, owned)
+    # the migrations insert a row per partition of the recorded count, which the engine's
+    # own count equals (check_partitions); nothing deletes one
+    assert len(rows) == len(owned), f"no office for some of the partitions {owned}"
+    epoch, was = int(rows[0]["epoch"]), int(rows[0]["was"])
     if was < floor:
         _log.warning(
             "leader.epoch_behind instance=%s database_epoch=%d seen=%d epoch=%d "
@@ -62,24 +112,39 @@ async def take_office(pool: asyncpg.Pool, instance: str, floor: int = 0) -> int:
 
 
 async def fenced(
-    conn: asyncpg.Connection, epoch: int, writes: str, *args: Any, rows: str | None = None
+    conn: asyncpg.Connection,
+    epoch: int,
+    writes: str,
+    *args: Any,
+    rows: str | None = None,
+    partitions: Collection[int] = OFFICE_OF_ONE,
 ) -> list[asyncpg.Record]:
-    """Run one statement that writes only while `epoch` is the current fencing epoch; raise
-    FencedError, having written nothing, when a newer leader has taken office.
+    """Run one statement that writes only while `epoch` is the current fencing epoch of every
+    one of `partitions` (the partitions of the rows it writes); raise FencedError, having
+    written nothing, when a newer leader has taken office over any of them.
 
-    `writes` are the statement's WITH items after `lead` (the epoch row, see `_LEAD`): each
-    write joins `lead`, itself or through an item that does, so it touches no row once the
-    epoch is stale. `rows`, a SELECT over those items, is what the statement returns (nothing
-    without it). `$1` is `epoch`; `args` are `$2`, `$3`, ...
+    `writes` are the statement's WITH items after `lead` (a row (partition, epoch) per
+    partition, see `_LEAD`): each write joins `lead` on its row's partition, itself or through
+    an item that does, so it touches no row once the epoch is stale, nor a row of a partition
+    not in `partitions`. `rows`, a SELECT over those items, is what the statement returns
+    (nothing without it). `$1` is `epoch`; `args` are `$2`, `$3`, ...; the partitions, unless
+    they are just partition 0 (P = 1), are the last parameter.
 
     The statement always yields a row (`in_office` left-joined to `rows`), so a fenced epoch
     is told apart from a write that matched nothing."""
+    owned = sorted(set(partitions))
+    if not owned:
+        raise ValueError("a fenced statement names the partitions it writes to: none given")
+    lead, more = _LEAD, cast(tuple[list[int], ...], ())
+    if owned != [0]:
+        lead, more = _LEAD_OVER.format(owned=f"${len(args) + 2}::smallint[]"), (owned,)
     found = f"SELECT true AS fenced_row, r.* FROM ({rows}) AS r" if rows else _NOTHING
     result = await conn.fetch(
-        f"WITH {_LEAD}, {writes} SELECT (SELECT count(*) FROM lead) AS in_office, f.* "
+        f"WITH {lead}, {writes} SELECT (SELECT count(*) FROM lead) AS in_office, f.* "
         f"FROM (SELECT 1) AS one LEFT JOIN ({found}) AS f ON true",
         epoch,
         *args,
+        *more,
     )
     if not result or result[0]["in_office"] == 0:
         raise FencedError(epoch)

@@ -4,9 +4,11 @@ outcome (fired, retry, expire, dead). The operators' statements (cancel, resched
 state) are scheduler.store.postgres.task_admin.
 
 Every state change a leader makes (claim, fired, retry, expire, dead) is one statement fenced by
-its epoch (`scheduler.store.postgres.epoch.fenced`): it changes nothing and raises FencedError
-once a newer leader has taken office, and a new leader's epoch increment waits for such a
-statement in flight, so once `take_office` returns no older epoch can commit anything.
+its epoch over its tasks' partitions (`scheduler.store.postgres.epoch.fenced`; a task's
+partition is `partition_of(id, P)`, and each row joins `lead` on its stored `partition`): it
+changes nothing and raises FencedError once a newer leader has taken office over one of them,
+and a new leader's epoch increment waits for such a statement in flight, so once `take_office`
+returns no older epoch of its partitions can commit anything.
 
 A claim leaves `status` alone (migration 0013): a `pending` or `in_doubt` row is claimed while
 `claimed_epoch` is set, so the claim changes no indexed column and no column of an index
@@ -41,10 +43,11 @@ memory whatever producers sent.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from scheduler.messages.headers import printable
+from scheduler.partitions import partition_of
 from scheduler.records import (
     Claimed,
     ClaimedTask,
@@ -54,7 +57,7 @@ from scheduler.records import (
 )
 from scheduler.store.postgres import task_states as states
 from scheduler.store.postgres.connect import PostgresStore
-from scheduler.store.postgres.epoch import fenced
+from scheduler.store.postgres.epoch import OFFICE_OF_ONE, fenced, fenced_by
 from scheduler.store.postgres.intents import IntentLimits
 from scheduler.store.postgres.task_admin import TaskAdmin
 from scheduler.store.postgres.task_intake import TaskIntake
@@ -106,6 +109,16 @@ class TaskStore(TaskIntake, TaskAdmin):
     ) -> None:
         TaskIntake.__init__(self, db, partitions)
         TaskAdmin.__init__(self, db, intent_limits)
+        # the partitions the engine's term holds: every one (one term over all of them until
+        # each partition has its own lease, docs/decisions/2026-12-06-partition-ownership.md)
+        self.office: Sequence[int] = range(partitions)
+
+    def _partitions_of(self, ids: Iterable[str]) -> Collection[int]:
+        """The partitions a write to tasks `ids` is fenced by: each task's (its row holds
+        `partition_of(id, P)`, intake stored it so), or the whole office when there are none."""
+        if self.partitions == 1:
+            return OFFICE_OF_ONE
+        return {partition_of(i, self.partitions) for i in ids} or self.office
 
     async def load_page(
         self, after: tuple[int, int, int], until: datetime, limit: int
@@ -164,6 +177,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 epoch,
                 f"upd AS (UPDATE delayed_messages SET {states.claim('$1')}, "
                 "attempts = attempts + 1, updated_at = now() FROM lead WHERE id = ANY($2::text[]) "
+                "AND delayed_messages.partition = lead.partition "
                 f"AND {states.ready_unclaimed()} AND due_at <= least($3, now() "
                 f"+ {CLAIM_WINDOW}) RETURNING {_TASK_COLUMNS}, "
                 "octet_length(payload) AS size)",
@@ -171,6 +185,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 until,
                 budget,
                 rows=_BUDGETED.format(budget="$4"),
+                **fenced_by(self._partitions_of(ids)),
             )
         return claimed_of(rows)
 
@@ -217,7 +232,8 @@ class TaskStore(TaskIntake, TaskAdmin):
                 f"pick AS (SELECT id FROM ({picks}) AS p ORDER BY due_at, priority, seq "
                 f"LIMIT $3), upd AS (UPDATE delayed_messages d SET status = {states.reclaimed('d')}"
                 f", {states.claim('$1')}, updated_at = now() FROM lead "
-                f"WHERE d.id = ANY(ARRAY(SELECT id FROM pick)) AND {states.claimed('d')} RETURNING "
+                "WHERE d.id = ANY(ARRAY(SELECT id FROM pick)) AND d.partition = lead.partition "
+                f"AND {states.claimed('d')} RETURNING "
                 f"d.id, d.target, d.payload, d.headers, d.priority, d.due_at, d.scheduled_for, "
                 "d.expires_at, d.attempts, d.seq, d.doubted, d.org_id, "
                 "octet_length(d.payload) AS size)",
@@ -225,6 +241,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 limit,
                 budget,
                 rows=_BUDGETED.format(budget="$4"),
+                **fenced_by(self.office),
             )
         return claimed_of(rows)
 
@@ -245,9 +262,16 @@ class TaskStore(TaskIntake, TaskAdmin):
         return claimed_of(rows)
 
     async def current_epoch(self) -> int:
-        """The fencing epoch PostgreSQL holds now (a leader compares it with its own)."""
+        """The fencing epoch PostgreSQL holds now over the office (a leader compares it with
+        its own): the highest of its partitions', so a partition taken by a newer term shows."""
         async with self.db.timed("epoch") as conn:
-            return int(await conn.fetchval("SELECT epoch FROM leadership WHERE id = 1"))
+            return int(
+                await conn.fetchval(
+                    "SELECT max(epoch) FROM partition_offices "
+                    "WHERE partition = ANY($1::smallint[])",
+                    list(self.office),
+                )
+            )
 
     async def mark_fired(self, epoch: int, fired: Sequence[Fired], instance: str) -> None:
         """Record deliveries, one statement per `FIRED_CHUNK` of them: each task's row
@@ -286,7 +310,8 @@ class TaskStore(TaskIntake, TaskAdmin):
                 f"$5::bigint[], $6::bigint[], $7::int[], {c}, $9::bigint[]) "
                 "AS u(id, subject, sched_us, fired_us, attempt, stream, seq)), "
                 "upd AS (DELETE FROM delayed_messages d USING u, lead WHERE d.id = u.id AND "
-                f"{states.claimed_by('u.epoch', 'd')} RETURNING d.id, d.target, "
+                f"d.partition = lead.partition AND {states.claimed_by('u.epoch', 'd')} "
+                "RETURNING d.id, d.target, "
                 "md5(d.payload)::uuid AS digest, u.subject, u.sched, u.fired_at, u.attempt, "
                 "u.stream, u.seq), "
                 "tomb AS (INSERT INTO fired_tasks (id, target, digest, fired_at) SELECT id, "
@@ -303,6 +328,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 [f.task.attempts for f in fired],
                 texts[2],
                 [f.stream_seq for f in fired],
+                **fenced_by(self._partitions_of(f.task.id for f in fired)),
             )
 
     async def retry_later(
@@ -322,12 +348,13 @@ class TaskStore(TaskIntake, TaskAdmin):
                 "upd AS (UPDATE delayed_messages d SET status = "
                 f"{states.ready_again('d.doubted OR u.doubt')}, doubted = d.doubted OR u.doubt, "
                 f"due_at = u.due, {states.UNCLAIM}, last_error = u.err, updated_at = now() "
-                f"FROM u, lead WHERE d.id = u.id AND {states.claimed_by('u.epoch', 'd')} "
-                "RETURNING 1)",
+                "FROM u, lead WHERE d.id = u.id AND d.partition = lead.partition AND "
+                f"{states.claimed_by('u.epoch', 'd')} RETURNING 1)",
                 [t.id for t, _, _, _ in items],
                 [d for _, d, _, _ in items],
                 [e for _, _, e, _ in items],
                 [doubt for _, _, _, doubt in items],
+                **fenced_by(self._partitions_of(t.id for t, _, _, _ in items)),
             )
 
     async def expire(self, epoch: int, ids: Sequence[str]) -> None:
@@ -339,8 +366,10 @@ class TaskStore(TaskIntake, TaskAdmin):
                 conn,
                 epoch,
                 "upd AS (UPDATE delayed_messages SET status = 'expired', updated_at = now() "
-                f"FROM lead WHERE id = ANY($2::text[]) AND {states.claimed_by('$1')} RETURNING 1)",
+                "FROM lead WHERE id = ANY($2::text[]) AND delayed_messages.partition = "
+                f"lead.partition AND {states.claimed_by('$1')} RETURNING 1)",
                 list(ids),
+                **fenced_by(self._partitions_of(ids)),
             )
 
     async def kill(self, epoch: int, items: Sequence[tuple[ClaimedTask, str, str]]) -> None:
@@ -354,7 +383,8 @@ class TaskStore(TaskIntake, TaskAdmin):
                 "u AS MATERIALIZED (SELECT u.*, $1::bigint AS epoch FROM unnest($2::text[], "
                 "$3::text[], $4::text[]) AS u(id, err, reason)), d AS (UPDATE delayed_messages m "
                 "SET status = 'dead', last_error = u.err, updated_at = now() FROM u, lead "
-                f"WHERE m.id = u.id AND {states.claimed_by('u.epoch', 'm')} "
+                "WHERE m.id = u.id AND m.partition = lead.partition AND "
+                f"{states.claimed_by('u.epoch', 'm')} "
                 "RETURNING m.*, u.err, u.reason), "
                 # the task's bytes once, whole (a task fits max_payload), in `raw`
                 "ins AS (INSERT INTO dead_letters (original_id, subject, payload, error, "
@@ -364,6 +394,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 [t.id for t, _, _ in items],
                 [printable(e) for _, e, _ in items],
                 [r for _, _, r in items],
+                **fenced_by(self._partitions_of(t.id for t, _, _ in items)),
             )
 
     async def pending_count(self) -> int:
