@@ -54,17 +54,36 @@ async def test_downgrade_to_base_and_up_again(database_url: str) -> None:
     assert await tables(database_url) >= TABLES
 
 
+READY_INDEXES = (
+    "SELECT indexname, indexdef FROM pg_indexes WHERE indexname IN "
+    "('delayed_messages_pending_due', 'delayed_messages_in_doubt_due') ORDER BY indexname"
+)
+
+
 async def test_pending_partial_index_exists(database_url: str) -> None:
-    """`delayed_messages` has a partial index on pending due times."""
+    """`delayed_messages` has a partial index on pending due times, by partition first
+    (migration 0024); downgrading to 0023 puts back the index of due times alone, and
+    upgrading again the one by partition, for in-doubt tasks as well."""
     conn = await asyncpg.connect(database_url)
     try:
-        indexdef = await conn.fetchval(
-            "SELECT indexdef FROM pg_indexes WHERE indexname = 'delayed_messages_pending_due'"
-        )
+        for revision, columns in (
+            (None, "(partition, due_at, priority, seq)"),
+            ("0023", "(due_at, priority, seq)"),
+            ("head", "(partition, due_at, priority, seq)"),
+        ):
+            if revision == "0023":
+                await asyncio.to_thread(migrate.downgrade, database_url, revision)
+            elif revision == "head":
+                await migrate.upgrade_async(database_url)
+            rows = await conn.fetch(READY_INDEXES)
+            assert [r["indexname"] for r in rows] == [
+                "delayed_messages_in_doubt_due",
+                "delayed_messages_pending_due",
+            ]
+            for row, status in zip(rows, ("in_doubt", "pending"), strict=True):
+                assert f"USING btree {columns} WHERE (status = '{status}'::text)" in row[1]
     finally:
         await conn.close()
-    assert "(due_at, priority, seq)" in indexdef
-    assert "WHERE (status = 'pending'::text)" in indexdef
 
 
 async def test_fire_log_upkeep_creates_ahead_moves_default_rows_and_drops_old(

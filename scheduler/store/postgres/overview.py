@@ -16,6 +16,7 @@ from scheduler.operations.stores import WINDOWS, Listed, TaskFilter
 from scheduler.store.postgres import task_states as states
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.dead_letters import subject_clause
+from scheduler.store.postgres.partitioning import EACH_PARTITION
 from scheduler.store.postgres.task_admin import fired_task
 
 _TASK_SUMMARY = (
@@ -109,17 +110,18 @@ _SCHEDULE = (
     "st.last_scheduled_for, st.last_fired_at, st.skipped"
 )
 
-# One range read of the pending index (pending not claimed, due_at <= now + widest window),
-# counted per subject and window; tasks already overdue count in every window, claimed ones
-# (being published) in none.
+# One range read of the pending index per partition (pending not claimed, due_at <= now +
+# widest window), counted per subject and window; tasks already overdue count in every window,
+# claimed ones (being published) in none.
 FORECAST_SQL = (
     "SELECT target, "
     + ", ".join(
         f"count(*) FILTER (WHERE due_at <= $1::timestamptz + ${i + 2}::interval) AS w{i}"
         for i in range(len(WINDOWS))
     )
-    + f" FROM delayed_messages WHERE {states.unclaimed(states.PENDING)} "
-    f"AND due_at <= $1::timestamptz + ${len(WINDOWS) + 1}::interval GROUP BY target"
+    + f" FROM {EACH_PARTITION} CROSS JOIN LATERAL (SELECT target, due_at FROM delayed_messages "
+    f"WHERE {states.unclaimed(states.PENDING)} AND partition = o.part "
+    f"AND due_at <= $1::timestamptz + ${len(WINDOWS) + 1}::interval) AS d GROUP BY target"
 )
 
 
@@ -133,20 +135,28 @@ class OverviewStore:
     ) -> list[Listed]:
         """Tasks in firing order (due, priority, intake order) after the keyset `after`.
 
-        With `status=pending` this reads the pending index in order; `org_id` compares the
-        column the intake fills from the envelope (migration 0009, indexed for unfinished
-        tasks): a plain comparison, so any plan works, parallel ones included."""
+        With `status=pending` (or `in_doubt`) this reads that status's index in order, one range
+        per partition, merged; `org_id` compares the column the intake fills from the envelope
+        (migration 0009, indexed for unfinished tasks): a plain comparison, so any plan works,
+        parallel ones included."""
         status = _STATUS_FILTER.get(where.status, "status = $2")
+        by_partition = where.status in states.READY_STATUSES
         held = (
             f"SELECT {_TASK_SUMMARY} FROM delayed_messages WHERE "
             f"($1::text IS NULL OR {subject_clause('target', '$1')}) "
             f"AND {status} "
-            "AND ($3::timestamptz IS NULL OR due_at < $3) "
+            + ("AND partition = o.part " if by_partition else "")
+            + "AND ($3::timestamptz IS NULL OR due_at < $3) "
             "AND ($4::timestamptz IS NULL OR due_at >= $4) "
             "AND ($5::text IS NULL OR org_id = $5) "
             "AND ($6::timestamptz IS NULL OR (due_at, priority, seq) > ($6, $7, $8)) "
             "ORDER BY due_at, priority, seq LIMIT $9"
         )
+        if by_partition:  # each partition's range of the status's index, merged
+            held = (
+                f"SELECT p.* FROM {EACH_PARTITION} CROSS JOIN LATERAL ({held}) AS p "
+                "ORDER BY p.due_at, p.priority, p.seq LIMIT $9"
+            )
         async with self.db.timed("tasks_list") as conn:
             rows = await conn.fetch(
                 f"SELECT {SUMMARY_JSON}, {micros('s.due_at')}, s.priority, s.seq "

@@ -14,6 +14,15 @@ import asyncpg
 from scheduler.errors import ConfigError
 
 VARIABLE = "SCHEDULER_PARTITIONS"
+# FROM items naming partitions one row each (`o.part`), for a LATERAL read of one range per
+# partition of an index that leads with the partition (migration 0024), merged by the outer
+# ORDER BY: `partition = ANY(...)` over several partitions cannot read such an index in due
+# order. `EACH_OF` takes an array parameter (a term's office, say `$3`); `EACH_PARTITION` is
+# every partition of the recorded count (the operators' reads, which own none).
+EACH_OF = "unnest({}::smallint[]) AS o(part)"
+EACH_PARTITION = (
+    "generate_series(0, (SELECT partitions - 1 FROM partitioning WHERE id = 1)) AS o(part)"
+)
 
 
 async def check_partitions(pool: asyncpg.Pool, partitions: int) -> None:

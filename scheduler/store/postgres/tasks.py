@@ -59,6 +59,7 @@ from scheduler.store.postgres import task_states as states
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.epoch import OFFICE_OF_ONE, fenced, fenced_by
 from scheduler.store.postgres.intents import IntentLimits
+from scheduler.store.postgres.partitioning import EACH_OF
 from scheduler.store.postgres.task_admin import TaskAdmin
 from scheduler.store.postgres.task_intake import TaskIntake
 from scheduler.store.postgres.task_rows import (
@@ -96,6 +97,29 @@ _BUDGETED = (
 )
 
 
+def _ready_by_partition(where: str, limit: str, owned: str) -> str:
+    """Unclaimed pending and in-doubt tasks matching `where` of the partitions `owned` (an
+    array parameter), in firing order, at most `limit`: for each partition, each status's
+    range of its index (partition, due_at, priority, seq), merged."""
+    page = (
+        "(SELECT id, due_at, priority, seq, org_id FROM delayed_messages WHERE {} "
+        f"AND partition = o.part AND {where} ORDER BY due_at, priority, seq LIMIT {limit})"
+    )
+    pending, doubted = (page.format(states.unclaimed(s)) for s in states.READY_STATUSES)
+    return (
+        f"SELECT p.* FROM {EACH_OF.format(owned)} CROSS JOIN LATERAL ({pending} UNION ALL "
+        f"{doubted}) AS p ORDER BY p.due_at, p.priority, p.seq LIMIT {limit}"
+    )
+
+
+# The loader's page: after the key ($1, $2, $3), due by $4, at most $5, of the partitions $6.
+LOAD_SQL = _ready_by_partition(
+    "(due_at, priority, seq) > ($1, $2, $3) AND due_at <= $4", "$5", "$6"
+)
+# The sweep's page: due before $1, at most $2, of the partitions $3.
+SWEEP_SQL = _ready_by_partition("due_at < $1", "$2", "$3")
+
+
 class TaskStore(TaskIntake, TaskAdmin):
     """The engine's statements on `delayed_messages`, `fire_log` and `dead_letters`: intake's
     (`TaskIntake`), then loading, claims and outcomes here.
@@ -123,24 +147,19 @@ class TaskStore(TaskIntake, TaskAdmin):
     async def load_page(
         self, after: tuple[int, int, int], until: datetime, limit: int
     ) -> list[TaskRef]:
-        """Pending and in-doubt tasks not claimed with key > `after` due by `until`, in firing
-        order (each status from its partial index, merged)."""
+        """Pending and in-doubt tasks of the office's partitions not claimed with key > `after`
+        due by `until`, in firing order (each partition and status from its partial index by
+        partition, merged)."""
         due_ms, priority, seq = after
-        page = (
-            "(SELECT id, due_at, priority, seq, org_id FROM delayed_messages WHERE {} "
-            "AND (due_at, priority, seq) > ($1, $2, $3) "
-            "AND due_at <= $4 ORDER BY due_at, priority, seq LIMIT $5)"
-        )
-        pending, doubted = (page.format(states.unclaimed(s)) for s in states.READY_STATUSES)
         async with self.db.timed("load") as conn:
             rows = await conn.fetch(
-                f"SELECT * FROM ({pending} UNION ALL "
-                f"{doubted}) AS p ORDER BY due_at, priority, seq LIMIT $5",
+                LOAD_SQL,
                 from_ms(max(due_ms, 0)) if due_ms >= 0 else datetime(1970, 1, 1, tzinfo=UTC),
                 priority,
                 min(seq, 2**62),
                 until,
                 limit,
+                list(self.office),
             )
         return [task_ref(r) for r in rows]
 
@@ -148,17 +167,12 @@ class TaskStore(TaskIntake, TaskAdmin):
         """Ready tasks not claimed due before `before`: the sweep that catches anything the heap
         missed. Each status from its partial index, merged (`status IN (...)` in one query
         read the whole table: 70 ms at 300,000 tasks, every sweep)."""
-        page = (
-            "(SELECT id, due_at, priority, seq, org_id FROM delayed_messages WHERE {} "
-            "AND due_at < $1 ORDER BY due_at, priority, seq LIMIT $2)"
-        )
-        pending, doubted = (page.format(states.unclaimed(s)) for s in states.READY_STATUSES)
         async with self.db.timed("sweep") as conn:
             rows = await conn.fetch(
-                f"SELECT * FROM ({pending} UNION ALL "
-                f"{doubted}) AS p ORDER BY due_at, priority, seq LIMIT $2",
+                SWEEP_SQL,
                 before,
                 limit,
+                list(self.office),
             )
         return [task_ref(r) for r in rows]
 
@@ -215,7 +229,7 @@ class TaskStore(TaskIntake, TaskAdmin):
         orphan = states.orphaned("$1", "$2::interval")
         branch = (
             "(SELECT id, due_at, priority, seq FROM delayed_messages WHERE {} AND "
-            f"{orphan} ORDER BY due_at, priority, seq LIMIT $3)"
+            f"partition = o.part AND {orphan} ORDER BY due_at, priority, seq LIMIT $3)"
         )
         window = f"due_at <= now() + {CLAIM_WINDOW}"
         picks = " UNION ALL ".join(
@@ -229,9 +243,10 @@ class TaskStore(TaskIntake, TaskAdmin):
             rows = await fenced(
                 conn,
                 epoch,
-                f"pick AS (SELECT id FROM ({picks}) AS p ORDER BY due_at, priority, seq "
-                f"LIMIT $3), upd AS (UPDATE delayed_messages d SET status = {states.reclaimed('d')}"
-                f", {states.claim('$1')}, updated_at = now() FROM lead "
+                f"pick AS (SELECT p.id FROM {EACH_OF.format('$5')} CROSS JOIN LATERAL ({picks}) "
+                "AS p ORDER BY p.due_at, p.priority, p.seq LIMIT $3), upd AS (UPDATE "
+                f"delayed_messages d SET status = {states.reclaimed('d')}, "
+                f"{states.claim('$1')}, updated_at = now() FROM lead "
                 "WHERE d.id = ANY(ARRAY(SELECT id FROM pick)) AND d.partition = lead.partition "
                 f"AND {states.claimed('d')} RETURNING "
                 f"d.id, d.target, d.payload, d.headers, d.priority, d.due_at, d.scheduled_for, "
@@ -240,6 +255,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 stale,
                 limit,
                 budget,
+                list(self.office),
                 rows=_BUDGETED.format(budget="$4"),
                 **fenced_by(self.office),
             )
@@ -400,17 +416,20 @@ class TaskStore(TaskIntake, TaskAdmin):
     async def pending_count(self) -> int:
         """Pending and in-doubt tasks not claimed: all of them (an index-only scan of
         `delayed_messages_org_open`) less the claimed ones, found among those due within
-        CLAIM_WINDOW (a filter on `claimed_epoch` over the whole table read every row)."""
+        CLAIM_WINDOW, partition by partition (a filter on `claimed_epoch` over the whole table
+        read every row)."""
         claimed = " - ".join(
-            f"(SELECT count(*) FROM delayed_messages WHERE {states.claimed_as(s)} "
-            f"AND due_at <= now() + {CLAIM_WINDOW})"
+            f"(SELECT count(*) FROM {EACH_OF.format('$1')} CROSS JOIN LATERAL (SELECT 1 FROM "
+            f"delayed_messages WHERE {states.claimed_as(s)} AND partition = o.part "
+            f"AND due_at <= now() + {CLAIM_WINDOW}) AS c)"
             for s in states.READY_STATUSES
         )
         async with self.db.timed("count") as conn:
             return int(
                 await conn.fetchval(
                     f"SELECT (SELECT count(*) FROM delayed_messages WHERE {states.ready()}) - "
-                    f"{claimed}"
+                    f"{claimed}",
+                    list(range(self.partitions)),
                 )
             )
 
