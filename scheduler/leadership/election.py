@@ -3,8 +3,9 @@
 
 A standby campaigns with a create of the lease key (`bus.lease.KvLease`) every
 `campaign_interval` and at once when its watcher sees the key deleted or purged. The winner
-increments `leadership.epoch` in PostgreSQL (the fencing token; never the KV revision, which a
-rolled-back store can reissue), writes the epoch into the lease and renews it with a
+raises the epochs of the partitions it takes (all of them, in one term) in PostgreSQL's
+`partition_offices` (the fencing tokens; never the KV revision, which a rolled-back store can
+reissue; `take_office` is given them), writes the epoch into the lease and renews it with a
 revision-checked update every TTL/3. Its term (`tenure.Tenure`) lasts only until a local
 deadline on the monotonic clock (time the last successful renew was *sent* + TTL - margin): a
 failed renew, a passed deadline or a fenced write (`depose`) ends it at once. Only a successful
