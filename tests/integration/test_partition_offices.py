@@ -242,3 +242,29 @@ async def test_one_office_of_partition_0_is_the_leadership_row(database_url: str
         assert row is not None and tuple(row) == (1, epoch)
     finally:
         await pool.close()
+
+
+async def test_a_term_writes_only_in_the_partitions_it_took(pool: asyncpg.Pool) -> None:
+    """Two terms over disjoint partitions can hold the same epoch number; neither can claim a
+    task or move a cron cursor in the other's partitions (FencedError, nothing written)."""
+    assert await take_office(pool, "a", partitions=[0, 1]) == 1
+    assert await take_office(pool, "b", partitions=[2, 3]) == 1
+    db = PostgresStore(pool, Metrics())
+    tasks, schedules = TaskStore(db, partitions=P), ScheduleStore(db, partitions=P)
+    tasks.office = schedules.office = [0, 1]
+    now = datetime.now(UTC)
+    theirs = keys_in(2, "t2_")[0]
+    await insert(tasks, [task(theirs, now)])
+    with pytest.raises(FencedError):
+        await claim(tasks, 1, [theirs], now + timedelta(seconds=1))
+    claimed = "SELECT claimed_epoch FROM delayed_messages WHERE id = $1"
+    assert await pool.fetchval(claimed, theirs) is None
+    job = keys_in(3, "job-c-")[0]
+    await pool.execute(
+        "INSERT INTO schedules (name, definition, fingerprint, partition) "
+        "VALUES ($1, '{}', 'f', 3)",
+        job,
+    )
+    with pytest.raises(FencedError):
+        await schedules.advance(1, [Advance(job, "mq.x", now, now, "S", 1)], "a")
+    assert await schedules.cursors() == {}

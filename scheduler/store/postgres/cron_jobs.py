@@ -19,6 +19,8 @@ class ScheduleStore:
     def __init__(self, db: PostgresStore, partitions: int = 1) -> None:
         self.db = db
         self.partitions = partitions  # the deployment's P (scheduler/partitions.py)
+        # the partitions the engine's term holds: every one, as TaskStore.office
+        self.office: Sequence[int] = range(partitions)
 
     def _partitions_of(self, names: Sequence[str]) -> list[int]:
         """Each job's partition, `partition_of(name, P)` (as `sync` stores it)."""
@@ -136,7 +138,7 @@ class ScheduleStore:
                 [m.stream_seq for m in fired],
                 self._partitions_of([m.name for m in moves]),
                 self._partitions_of([m.name for m in fired]),
-                **fenced_by(set(self._partitions_of([m.name for m in moves]))),
+                **fenced_by(set(self._partitions_of([m.name for m in moves])), self.office),
             )
 
     async def fail(self, epoch: int, failures: Sequence[CronFailure]) -> None:
@@ -159,7 +161,7 @@ class ScheduleStore:
                 [f.reason for f in failures],
                 [f.error for f in failures],
                 [f.failed_at for f in failures],
-                **fenced_by(set(self._partitions_of([f.name for f in failures]))),
+                **fenced_by(set(self._partitions_of([f.name for f in failures])), self.office),
             )
 
     async def failed(self) -> frozenset[str]:

@@ -66,16 +66,20 @@ OFFICE_OF_ONE = (0,)  # under P = 1, every row is in partition 0
 
 
 class FencedBy(TypedDict, total=False):
-    """`fenced`'s keyword naming the partitions a statement writes to, left out under P = 1
-    (`fenced_by`)."""
+    """`fenced`'s keywords naming the partitions a statement writes to and the writer's
+    office, left out under P = 1 (`fenced_by`)."""
 
     partitions: Collection[int]
+    office: Collection[int]
 
 
-def fenced_by(partitions: Collection[int]) -> FencedBy:
-    """The keyword arguments of `fenced` for a write to `partitions`: none for partition 0
-    alone, the office under P = 1, so such a call reads as before partitions."""
-    return {} if set(partitions) == {0} else {"partitions": partitions}
+def fenced_by(partitions: Collection[int], office: Collection[int]) -> FencedBy:
+    """The keyword arguments of `fenced` for a write to `partitions` by a term holding
+    `office`: none for partition 0 in an office of partition 0 alone (P = 1), so such a call
+    reads as before partitions."""
+    if set(partitions) == {0} and set(office) == {0}:
+        return {}
+    return {"partitions": partitions, "office": office}
 
 
 async def take_office(
@@ -118,6 +122,7 @@ async def fenced(
     *args: Any,
     rows: str | None = None,
     partitions: Collection[int] = OFFICE_OF_ONE,
+    office: Collection[int] | None = None,
 ) -> list[asyncpg.Record]:
     """Run one statement that writes only while `epoch` is the current fencing epoch of every
     one of `partitions` (the partitions of the rows it writes); raise FencedError, having
@@ -130,11 +135,19 @@ async def fenced(
     (nothing without it). `$1` is `epoch`; `args` are `$2`, `$3`, ...; the partitions, unless
     they are just partition 0 (P = 1), are the last parameter.
 
+    `office`, the partitions the writer's term holds, when given: a write naming a partition
+    outside it raises FencedError without being sent. The epochs of one partition only grow,
+    so (partition, epoch) names one term's tenure of that partition, but two terms over other
+    partitions can hold the same number: the row check alone would let a term write in a
+    partition another term holds at its own epoch number.
+
     The statement always yields a row (`in_office` left-joined to `rows`), so a fenced epoch
     is told apart from a write that matched nothing."""
     owned = sorted(set(partitions))
     if not owned:
         raise ValueError("a fenced statement names the partitions it writes to: none given")
+    if office is not None and not set(owned) <= set(office):
+        raise FencedError(epoch)  # a partition this term never took
     lead, more = _LEAD, cast(tuple[list[int], ...], ())
     if owned != [0]:
         lead, more = _LEAD_OVER.format(owned=f"${len(args) + 2}::smallint[]"), (owned,)

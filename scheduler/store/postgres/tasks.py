@@ -199,7 +199,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 until,
                 budget,
                 rows=_BUDGETED.format(budget="$4"),
-                **fenced_by(self._partitions_of(ids)),
+                **fenced_by(self._partitions_of(ids), self.office),
             )
         return claimed_of(rows)
 
@@ -257,7 +257,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 budget,
                 list(self.office),
                 rows=_BUDGETED.format(budget="$4"),
-                **fenced_by(self.office),
+                **fenced_by(self.office, self.office),
             )
         return claimed_of(rows)
 
@@ -344,7 +344,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 [f.task.attempts for f in fired],
                 texts[2],
                 [f.stream_seq for f in fired],
-                **fenced_by(self._partitions_of(f.task.id for f in fired)),
+                **fenced_by(self._partitions_of(f.task.id for f in fired), self.office),
             )
 
     async def retry_later(
@@ -370,7 +370,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 [d for _, d, _, _ in items],
                 [e for _, _, e, _ in items],
                 [doubt for _, _, _, doubt in items],
-                **fenced_by(self._partitions_of(t.id for t, _, _, _ in items)),
+                **fenced_by(self._partitions_of(t.id for t, _, _, _ in items), self.office),
             )
 
     async def expire(self, epoch: int, ids: Sequence[str]) -> None:
@@ -385,7 +385,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 "FROM lead WHERE id = ANY($2::text[]) AND delayed_messages.partition = "
                 f"lead.partition AND {states.claimed_by('$1')} RETURNING 1)",
                 list(ids),
-                **fenced_by(self._partitions_of(ids)),
+                **fenced_by(self._partitions_of(ids), self.office),
             )
 
     async def kill(self, epoch: int, items: Sequence[tuple[ClaimedTask, str, str]]) -> None:
@@ -410,7 +410,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 [t.id for t, _, _ in items],
                 [printable(e) for _, e, _ in items],
                 [r for _, _, r in items],
-                **fenced_by(self._partitions_of(t.id for t, _, _ in items)),
+                **fenced_by(self._partitions_of(t.id for t, _, _ in items), self.office),
             )
 
     async def pending_count(self) -> int:
