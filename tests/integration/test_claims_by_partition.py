@@ -16,6 +16,7 @@ from scheduler.metrics import Metrics
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.epoch import take_office
 from scheduler.store.postgres.tasks import LOAD_SQL, SWEEP_SQL, TaskStore
+from tests.support.partitioned import partitioned_pool
 
 P = 4
 ROWS = 20_000
@@ -38,13 +39,7 @@ async def spread(pool: asyncpg.Pool, partitions: int, n: int = ROWS) -> None:
 @pytest.fixture
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     """A pool on a database recording P = 4 partitions, each with its office row."""
-    pool = await create_pool(database_url)
-    await pool.execute("UPDATE partitioning SET partitions = $1", P)
-    await pool.execute(
-        "INSERT INTO partition_offices (partition, epoch) SELECT p, 0 "
-        "FROM generate_series(1, $1 - 1) AS p",
-        P,
-    )
+    pool = await partitioned_pool(database_url, P)
     yield pool
     await pool.close()
 

@@ -24,6 +24,7 @@ from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.epoch import fenced, take_office
 from scheduler.store.postgres.tasks import TaskStore
 from tests.support.helpers import waiting_on_locks
+from tests.support.partitioned import partitioned_pool
 from tests.support.stores import claim, insert
 
 P = 4
@@ -38,13 +39,7 @@ MARK = (
 @pytest.fixture
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     """A pool on a database recording P = 4 partitions, each with its office row."""
-    pool = await create_pool(database_url)
-    await pool.execute("UPDATE partitioning SET partitions = $1", P)
-    await pool.execute(
-        "INSERT INTO partition_offices (partition, epoch) SELECT p, 0 "
-        "FROM generate_series(1, $1 - 1) AS p",
-        P,
-    )
+    pool = await partitioned_pool(database_url, P)
     yield pool
     await pool.close()
 
