@@ -119,7 +119,7 @@ async def test_take_office_waits_only_for_writes_to_the_partitions_it_takes(
             async with asyncio.timeout(3):
                 assert await take_office(pool, "b", partitions=[0, 2]) == old + 1
             taking = asyncio.create_task(take_office(pool, "c", partitions=[1, 3]))
-            await asyncio.sleep(0.3)  # long enough to have taken it, had it not waited
+            await waiting_on_locks(pool, 1)  # it waits on partition 1's row, not a guess of time
             assert not taking.done()
         finally:
             await tx.commit()

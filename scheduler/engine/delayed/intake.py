@@ -66,6 +66,7 @@ COPIES_PER_BATCH = 8
 # After a failed commit (PostgreSQL away, the link down for the acks) the next one waits until
 # this long after the failure, so a store that refuses every statement is not asked in a loop.
 FAILED_PAUSE = 1.0
+Failure = tuple[float, Exception]  # a failed commit: when (the clock's monotonic time) and why
 
 DUPLICATE_ID = (
     "id: already taken by another task (another target or other bytes); ids must be unique, "
@@ -115,7 +116,6 @@ class Intake:
         # refusals stored per organisation or subject and minute (engine/delayed/dead_budget.py)
         self.budget = DeadLetterBudget.of(settings, clock, events)
         self.repeats = Repeats()  # tasks committed lately: their exact resends are acked at once
-        self._failed_at: dict[asyncio.Task[None], float] = {}  # a failed commit: when it failed
 
     async def run(self, puller: Source, stop: asyncio.Event, may_act: Callable[[], bool]) -> None:
         """Handle batches as they arrive until `stop` is set or `may_act()` turns false.
@@ -126,7 +126,7 @@ class Intake:
         """
         self._may_act = may_act
         await puller.start()
-        committing: tuple[asyncio.Task[None], int] | None = None
+        committing: tuple[asyncio.Task[Failure | None], int] | None = None
         stopping = asyncio.create_task(stop.wait(), name="intake-stop")
         stopping.add_done_callback(lambda _: puller.interrupt())
         try:
@@ -152,7 +152,7 @@ class Intake:
                 await self._settle(*committing)
 
     async def gather(
-        self, puller: Source, stop: asyncio.Event, busy: asyncio.Task[None] | None = None
+        self, puller: Source, stop: asyncio.Event, busy: asyncio.Future[Any] | None = None
     ) -> tuple[list[Delivery], list[NewTask | Rejected], list[Delivery], Keys]:
         """The next batch, validated: a chunk taken with `INTAKE_LINGER`, then, while every
         message so far is a task due more than `FAR_DUE` ahead, more chunks until `GATHER_FOR`
@@ -224,30 +224,27 @@ class Intake:
         soon = self.clock.now() + FAR_DUE
         return all(isinstance(r, NewTask) and r.due_at > soon for r in results)
 
-    async def _settle(self, committing: asyncio.Task[None], count: int) -> None:
+    async def _settle(self, committing: asyncio.Task[Failure | None], count: int) -> None:
         """Wait for the commit before; when it failed, pause until `FAILED_PAUSE` after its
         failure (not after this call: on a lane that went quiet through an outage the next
         batch may come seconds after the failure, and it waited a whole pause on CI, 1 s late,
         for an ack the link had refused six seconds before)."""
-        try:
-            await committing
-        except Exception as exc:  # unacked messages come back after the ack wait
+        failure = await committing
+        if failure is not None:  # unacked messages come back after the ack wait
+            failed_at, exc = failure
             log.warning("intake.failed count=%d error=%r", count, exc)
-            failed = self._failed_at.pop(committing, self.clock.monotonic())
-            await self.clock.sleep(failed + FAILED_PAUSE - self.clock.monotonic())
+            await self.clock.sleep(failed_at + FAILED_PAUSE - self.clock.monotonic())
 
     async def _commit(
         self, msgs: Sequence[Delivery], results: list[NewTask | Rejected],
         repeats: Sequence[Delivery], keys: Keys,
-    ) -> None:  # fmt: skip
-        """`accept`, noting when it failed (for `_settle`'s pause)."""
+    ) -> Failure | None:  # fmt: skip
+        """`accept`; when it fails, when it failed and why (for `_settle`)."""
         try:
             await self.accept(msgs, results, repeats, keys)
-        except Exception:
-            task = asyncio.current_task()
-            if task is not None:
-                self._failed_at[task] = self.clock.monotonic()
-            raise
+        except Exception as exc:
+            return self.clock.monotonic(), exc
+        return None
 
     async def validate_all(self, msgs: Sequence[Delivery]) -> list[NewTask | Rejected]:
         """Validate a batch, each message alone (`validate`), in order."""
