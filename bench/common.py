@@ -394,3 +394,56 @@ def run(coro: Awaitable[T]) -> T:
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: servers and daemon stopped, temp dirs removed", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+_PG_DB_COUNTERS = (
+    "xact_commit", "xact_rollback", "tup_returned", "tup_fetched", "tup_inserted",
+    "tup_updated", "tup_deleted", "blks_hit", "blks_read", "sessions", "active_time",
+)  # fmt: skip
+
+
+async def pg_counters(url: str) -> dict[str, float]:
+    """PostgreSQL's cumulative counters for the run's database: transactions (each statement
+    outside a transaction is one), tuples and blocks, sessions opened and the time spent
+    running statements (`active_time`, ms; pg_stat_database), index scans per index and
+    sequential scans per table (pg_stat_user_*). Diffed over a window by `pg_counters_delta`,
+    they say where the server's CPU went without pg_stat_statements, which the embedded build
+    lacks. The snapshot's own statements count too (a few)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = await conn.fetchrow(
+            f"SELECT {', '.join(_PG_DB_COUNTERS)} FROM pg_stat_database "
+            "WHERE datname = current_database()"
+        )
+        out = {f"db.{k}": float(row[k]) for k in _PG_DB_COUNTERS}
+        for r in await conn.fetch(
+            "SELECT relname, seq_scan, coalesce(idx_scan, 0) AS idx_scan, n_tup_ins, "
+            "n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables"
+        ):
+            for k in ("seq_scan", "idx_scan", "n_tup_ins", "n_tup_upd", "n_tup_hot_upd"):
+                out[f"table.{r['relname']}.{k}"] = float(r[k])
+            out[f"table.{r['relname']}.n_tup_del"] = float(r["n_tup_del"])
+        for r in await conn.fetch(
+            "SELECT indexrelname, idx_scan, idx_tup_read FROM pg_stat_user_indexes"
+        ):
+            out[f"index.{r['indexrelname']}.idx_scan"] = float(r["idx_scan"])
+            out[f"index.{r['indexrelname']}.idx_tup_read"] = float(r["idx_tup_read"])
+        return out
+    finally:
+        await conn.close()
+
+
+def pg_counters_delta(
+    before: dict[str, float], after: dict[str, float], per: float
+) -> dict[str, float]:
+    """The counters that moved between two `pg_counters` snapshots, divided by `per` (e.g.
+    the tasks of the window: per task), rounded; sorted by name."""
+    out = {}
+    for key in sorted(after):
+        moved = after[key] - before.get(key, 0.0)
+        if moved:
+            out[key] = round(moved / per, 4)
+    return out

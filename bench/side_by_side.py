@@ -52,6 +52,8 @@ from common import (
     Env,
     add_target_stream,
     own_cpu_seconds,
+    pg_counters,
+    pg_counters_delta,
     report,
     run,
     servers,
@@ -264,6 +266,7 @@ async def window(
     start = time.time() + 2.0 + count * 2e-5
     prefix = uuid.uuid4().hex[:8]
     load0 = os.getloadavg()
+    pg0 = await pg_counters(env.database_url)
     cpu = CpuWindow(daemon)
     for side in SIDES:
         procs[side] = await spawn_producer(env.nats_url, side, f"{prefix}-{side}", start, a)
@@ -272,6 +275,7 @@ async def window(
         *(collectors[s].wait_for(count, last_due + a.grace - time.time()) for s in SIDES)
     )
     cores = cpu.finish()
+    pg1 = await pg_counters(env.database_url)
     inside = {
         "dispatch_lateness_ms": daemon.histogram("mq_scheduler_dispatch_lateness_seconds"),
         "event_loop_lag_ms": daemon.histogram("mq_scheduler_event_loop_lag_seconds"),
@@ -292,6 +296,8 @@ async def window(
     }  # fmt: skip
     out["cores"] = cores
     out["host"] = host(cores, producers, load0)
+    # where PostgreSQL's CPU went: its counters per task of ours over the window
+    out["postgres_per_task"] = pg_counters_delta(pg0, pg1, count)
     return out
 
 

@@ -33,7 +33,11 @@ therefore compares with `u.epoch`, a column of `u` set to `$1`, and `u` is MATER
 the planner cannot fold the constant back in. It then joins by the primary key (`u` outer) or
 by a hash, whatever the statistics say: the same booking takes 0.13 s
 (test_task_store.py's `test_outcomes_read_their_ids_once_whatever_the_statistics_say` explains
-all three statements over such a table).
+all three statements over such a table). Since each row's partition is checked against the
+office (`d.partition = lead.partition`), statistics taken while the table was nearly empty let
+a plan read every ready task and join them to `lead` first; so an outcome also names its ids
+to the primary key (`BY_IDS_OF_U`), and a test explains the three statements under such
+statistics (`test_outcomes_read_their_rows_by_id_when_the_statistics_saw_an_empty_table`).
 
 Claims and reclaims return payloads only up to a byte budget (a running sum over the rows the
 statement touched): rows past it come back without their payload, claimed all the same, and
@@ -85,6 +89,14 @@ CLAIM_WINDOW = "interval '1 minute'"
 # rescan the module docstring describes ("The outcomes' plans"), whose work grows with the
 # statement's size; 5,000 take 0.12-0.19 s, 10,000 0.21 s (tables of 300,000 and 1,000,000).
 FIRED_CHUNK = 5_000
+# How an outcome (fired, retry, dead) finds its rows: by the primary key, the ids of `u` as one
+# array (an InitPlan) in the index condition, beside the join on `u`. Without it, statistics
+# taken while the table was nearly empty let the planner read every ready task through
+# another index, join them to `lead` on the partition and rescan `u` for each (4,068 rows read
+# and 528,710 join candidates for one booking of 130, 38-44 ms against 4 ms; the partition
+# join came with step 1 of issue 37, and PostgreSQL's share of a side-by-side run rose 60 %).
+# `row` is the alias of `delayed_messages` in the statement.
+BY_IDS_OF_U = "{row}.id = ANY(ARRAY(SELECT id FROM u)) AND {row}.id = u.id"
 # Payload columns within a byte budget: the rows of `upd` (which must return `_TASK_COLUMNS`
 # and `size`) in firing order; a row whose predecessors already fill the budget comes back
 # with a NULL payload.
@@ -325,8 +337,9 @@ class TaskStore(TaskIntake, TaskAdmin):
                 f"u.attempt, u.stream, u.seq, $1::bigint AS epoch FROM unnest({a}, {b}, "
                 f"$5::bigint[], $6::bigint[], $7::int[], {c}, $9::bigint[]) "
                 "AS u(id, subject, sched_us, fired_us, attempt, stream, seq)), "
-                "upd AS (DELETE FROM delayed_messages d USING u, lead WHERE d.id = u.id AND "
-                f"d.partition = lead.partition AND {states.claimed_by('u.epoch', 'd')} "
+                "upd AS (DELETE FROM delayed_messages d USING u, lead WHERE "
+                f"{BY_IDS_OF_U.format(row='d')} AND d.partition = lead.partition AND "
+                f"{states.claimed_by('u.epoch', 'd')} "
                 "RETURNING d.id, d.target, "
                 "md5(d.payload)::uuid AS digest, u.subject, u.sched, u.fired_at, u.attempt, "
                 "u.stream, u.seq), "
@@ -364,7 +377,8 @@ class TaskStore(TaskIntake, TaskAdmin):
                 "upd AS (UPDATE delayed_messages d SET status = "
                 f"{states.ready_again('d.doubted OR u.doubt')}, doubted = d.doubted OR u.doubt, "
                 f"due_at = u.due, {states.UNCLAIM}, last_error = u.err, updated_at = now() "
-                "FROM u, lead WHERE d.id = u.id AND d.partition = lead.partition AND "
+                f"FROM u, lead WHERE {BY_IDS_OF_U.format(row='d')} AND "
+                "d.partition = lead.partition AND "
                 f"{states.claimed_by('u.epoch', 'd')} RETURNING 1)",
                 [t.id for t, _, _, _ in items],
                 [d for _, d, _, _ in items],
@@ -399,7 +413,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 "u AS MATERIALIZED (SELECT u.*, $1::bigint AS epoch FROM unnest($2::text[], "
                 "$3::text[], $4::text[]) AS u(id, err, reason)), d AS (UPDATE delayed_messages m "
                 "SET status = 'dead', last_error = u.err, updated_at = now() FROM u, lead "
-                "WHERE m.id = u.id AND m.partition = lead.partition AND "
+                f"WHERE {BY_IDS_OF_U.format(row='m')} AND m.partition = lead.partition AND "
                 f"{states.claimed_by('u.epoch', 'm')} "
                 "RETURNING m.*, u.err, u.reason), "
                 # the task's bytes once, whole (a task fits max_payload), in `raw`
