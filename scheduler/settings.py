@@ -114,6 +114,8 @@ class Settings(BaseSettings):
     api_header_timeout: Duration = Field(default=timedelta(seconds=10), gt=timedelta(0))
     api_body_timeout: Duration = Field(default=timedelta(seconds=10), gt=timedelta(0))
     api_idle_timeout: Duration = Field(default=timedelta(seconds=5), ge=timedelta(seconds=1))
+    # socket reads the HTTP listeners handle per second, all connections together (api/pace.py)
+    api_max_reads_per_second: int = Field(default=1000, ge=0, le=1_000_000)
     intake_stream: str = Field(default="MQ_DELAY", min_length=1)
     intake_subject: str = "mq.delay.>"
     intake_consumer: str = "scheduler-intake"

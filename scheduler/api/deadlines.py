@@ -20,6 +20,7 @@ from typing import Any
 import h11
 
 from scheduler.api.lingering import LingeringH11Protocol
+from scheduler.api.pace import Pace, shared_pace
 from scheduler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,14 @@ class ConnectionLimits:
 
     header_timeout: float = 10.0
     idle_timeout: int = 5
+    reads_per_second: int = 1000  # `SCHEDULER_API_MAX_READS_PER_SECOND` (scheduler.api.pace)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ConnectionLimits:
         idle = max(1, round(settings.api_idle_timeout.total_seconds()))
-        return cls(settings.api_header_timeout.total_seconds(), idle)
+        return cls(
+            settings.api_header_timeout.total_seconds(), idle, settings.api_max_reads_per_second
+        )
 
 
 def protocol_for(limits: ConnectionLimits) -> type[HeadDeadlineProtocol]:
@@ -50,21 +54,52 @@ def protocol_for(limits: ConnectionLimits) -> type[HeadDeadlineProtocol]:
 
     class Bounded(HeadDeadlineProtocol):
         header_timeout = limits.header_timeout
+        pace = shared_pace(limits.reads_per_second)
 
     return Bounded
 
 
 class HeadDeadlineProtocol(LingeringH11Protocol):
-    """uvicorn's h11 protocol (lingering on close) whose request heads have a deadline."""
+    """uvicorn's h11 protocol (lingering on close) whose request heads have a deadline, and
+    whose reads keep the edge's pace (`scheduler.api.pace`)."""
 
     header_timeout = 10.0
+    pace = Pace(0)
     _head_timer: asyncio.TimerHandle | None = None
+    _held: bytearray | None = None  # a read waiting for its turn, with what came after it
+    _pace_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._held is not None:  # a read waits for its turn: keep the order, read no more
+            self._held += data
+            self.transport.pause_reading()
+            return
+        wait = self.pace.reserve()
+        if wait > 0:
+            if self.conn.their_state is h11.IDLE:
+                self._arm_head_timer()  # a head begins, though unparsed: its deadline runs
+            self._held = bytearray(data)
+            self.transport.pause_reading()
+            self._pace_timer = self.loop.call_later(wait, self._paced)
+            return
+        self._handle(data)
+
+    def _paced(self) -> None:
+        """The held read's turn: hand it to the parser and read on (unless uvicorn paused
+        reading itself meanwhile, or the connection is closing)."""
+        self._pace_timer = None
+        data, self._held = bytes(self._held or b""), None
+        if self.transport.is_closing():
+            return
+        if not self.flow.read_paused:
+            self.transport.resume_reading()
+        self._handle(data)
+
+    def _handle(self, data: bytes) -> None:
         if self.conn.their_state is h11.IDLE:
             self._arm_head_timer()  # the first byte of a head (no-op when already armed)
         super().data_received(data)
@@ -73,6 +108,10 @@ class HeadDeadlineProtocol(LingeringH11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        if self._pace_timer is not None:
+            self._pace_timer.cancel()
+            self._pace_timer = None
+        self._held = None
         super().connection_lost(exc)
 
     def _arm_head_timer(self) -> None:

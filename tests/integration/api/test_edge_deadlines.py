@@ -202,6 +202,52 @@ async def test_trickled_bytes_do_not_keep_an_idle_connection_open() -> None:
         await served.close()
 
 
+async def _path(scope: Scope, receive: Receive, send: Send) -> None:
+    body = scope["path"].encode()
+    length = [(b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": length})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def test_reads_past_the_pace_wait_their_turn_and_are_answered_in_order() -> None:
+    """At a pace of 50 reads a second (a burst of 5), 40 clients each sending one request at
+    once are all answered, but no faster than the pace: the last answer comes at least
+    (40 - 5) / 50 = 0.7 s after the first request, where unpaced all 40 take a few tens of
+    milliseconds. Three requests written at once on one connection (one read) come back in
+    order."""
+    served = await serve(_path, "127.0.0.1", 0, ConnectionLimits(reads_per_second=50))
+    loop = asyncio.get_running_loop()
+
+    async def one(name: str) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        try:
+            writer.write(f"GET /{name} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            async with asyncio.timeout(5):
+                status, _, body = await _read_answer(reader)
+            assert status == 200
+            return body
+        finally:
+            writer.close()
+
+    try:
+        began = loop.time()
+        bodies = await asyncio.gather(*(one(f"c{i}") for i in range(40)))
+        took = loop.time() - began
+        assert list(bodies) == [f"/c{i}".encode() for i in range(40)]
+        assert took >= 0.65, took
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        try:
+            heads = (f"GET /p/{i} HTTP/1.1\r\nHost: x\r\n\r\n" for i in range(3))
+            writer.write("".join(heads).encode())
+            async with asyncio.timeout(5):
+                piped = [(await _read_answer(reader))[2] for _ in range(3)]
+            assert piped == [b"/p/0", b"/p/1", b"/p/2"]
+        finally:
+            writer.close()
+    finally:
+        await served.close()
+
+
 # -- refusals before routing, and listings charged by work -------------------------------------
 
 
