@@ -63,10 +63,13 @@ class QueryGate:
 
 
 MAX_WAIT = 1.0  # seconds a listing may wait for the rows budget before it is refused
-# Rows a listing's second of work is worth: what full pages cost (a 500-row page of pending
-# tasks took 43-74 ms of handler time on a busy 2-core host), so a full page pays no more than
-# its `limit` and a page whose filter matches nothing but scans for 200 ms pays 2,000 rows.
-WORK_ROWS_PER_SECOND = 10_000
+# Rows a listing's second of work is worth: at the default budget (20,000 rows/s) the listings'
+# queries get a quarter of a second each second. It was 10,000 (what full pages cost: a 500-row
+# page of pending tasks took 43-74 ms of handler time on a busy 2-core host), which let a flood
+# of `limit=1` listings whose filters match nothing keep PostgreSQL busy for more than a core:
+# firing's p99 went to 10.5 ms against 2 quiet (bench/edge_attacks.py), 4.1-5 ms at 80,000. A
+# page whose filter matches nothing but scans for 200 ms pays 16,000 rows.
+WORK_ROWS_PER_SECOND = 80_000
 
 
 class OutOfBudget(Exception):

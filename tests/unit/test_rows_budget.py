@@ -49,16 +49,16 @@ def test_zero_turns_the_budget_off() -> None:
 
 
 def test_a_page_pays_for_its_time_beyond_the_rows_it_paid() -> None:
-    """A `limit=1` page whose query ran 200 ms pays the 2,000 rows that time is worth at
-    WORK_ROWS_PER_SECOND (10,000) beyond its one row, so at 1000 rows/s the next page is
+    """A `limit=1` page whose query ran 200 ms pays the 16,000 rows that time is worth at
+    WORK_ROWS_PER_SECOND (80,000) beyond its one row, so at 10,000 rows/s the next page is
     refused; a full page as quick as its rows pays nothing more."""
     clock = Clock()
-    budget = RowBudget(1000, 500, clock)
+    budget = RowBudget(10_000, 500, clock)
     assert budget.reserve(500) == 0.0
-    assert budget.settle(500, 0.04) == 0  # 400 rows' worth of time: the 500 it paid cover it
-    clock.now += 0.5
+    assert budget.settle(500, 0.005) == 0  # 400 rows' worth of time: the 500 it paid cover it
+    clock.now += 0.05
     assert budget.reserve(1) == 0.0
-    assert budget.settle(1, 0.2) == 1999
+    assert budget.settle(1, 0.2) == 15_999
     with pytest.raises(OutOfBudget) as refused:
         budget.reserve(1)
-    assert refused.value.retry_after == 2  # 1,500 rows of debt at 1000 rows/s
+    assert refused.value.retry_after == 2  # 15,500 rows of debt at 10,000 rows/s
