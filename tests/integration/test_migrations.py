@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import runpy
 import sys
 from asyncio.subprocess import PIPE
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
 from alembic.script import ScriptDirectory
@@ -482,3 +485,43 @@ WAITING_ON_LOCK = (
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
     "AND objid = ($1::bigint & 4294967295)"
 )
+
+
+async def test_migration_0025_intake_skips_stored_ids_by_key_even_planned_on_an_empty_table(
+    database_url: str,
+) -> None:
+    """The intake function's insert, planned generically on an empty table as its first call
+    on a fresh database plans it, reads the ids it skips by the primary key (a subplan per row),
+    not with an anti-join over a sequential scan of the whole table, which 0021's statement
+    became there and kept as the table grew. Explained from each migration's own text."""
+    versions = Path(migrate.migrations_dir()) / "versions"
+
+    def statement(name: str) -> str:
+        text = str(runpy.run_path(str(versions / name))["FUNCTION"])
+        body = text.split("WITH ins AS (", 1)[1].split("    )\n    SELECT array_agg", 1)[0]
+        arrays = ("new_ids", "new_targets", "new_payloads", "new_headers", "new_priorities")
+        arrays += ("new_due_us", "new_sched_us", "new_exp_us", "new_org_ids", "new_partitions")
+        for n, name_ in enumerate(arrays, 1):
+            body = re.sub(rf"\b{name_}\b", f"${n}", body)
+        return body
+
+    types = "text[], text[], bytea[], jsonb[], smallint[], bigint[], bigint[], bigint[], "
+    types += "text[], smallint[]"
+    args = "array['a'], array['t'], array['\\x00'::bytea], array['{}'::jsonb], "
+    args += "array[5::smallint], array[1::bigint], array[1::bigint], array[null::bigint], "
+    args += "array[null::text], null"
+    conn = await asyncpg.connect(database_url)
+    plans = {}
+    try:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        for name in ("0022_partitions.py", "0025_intake_skip_by_key.py"):
+            await conn.execute(f"PREPARE ins({types}) AS {statement(name)}")
+            plans[name] = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE ins({args})"))
+            await conn.execute("DEALLOCATE ins")
+    finally:
+        await conn.close()
+    assert "Seq Scan on delayed_messages" in plans["0022_partitions.py"]  # what 0025 replaces
+    after = plans["0025_intake_skip_by_key.py"]
+    assert "Seq Scan on delayed_messages" not in after, after
+    assert "Anti Join" not in after and "SubPlan" in after, after
+    assert "Index Scan using delayed_messages_pkey" in after, after
