@@ -4,6 +4,7 @@ twins (tests/unit/test_api_refusals.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -239,3 +240,25 @@ async def test_a_cancel_naming_no_target_on_another_instance_holds_for_a_task_on
         for task_id in ids:
             r = await api.call("GET", f"/v1/delayed/{task_id}", token=READ)
             assert r.status == 200 and r.body["status"] == "cancelled", r
+
+
+async def test_nats_verbs_past_the_pace_are_dropped_unanswered(
+    api: ApiHarness, caplog: Any
+) -> None:
+    """At a pace of 20 requests a second (a burst of 2), 60 `stats` requests sent at once get
+    a handful of answers; the rest are dropped unanswered (the caller's own timeout), counted
+    in one log line. A second later the pace answers again."""
+    await api.start(api_max_reads_per_second=20)
+    caplog.set_level(logging.WARNING, logger="scheduler.api.nats_service")
+
+    async def one() -> bool:
+        try:
+            await api.nc.request("scheduler.v1.stats", b"", timeout=1.0)
+        except nats.errors.TimeoutError:
+            return False
+        return True
+
+    answered = sum(await asyncio.gather(*(one() for _ in range(60))))
+    assert 1 <= answered <= 10, answered
+    assert any("api.nats_paced dropped=" in r.getMessage() for r in caplog.records)
+    assert await one()
