@@ -499,9 +499,9 @@ async def test_migration_0025_intake_skips_stored_ids_by_key_even_planned_on_an_
     def statement(name: str) -> str:
         text = str(runpy.run_path(str(versions / name))["FUNCTION"])
         body = text.split("WITH ins AS (", 1)[1].split("    )\n    SELECT array_agg", 1)[0]
-        arrays = ("new_ids", "new_targets", "new_payloads", "new_headers", "new_priorities")
-        arrays += ("new_due_us", "new_sched_us", "new_exp_us", "new_org_ids", "new_partitions")
-        for n, name_ in enumerate(arrays, 1):
+        arrays = "new_ids new_targets new_payloads new_headers new_priorities new_due_us "
+        arrays += "new_sched_us new_exp_us new_org_ids new_partitions"
+        for n, name_ in enumerate(arrays.split(), 1):
             body = re.sub(rf"\b{name_}\b", f"${n}", body)
         return body
 
