@@ -26,9 +26,12 @@ class Pace:
     read may be handled (0 when the bucket held a token). The bucket may go into debt: each
     waiting read has its place in line, so reads are handled at the rate, in arrival order."""
 
-    def __init__(self, per_second: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, per_second: int, clock: Callable[[], float] = time.monotonic, burst: float = 0.1
+    ) -> None:
+        """`burst`: the seconds of the rate the bucket holds (what goes through at once)."""
         self.per_second = per_second
-        self.capacity = max(1.0, per_second / 10)
+        self.capacity = max(1.0, per_second * burst)
         self.tokens = self.capacity
         self.clock = clock
         self.at = clock()

@@ -38,3 +38,9 @@ def test_the_bucket_refills_at_the_rate_and_holds_no_more_than_its_burst() -> No
 def test_a_pace_of_zero_never_waits() -> None:
     pace = Pace(0, Clock())
     assert {pace.reserve() for _ in range(10_000)} == {0.0}
+
+
+def test_a_burst_of_a_whole_second_for_the_nats_verbs() -> None:
+    """The verbs' bucket holds a second of the rate: a client's burst of cancels goes through."""
+    pace = Pace(1000, Clock(), burst=1.0)
+    assert sum(1 for _ in range(1500) if pace.reserve() == 0.0) == 1000

@@ -245,9 +245,9 @@ async def test_a_cancel_naming_no_target_on_another_instance_holds_for_a_task_on
 async def test_nats_verbs_past_the_pace_are_dropped_unanswered(
     api: ApiHarness, caplog: Any
 ) -> None:
-    """At a pace of 20 requests a second (a burst of 2), 60 `stats` requests sent at once get
-    a handful of answers; the rest are dropped unanswered (the caller's own timeout), counted
-    in one log line. A second later the pace answers again."""
+    """At a pace of 20 requests a second (a burst of a second's worth), 60 `stats` requests
+    sent at once get about 20 answers; the rest are dropped unanswered (the caller's own
+    timeout), counted in one log line. A second later the pace answers again."""
     await api.start(api_max_reads_per_second=20)
     caplog.set_level(logging.WARNING, logger="scheduler.api.nats_service")
 
@@ -259,6 +259,6 @@ async def test_nats_verbs_past_the_pace_are_dropped_unanswered(
         return True
 
     answered = sum(await asyncio.gather(*(one() for _ in range(60))))
-    assert 1 <= answered <= 10, answered
+    assert 20 <= answered <= 30, answered
     assert any("api.nats_paced dropped=" in r.getMessage() for r in caplog.records)
     assert await one()
