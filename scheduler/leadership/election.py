@@ -118,6 +118,10 @@ class Leadership:
         """The lease's current value ({instance, epoch, since}), read for display only."""
         return await self.lease.holder()
 
+    def on_link(self, up: bool) -> None:
+        """The bus's link listener: a lease write in flight on a link that went is sent again."""
+        self.lease.on_link(up)
+
     def heartbeat(self, state_kv: KeyValue, stop: asyncio.Event) -> Coroutine[Any, Any, None]:
         """This instance's heartbeat in the state bucket until `stop` (`heartbeat.Heartbeat`)."""
         return Heartbeat(self.tenure, state_kv, self._clock, self._log).run(stop)

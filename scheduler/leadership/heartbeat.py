@@ -26,9 +26,17 @@ class Heartbeat:
     """Writes `instances.<instance_id>` = {instance, role, epoch, since, at} for one tenure."""
 
     def __init__(
-        self, tenure: Tenure, state_kv: KeyValue, clock: Clock, log: logging.Logger
+        self,
+        tenure: Tenure,
+        state_kv: KeyValue,
+        clock: Clock,
+        log: logging.Logger,
+        every: float = HEARTBEAT_EVERY,
     ) -> None:
         self._tenure, self._kv, self._clock, self._log = tenure, state_kv, clock, log
+        # seconds between beats: partitioned engines count each other from these records
+        # (leadership.partitioned), so theirs beat at every lease renewal pass
+        self._every = every
         self.key = "instances." + re.sub(r"[^-/_=a-zA-Z0-9]", "_", tenure.instance)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -52,7 +60,7 @@ class Heartbeat:
             except Exception as exc:  # informational only; the next beat tries again
                 self._log.debug("leader.heartbeat_failed error=%r", exc)
             change = tenure.lost.wait() if record["role"] == "leader" else tenure.gained.wait()
-            await first_of(self._clock.sleep(HEARTBEAT_EVERY), stop.wait(), change)
+            await first_of(self._clock.sleep(self._every), stop.wait(), change)
         try:  # a stopped instance leaves the list; one that crashed ages out as stale
             await asyncio.wait_for(self._kv.delete(self.key), timeout=1.0)
         except Exception as exc:  # NATS away: readers show the record as stale instead

@@ -54,9 +54,16 @@ class KvLease:
     from an older backup cannot hand out an epoch again)."""
 
     def __init__(
-        self, kv: KeyValue, instance: str, clock: Clock, log: logging.Logger, rewatch: float
+        self,
+        kv: KeyValue,
+        instance: str,
+        clock: Clock,
+        log: logging.Logger,
+        rewatch: float,
+        key: str = LEASE_KEY,
     ) -> None:
         self._kv, self._clock, self._log = kv, clock, log
+        self.key = key  # `leader` (P = 1), or a partition's `p.<n>` (leadership.partitioned)
         self.instance = instance
         self.run = uuid.uuid4().hex[:12]  # this process's mark in the lease value (see `adopt`)
         self._rewatch = rewatch  # seconds before watching again after the watch failed
@@ -81,7 +88,7 @@ class KvLease:
     async def create(self, value: bytes) -> int:
         """Write the key if it is absent; its revision. Raises otherwise (held by another, or
         any error: nats-server#5162 makes even a free key fail now and then)."""
-        return await self._kv.create(LEASE_KEY, value)
+        return await self._kv.create(self.key, value)
 
     async def adopt(self, value: bytes) -> int | None:
         """Take back a lease this process wrote and no longer holds (a late renewal: see the
@@ -90,7 +97,7 @@ class KvLease:
         The read only finds the revision; the update decides. None when the key is another's
         (or gone); raises when the update is refused."""
         try:
-            entry = await self._kv.get(LEASE_KEY)
+            entry = await self._kv.get(self.key)
         except Exception:  # absent (a create will do) or unreadable: nothing to adopt
             return None
         doc = _lease_doc(entry.value)
@@ -98,7 +105,7 @@ class KvLease:
             return None
         if entry.revision is None:
             return None
-        self.revision = await self._kv.update(LEASE_KEY, value, last=entry.revision)
+        self.revision = await self._kv.update(self.key, value, last=entry.revision)
         return self.revision
 
     async def update(self, value: bytes, last: int) -> int:
@@ -110,7 +117,7 @@ class KvLease:
         copies = False  # a copy of this write went out before: it may have been stored
         while True:
             self.relinked.clear()
-            write = asyncio.ensure_future(self._kv.update(LEASE_KEY, value, last=last))
+            write = asyncio.ensure_future(self._kv.update(self.key, value, last=last))
             relink = asyncio.ensure_future(self.relinked.wait())
             silence = asyncio.ensure_future(self._clock.sleep(UNANSWERED_AFTER))
             try:
@@ -150,7 +157,7 @@ class KvLease:
 
     async def delete(self, last: int) -> None:
         """Delete the key if `last` is still its revision (raises otherwise)."""
-        await self._kv.delete(LEASE_KEY, last=last)
+        await self._kv.delete(self.key, last=last)
 
     async def holder(self) -> dict[str, Any]:
         """The lease's current value ({instance, epoch, since}), read for display only."""
@@ -160,7 +167,7 @@ class KvLease:
         """Follow the key forever: `vacant` is set when it is deleted or purged."""
         while True:
             try:
-                watcher = await self._kv.watch(LEASE_KEY)
+                watcher = await self._kv.watch(self.key)
             except Exception as exc:  # periodic campaigns still run; try watching again later
                 self._log.debug("leader.watch_failed error=%r", exc)
             else:

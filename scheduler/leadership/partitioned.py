@@ -1,0 +1,421 @@
+"""Leadership over P > 1 partitions: a lease per partition, a fair share of them per engine, and
+one term of office over the partitions held (docs/leadership.md, "Partitions";
+docs/decisions/2026-12-06-partition-ownership.md, steps 3 and 4).
+
+Each partition `n` has its own key `p.<n>` in the leader bucket (`KvLease` on that key: the
+same create, revision-checked update and delete as the single key `leader`) and its own
+deadline (time its last successful renew was *sent* + TTL - margin, monotonic). One pass every
+renew interval (TTL/3) renews every key held; a key whose renew fails, or whose deadline
+passes, is dropped alone (`may_act(p)` is false for it from then on).
+
+The engine acts in terms, as under P = 1: a term is one epoch (`take_office` over the term's
+partitions) over a fixed set of partitions, `may_act()` true while every one of them may act.
+Whenever the set changes (a partition gained, released or lost) the term ends and the next one
+takes office over the new set: a gain or a release ends it gracefully (`handover`: the engine
+stops claiming and finishes its batch in flight, as on SIGTERM, then says `term_ended`), a
+lost lease at once (its deadline already passed). The next term's epoch is above every epoch
+any of its partitions had, so a former owner's late write is fenced, and so is the previous
+term's own. Why a new term per change rather than a term whose partitions carry different
+epochs: the decision record.
+
+The fair share is ceil(P / live engines), the live engines counted from the heartbeats in the
+state bucket (each engine beats at every renew pass; a record older than TTL is not counted).
+An engine campaigns (`create` of vacant keys) while it holds fewer than its share, releases
+its surplus (graceful end of the term, then a revision-checked delete of the keys) when it
+holds more; a dead engine's keys expire after TTL, its heartbeat goes stale in the same time,
+and the others take its partitions at their next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import asyncpg
+from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from scheduler.aio import first_of
+from scheduler.clock import Clock, to_rfc3339
+from scheduler.leadership.events import LeadershipEvents
+from scheduler.leadership.heartbeat import Heartbeat
+from scheduler.leadership.lease import KvLease
+from scheduler.leadership.tenure import Tenure
+from scheduler.operations.instances import read_instances
+from scheduler.settings import Settings
+from scheduler.store.postgres.epoch import take_office
+
+T = TypeVar("T")
+TakeOffice = Callable[..., Awaitable[int]]  # take_office(pool, instance, floor, partitions)
+KEY_PREFIX = "p."
+HANDOVER_GRACE = 6.0  # s at most for a term to wind down gracefully (a publish times out in 5)
+
+
+def lease_key(partition: int) -> str:
+    """The lease key of `partition` in the leader bucket (P = 1 keeps the key `leader`)."""
+    return f"{KEY_PREFIX}{partition}"
+
+
+class PartitionedLeadership:
+    """The `Office` (and `engine.office.Shares`) of one engine among several over P partitions."""
+
+    def __init__(
+        self,
+        kv: KeyValue,
+        pool: asyncpg.Pool,
+        settings: Settings,
+        clock: Clock,
+        events: LeadershipEvents,
+        state_kv: KeyValue | None = None,
+        log: logging.Logger | None = None,
+        take_office: TakeOffice = take_office,
+        clock_ok: Callable[[], bool] | None = None,
+        on_term: Callable[[Sequence[int]], None] | None = None,
+        live: Callable[[], Awaitable[int]] | None = None,
+    ) -> None:
+        self._kv, self._pool, self._clock = kv, pool, clock
+        self.events = events
+        self._log = log or logging.getLogger(__name__)
+        self._take_office = take_office
+        self._on_term = on_term or (lambda parts: None)
+        self._state_kv = state_kv
+        self._live_of = live
+        self.instance = settings.instance_id
+        self.partitions = settings.partitions
+        self._ttl = settings.lease_ttl
+        self._margin = settings.effective_fence_margin
+        self._campaign_every = settings.campaign_interval.total_seconds()
+        self.renew_every = min(self._ttl / 3, (self._ttl - self._margin) / 2)
+        self._clock_ok = clock_ok or (lambda: True)
+        self.tenure = Tenure(self.instance, clock, events, self._log, self._clock_ok)
+        self.held: dict[int, KvLease] = {}  # partition -> its lease (with its revision)
+        self.deadlines: dict[int, float] = {}  # partition -> its self-fence deadline
+        self.term: frozenset[int] = frozenset()  # the partitions of the current term
+        self.handover = asyncio.Event()  # set: the current term is to end gracefully
+        self._running: int | None = None  # the epoch of the term the engine runs
+        self._ended = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._next_renew = 0.0
+        self._live = 1
+        self._highest_epoch = 0
+        self._resigned = False
+
+    # -- the Office protocol ----------------------------------------------------------------------
+    @property
+    def epoch(self) -> int | None:
+        return self.tenure.epoch
+
+    def may_act(self, partition: int | None = None) -> bool:
+        """The term may act (every partition of it before its deadline); with `partition`,
+        this engine may act on that partition (its lease held, before its own deadline)."""
+        if partition is None:
+            return self.tenure.held()
+        deadline = self.deadlines.get(partition)
+        return deadline is not None and self._clock.monotonic() < deadline and self._clock_ok()
+
+    async def wait_for_office(self) -> int:
+        return await self.tenure.wait_for_office()
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self.tenure.lost
+
+    def depose(self, epoch: int | None = None) -> None:
+        """A fenced write: the term of `epoch` ends at once; every key is renewed before the
+        next term, so a partition another engine took (its key ours no more) is left out."""
+        current = self.tenure.recorded()[0]
+        if epoch is not None and current is not None and current != epoch:
+            self._log.info("leader.depose_ignored epoch=%d current=%d", epoch, current)
+            return
+        self.tenure.end("deposed")
+        self._next_renew = 0.0
+        self._wake.set()
+
+    # -- the Shares protocol (engine.office): the engine's side of a term's partitions -----------
+    def partitions_of(self, epoch: int) -> frozenset[int] | None:
+        """The partitions of term `epoch` as the engine starts it (None: not the current term)."""
+        if self.tenure.recorded()[0] != epoch:
+            return None
+        self._running = epoch
+        self._ended.clear()
+        return self.term
+
+    def term_ended(self, epoch: int) -> None:
+        """The engine's term of `epoch` has wound down (its batch in flight recorded)."""
+        if self._running == epoch:
+            self._running = None
+            self._ended.set()
+
+    # -- display ----------------------------------------------------------------------------------
+    @property
+    def role(self) -> str:
+        return self.tenure.role
+
+    @property
+    def since(self) -> datetime | None:
+        return self.tenure.since
+
+    def info(self) -> dict[str, Any]:
+        """This instance's view for `GET /v1/leader`."""
+        since = self.since
+        return {
+            "instance": self.instance,
+            "epoch": self.epoch,
+            "since": to_rfc3339(since) if since else None,
+            "role": self.role,
+            "leader": self.instance if self.tenure.held() else None,
+            "partitions": sorted(self.term) if self.tenure.held() else [],
+        }
+
+    async def holder(self) -> dict[str, Any]:
+        """No single holder under P > 1: this instance's view (display only)."""
+        return self.info()
+
+    def on_link(self, up: bool) -> None:
+        """The bus's link listener: writes in flight on a link that went are sent again."""
+        for lease in list(self.held.values()):
+            lease.on_link(up)
+
+    def heartbeat(self, state_kv: KeyValue, stop: asyncio.Event) -> Coroutine[Any, Any, None]:
+        """This engine's heartbeat, at every renew pass: the others count it as live."""
+        return Heartbeat(self.tenure, state_kv, self._clock, self._log, self.renew_every).run(stop)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Renew, rebalance and hold terms until `stop` is set (or `resign` is called)."""
+        try:
+            while not stop.is_set() and not self._resigned:
+                await self.step()
+                pause = min(self._campaign_every, self._next_renew - self._clock.monotonic())
+                self._wake.clear()
+                await first_of(self._clock.sleep(max(pause, 0.0)), stop.wait(), self._wake.wait())
+        finally:
+            self.tenure.end("stopped")
+
+    async def step(self) -> None:
+        """One pass: renew (when due), drop lapsed keys, count the live, rebalance."""
+        if self._clock.monotonic() >= self._next_renew:
+            self._next_renew = self._clock.monotonic() + self.renew_every
+            await self._renew_all()
+        self._drop_lapsed()
+        if self._resigned:
+            return
+        if not self._clock_ok():  # a wrong clock fires early: hold nothing, take nothing
+            self.tenure.end("clock_skew")
+            for p in list(self.held):
+                await self._release(p)
+            self.term = frozenset()
+            return
+        self._live = await self._count_live()
+        share = self.share()
+        held = set(self.held)
+        surplus = sorted(held, reverse=True)[: max(0, len(held) - share)]
+        if len(held) < share:
+            held |= await self._campaign(share - len(held))
+        wanted = frozenset(held - set(surplus))
+        if wanted != self.term or (wanted and not self.tenure.held()):
+            await self._change(wanted, surplus)
+
+    def share(self) -> int:
+        """ceil(P / live engines): the most partitions this engine holds."""
+        return math.ceil(self.partitions / max(1, self._live))
+
+    # -- the leases -------------------------------------------------------------------------------
+    def _lease(self, partition: int) -> KvLease:
+        return KvLease(
+            self._kv,
+            self.instance,
+            self._clock,
+            self._log,
+            self._campaign_every * 4,
+            key=lease_key(partition),
+        )
+
+    async def _renew_all(self) -> None:
+        """One renew of every key held, all at once; a key whose renew fails is dropped."""
+        epoch, since = self.tenure.recorded()
+        held = list(self.held.items())
+        results = await asyncio.gather(
+            *(self._renew(p, lease, epoch if p in self.term else None, since) for p, lease in held)
+        )
+        for (p, _), ok in zip(held, results, strict=True):
+            if not ok:
+                self._drop(p, "renew_failed")
+        self._fence_term("renew_failed")
+
+    async def _renew(
+        self, partition: int, lease: KvLease, epoch: int | None, since: datetime | None
+    ) -> bool:
+        revision = lease.revision
+        if revision is None:
+            return False
+        sent = self._clock.monotonic()
+        try:
+            until = self.deadlines[partition]
+            await self._bounded(lease.update(lease.value(epoch, since), revision), until)
+        except Exception as exc:  # any error: this partition's lease is not ours any more
+            self._log.warning("leader.partition_renew_failed p=%d error=%r", partition, exc)
+            return False
+        self.events.renewed(self._clock.monotonic() - sent)
+        if partition in self.held:
+            self.deadlines[partition] = sent + self._ttl - self._margin
+        return True
+
+    def _drop(self, partition: int, reason: str) -> None:
+        """Stop acting on `partition` at once (its lease may be another's by now)."""
+        if self.held.pop(partition, None) is not None:
+            self._log.warning("leader.partition_lost p=%d reason=%s", partition, reason)
+        self.deadlines.pop(partition, None)
+
+    def _drop_lapsed(self) -> None:
+        now = self._clock.monotonic()
+        for p, deadline in list(self.deadlines.items()):
+            if now >= deadline:
+                self._drop(p, "deadline")
+        self._fence_term("deadline")
+
+    def _fence_term(self, reason: str) -> None:
+        """A term that lost one of its partitions ends at once; else its deadline is theirs."""
+        if self.tenure.recorded()[0] is None:
+            return
+        if not self.term <= set(self.held):
+            self.tenure.end(reason)
+        else:
+            self.tenure.deadline = min(self.deadlines[p] for p in self.term)
+
+    async def _count_live(self) -> int:
+        """Engines whose heartbeat is younger than TTL (this one included); the last count when
+        they cannot be read."""
+        try:
+            if self._live_of is not None:
+                return max(1, await self._live_of())
+            if self._state_kv is None:
+                return 1
+            now = self._clock.now()
+            fresh = timedelta(seconds=self._ttl)
+            found = await read_instances(self._state_kv, now, fresh)
+            others = {i.instance for i in found if not i.stale} - {self.instance}
+            return 1 + len(others)
+        except Exception as exc:  # NATS away: keep the share as it was
+            self._log.debug("leader.live_count_failed error=%r", exc)
+            return self._live
+
+    async def _vacant(self) -> list[int]:
+        """Partitions whose key is absent, shuffled (a read: only a create decides)."""
+        try:
+            present = set(await self._kv.keys())  # (filters only log a warning per call)
+        except Exception:  # no keys at all (NoKeysError), or unreadable: try any
+            present = set()
+        vacant = [p for p in range(self.partitions) if lease_key(p) not in present]
+        random.shuffle(vacant)
+        return [p for p in vacant if p not in self.held]
+
+    async def _campaign(self, wanted: int) -> set[int]:
+        """Create up to `wanted` vacant keys; the partitions gained."""
+        gained: set[int] = set()
+        for p in await self._vacant():
+            if len(gained) >= wanted:
+                break
+            lease = self._lease(p)
+            sent = self._clock.monotonic()
+            try:
+                value = lease.value(None, self._clock.now())
+                revision = await self._within(lease.create(value), self._ttl / 3)
+            except KeyWrongLastSequenceError:  # held by another (or ours left over: adopt)
+                try:
+                    adopted = await self._within(lease.adopt(value), self._ttl / 3)
+                except Exception:  # written since: not ours to take
+                    adopted = None
+                if adopted is None:
+                    continue
+                revision = adopted
+            except Exception as exc:  # any create error means "not ours" (nats-server#5162)
+                self._log.debug("leader.partition_campaign_lost p=%d error=%r", p, exc)
+                continue
+            lease.revision = revision
+            self.held[p], self.deadlines[p] = lease, sent + self._ttl - self._margin
+            gained.add(p)
+        return gained
+
+    # -- terms ------------------------------------------------------------------------------------
+    async def _change(self, wanted: frozenset[int], release: Collection[int]) -> None:
+        """End the current term (gracefully while it may act), give back `release`, and take
+        office over `wanted` for the next one."""
+        if self.tenure.held():
+            self.handover.set()
+            if self._running is not None:
+                left = min(HANDOVER_GRACE, self.tenure.deadline - self._clock.monotonic())
+                await first_of(self._ended.wait(), self._clock.sleep(max(left, 0.0)))
+            self.tenure.end("handover")
+        self.handover.clear()
+        for p in release:
+            await self._release(p)
+        self.term = frozenset()
+        wanted = frozenset(p for p in wanted if p in self.held)
+        if not wanted or self._resigned:
+            return
+        until = min(self.deadlines[p] for p in wanted)
+        try:
+            floor = self._highest_epoch
+            epoch = await self._bounded(
+                self._take_office(self._pool, self.instance, floor, sorted(wanted)), until
+            )
+        except Exception as exc:  # PostgreSQL down or slow: try again at the next pass
+            self._log.warning("leader.take_office_failed instance=%s error=%r", self.instance, exc)
+            return
+        self._highest_epoch = max(self._highest_epoch, epoch)
+        self.term = wanted
+        self._on_term(sorted(wanted))
+        self.tenure.begin(epoch, self._clock.now(), min(self.deadlines[p] for p in wanted))
+        self._log.info("leader.partitions epoch=%d partitions=%s", epoch, sorted(wanted))
+
+    async def _release(self, partition: int) -> None:
+        """Give a partition's key back (revision-checked delete): the next owner's take raises
+        its epoch, fencing anything this engine still sent."""
+        lease = self.held.pop(partition, None)
+        self.deadlines.pop(partition, None)
+        if lease is None or lease.revision is None:
+            return
+        revision, lease.revision = lease.revision, None
+        try:
+            await self._within(lease.delete(revision), self._ttl / 3)
+        except Exception as exc:  # taken over or unreachable: the key expires on its own
+            self._log.info("leader.release_failed p=%d error=%r", partition, exc)
+        else:
+            self._log.info("leader.released p=%d revision=%d", partition, revision)
+
+    @property
+    def resigned(self) -> bool:
+        return self._resigned
+
+    async def resign(self) -> None:
+        """Stop acting and give every key back, so the others take them at once."""
+        self._resigned = True
+        self.tenure.end("resigned")
+        self._wake.set()
+        for p in list(self.held):
+            await self._release(p)
+
+    # -- bounded calls ----------------------------------------------------------------------------
+    async def _within(self, aw: Awaitable[T], seconds: float) -> T:
+        return await self._bounded(aw, self._clock.monotonic() + seconds)
+
+    async def _bounded(self, aw: Awaitable[T], until: float) -> T:
+        """Await `aw`; cancel it and raise TimeoutError at the monotonic instant `until`."""
+        task = asyncio.ensure_future(aw)
+        timer = asyncio.ensure_future(self._clock.sleep(until - self._clock.monotonic()))
+        try:
+            await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            if not task.done():
+                task.cancel()
+        if not task.done() or task.cancelled():
+            await asyncio.gather(task, return_exceptions=True)
+            raise TimeoutError("deadline passed before the call finished")
+        return task.result()

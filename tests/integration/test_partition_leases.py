@@ -1,0 +1,203 @@
+"""Leases per partition and fair shares (`scheduler.leadership.partitioned`) against a real
+nats-server and PostgreSQL, P = 8, lease TTL 3 s (docs/decisions/2026-12-06-partition-ownership.md,
+steps 3 and 4)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import cast
+
+import asyncpg
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.kv import KeyValue
+
+from scheduler.bus.nats.connection import ensure_bucket
+from scheduler.clock import SystemClock
+from scheduler.errors import FencedError
+from scheduler.leadership.partitioned import PartitionedLeadership, lease_key
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+from scheduler.store.postgres.epoch import fenced
+from tests.support.partitioned import partitioned_pool
+
+P = 8
+ALL = frozenset(range(P))
+MARK = (
+    "w AS (UPDATE partition_offices o SET instance = $2 FROM lead "
+    "WHERE o.partition = lead.partition RETURNING 1)"
+)
+
+
+class Engines:
+    """`PartitionedLeadership`s, each on its own NATS connection with its heartbeat, sharing
+    one database; `kill` stops one's renewals and heartbeat without giving anything back."""
+
+    def __init__(self, settings: Settings, pool: asyncpg.Pool) -> None:
+        self.settings = settings.with_overrides(partitions=P)
+        self.pool = pool
+        self.stops: dict[str, asyncio.Event] = {}
+        self.tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self.conns: list[Client] = []
+        self.kv: KeyValue | None = None
+
+    async def start(self, instance: str) -> PartitionedLeadership:
+        nc = await nats.connect(self.settings.nats_servers)
+        self.conns.append(nc)
+        js = nc.jetstream()
+        await ensure_bucket(js, self.settings.leader_bucket, self.settings.lease_ttl)
+        await ensure_bucket(js, self.settings.state_bucket, None)
+        kv = await js.key_value(self.settings.leader_bucket)
+        self.kv = self.kv or kv
+        state = await js.key_value(self.settings.state_bucket)
+        settings = self.settings.with_overrides(instance_id=instance)
+        lead = PartitionedLeadership(kv, self.pool, settings, SystemClock(), Metrics(), state)
+        stop = self.stops[instance] = asyncio.Event()
+        self.tasks[instance] = [
+            asyncio.create_task(lead.run(stop), name=instance),
+            asyncio.create_task(lead.heartbeat(state, stop), name=f"{instance}-beat"),
+        ]
+        return lead
+
+    def kill(self, instance: str) -> None:
+        """As a SIGKILL would: no renewal, no heartbeat, no key given back."""
+        for task in self.tasks.pop(instance):
+            task.cancel()
+
+    async def close(self) -> None:
+        for stop in self.stops.values():
+            stop.set()
+        tasks = [t for ts in self.tasks.values() for t in ts]
+        async with asyncio.timeout(5):
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        for nc in self.conns:
+            await nc.close()
+        assert [r for r in results if r is not None] == []
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await partitioned_pool(database_url, P)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def engines(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Engines]:
+    engines = Engines(settings, pool)
+    yield engines
+    await engines.close()
+
+
+async def until(check: Callable[[], bool], within: float = 5.0) -> float:
+    """Seconds until `check()` holds (polled every 10 ms); fails after `within`."""
+    t0 = time.monotonic()
+    async with asyncio.timeout(within):
+        while not check():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def terms(*leads: PartitionedLeadership) -> list[frozenset[int]]:
+    return [lead.term if lead.may_act() else frozenset() for lead in leads]
+
+
+def shared_fairly(*leads: PartitionedLeadership) -> bool:
+    """Every partition in exactly one term, each term within one of the others' size."""
+    held = terms(*leads)
+    sizes = [len(t) for t in held]
+    union = frozenset().union(*held)
+    return union == ALL and sum(sizes) == P and max(sizes) - min(sizes) <= 1
+
+
+async def offices(pool: asyncpg.Pool) -> dict[int, tuple[int, str | None]]:
+    rows = await pool.fetch("SELECT partition, epoch, instance FROM partition_offices")
+    return {r["partition"]: (r["epoch"], r["instance"]) for r in rows}
+
+
+async def test_alone_an_engine_holds_every_partition_in_one_term_with_a_key_each(
+    engines: Engines, pool: asyncpg.Pool
+) -> None:
+    """Alone, an engine takes all P partitions in one term: a key `p.<n>` each, naming it and
+    the term's epoch once renewed, and every partition's office row at that epoch."""
+    a = await engines.start("a")
+    epoch = await asyncio.wait_for(a.wait_for_office(), 5)
+    assert a.term == ALL and all(a.may_act(p) for p in ALL)
+    assert await offices(pool) == {p: (epoch, "a") for p in ALL}
+    assert engines.kv is not None
+    await asyncio.sleep(a.renew_every + 0.2)  # one renew pass writes the epoch into each key
+    for p in ALL:
+        doc = json.loads((await engines.kv.get(lease_key(p))).value or b"{}")
+        assert (doc["instance"], doc["epoch"]) == ("a", epoch)
+
+
+async def test_a_lost_key_fences_only_its_partition_and_the_next_term_leaves_it_out(
+    engines: Engines, pool: asyncpg.Pool
+) -> None:
+    """When another writer takes partition 3's key, the engine's next renew pass drops it
+    alone (`may_act(3)` false, the others true) and a new term over the other seven takes
+    office above the old epoch; the old term's late write is fenced there."""
+    a = await engines.start("a")
+    old = await asyncio.wait_for(a.wait_for_office(), 5)
+    assert engines.kv is not None
+    entry = await engines.kv.get(lease_key(3))
+    assert entry.revision is not None
+    await engines.kv.update(lease_key(3), b'{"instance": "thief"}', last=entry.revision)
+    # at the next renew pass, not at the key's deadline (TTL - margin after its last renew)
+    await until(lambda: a.may_act() and a.term == ALL - {3}, within=a.renew_every + 0.6)
+    assert not a.may_act(3) and all(a.may_act(p) for p in ALL - {3})
+    new = a.epoch
+    assert new is not None and new > old
+    async with pool.acquire() as proxy:
+        conn = cast(asyncpg.Connection, proxy)
+        with pytest.raises(FencedError):
+            await fenced(conn, old, MARK, "old term", partitions=[0])
+        await fenced(conn, new, MARK, "new term", partitions=[0])
+    assert (await offices(pool))[3] == (old, "a")  # nobody took office over it since
+
+
+async def test_a_joining_engine_gets_its_fair_share_from_the_surplus_given_back(
+    engines: Engines, pool: asyncpg.Pool
+) -> None:
+    """A second engine joining one that holds all eight partitions ends up with four: the
+    first gives back its surplus (keys deleted, a new term over the rest), the second takes
+    them; no partition is in both terms, and each office row names its holder."""
+    a = await engines.start("a")
+    await asyncio.wait_for(a.wait_for_office(), 5)
+    b = await engines.start("b")
+    await until(lambda: shared_fairly(a, b), within=6)
+    assert a.term.isdisjoint(b.term)
+    rows = await offices(pool)
+    assert all(rows[p] == (a.epoch, "a") for p in a.term)
+    assert all(rows[p] == (b.epoch, "b") for p in b.term)
+
+
+async def test_a_dead_engines_partitions_are_taken_within_ttl_and_a_campaign(
+    engines: Engines, settings: Settings
+) -> None:
+    """After one of two engines stops renewing (killed), the other holds all eight partitions
+    within TTL + one campaign interval + the server's expiry slack of its last renewal, and
+    its own partitions may act throughout."""
+    a = await engines.start("a")
+    await asyncio.wait_for(a.wait_for_office(), 5)
+    b = await engines.start("b")
+    await until(lambda: shared_fairly(a, b), within=6)
+    mine = b.term
+    engines.kill("a")
+    killed = time.monotonic()
+    stalled = False
+
+    def b_has_all() -> bool:
+        nonlocal stalled
+        stalled = stalled or not all(b.may_act(p) for p in mine)
+        return b.may_act() and b.term == ALL
+
+    took = await until(b_has_all, within=8)
+    bound = settings.lease_ttl + settings.campaign_interval.total_seconds() + 1.0
+    assert took <= bound, f"took {took:.2f} s after the kill, bound {bound:.2f} s"
+    assert not stalled, "the surviving engine stopped acting on its own partitions"
+    assert time.monotonic() - killed >= settings.lease_ttl - 1.5  # not before A's keys expired
