@@ -23,7 +23,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ from scheduler.daemon.upkeep import dead_letter_upkeep, fire_log_upkeep, loop_la
 from scheduler.engine.cron.firing import CronEngine
 from scheduler.engine.leader_loop import LeaderEngine
 from scheduler.leadership.election import Leadership
+from scheduler.leadership.partitioned import PartitionedLeadership
 from scheduler.leadership.skew import ClockCheck
 from scheduler.leadership.terms import TermLoop
 from scheduler.metrics import Metrics
@@ -65,7 +66,7 @@ from scheduler.settings import Settings
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.dead_letters import DeadLetterStore
-from scheduler.store.postgres.epoch import database_time, take_office
+from scheduler.store.postgres.epoch import database_time
 from scheduler.store.postgres.intents import IntentLimits
 from scheduler.store.postgres.overview import OverviewStore
 from scheduler.store.postgres.partitioning import check_partitions
@@ -105,7 +106,8 @@ class EngineDaemon(Phased):
         self.bus: NatsBus | None = None
         self.store: PostgresStore | None = None
         self.tasks: TaskStore | None = None
-        self.leadership: Leadership | None = None
+        self.leadership: Leadership | PartitionedLeadership | None = None
+        self.schedules: ScheduleStore | None = None
         self.clock_check: ClockCheck | None = None
         self.state_kv: Any = None
         self.leader_kv: Any = None
@@ -158,26 +160,48 @@ class EngineDaemon(Phased):
             self.metrics,
         )
         await self.clock_check.measure()
-        self.leadership = Leadership(
+        self.schedules = ScheduleStore(self.store, s.partitions)
+        self.leadership = self._leadership()
+        self.bus.link_listeners.append(self.leadership.on_link)
+        self.metrics.standing_by()
+        self._build_engine()
+
+    def _leadership(self) -> Leadership | PartitionedLeadership:
+        """One lease for one term over every partition under P = 1; a lease per partition and
+        terms over a fair share of them under P > 1 (`leadership.partitioned`)."""
+        s = self.settings
+        assert self.store is not None and self.clock_check is not None
+        if s.partitions == 1:
+            return Leadership(
+                self.leader_kv,
+                self.store.pool,
+                s,
+                self.clock,
+                self.metrics,
+                clock_ok=self.clock_check.ok,
+                clock_check=self.clock_check.measure,
+            )
+        return PartitionedLeadership(
             self.leader_kv,
             self.store.pool,
             s,
             self.clock,
             self.metrics,
+            state_kv=self.state_kv,
             clock_ok=self.clock_check.ok,
-            clock_check=self.clock_check.measure,
-            # one term over every partition (leases per partition are still to come)
-            take_office=functools.partial(take_office, partitions=range(s.partitions)),
+            on_term=self._own,
         )
-        self.bus.link_listeners.append(self.leadership.lease.on_link)
-        self.metrics.standing_by()
-        self._build_engine()
+
+    def _own(self, partitions: Sequence[int]) -> None:
+        """A term over `partitions` begins: the stores' reads and fences are theirs."""
+        assert self.tasks is not None and self.schedules is not None
+        self.tasks.office = self.schedules.office = tuple(partitions)
 
     def _build_engine(self) -> None:
         s = self.settings
         assert self.store is not None and self.bus is not None and self.leadership is not None
-        assert self.tasks is not None
-        schedules = ScheduleStore(self.store, s.partitions)
+        assert self.tasks is not None and self.schedules is not None
+        schedules = self.schedules
         self.cron = CronEngine(s, schedules, self.leadership, self.clock, self.metrics, self.bus)
         self.engine = LeaderEngine(
             s,

@@ -24,9 +24,10 @@ from scheduler.engine.delayed.fairness import horizon_heap
 from scheduler.engine.delayed.horizon import Catchup, Horizon
 from scheduler.engine.delayed.intake import Intake
 from scheduler.engine.delayed.quota import OrgLedger
-from scheduler.engine.office import Office, TermOffice
+from scheduler.engine.office import Office, Shares, TermOffice
 from scheduler.engine.ports import Broker, Bus, TaskRepository
 from scheduler.messages.envelope import Limits
+from scheduler.partitions import partition_of
 from scheduler.records import from_ms, to_ms
 from scheduler.settings import Settings
 
@@ -75,12 +76,43 @@ class LeaderEngine:
         self._checks: set[asyncio.Task[None]] = set()
 
     async def run_term(self, stop: asyncio.Event) -> None:
-        """One term of office: until `stop` is set or office is lost (returns at once on stop)."""
+        """One term of office: until `stop` is set or office is lost (returns at once on stop).
+        Over partitions (`Shares`, P > 1), also until the office hands the term over (its set
+        of partitions is to change): it then ends as on `stop`, and says so."""
         taking = asyncio.ensure_future(self.office.wait_for_office())
         await first_of(taking, stop.wait())
         if not taking.done() or taking.cancelled():
             return  # stopped while standing by
         epoch = taking.result()
+        shares = self.office if isinstance(self.office, Shares) else None
+        if shares is None:
+            await self._term(epoch, stop)
+            return
+        partitions = shares.partitions_of(epoch)
+        if partitions is None:
+            return  # that term is over already
+        self._own(partitions)
+        ending = asyncio.Event()
+        ender = asyncio.create_task(
+            first_of(stop.wait(), shares.handover.wait()), name="term-ender"
+        )
+        ender.add_done_callback(lambda _: ending.set())
+        try:
+            await self._term(epoch, ending)
+        finally:
+            ender.cancel()
+            shares.term_ended(epoch)
+
+    def _own(self, partitions: frozenset[int]) -> None:
+        """Fire only the tasks and cron jobs of `partitions` this term (the loader and the
+        sweep read only those: `TaskStore.office`, which the office sets)."""
+        count = self.settings.partitions
+        self.horizon.owns = lambda task_id: partition_of(task_id, count) in partitions
+        if self.cron is not None:
+            self.cron.owns = lambda name: partition_of(name, count) in partitions
+        log.info("engine.partitions count=%d of=%d", len(partitions), count)
+
+    async def _term(self, epoch: int, stop: asyncio.Event) -> None:
         office = TermOffice(self.office, epoch)  # this term's: not the next one's
         publisher = await self.bus.open_publisher(PUBLISH_TIMEOUT, office.may_act)
         relinked = asyncio.Event()

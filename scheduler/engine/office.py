@@ -11,7 +11,7 @@ single instance and for engine tests.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class Office(Protocol):
@@ -45,6 +45,28 @@ class Office(Protocol):
         then (a term that ended and is still winding down while this instance took office
         again), that term is left alone, since its epoch is the newer one that fenced the
         write."""
+        ...
+
+
+@runtime_checkable
+class Shares(Protocol):
+    """An office whose terms each hold a set of partitions (P > 1,
+    `scheduler.leadership.partitioned.PartitionedLeadership`): the set changes from one term to
+    the next, and a term whose set is to change ends gracefully (`handover`)."""
+
+    @property
+    def handover(self) -> asyncio.Event:
+        """Set when the current term is to end gracefully (stop claiming, finish the batch in
+        flight, as on stop), so that the next term takes office over another set."""
+        ...
+
+    def partitions_of(self, epoch: int) -> frozenset[int] | None:
+        """The partitions of the term of `epoch`, as the engine starts it; None when that term
+        is over already."""
+        ...
+
+    def term_ended(self, epoch: int) -> None:
+        """The engine's term of `epoch` has wound down: the next one may take office."""
         ...
 
 

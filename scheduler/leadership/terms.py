@@ -15,6 +15,7 @@ import logging
 from scheduler.aio import first_of, wait_or_stop
 from scheduler.engine.leader_loop import LeaderEngine
 from scheduler.leadership.election import Leadership
+from scheduler.leadership.partitioned import PartitionedLeadership
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ class TermLoop:
     def __init__(
         self,
         engine: LeaderEngine,
-        leadership: Leadership,
+        leadership: Leadership | PartitionedLeadership,
         grace: float,
         stop: asyncio.Event,
         done: asyncio.Event,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from scheduler.aio import first_of
@@ -67,6 +67,14 @@ class CronEngine:
         self.planner = OccurrencePlanner()
         self.book = CursorBook(settings, store, clock, events, mirror=bus is not None)
         self._publisher: Broker | None = None  # this term's, for messages framed ahead
+        # the jobs this term fires, by name (None: all): under P > 1 a term holds some of the
+        # partitions, and a job's cursor is fenced by its own (set per term by LeaderEngine)
+        self.owns: Callable[[str], bool] | None = None
+        self._owned: tuple[tuple[Job, ...], Callable[[str], bool] | None, tuple[Job, ...]] = (
+            (),
+            None,
+            (),
+        )
 
     # -- the catalog, as the daemon and the management API see it ---------------------------------
     @property
@@ -85,6 +93,18 @@ class CronEngine:
     def failed(self) -> frozenset[str]:
         """Jobs stopped by a permanent publish error (see `CursorBook`)."""
         return self.catalog.failed
+
+    @property
+    def term_jobs(self) -> tuple[Job, ...]:
+        """The jobs of this term's partitions (every job unless `owns` says otherwise)."""
+        jobs, owns = self.catalog.jobs, self.owns
+        if owns is None:
+            return jobs
+        seen_jobs, seen_owns, mine = self._owned
+        if seen_jobs is not jobs or seen_owns is not owns:
+            mine = tuple(j for j in jobs if owns(j.name))
+            self._owned = (jobs, owns, mine)
+        return mine
 
     def request_reload(self) -> None:
         """Ask for a YAML reload (SIGHUP)."""
@@ -140,7 +160,7 @@ class CronEngine:
         start = min(self.catalog.synced_at or now, now)
         done = {job.name for job, _, _ in early}
         moves, firing = self.planner.plan_tick(
-            self.jobs, cursors, now, start, done, self.book.backing_off
+            self.term_jobs, cursors, now, start, done, self.book.backing_off
         )
         results = await self._settle(early) + await self._fire(publisher, firing, now)
         self.book.fold(results, moves)
@@ -153,7 +173,7 @@ class CronEngine:
         self, publisher: Broker, cursors: dict[str, datetime], now: datetime
     ) -> list[Sent]:
         """Hand the broker the messages prepared for the occurrences due now, all at once."""
-        due = self.planner.take_prepared(self.jobs, cursors, now)
+        due = self.planner.take_prepared(self.term_jobs, cursors, now)
         if not due:
             return []
         futures = await publisher.publish_prepared([ready.outgoing for _, ready in due], now)
@@ -200,7 +220,7 @@ class CronEngine:
     async def _sleep_until_next(self, cursors: dict[str, datetime], stop: asyncio.Event) -> None:
         now = self.clock.now()
         retry_at = self.book.retry_times(now)
-        nexts = self.planner.ahead(self.jobs, cursors, now, retry_at, self._publisher)
+        nexts = self.planner.ahead(self.term_jobs, cursors, now, retry_at, self._publisher)
         now = self.clock.now()  # again: computing the next occurrences of many jobs takes time
         wait = min([RELOAD_CHECK, *[(n - now).total_seconds() for n in nexts]])
         if wait <= 0:

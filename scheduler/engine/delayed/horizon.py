@@ -313,6 +313,16 @@ class Horizon:
         self.split_at: Key | None = None
         self._bounds = (self.heap.max_tasks, self.heap.max_bytes)
         self._lock = asyncio.Lock()
+        # the tasks this term may fire, by id (None: all): under P > 1 a term holds some of the
+        # partitions, and intake or a notice may name a task of another's (the loader and the
+        # sweep read the term's partitions only)
+        self.owns: Callable[[str], bool] | None = None
+
+    def _offer(self, refs: Iterable[TaskRef]) -> int:
+        owns = self.owns
+        return sum(
+            self._heap_for(ref.key).offer(ref) for ref in refs if owns is None or owns(ref.task_id)
+        )
 
     def __len__(self) -> int:
         return len(self.heap) + (len(self.backlog) if self.backlog is not None else 0)
@@ -332,7 +342,7 @@ class Horizon:
         (and `wake`). Returns the write's result and how many were pushed."""
         async with self._lock:
             result = await write
-            pushed = sum(self._heap_for(ref.key).offer(ref) for ref in refs_of(result))
+            pushed = self._offer(refs_of(result))
         if pushed and wake:
             self.wake.set()
         return result, pushed
@@ -344,7 +354,7 @@ class Horizon:
     async def offer_all(self, refs: Iterable[TaskRef]) -> int:
         """Offer tasks known to be pending (notices, the sweep); wake if any went on."""
         async with self._lock:
-            pushed = sum(self._heap_for(ref.key).offer(ref) for ref in refs)
+            pushed = self._offer(refs)
         if pushed:
             self.wake.set()
         return pushed

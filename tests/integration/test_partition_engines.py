@@ -1,0 +1,217 @@
+"""Firing partitioned across engines: daemons in this process over P = 8 on one NATS and one
+database (lease TTL 3 s, horizon 2 s so the owner's loader, not intake, puts each task on its
+heap): each fires only its own partitions, and nothing is lost or doubled through a kill and
+a join (docs/decisions/2026-12-06-partition-ownership.md, steps 3 and 4)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
+
+from scheduler.daemon.lifecycle import Daemon
+from scheduler.leadership.partitioned import PartitionedLeadership
+from scheduler.partitions import partition_of
+from scheduler.settings import Settings
+from tests.integration.test_delayed import envelope
+from tests.support.helpers import DaemonRunner
+from tests.support.partitioned import partitioned_pool
+
+P = 8
+ALL = frozenset(range(P))
+STREAM, LANE = "PT", "mq.delay.pt.work"
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await partitioned_pool(database_url, P)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def runners(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[list[DaemonRunner]]:
+    base = settings.with_overrides(partitions=P, horizon=timedelta(seconds=2))
+    runners = [DaemonRunner(base.with_overrides(instance_id=f"pt-{n}")) for n in "abc"]
+    yield runners
+    await asyncio.gather(*(r.stop() for r in runners))
+
+
+@pytest.fixture
+async def nc(settings: Settings) -> AsyncIterator[Client]:
+    nc = await nats.connect(settings.nats_servers)
+    await nc.jetstream().add_stream(
+        StreamConfig(name=STREAM, subjects=["mq.pt.>"], duplicate_window=120)
+    )
+    yield nc
+    await nc.close()
+
+
+def lead(d: Daemon) -> PartitionedLeadership:
+    assert isinstance(d.leadership, PartitionedLeadership)
+    return d.leadership
+
+
+def term(d: Daemon) -> frozenset[int]:
+    return lead(d).term if lead(d).may_act() else frozenset()
+
+
+async def fair(*daemons: Daemon, within: float = 8.0) -> None:
+    """Until every partition is in exactly one daemon's term, shares within one of each other."""
+    async with asyncio.timeout(within):
+        while True:
+            terms = [term(d) for d in daemons]
+            sizes = [len(t) for t in terms]
+            if frozenset().union(*terms) == ALL and sum(sizes) == P:
+                if max(sizes) - min(sizes) <= 1:
+                    return
+            await asyncio.sleep(0.02)
+
+
+async def publish(nc: Client, dues: list[datetime]) -> dict[str, datetime]:
+    """One task per due time on the lane; their ids and due times."""
+    js, out = nc.jetstream(), {}
+    for due in dues:
+        doc = envelope(due)
+        out[doc["id"]] = datetime.fromisoformat(doc["delay_until"])
+        await js.publish(LANE, json.dumps(doc).encode())
+    return out
+
+
+async def delivered(nc: Client, count: int, within: float) -> list[Any]:
+    """The target stream's messages once it holds `count` (and a quiet 0.5 s after)."""
+    js = nc.jetstream()
+    async with asyncio.timeout(within):
+        while (await js.stream_info(STREAM)).state.messages < count:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    psub = await js.pull_subscribe(
+        ">", durable=None, stream=STREAM, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
+    )
+    out: list[Any] = []
+    try:
+        while True:
+            try:
+                out += await psub.fetch(500, timeout=1.0)
+            except TimeoutError:
+                return out
+    finally:
+        await psub.unsubscribe()
+
+
+async def fired_by(pool: asyncpg.Pool) -> dict[str, list[str]]:
+    """Each delayed task's fire_log rows: the instances that published it."""
+    rows = await pool.fetch("SELECT key, instance FROM fire_log WHERE kind = 'delayed'")
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        out.setdefault(r["key"], []).append(r["instance"])
+    return out
+
+
+def lateness(msgs: list[Any], due: dict[str, datetime]) -> dict[str, float]:
+    """Seconds from each task's due time to its storing in the target stream."""
+    return {
+        (i := m.headers["Nats-Msg-Id"]): (m.metadata.timestamp - due[i]).total_seconds()
+        for m in msgs
+    }
+
+
+async def test_three_engines_each_fire_only_their_own_partitions(
+    runners: list[DaemonRunner], nc: Client, pool: asyncpg.Pool
+) -> None:
+    """Three engines share the eight partitions (3, 3, 2); 120 tasks taken in on any engine,
+    some due within the horizon (so intake, not the loader, meets them first), are each
+    delivered once, by the engine holding its partition, none early; no term is fenced on
+    the way (an engine never claims another's task), so every epoch stays as it was."""
+    daemons = [await r.start() for r in runners]
+    await fair(*daemons)
+    owner = {p: d.settings.instance_id for d in daemons for p in term(d)}
+    epochs = [lead(d).epoch for d in daemons]
+    now = datetime.now(UTC)
+    soon = [now + timedelta(milliseconds=300 + 25 * i) for i in range(40)]
+    later = [now + timedelta(seconds=3, milliseconds=25 * i) for i in range(80)]
+    due = await publish(nc, soon + later)
+    msgs = await delivered(nc, len(due), within=15)
+    assert [lead(d).epoch for d in daemons] == epochs
+    assert Counter(m.headers["Nats-Msg-Id"] for m in msgs) == Counter(list(due))
+    assert min(lateness(msgs, due).values()) >= -0.001
+    assert {owner[p] for p in ALL} == {d.settings.instance_id for d in daemons}
+    fired = await fired_by(pool)
+    assert {i: by for i, by in fired.items() if i in due} == {
+        i: [owner[partition_of(i, P)]] for i in due
+    }
+
+
+async def test_a_killed_engine_stalls_only_its_partitions_and_nothing_is_lost_or_doubled(
+    runners: list[DaemonRunner], nc: Client, settings: Settings
+) -> None:
+    """Of two engines, one stops renewing and beating (a frozen process): tasks of the other's
+    partitions keep firing on time, the frozen one's are fired by the survivor once its
+    leases expired (within TTL + campaign + 1.5 s of their due time), each exactly once."""
+    a, b = [await r.start() for r in runners[:2]]
+    await fair(a, b)
+    mine = term(b)
+    now = datetime.now(UTC)
+    due = await publish(nc, [now + timedelta(seconds=2.5, milliseconds=50 * i) for i in range(120)])
+    freeze(a)
+    msgs = await delivered(nc, len(due), within=20)
+    assert Counter(m.headers["Nats-Msg-Id"] for m in msgs) == Counter(list(due))
+    late = lateness(msgs, due)
+    assert min(late.values()) >= -0.001
+    survivor = max(v for i, v in late.items() if partition_of(i, P) in mine)
+    orphan = max(v for i, v in late.items() if partition_of(i, P) not in mine)
+    bound = settings.lease_ttl + settings.campaign_interval.total_seconds() + 1.5
+    assert survivor < 0.5, f"the survivor's own tasks were up to {survivor:.2f} s late"
+    assert orphan < bound, f"the frozen engine's tasks were up to {orphan:.2f} s late"
+    assert term(b) == ALL
+    print(f"\n  survivor's tasks late <= {survivor * 1000:.0f} ms, orphans <= {orphan:.2f} s")
+
+
+def freeze(d: Daemon) -> None:
+    """Stop a daemon's renewals, campaigns and heartbeats, as SIGSTOP would (its engine loops
+    go on, and self-fence at the deadline); `resign` (at stop) still ends the freeze."""
+    leader = lead(d)
+
+    async def frozen() -> None:
+        while not leader.resigned:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+    async def no_beat(*args: Any, **kwargs: Any) -> int:
+        raise ConnectionError("frozen")
+
+    leader.step = frozen  # type: ignore[method-assign]
+    d.core.state_kv.put = no_beat
+
+
+async def test_a_joining_engine_takes_its_share_and_nothing_is_lost_or_doubled(
+    runners: list[DaemonRunner], nc: Client, pool: asyncpg.Pool
+) -> None:
+    """While tasks fall due, a third engine joins two: the two hand their surplus over
+    gracefully (no task published twice: one fire_log row each) and every task is delivered
+    exactly once, none early."""
+    a, b = [await r.start() for r in runners[:2]]
+    await fair(a, b)
+    now = datetime.now(UTC)
+    due = await publish(nc, [now + timedelta(seconds=1, milliseconds=40 * i) for i in range(150)])
+    await asyncio.sleep(1.5)
+    t0 = time.monotonic()
+    c = await runners[2].start()
+    await fair(a, b, c)
+    took = time.monotonic() - t0
+    msgs = await delivered(nc, len(due), within=20)
+    assert Counter(m.headers["Nats-Msg-Id"] for m in msgs) == Counter(list(due))
+    assert min(lateness(msgs, due).values()) >= -0.001
+    fired = await fired_by(pool)
+    assert {i: len(fired.get(i, [])) for i in due} == {i: 1 for i in due}
+    assert term(c), "the joining engine holds nothing"
+    print(f"\n  join to fair shares: {took:.2f} s")
