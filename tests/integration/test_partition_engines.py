@@ -215,3 +215,30 @@ async def test_a_joining_engine_takes_its_share_and_nothing_is_lost_or_doubled(
     assert {i: len(fired.get(i, [])) for i in due} == {i: 1 for i in due}
     assert term(c), "the joining engine holds nothing"
     print(f"\n  join to fair shares: {took:.2f} s")
+
+
+async def test_each_cron_job_fires_once_an_occurrence_on_the_engine_of_its_partition(
+    runners: list[DaemonRunner], nc: Client, pool: asyncpg.Pool, settings: Settings
+) -> None:
+    """Eight jobs firing every second over two engines: each occurrence is logged once, by
+    the engine holding the job's partition, and no term is fenced on the way."""
+    names = [f"tick-{n}" for n in range(8)]
+    jobs = "".join(
+        f"  - name: {n}\n    subject: mq.pt.cron.{n}\n    cron: '* * * * * *'\n    data: {{}}\n"
+        for n in names
+    )
+    (settings.schedules_dir / "jobs.yaml").write_text("scheduled_jobs:\n" + jobs)
+    a, b = [await r.start() for r in runners[:2]]
+    await fair(a, b)
+    owner = {p: d.settings.instance_id for d in (a, b) for p in term(d)}
+    epochs = [lead(d).epoch for d in (a, b)]
+    await asyncio.sleep(3.2)
+    rows = await pool.fetch(
+        "SELECT key, scheduled_for, instance FROM fire_log WHERE kind = 'cron' AND epoch = ANY($1)",
+        epochs,
+    )
+    assert [lead(d).epoch for d in (a, b)] == epochs
+    per = Counter((r["key"], r["scheduled_for"]) for r in rows)
+    assert per and max(per.values()) == 1
+    assert {r["key"] for r in rows} == set(names)
+    assert all(r["instance"] == owner[partition_of(r["key"], P)] for r in rows)
