@@ -347,6 +347,7 @@ class PartitionedLeadership:
         """End the current term (gracefully while it may act), give back `release`, and take
         office over `wanted` for the next one."""
         if self.tenure.held():
+            self._log.info("leader.handing_over epoch=%s", self.tenure.recorded()[0])
             self.handover.set()
             if self._running is not None:
                 left = min(HANDOVER_GRACE, self.tenure.deadline - self._clock.monotonic())

@@ -156,8 +156,9 @@ async def test_a_killed_engine_stalls_only_its_partitions_and_nothing_is_lost_or
     runners: list[DaemonRunner], nc: Client, settings: Settings
 ) -> None:
     """Of two engines, one stops renewing and beating (a frozen process): tasks of the other's
-    partitions keep firing on time, the frozen one's are fired by the survivor once its
-    leases expired (within TTL + campaign + 1.5 s of their due time), each exactly once."""
+    partitions keep firing (under a second late, never the TTL), the frozen one's are fired by
+    the survivor once its leases expired (within TTL + campaign + 1.5 s of their due time),
+    each exactly once."""
     a, b = [await r.start() for r in runners[:2]]
     await fair(a, b)
     mine = term(b)
@@ -171,7 +172,7 @@ async def test_a_killed_engine_stalls_only_its_partitions_and_nothing_is_lost_or
     survivor = max(v for i, v in late.items() if partition_of(i, P) in mine)
     orphan = max(v for i, v in late.items() if partition_of(i, P) not in mine)
     bound = settings.lease_ttl + settings.campaign_interval.total_seconds() + 1.5
-    assert survivor < 0.5, f"the survivor's own tasks were up to {survivor:.2f} s late"
+    assert survivor < 1.0, f"the survivor's own tasks were up to {survivor:.2f} s late"
     assert orphan < bound, f"the frozen engine's tasks were up to {orphan:.2f} s late"
     assert term(b) == ALL
     print(f"\n  survivor's tasks late <= {survivor * 1000:.0f} ms, orphans <= {orphan:.2f} s")
