@@ -9,8 +9,9 @@ deployment: tests/unit/test_partitions.py pins its values. SHA-256 because Postg
 it too (`sha256(convert_to(key, 'UTF8'))`, also in FIPS mode, where `md5()` fails), so a later
 statement that moves rows to a new P can do it in SQL.
 
-Today only P = 1 runs (every row in partition 0): what exists, and what is still to come, is in
-docs/leadership.md, "Partitions".
+P = 1 (every row in partition 0) is one leader, as before; under P > 1 each engine holds a
+fair share of the partitions (scheduler/leadership/partitioned.py). What exists, and what is
+still to come, is in docs/leadership.md, "Partitions".
 """
 
 from __future__ import annotations

@@ -145,8 +145,8 @@ class TaskStore(TaskIntake, TaskAdmin):
     ) -> None:
         TaskIntake.__init__(self, db, partitions)
         TaskAdmin.__init__(self, db, intent_limits)
-        # the partitions the engine's term holds: every one (one term over all of them until
-        # each partition has its own lease, docs/decisions/2026-12-06-partition-ownership.md)
+        # the partitions the engine's term holds: every one under P = 1; under P > 1 the
+        # daemon sets it at each term (leadership.partitioned, `on_term`)
         self.office: Sequence[int] = range(partitions)
 
     def _partitions_of(self, ids: Iterable[str]) -> Collection[int]:
