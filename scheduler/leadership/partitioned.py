@@ -319,8 +319,8 @@ class PartitionedLeadership:
         """Create up to `wanted` vacant keys; the partitions gained."""
         gained: set[int] = set()
         for p in await self._vacant():
-            if len(gained) >= wanted:
-                break
+            if len(gained) >= wanted or self._clock.monotonic() >= self._next_renew:
+                break  # (a slow campaign must not hold back the renewal of what is held)
             lease = self._lease(p)
             sent = self._clock.monotonic()
             try:
@@ -349,9 +349,7 @@ class PartitionedLeadership:
         if self.tenure.held():
             self._log.info("leader.handing_over epoch=%s", self.tenure.recorded()[0])
             self.handover.set()
-            if self._running is not None:
-                left = min(HANDOVER_GRACE, self.tenure.deadline - self._clock.monotonic())
-                await first_of(self._ended.wait(), self._clock.sleep(max(left, 0.0)))
+            await self._wind_down()
             self.tenure.end("handover")
         self.handover.clear()
         for p in release:
@@ -374,6 +372,22 @@ class PartitionedLeadership:
         self._on_term(sorted(wanted))
         self.tenure.begin(epoch, self._clock.now(), min(self.deadlines[p] for p in wanted))
         self._log.info("leader.partitions epoch=%d partitions=%s", epoch, sorted(wanted))
+
+    async def _wind_down(self) -> None:
+        """Wait (at most HANDOVER_GRACE) for the engine to end the term, renewing every key
+        meanwhile: a slow wind-down (publishes waiting out their timeout) must not cost the
+        partitions this engine keeps."""
+        give_up = self._clock.monotonic() + HANDOVER_GRACE
+        while self._running is not None and self.tenure.held():
+            now = self._clock.monotonic()
+            if now >= give_up:
+                return
+            await first_of(
+                self._ended.wait(), self._clock.sleep(min(give_up, self._next_renew) - now)
+            )
+            if self._running is not None and self._clock.monotonic() >= self._next_renew:
+                self._next_renew = self._clock.monotonic() + self.renew_every
+                await self._renew_all()
 
     async def _release(self, partition: int) -> None:
         """Give a partition's key back (revision-checked delete): the next owner's take raises

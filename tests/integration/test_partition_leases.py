@@ -19,6 +19,7 @@ from nats.js.kv import KeyValue
 from scheduler.bus.nats.connection import ensure_bucket
 from scheduler.clock import SystemClock
 from scheduler.errors import FencedError
+from scheduler.leadership import partitioned
 from scheduler.leadership.partitioned import PartitionedLeadership, lease_key
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -201,3 +202,21 @@ async def test_a_dead_engines_partitions_are_taken_within_ttl_and_a_campaign(
     assert took <= bound, f"took {took:.2f} s after the kill, bound {bound:.2f} s"
     assert not stalled, "the surviving engine stopped acting on its own partitions"
     assert time.monotonic() - killed >= settings.lease_ttl - 1.5  # not before A's keys expired
+
+
+async def test_a_slow_wind_down_keeps_the_partitions_it_does_not_give_back(
+    engines: Engines, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While an engine waits for its term to wind down before giving partitions to a joining
+    engine (here a term that never says it ended: publishes waiting out their timeout), it
+    keeps renewing its keys: no key lapses, it keeps the four it does not give back (the
+    lowest), and the joiner holds the others at once, not after they expired."""
+    monkeypatch.setattr(partitioned, "HANDOVER_GRACE", 4.0)  # beyond a key's TTL - margin
+    a = await engines.start("a")
+    epoch = await asyncio.wait_for(a.wait_for_office(), 5)
+    assert a.partitions_of(epoch) == ALL  # an engine runs the term, and never ends it
+    b = await engines.start("b")
+    took = await until(lambda: shared_fairly(a, b), within=10)
+    assert a.term == frozenset(range(P // 2))
+    assert "leader.partition_lost" not in caplog.text
+    assert took < partitioned.HANDOVER_GRACE + 1.5
