@@ -50,6 +50,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
+
 from scheduler.messages.headers import printable
 from scheduler.partitions import partition_of
 from scheduler.records import (
@@ -124,12 +126,62 @@ def _ready_by_partition(where: str, limit: str, owned: str) -> str:
     )
 
 
+def _ready_each(where: str, each: str, owned: str) -> str:
+    """As `_ready_by_partition`, but at most `each` of each partition's status range, all of
+    them in firing order with the range they came from (`part`, `doubted_range`), for
+    `_complete_prefix` to cut where a range may have more."""
+    page = (
+        "(SELECT id, due_at, priority, seq, org_id, {} AS doubted_range FROM delayed_messages "
+        f"WHERE {{}} AND partition = o.part AND {where} ORDER BY due_at, priority, seq "
+        f"LIMIT {each})"
+    )
+    pending, doubted = (
+        page.format(flag, states.unclaimed(s))
+        for flag, s in zip(("false", "true"), states.READY_STATUSES, strict=True)
+    )
+    return (
+        f"SELECT o.part, p.* FROM {EACH_OF.format(owned)} CROSS JOIN LATERAL ({pending} "
+        f"UNION ALL {doubted}) AS p ORDER BY p.due_at, p.priority, p.seq"
+    )
+
+
 # The loader's page: after the key ($1, $2, $3), due by $4, at most $5, of the partitions $6.
 LOAD_SQL = _ready_by_partition(
     "(due_at, priority, seq) > ($1, $2, $3) AND due_at <= $4", "$5", "$6"
 )
 # The sweep's page: due before $1, at most $2, of the partitions $3.
 SWEEP_SQL = _ready_by_partition("due_at < $1", "$2", "$3")
+# The same with at most $5 (loader) or $2 (sweep) of each partition's range, cut by the caller
+LOAD_EACH_SQL = _ready_each("(due_at, priority, seq) > ($1, $2, $3) AND due_at <= $4", "$5", "$6")
+SWEEP_EACH_SQL = _ready_each("due_at < $1", "$2", "$3")
+# Over several partitions a page reads at most this share of its limit from each partition's
+# range (at least EACH_MIN), not the whole limit from each (docs/decisions/2026-12-06-
+# partition-ownership.md, Consequences): partitions are hashes of ids, so a page's tasks are
+# spread over them, and a skewed page is read again whole.
+EACH_SHARE = 2
+EACH_MIN = 16
+
+
+def _each_of(limit: int, owned: int) -> int:
+    """How many tasks of each partition's range a page of `limit` over `owned` reads."""
+    return max(EACH_MIN, -(-limit * EACH_SHARE // owned))
+
+
+def _complete_prefix(rows: list[asyncpg.Record], each: int) -> tuple[list[TaskRef], bool]:
+    """The rows (in firing order) up to the first key past which a range read only `each`
+    rows may hold more: every ready task of the office up to there is among them. True when
+    the rows were cut so."""
+    counts: dict[tuple[int, bool], int] = {}
+    last: dict[tuple[int, bool], tuple[datetime, int, int]] = {}
+    for r in rows:
+        range_of = (r["part"], r["doubted_range"])
+        counts[range_of] = counts.get(range_of, 0) + 1
+        last[range_of] = (r["due_at"], r["priority"], r["seq"])
+    full = [last[k] for k, n in counts.items() if n >= each]
+    if not full:
+        return [task_ref(r) for r in rows], False
+    cut = min(full)
+    return [task_ref(r) for r in rows if (r["due_at"], r["priority"], r["seq"]) <= cut], True
 
 
 class TaskStore(TaskIntake, TaskAdmin):
@@ -163,29 +215,30 @@ class TaskStore(TaskIntake, TaskAdmin):
         due by `until`, in firing order (each partition and status from its partial index by
         partition, merged)."""
         due_ms, priority, seq = after
+        start = from_ms(max(due_ms, 0)) if due_ms >= 0 else datetime(1970, 1, 1, tzinfo=UTC)
+        key = (start, priority, min(seq, 2**62), until)
+        office = list(self.office)
+        each = _each_of(limit, len(office))
         async with self.db.timed("load") as conn:
-            rows = await conn.fetch(
-                LOAD_SQL,
-                from_ms(max(due_ms, 0)) if due_ms >= 0 else datetime(1970, 1, 1, tzinfo=UTC),
-                priority,
-                min(seq, 2**62),
-                until,
-                limit,
-                list(self.office),
-            )
+            if each < limit:  # several partitions: a share of the page from each, first
+                rows = await conn.fetch(LOAD_EACH_SQL, *key, each, office)
+                page, cut = _complete_prefix(rows, each)
+                if not cut or len(page) >= limit:
+                    return page[:limit]
+            rows = await conn.fetch(LOAD_SQL, *key, limit, office)  # skewed: the whole page
         return [task_ref(r) for r in rows]
 
     async def overdue(self, before: datetime, limit: int) -> list[TaskRef]:
         """Ready tasks not claimed due before `before`: the sweep that catches anything the heap
         missed. Each status from its partial index, merged (`status IN (...)` in one query
         read the whole table: 70 ms at 300,000 tasks, every sweep)."""
+        office = list(self.office)
+        each = _each_of(limit, len(office))
         async with self.db.timed("sweep") as conn:
-            rows = await conn.fetch(
-                SWEEP_SQL,
-                before,
-                limit,
-                list(self.office),
-            )
+            if each < limit:  # several partitions: what a share of each gives in order is enough
+                rows = await conn.fetch(SWEEP_EACH_SQL, before, each, office)
+                return _complete_prefix(rows, each)[0][:limit]
+            rows = await conn.fetch(SWEEP_SQL, before, limit, office)
         return [task_ref(r) for r in rows]
 
     async def claim_within(
