@@ -155,8 +155,8 @@ SWEEP_SQL = _ready_by_partition("due_at < $1", "$2", "$3")
 LOAD_EACH_SQL = _ready_each("(due_at, priority, seq) > ($1, $2, $3) AND due_at <= $4", "$5", "$6")
 SWEEP_EACH_SQL = _ready_each("due_at < $1", "$2", "$3")
 # Over several partitions a page reads at most this share of its limit from each partition's
-# range (at least EACH_MIN), not the whole limit from each (docs/decisions/2026-12-06-
-# partition-ownership.md, Consequences): partitions are hashes of ids, so a page's tasks are
+# range (at least EACH_MIN), not the whole limit from each (the partition ownership record's
+# Consequences, docs/decisions/): partitions are hashes of ids, so a page's tasks are
 # spread over them, and a skewed page is read again whole.
 EACH_SHARE = 2
 EACH_MIN = 16
