@@ -71,9 +71,8 @@ class SchedulerService:
 
     def _paced(self) -> bool:
         """Whether a request may be handled now; one past the pace is dropped (module doc)."""
-        if self.pace.reserve() == 0.0:
+        if self.pace.take():
             return True
-        self.pace.tokens += 1  # a dropped request takes no place in line
         self.dropped += 1
         now = time.monotonic()
         if now - self._said_at >= 1.0:

@@ -45,6 +45,14 @@ class Pace:
         self.tokens -= 1
         return 0.0 if self.tokens >= 0 else -self.tokens / self.per_second
 
+    def take(self) -> bool:
+        """Take a token if the bucket holds one now; False (and nothing taken, no place in
+        line) otherwise: for callers that drop what is past the pace instead of waiting."""
+        if self.reserve() == 0.0:
+            return True
+        self.tokens += 1
+        return False
+
 
 _PACES: dict[int, Pace] = {}
 

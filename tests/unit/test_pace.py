@@ -44,3 +44,11 @@ def test_a_burst_of_a_whole_second_for_the_nats_verbs() -> None:
     """The verbs' bucket holds a second of the rate: a client's burst of cancels goes through."""
     pace = Pace(1000, Clock(), burst=1.0)
     assert sum(1 for _ in range(1500) if pace.reserve() == 0.0) == 1000
+
+
+def test_take_drops_past_the_pace_without_taking_a_place_in_line() -> None:
+    clock = Clock()
+    pace = Pace(10, clock, burst=0.5)  # five at once
+    assert [pace.take() for _ in range(8)] == [True] * 5 + [False] * 3
+    clock.now += 0.15  # a token and a half: the refused ones left no debt behind
+    assert pace.take() and not pace.take()
