@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -366,6 +366,30 @@ async def test_a_burst_is_booked_in_statements_of_at_most_fired_chunk(database_u
     assert sizes[:-1] == [FIRED_CHUNK, FIRED_CHUNK, 12_000 - 2 * FIRED_CHUNK]
 
 
+def _explaining(trees: dict[str, Any]) -> Callable[..., Awaitable[list[Any]]]:
+    """A stand-in for `fenced` that explains each outcome statement (does not run it) under a
+    generic plan, as a pooled connection runs it, keeping its plan in `trees` by the table it
+    inserts into (`retry` for the one that inserts nothing)."""
+
+    async def explained(
+        conn: Any, epoch: int, writes: str, *args: Any, rows: str | None = None
+    ) -> list[Any]:
+        name = "retry"
+        if "INSERT INTO " in writes:
+            name = writes.split("INSERT INTO ", 1)[1].split(" ", 1)[0]
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        plan = await conn.fetchval(
+            f"EXPLAIN (FORMAT JSON) WITH {epoch_module._LEAD}, {writes} "
+            "SELECT (SELECT count(*) FROM lead) AS in_office",
+            epoch,
+            *args,
+        )
+        trees[name] = json.loads(plan)[0]["Plan"]
+        return []
+
+    return explained
+
+
 def _rescans_of_u(node: dict[str, Any], parent: str = "") -> list[str]:
     """The plan nodes that read the outcome's id array `u` once per row of another input:
     a scan of `u` as the inner side of a nested loop."""
@@ -394,23 +418,7 @@ async def test_outcomes_read_their_ids_once_whatever_the_statistics_say(
     pool = await create_pool(database_url, min_size=1, max_size=1)
     tasks = TaskStore(PostgresStore(pool, Metrics()))
     due = datetime.now(UTC) - timedelta(seconds=1)
-    plans: dict[str, list[str]] = {}
-
-    async def explained(
-        conn: Any, epoch: int, writes: str, *args: Any, rows: str | None = None
-    ) -> list[Any]:
-        name = "retry"
-        if "INSERT INTO " in writes:
-            name = writes.split("INSERT INTO ", 1)[1].split(" ", 1)[0]
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
-        plan = await conn.fetchval(
-            f"EXPLAIN (FORMAT JSON) WITH {epoch_module._LEAD}, {writes} "
-            "SELECT (SELECT count(*) FROM lead) AS in_office",
-            epoch,
-            *args,
-        )
-        plans[name] = _rescans_of_u(json.loads(plan)[0]["Plan"])
-        return []
+    trees: dict[str, Any] = {}
 
     try:
         epoch = await take_office(pool, "test")
@@ -425,7 +433,7 @@ async def test_outcomes_read_their_ids_once_whatever_the_statistics_say(
             ids = [f"t_{g}" for g in range(start, start + 5_000)]
             claimed += (await tasks.claim_within(epoch, ids, due, 2**62)).ready
         assert len(claimed) == 40_000
-        monkeypatch.setattr(tasks_module, "fenced", explained)
+        monkeypatch.setattr(tasks_module, "fenced", _explaining(trees))
         now = datetime.now(UTC)
         fired = [Fired(c, now, "TASKS", i + 1) for i, c in enumerate(claimed[:5_000])]
         await tasks.mark_fired(epoch, fired, "test")
@@ -434,6 +442,7 @@ async def test_outcomes_read_their_ids_once_whatever_the_statistics_say(
         await tasks.kill(epoch, [(c, "too big", "too_large") for c in claimed[10_000:15_000]])
     finally:
         await pool.close()
+    plans = {name: _rescans_of_u(tree) for name, tree in trees.items()}
     assert plans == {"fired_tasks": [], "retry": [], "dead_letters": []}
 
 
@@ -463,25 +472,7 @@ async def test_outcomes_read_their_rows_by_id_when_the_statistics_saw_an_empty_t
     pool = await create_pool(database_url, min_size=1, max_size=1)
     tasks = TaskStore(PostgresStore(pool, Metrics()))
     due = datetime.now(UTC) - timedelta(seconds=1)
-    plans: dict[str, list[str]] = {}
-    reads: dict[str, list[str]] = {}
-
-    async def explained(
-        conn: Any, epoch: int, writes: str, *args: Any, rows: str | None = None
-    ) -> list[Any]:
-        name = "retry"
-        if "INSERT INTO " in writes:
-            name = writes.split("INSERT INTO ", 1)[1].split(" ", 1)[0]
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
-        plan = await conn.fetchval(
-            f"EXPLAIN (FORMAT JSON) WITH {epoch_module._LEAD}, {writes} "
-            "SELECT (SELECT count(*) FROM lead) AS in_office",
-            epoch,
-            *args,
-        )
-        tree = json.loads(plan)[0]["Plan"]
-        plans[name], reads[name] = _rescans_of_u(tree), sorted(set(_reads_of_tasks(tree)))
-        return []
+    trees: dict[str, Any] = {}
 
     try:
         epoch = await take_office(pool, "test")
@@ -501,7 +492,7 @@ async def test_outcomes_read_their_rows_by_id_when_the_statistics_saw_an_empty_t
         ids = [f"t_{g}" for g in range(1, 601)]
         claimed = (await tasks.claim_within(epoch, ids, due, 2**62)).ready
         assert len(claimed) == 600
-        monkeypatch.setattr(tasks_module, "fenced", explained)
+        monkeypatch.setattr(tasks_module, "fenced", _explaining(trees))
         now = datetime.now(UTC)
         fired = [Fired(c, now, "TASKS", i + 1) for i, c in enumerate(claimed[:200])]
         await tasks.mark_fired(epoch, fired, "test")
@@ -510,6 +501,8 @@ async def test_outcomes_read_their_rows_by_id_when_the_statistics_saw_an_empty_t
         await tasks.kill(epoch, [(c, "too big", "too_large") for c in claimed[400:]])
     finally:
         await pool.close()
+    plans = {name: _rescans_of_u(tree) for name, tree in trees.items()}
+    reads = {name: sorted(set(_reads_of_tasks(tree))) for name, tree in trees.items()}
     assert plans == {"fired_tasks": [], "retry": [], "dead_letters": []}
     for name, how in reads.items():  # by its ids: the primary key, never a whole scan
         assert any(read.endswith(" delayed_messages_pkey") for read in how), (name, how)
