@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
@@ -29,7 +28,7 @@ from scheduler.clock import Clock, to_rfc3339
 from scheduler.leadership.events import LeadershipEvents
 from scheduler.leadership.heartbeat import Heartbeat
 from scheduler.leadership.lease import KvLease
-from scheduler.leadership.tenure import Tenure
+from scheduler.leadership.tenure import Tenure, TenureOffice
 from scheduler.settings import Settings
 from scheduler.store.postgres.epoch import take_office
 
@@ -37,7 +36,7 @@ T = TypeVar("T")
 TakeOffice = Callable[[asyncpg.Pool, str, int], Awaitable[int]]
 
 
-class Leadership:
+class Leadership(TenureOffice):
     """The `Office` of one instance among several: campaigns for the `lease`, takes office with
     a fresh epoch, renews, and steps down; the term itself is `tenure`."""
 
@@ -70,39 +69,16 @@ class Leadership:
         self.lease = KvLease(kv, self.instance, clock, self._log, self._campaign_every * 4)
         self._resigned = False
 
-    # -- the Office protocol (the term is the tenure's) -------------------------------------------
-    @property
-    def epoch(self) -> int | None:
-        return self.tenure.epoch
-
+    # -- the Office protocol (the term is the tenure's; epoch, wait and lost: TenureOffice) -------
     def may_act(self) -> bool:
         return self.tenure.held()
-
-    async def wait_for_office(self) -> int:
-        return await self.tenure.wait_for_office()
-
-    @property
-    def lost(self) -> asyncio.Event:
-        return self.tenure.lost
 
     def depose(self, epoch: int | None = None) -> None:
         """Leave office at once: a fenced write showed that a newer epoch exists (of the term
         `epoch`, when given: a later term of this instance is not the one fenced)."""
-        current = self.tenure.recorded()[0]
-        if epoch is not None and current is not None and current != epoch:
-            self._log.info("leader.depose_ignored epoch=%d current=%d", epoch, current)
-            return
-        self.tenure.end("deposed")
+        self._end_deposed(epoch)
 
     # -- display ----------------------------------------------------------------------------------
-    @property
-    def role(self) -> str:
-        return self.tenure.role
-
-    @property
-    def since(self) -> datetime | None:
-        return self.tenure.since
-
     def info(self) -> dict[str, Any]:
         """This instance's view for `GET /v1/leader`."""
         since = self.since

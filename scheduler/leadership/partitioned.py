@@ -45,7 +45,7 @@ from scheduler.clock import Clock, to_rfc3339
 from scheduler.leadership.events import LeadershipEvents
 from scheduler.leadership.heartbeat import Heartbeat
 from scheduler.leadership.lease import KvLease
-from scheduler.leadership.tenure import Tenure
+from scheduler.leadership.tenure import Tenure, TenureOffice
 from scheduler.operations.instances import read_instances
 from scheduler.settings import Settings
 from scheduler.store.postgres.epoch import take_office
@@ -61,7 +61,7 @@ def lease_key(partition: int) -> str:
     return f"{KEY_PREFIX}{partition}"
 
 
-class PartitionedLeadership:
+class PartitionedLeadership(TenureOffice):
     """The `Office` (and `engine.office.Shares`) of one engine among several over P partitions."""
 
     def __init__(
@@ -105,11 +105,7 @@ class PartitionedLeadership:
         self._highest_epoch = 0
         self._resigned = False
 
-    # -- the Office protocol ----------------------------------------------------------------------
-    @property
-    def epoch(self) -> int | None:
-        return self.tenure.epoch
-
+    # -- the Office protocol (epoch, wait and lost: TenureOffice) ---------------------------------
     def may_act(self, partition: int | None = None) -> bool:
         """The term may act (every partition of it before its deadline); with `partition`,
         this engine may act on that partition (its lease held, before its own deadline)."""
@@ -118,21 +114,11 @@ class PartitionedLeadership:
         deadline = self.deadlines.get(partition)
         return deadline is not None and self._clock.monotonic() < deadline and self._clock_ok()
 
-    async def wait_for_office(self) -> int:
-        return await self.tenure.wait_for_office()
-
-    @property
-    def lost(self) -> asyncio.Event:
-        return self.tenure.lost
-
     def depose(self, epoch: int | None = None) -> None:
         """A fenced write: the term of `epoch` ends at once; every key is renewed before the
         next term, so a partition another engine took (its key ours no more) is left out."""
-        current = self.tenure.recorded()[0]
-        if epoch is not None and current is not None and current != epoch:
-            self._log.info("leader.depose_ignored epoch=%d current=%d", epoch, current)
+        if not self._end_deposed(epoch):
             return
-        self.tenure.end("deposed")
         self._next_renew = 0.0
         self._wake.set()
 
@@ -151,15 +137,7 @@ class PartitionedLeadership:
             self._running = None
             self._ended.set()
 
-    # -- display ----------------------------------------------------------------------------------
-    @property
-    def role(self) -> str:
-        return self.tenure.role
-
-    @property
-    def since(self) -> datetime | None:
-        return self.tenure.since
-
+    # -- display (role and since: TenureOffice) ---------------------------------------------------
     def info(self) -> dict[str, Any]:
         """This instance's view for `GET /v1/leader`."""
         since = self.since

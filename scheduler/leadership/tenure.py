@@ -91,3 +91,43 @@ class Tenure:
         level = logging.INFO if quiet else logging.WARNING
         message = "leader.lost instance=%s epoch=%d reason=%s error=%r"
         self._log.log(level, message, self.instance, epoch, reason, error)
+
+
+class TenureOffice:
+    """What both offices (`election.Leadership` under P = 1, `partitioned.PartitionedLeadership`
+    under P > 1) answer from their `tenure` alone: the `Office` protocol's epoch, wait and
+    `lost`, the display's role and since, and the check that a fenced write ends the term it
+    was written in, not a later one."""
+
+    instance: str
+    tenure: Tenure
+    _log: logging.Logger
+
+    @property
+    def epoch(self) -> int | None:
+        return self.tenure.epoch
+
+    async def wait_for_office(self) -> int:
+        return await self.tenure.wait_for_office()
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self.tenure.lost
+
+    @property
+    def role(self) -> str:
+        return self.tenure.role
+
+    @property
+    def since(self) -> datetime | None:
+        return self.tenure.since
+
+    def _end_deposed(self, epoch: int | None) -> bool:
+        """End the term on a fenced write of term `epoch` (any term when None); False, and the
+        term left alone, when this instance holds another term by now."""
+        current = self.tenure.recorded()[0]
+        if epoch is not None and current is not None and current != epoch:
+            self._log.info("leader.depose_ignored epoch=%d current=%d", epoch, current)
+            return False
+        self.tenure.end("deposed")
+        return True
