@@ -24,16 +24,11 @@ from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.epoch import fenced, take_office
 from scheduler.store.postgres.tasks import TaskStore
 from tests.support.helpers import waiting_on_locks
-from tests.support.partitioned import partitioned_pool
+from tests.support.partitioned import MARK, partitioned_pool
 from tests.support.stores import claim, insert
 
 P = 4
 ALL = range(P)
-# A write fenced by the epoch of the partitions it names: a mark in each of their rows (`$2`)
-MARK = (
-    "w AS (UPDATE partition_offices o SET instance = $2 FROM lead "
-    "WHERE o.partition = lead.partition RETURNING 1)"
-)
 
 
 @pytest.fixture

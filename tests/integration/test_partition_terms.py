@@ -12,13 +12,9 @@ import pytest
 
 from scheduler.errors import FencedError
 from scheduler.store.postgres.epoch import fenced, take_office
-from tests.support.partitioned import partitioned_pool
+from tests.support.partitioned import MARK, partitioned_pool
 
 P = 4
-MARK = (
-    "w AS (UPDATE partition_offices o SET instance = $2 FROM lead "
-    "WHERE o.partition = lead.partition RETURNING 1)"
-)
 
 
 @pytest.fixture

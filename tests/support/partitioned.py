@@ -6,6 +6,12 @@ import asyncpg
 
 from scheduler.store.postgres.connect import create_pool
 
+# A write fenced by the epoch of the partitions it names: a mark in each of their rows (`$2`)
+MARK = (
+    "w AS (UPDATE partition_offices o SET instance = $2 FROM lead "
+    "WHERE o.partition = lead.partition RETURNING 1)"
+)
+
 
 async def partitioned_pool(database_url: str, partitions: int) -> asyncpg.Pool:
     """A pool on `database_url` recording `partitions` partitions, each with its office row
