@@ -16,9 +16,9 @@ arriving as a burst that holds the loop for several pages in a row. A page charg
 before it queries; when the bucket cannot pay it at once it waits (asleep, holding its
 admission slot) until it can, up to a second; a page that would wait longer is answered 503
 with `Retry-After` the seconds until it could. After its query a page also pays for the work
-it did: the time it took, at `WORK_ROWS_PER_SECOND` rows a second, beyond the rows it paid
-(`settle`), so a `limit=1` page whose filter matches nothing but scans the table for 200 ms
-costs what the full pages it kept from running would have.
+it did: the time its queries held PostgreSQL connections, at `WORK_ROWS_PER_SECOND` rows a
+second, beyond the rows it paid (`settle`), so a `limit=1` page whose filter matches nothing
+but scans the table for 200 ms costs what the full pages it kept from running would have.
 """
 
 from __future__ import annotations

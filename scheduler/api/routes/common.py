@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -18,6 +17,7 @@ from scheduler.api.gate import RETRY_AFTER_SECONDS, OutOfBudget, Overloaded, Que
 from scheduler.api.problems import ApiProblem, from_outcome
 from scheduler.operations import Outcome
 from scheduler.operations.bundle import Operations
+from scheduler.store.postgres.connect import measuring_use
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,12 @@ async def rows_budget(request: Request, _: Ops) -> AsyncIterator[None]:
     """A listing pays its `limit` from the API's rows budget (`scheduler.api.gate`) before it
     queries, waiting (up to a second, inside its admission slot: `Ops` is the same slot the
     route uses) until the budget has it; 503 `overloaded` with
-    Retry-After when it would wait longer. Once the route is done it pays for its time too
-    (`RowBudget.settle`). A request with no valid token, or a `limit` its route will refuse
-    422, pays nothing."""
+    Retry-After when it would wait longer. Once the route is done it pays for its queries'
+    time too (`RowBudget.settle`): the time its PostgreSQL connections were held, not the
+    route's: its wait for a pooled connection and its work outside its queries are not work
+    it made PostgreSQL do (charged as such, a console page's concurrent reads on a busy host
+    were charged their waits for the pool's few connections several times over). A request with no
+    valid token, or a `limit` its route will refuse 422, pays nothing."""
     limit = _page_size(request.query_params.get("limit", "50"))
     if limit is None or not _may_query(request):
         yield
@@ -85,16 +88,17 @@ async def rows_budget(request: Request, _: Ops) -> AsyncIterator[None]:
             503,
             "overloaded",
             f"the management API's listings may read {exc.per_second} rows per second "
-            "(SCHEDULER_API_READ_ROWS_PER_SECOND) and have; retry after the Retry-After delay",
+            "(SCHEDULER_API_READ_ROWS_PER_SECOND) and have read them; retry after the "
+            "Retry-After delay",
             headers={"Retry-After": str(exc.retry_after)},
         ) from None
     if wait:
         await asyncio.sleep(wait)
-    began = time.monotonic()
-    try:
-        yield
-    finally:
-        budget.settle(limit, time.monotonic() - began)
+    with measuring_use() as used:
+        try:
+            yield
+        finally:
+            budget.settle(limit, used.seconds)
 
 
 def _page_size(raw: str) -> int | None:

@@ -289,3 +289,26 @@ async def test_a_listing_that_matches_nothing_is_charged_for_its_work(
             assert r.body["code"] == "overloaded" and int(r.headers["Retry-After"]) >= 1, r
             refused.append(r)
     assert len(refused) >= 3, len(refused)
+
+
+async def test_a_listing_is_charged_its_queries_time_not_its_wait_for_a_connection(
+    api: ApiHarness,
+) -> None:
+    """A listing that waited 0.6 s for the API pool's one connection (held here) ran a query
+    of a few milliseconds: it is charged that, so a full page right after it is served. Charged
+    the route's whole time (48,000 rows' worth at WORK_ROWS_PER_SECOND), the page after it was
+    refused 503 for seconds: in CI a console page's concurrent reads on a loaded host were
+    charged their overlap several times over, and the next page showed "Cannot show this"."""
+    daemon = await api.start(api_pool_size=1)
+    held = await daemon.api_store.pool.acquire()
+    try:
+        listing = asyncio.create_task(
+            api.call("GET", "/v1/delayed", token=READ, params={"limit": 1})
+        )
+        await asyncio.sleep(0.6)
+        assert not listing.done()  # it waits for the pool's one connection
+    finally:
+        await daemon.api_store.pool.release(held)
+    assert (await listing).status == 200
+    page = await api.call("GET", "/v1/delayed", token=READ, params={"limit": 500})
+    assert page.status == 200, page
