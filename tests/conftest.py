@@ -40,7 +40,7 @@ from nats.js.errors import NotFoundError
 from scheduler.daemon import migrate
 from scheduler.daemon.embedded import free_port
 from scheduler.settings import Settings
-from tests.support.cluster import ClusterError, NatsCluster
+from tests.support.cluster import ClusterError, NatsCluster, wait_placeable
 from tests.support.compat import CURRENT, NatsServerOf, Servers, compat_servers, session_postgres
 
 # Hypothesis's own timing checks are off for the whole suite: its 200 ms default deadline per
@@ -343,9 +343,14 @@ def nats_cluster_service() -> Iterator[NatsCluster]:
 
 @pytest.fixture
 async def nats_cluster(nats_cluster_service: NatsCluster) -> AsyncIterator[NatsCluster]:
-    """The session's cluster with every node up; afterwards a node the test killed or froze is
-    brought back and every stream is deleted."""
+    """The session's cluster with every node up and placing replicated streams; afterwards a
+    node the test killed or froze is brought back and every stream is deleted."""
     cluster = nats_cluster_service
+    nc = await nats.connect(cluster.urls)
+    try:
+        await wait_placeable(nc)
+    finally:
+        await nc.close()
     yield cluster
     await asyncio.to_thread(cluster.heal)
     nc = await nats.connect(cluster.urls)

@@ -28,7 +28,8 @@ from typing import Any
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
-from nats.js.errors import ServiceUnavailableError
+from nats.js.api import StorageType, StreamConfig
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from scheduler.daemon.embedded import free_port, nats_server_binary, wait_for_port
 
@@ -384,3 +385,41 @@ async def wait_for_capture(nc: Client, subject: str, timeout: float = 15.0) -> N
             if error is None:
                 raise ClusterError(f"the capture probe on {subject} was stored")
             return
+
+
+PLACEMENT_PROBE = "PLACEMENT_PROBE"
+NO_SUITABLE_PEERS = 10005  # JetStream's err_code for "no suitable peers for placement"
+
+
+async def wait_placeable(nc: Client, replicas: int = 3, timeout: float = 30.0) -> None:
+    """Until the meta leader places a stream of `replicas` replicas (a probe stream in memory,
+    created and deleted). Every node healthy and every peer current in the meta leader's /jsz
+    was not enough: after a teardown restarted a node, four streams created by the next tests
+    on CI were refused "no suitable peers for placement, peer offline" (the meta leader marks a
+    peer online from the statistics that node sends, which lag the meta group's replication)."""
+    js = nc.jetstream(timeout=5)
+    config = StreamConfig(
+        name=PLACEMENT_PROBE,
+        subjects=["placement.probe"],
+        num_replicas=replicas,
+        storage=StorageType.MEMORY,
+    )
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                await js.add_stream(config)
+                break
+            except BadRequestError as exc:
+                if exc.err_code != NO_SUITABLE_PEERS:
+                    raise
+            except (NoRespondersError, ServiceUnavailableError, TimeoutError):
+                pass
+            await asyncio.sleep(0.1)
+        while True:
+            try:
+                await js.delete_stream(PLACEMENT_PROBE)
+                return
+            except NotFoundError:
+                return
+            except (NoRespondersError, ServiceUnavailableError, TimeoutError):
+                await asyncio.sleep(0.1)
