@@ -316,7 +316,8 @@ async def attacked(a: argparse.Namespace, env: Env, daemons: list[Daemon]) -> di
 def table(r: dict[str, Any]) -> str:
     """The per-phase table (Markdown), attack phases and the quiet one."""
     rows = ["| phase | p50 ms | p99 ms | max ms | p99 / quiet | lost | doubled | early | "
-            "lease kept | attacker saw |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "lease kept | daemons' CPU s (edges') | attacker saw |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name in r["order"]:
         p = r["phases"].get(name)
         if p is None or name.startswith("after_"):
@@ -327,9 +328,18 @@ def table(r: dict[str, Any]) -> str:
         rows.append(
             f"| {name} | {s.get('p50')} | {s.get('p99')} | {s.get('max')} | "
             f"{p.get('p99_over_quiet', '')} | {p['lost']} | {p['doubled']} | {p['early']} | "
-            f"{lease(p)} | {saw or '-'} |"
+            f"{lease(p)} | {cpu(p)} | {saw or '-'} |"
         )
     return "\n".join(rows)
+
+
+def cpu(p: dict[str, Any]) -> str:
+    """The table's CPU column: the daemons' CPU seconds over the phase, the edges' in brackets."""
+    every, edges = (
+        [v for v in (p.get(k) or {}).values() if v is not None]
+        for k in ("daemon_cpu_seconds", "edge_cpu_seconds")
+    )
+    return f"{sum(every):.1f} ({sum(edges):.1f})" if every else "-"
 
 
 def lease(p: dict[str, Any]) -> str:

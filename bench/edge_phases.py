@@ -48,21 +48,32 @@ async def lease_holder(conn: asyncpg.Connection) -> tuple[int, str]:
     return (int(row["epoch"]), str(row["instance"])) if row else (0, "")
 
 
-def cpu_of(d: Daemon) -> float:
+def cpu_of(d: Daemon, edge_only: bool = False) -> float:
     """CPU seconds of the daemon's process and of every process under it (`scheduler run` may
-    run its roles as child processes), reaped children included."""
+    run its roles as child processes), reaped children included; with `edge_only`, of its edge
+    processes alone (`--role edge` on their command line) and what runs under them."""
     tick = os.sysconf("SC_CLK_TCK")
     stats = {pid: (ppid, fields) for pid, ppid, fields in _proc_stats()}
-    total, seen, todo = 0.0, set(), [d.pid]
+    total, seen, todo = 0.0, set(), [(d.pid, False)]
     while todo:
-        pid = todo.pop()
+        pid, under_edge = todo.pop()
         if pid in seen or pid not in stats:
             continue
         seen.add(pid)
-        fields = stats[pid][1]
-        total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
-        todo += [c for c, (ppid, _) in stats.items() if ppid == pid]
+        under_edge = under_edge or _is_edge(pid)
+        if under_edge or not edge_only:
+            fields = stats[pid][1]
+            total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+        todo += [(c, under_edge) for c, (ppid, _) in stats.items() if ppid == pid]
     return total
+
+
+def _is_edge(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"--role\0edge" in f.read()
+    except OSError:
+        return False
 
 
 async def last_delivery(js: Any) -> tuple[float, float] | None:
@@ -118,6 +129,7 @@ class Watch:
         self.lost = [log_lines(d, "leader.lost") for d in daemons]
         self.errors = [log_lines(d, " ERROR ") for d in daemons]
         self.cpu = [cpu_of(d) for d in daemons]
+        self.edge_cpu = [cpu_of(d, edge_only=True) for d in daemons]
         self.pids = [d.pid for d in daemons]
         self.holders: set[tuple[int, str]] = set()
         self.exited: dict[str, int | None] = {}  # instance id -> exit status, seen meanwhile
@@ -148,9 +160,12 @@ class Watch:
         errors = since(self.daemons, self.errors, lambda d: log_lines(d, " ERROR "))
         # a daemon started again meanwhile: its new process's CPU only; a dead one: None
         cpu: list[float | None] = []
-        for d, c, pid in zip(self.daemons, self.cpu, self.pids, strict=True):
+        edge: list[float | None] = []
+        for d, c, e, pid in zip(self.daemons, self.cpu, self.edge_cpu, self.pids, strict=True):
             alive = d.proc is not None and d.proc.poll() is None
-            cpu.append(round(cpu_of(d) - (c if d.pid == pid else 0.0), 2) if alive else None)
+            same = d.pid == pid
+            cpu.append(round(cpu_of(d) - (c if same else 0.0), 2) if alive else None)
+            edge.append(round(cpu_of(d, True) - (e if same else 0.0), 2) if alive else None)
         exited = [f"{n} (exit {rc})" for n, rc in sorted(self.exited.items())]
         return {
             "lease_kept": lost == 0 and len(self.holders) == 1 and not exited,
@@ -158,6 +173,8 @@ class Watch:
             "leader_lost_lines": lost,
             "lease_holders_seen": sorted(f"{inst}@{epoch}" for epoch, inst in self.holders),
             "daemon_cpu_seconds": dict(zip(self.names(), cpu, strict=True)),
+            # of which the edge processes' (an edge restarted meanwhile: its new process's)
+            "edge_cpu_seconds": dict(zip(self.names(), edge, strict=True)),
             "daemon_error_lines": dict(zip(self.names(), errors, strict=True)),
         }
 
