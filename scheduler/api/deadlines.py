@@ -8,12 +8,23 @@ first request): past it the client gets 408 and the connection closes. Bytes tri
 keep-alive connection start a request's head, so they do not extend the idle timeout by more
 than the head's deadline. The body's own deadline is the edge's (`scheduler.api.edge.BodyGuard`),
 which reads it before the app runs.
+
+Connections themselves are bounded too. Reads keep a pace (`scheduler.api.pace`), but a client
+that opens a new connection for every request (an endless chunked GET is answered 400 and
+closed, and the client comes straight back: 570 connections a second from one client) costs
+the edge an accept, a protocol, an answer and a close each, beyond its read: new connections
+keep a pace of their own (`SCHEDULER_API_MAX_CONNECTIONS_PER_SECOND`, a second's worth at
+once), and one past it is accepted but not read until its turn (the head's deadline runs from
+its opening, so a crowd waiting is cut at it). At most `SCHEDULER_API_MAX_CONNECTIONS` are open
+at once per process (both listeners): one more is closed as soon as it is accepted, before any
+byte of it is read, and logged at most once a second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,13 +51,58 @@ class ConnectionLimits:
     header_timeout: float = 10.0
     idle_timeout: int = 5
     reads_per_second: int = 1000  # `SCHEDULER_API_MAX_READS_PER_SECOND` (scheduler.api.pace)
+    connections_per_second: int = 100  # `SCHEDULER_API_MAX_CONNECTIONS_PER_SECOND`
+    max_open: int = 500  # `SCHEDULER_API_MAX_CONNECTIONS`
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ConnectionLimits:
         idle = max(1, round(settings.api_idle_timeout.total_seconds()))
         return cls(
-            settings.api_header_timeout.total_seconds(), idle, settings.api_max_reads_per_second
+            settings.api_header_timeout.total_seconds(),
+            idle,
+            settings.api_max_reads_per_second,
+            settings.api_max_connections_per_second,
+            settings.api_max_connections,
         )
+
+
+class OpenConnections:
+    """The connections open at once in this process, against a bound."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.open = 0
+        self.refused = 0  # since the last log line
+        self.logged_at = 0.0
+
+    def admit(self) -> bool:
+        if self.open >= self.bound:
+            self.refused += 1
+            now = time.monotonic()
+            if now - self.logged_at >= 1.0:
+                log.warning(
+                    "api.connections_full open=%d refused=%d (SCHEDULER_API_MAX_CONNECTIONS)",
+                    self.open,
+                    self.refused,
+                )
+                self.logged_at, self.refused = now, 0
+            return False
+        self.open += 1
+        return True
+
+    def closed(self) -> None:
+        self.open -= 1
+
+
+_OPEN: dict[int, OpenConnections] = {}
+
+
+def shared_open(bound: int) -> OpenConnections:
+    """The process's one count of open connections at `bound` (both listeners share it)."""
+    count = _OPEN.get(bound)
+    if count is None:
+        count = _OPEN[bound] = OpenConnections(bound)
+    return count
 
 
 def protocol_for(limits: ConnectionLimits) -> type[HeadDeadlineProtocol]:
@@ -55,6 +111,8 @@ def protocol_for(limits: ConnectionLimits) -> type[HeadDeadlineProtocol]:
     class Bounded(HeadDeadlineProtocol):
         header_timeout = limits.header_timeout
         pace = shared_pace(limits.reads_per_second)
+        accepts = shared_pace(limits.connections_per_second, of="connections", burst=1.0)
+        open_connections = shared_open(limits.max_open)
 
     return Bounded
 
@@ -65,13 +123,26 @@ class HeadDeadlineProtocol(LingeringH11Protocol):
 
     header_timeout = 10.0
     pace = Pace(0)
+    accepts = Pace(0)
+    open_connections: OpenConnections | None = None  # `connections` is uvicorn's own set
+    _counted = False
     _head_timer: asyncio.TimerHandle | None = None
     _held: bytearray | None = None  # a read waiting for its turn, with what came after it
     _pace_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if self.open_connections is not None:
+            if not self.open_connections.admit():
+                transport.abort()  # nothing read, nothing answered: the bound is the point
+                return
+            self._counted = True
         super().connection_made(transport)
         self._arm_head_timer()
+        wait = self.accepts.reserve()
+        if wait > 0:  # its turn among new connections: read nothing of it until then
+            self._held = bytearray()
+            self.transport.pause_reading()
+            self._pace_timer = self.loop.call_later(wait, self._paced)
 
     def data_received(self, data: bytes) -> None:
         if self._held is not None:  # a read waits for its turn: keep the order, read no more
@@ -97,7 +168,8 @@ class HeadDeadlineProtocol(LingeringH11Protocol):
             return
         if not self.flow.read_paused:
             self.transport.resume_reading()
-        self._handle(data)
+        if data:  # nothing yet, after a new connection's turn (an empty read would end it)
+            self._handle(data)
 
     def _handle(self, data: bytes) -> None:
         if self.conn.their_state is h11.IDLE:
@@ -107,6 +179,11 @@ class HeadDeadlineProtocol(LingeringH11Protocol):
             self._cancel_head_timer()  # the head is in: the body has the edge's deadline
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._counted and self.open_connections is not None:
+            self._counted = False
+            self.open_connections.closed()
+        if self.transport is None:
+            return  # refused at `connection_made`: nothing was set up
         self._cancel_head_timer()
         if self._pace_timer is not None:
             self._pace_timer.cancel()

@@ -54,12 +54,13 @@ class Pace:
         return False
 
 
-_PACES: dict[int, Pace] = {}
+_PACES: dict[tuple[str, int], Pace] = {}
 
 
-def shared_pace(per_second: int) -> Pace:
-    """The process's one pace at `per_second` (both listeners of an edge share it)."""
-    pace = _PACES.get(per_second)
+def shared_pace(per_second: int, of: str = "reads", burst: float = 0.1) -> Pace:
+    """The process's one pace `of` reads (or connections) at `per_second` (both listeners of
+    an edge share it)."""
+    pace = _PACES.get((of, per_second))
     if pace is None:
-        pace = _PACES[per_second] = Pace(per_second)
+        pace = _PACES[(of, per_second)] = Pace(per_second, burst=burst)
     return pace

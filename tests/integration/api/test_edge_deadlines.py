@@ -248,6 +248,79 @@ async def test_reads_past_the_pace_wait_their_turn_and_are_answered_in_order() -
         await served.close()
 
 
+async def test_new_connections_past_their_pace_wait_their_turn_unread() -> None:
+    """At a pace of 20 new connections a second (a second's worth at once), 40 clients each
+    opening a connection for one request are all answered, the last no sooner than
+    (40 - 20) / 20 = 1 s after the first (unpaced: tens of milliseconds; seen failing),
+    however fast reads may go (their pace is 1,000 here)."""
+    limits = ConnectionLimits(connections_per_second=20)
+    served = await serve(_path, "127.0.0.1", 0, limits)
+    loop = asyncio.get_running_loop()
+
+    async def one(name: str) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        try:
+            writer.write(f"GET /{name} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            async with asyncio.timeout(5):
+                status, _, body = await _read_answer(reader)
+            assert status == 200
+            return body
+        finally:
+            writer.close()
+
+    try:
+        began = loop.time()
+        bodies = await asyncio.gather(*(one(f"n{i}") for i in range(40)))
+        took = loop.time() - began
+        assert sorted(bodies) == sorted(f"/n{i}".encode() for i in range(40))
+        assert took >= 0.9, took
+    finally:
+        await served.close()
+
+
+async def test_a_connection_past_the_open_bound_is_closed_unread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With at most 3 connections open (SCHEDULER_API_MAX_CONNECTIONS), 3 silent ones held
+    open, a fourth is closed at once without an answer, and the refusal is logged; once one
+    of the three has gone, a new connection is served."""
+    served = await serve(_ok, "127.0.0.1", 0, ConnectionLimits(header_timeout=5, max_open=3))
+    held = [await asyncio.open_connection("127.0.0.1", served.port) for _ in range(3)]
+    try:
+        await asyncio.sleep(0.1)  # the server has accepted them
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        try:
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            async with asyncio.timeout(2):
+                try:
+                    got = await reader.read(-1)
+                except ConnectionResetError:
+                    got = b""
+            assert got == b"", got  # no answer: the connection was closed unread
+        finally:
+            writer.close()
+        assert "api.connections_full open=3" in caplog.text
+        held.pop()[1].close()
+        async with asyncio.timeout(5):
+            while True:  # the server sees the close
+                reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+                try:
+                    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                    try:
+                        status, _, _ = await _read_answer(reader)
+                    except (asyncio.IncompleteReadError, ConnectionResetError):
+                        await asyncio.sleep(0.05)
+                        continue
+                    assert status == 200
+                    break
+                finally:
+                    writer.close()
+    finally:
+        for _, w in held:
+            w.close()
+        await served.close()
+
+
 # -- refusals before routing, and listings charged by work -------------------------------------
 
 
