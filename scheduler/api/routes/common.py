@@ -17,7 +17,7 @@ from scheduler.api.gate import RETRY_AFTER_SECONDS, OutOfBudget, Overloaded, Que
 from scheduler.api.problems import ApiProblem, from_outcome
 from scheduler.operations import Outcome
 from scheduler.operations.bundle import Operations
-from scheduler.store.postgres.connect import measuring_use
+from scheduler.usage import measuring_use
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,8 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import asyncpg
@@ -20,39 +19,13 @@ from scheduler.aio import Backoff
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.settings import redact_url
 from scheduler.store.postgres.events import StoreEvents
+from scheduler.usage import held
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 SLOW_STATEMENT = 0.1  # s of a statement (pool wait included) a DEBUG line reports
-
-
-class ConnectionUse:
-    """Seconds pooled connections were held (waiting for one not counted) by the code that
-    measured it and the tasks it started (`measuring_use`)."""
-
-    __slots__ = ("seconds",)
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-
-_use: ContextVar[ConnectionUse | None] = ContextVar("postgres_connection_use", default=None)
-
-
-@contextmanager
-def measuring_use() -> Iterator[ConnectionUse]:
-    """Within: every `PostgresStore.timed` block of this task (and of the tasks it starts)
-    adds the time it held its connection, its wait for one left out, to the yielded
-    `ConnectionUse`: what a management API listing is charged for (`scheduler.api.gate`), so
-    neither its wait for a connection nor its work outside its queries counts."""
-    used = ConnectionUse()
-    token = _use.set(used)
-    try:
-        yield used
-    finally:
-        _use.reset(token)
 
 
 class _Connection(asyncpg.Connection):
@@ -208,9 +181,7 @@ class PostgresStore:
             yield conn  # type: ignore[misc]
         end = time.perf_counter()
         self._events.statement_timed(op, end - start)
-        used = _use.get()
-        if used is not None:
-            used.seconds += end - got
+        held(end - got)
         if end - start > SLOW_STATEMENT:  # a diagnostic at DEBUG: pool wait apart from use
             log.debug(
                 "postgres.slow op=%s acquire_ms=%d use_ms=%d", op, (got - start) * 1000,
