@@ -291,14 +291,26 @@ class EdgeDaemon(Phased):
         PostgreSQL cuts at SCHEDULER_API_STATEMENT_TIMEOUT."""
         s = self.settings
         timeout = s.api_statement_timeout.total_seconds()
-        return await self._open_pool(stack, budget, s.api_pool_size, timeout)
+        return await self._open_pool(stack, budget, s.api_pool_size, timeout, custom_plans=True)
 
     async def _open_pool(
-        self, stack: AsyncExitStack, budget: float, size: int, timeout: float | None = None
+        self,
+        stack: AsyncExitStack,
+        budget: float,
+        size: int,
+        timeout: float | None = None,
+        custom_plans: bool = False,
     ) -> PostgresStore:
         dsn = self.settings.database_dsn
         assert dsn is not None
-        pool = await create_pool(dsn, budget, min_size=1, max_size=size, statement_timeout=timeout)
+        pool = await create_pool(
+            dsn,
+            budget,
+            min_size=1,
+            max_size=size,
+            statement_timeout=timeout,
+            custom_plans=custom_plans,
+        )
         store = PostgresStore(pool, self.metrics, acquire_timeout=timeout)
         stack.push_async_callback(store.close)
         return store

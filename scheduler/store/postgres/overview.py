@@ -125,6 +125,15 @@ FORECAST_SQL = (
 )
 
 
+def prefix_pattern(subject: str | None) -> str | None:
+    """A subject filter ending in `.>` as a LIKE pattern of its prefix (`%`, `_` and the
+    escape character escaped); None for an exact subject or none."""
+    if subject is None or not subject.endswith(".>"):
+        return None
+    prefix = subject[:-1].replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return prefix + "%"
+
+
 class OverviewStore:
     def __init__(self, db: PostgresStore) -> None:
         self.db = db
@@ -139,28 +148,50 @@ class OverviewStore:
         per partition, merged; `org_id` compares the column the intake fills from the envelope
         (migration 0009, indexed for unfinished tasks): a plain comparison, so any plan works,
         parallel ones included."""
-        status = _STATUS_FILTER.get(where.status, "status = $2")
-        by_partition = where.status in states.READY_STATUSES
-        held = (
-            f"SELECT {_TASK_SUMMARY} FROM delayed_messages WHERE "
-            f"($1::text IS NULL OR {subject_clause('target', '$1')}) "
-            f"AND {status} "
-            + ("AND partition = o.part " if by_partition else "")
-            + "AND ($3::timestamptz IS NULL OR due_at < $3) "
+        filters = (
+            # a prefix as LIKE (`$10`): PostgreSQL estimates a pattern from the column's
+            # statistics, so a prefix that matches nothing is read with a scan and a sort
+            # (40 ms at 200,000 tasks), not along the firing order to the end (400 ms)
+            "($1::text IS NULL OR CASE WHEN $10::text IS NULL THEN target = $1 "
+            "ELSE target LIKE $10 END) "
+            "AND ($3::timestamptz IS NULL OR due_at < $3) "
             "AND ($4::timestamptz IS NULL OR due_at >= $4) "
             "AND ($5::text IS NULL OR org_id = $5) "
-            "AND ($6::timestamptz IS NULL OR (due_at, priority, seq) > ($6, $7, $8)) "
-            "ORDER BY due_at, priority, seq LIMIT $9"
+            "AND ($6::timestamptz IS NULL OR (due_at, priority, seq) > ($6, $7, $8))"
         )
-        if by_partition:  # each partition's range of the status's index, merged
-            held = (
-                f"SELECT p.* FROM {EACH_PARTITION} CROSS JOIN LATERAL ({held}) AS p "
-                "ORDER BY p.due_at, p.priority, p.seq LIMIT $9"
+
+        def ranged(predicate: str, by_partition: bool) -> str:
+            """The first `$9` rows of one index's range in firing order; with `by_partition`
+            one range per partition (the ready statuses' indexes lead with it), merged."""
+            one = (
+                f"SELECT {_TASK_SUMMARY} FROM delayed_messages WHERE {filters} AND {predicate} "
+                + ("AND partition = o.part " if by_partition else "")
+                + "ORDER BY due_at, priority, seq LIMIT $9"
             )
+            if not by_partition:
+                return one
+            return f"SELECT p.* FROM {EACH_PARTITION} CROSS JOIN LATERAL ({one}) AS p"
+
+        if where.status is None:
+            # Every held task: each status's index read in firing order and merged (pending
+            # and in_doubt per partition, the settled rest over the index of migration 0026),
+            # so the first page costs a few index reads, not a sort of every row (64 ms at
+            # 200,000 pending tasks, what the console's and the CLI's default listing asked).
+            held = " UNION ALL ".join(
+                f"({ranged(pred, by)})"
+                for pred, by in (
+                    (f"$2::text IS NULL AND {states.stored_as(states.PENDING)}", True),
+                    (states.stored_as(states.IN_DOUBT), True),
+                    (states.not_ready(), False),
+                )
+            )
+        else:
+            status = _STATUS_FILTER.get(where.status, "status = $2")
+            held = ranged(status, where.status in states.READY_STATUSES)
         async with self.db.timed("tasks_list") as conn:
             rows = await conn.fetch(
                 f"SELECT {SUMMARY_JSON}, {micros('s.due_at')}, s.priority, s.seq "
-                f"FROM ({held}) s ORDER BY s.due_at, s.priority, s.seq",
+                f"FROM ({held}) s ORDER BY s.due_at, s.priority, s.seq LIMIT $9",
                 where.subject,
                 where.status,
                 where.due_before,
@@ -170,6 +201,7 @@ class OverviewStore:
                 after[1] if after else 0,
                 after[2] if after else 0,
                 limit,
+                prefix_pattern(where.subject),
             )
         return [Listed(r[0], r[1:]) for r in rows]
 

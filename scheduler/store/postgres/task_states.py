@@ -52,6 +52,18 @@ def ready(alias: str = "") -> str:
     return f"{_col(alias, 'status')} IN {READY}"
 
 
+def stored_as(status: str, alias: str = "") -> str:
+    """A row stored with ready `status`, claimed or not: one literal status, so the statement
+    reads that status's partial index (a listing of every task merges them)."""
+    return f"{_col(alias, 'status')} = '{_ready_status(status)}'"
+
+
+def not_ready(alias: str = "") -> str:
+    """A row of no ready status: finished (cancelled, expired, dead), an intent, or claimed by
+    a daemon older than migration 0013 (read over migration 0026's index)."""
+    return f"{_col(alias, 'status')} NOT IN {READY}"
+
+
 def unclaimed(status: str, alias: str = "") -> str:
     """A task of ready `status` that no leader holds: what `pending` / `in_doubt` mean. One
     literal status, so the statement reads that status's partial index."""
