@@ -16,7 +16,7 @@ from datetime import timedelta
 from scheduler.aio import first_of, wait_or_stop
 from scheduler.clock import Clock
 from scheduler.engine.cron.firing import CronEngine
-from scheduler.engine.delayed import rescheduled
+from scheduler.engine.delayed import rescheduled, stored
 from scheduler.engine.delayed.dead_letters import DeadLetterCopies
 from scheduler.engine.delayed.dispatch import Dispatcher
 from scheduler.engine.delayed.events import DelayedEvents
@@ -24,8 +24,9 @@ from scheduler.engine.delayed.fairness import horizon_heap
 from scheduler.engine.delayed.horizon import Catchup, Horizon
 from scheduler.engine.delayed.intake import Intake
 from scheduler.engine.delayed.quota import OrgLedger
+from scheduler.engine.delayed.stored import StoredNotices
 from scheduler.engine.office import Office, Shares, TermOffice
-from scheduler.engine.ports import Broker, Bus, TaskRepository
+from scheduler.engine.ports import Broker, Bus, Subscription, TaskRepository
 from scheduler.messages.envelope import Limits
 from scheduler.partitions import partition_of
 from scheduler.records import from_ms, to_ms
@@ -74,6 +75,8 @@ class LeaderEngine:
         self.warnings: dict[str, str] = {}  # stream -> why its duplicate window is too short
         self._checked_streams: set[str] = set()
         self._checks: set[asyncio.Task[None]] = set()
+        self._partitions: frozenset[int] | None = None  # the term's (P > 1), else None: all
+        self.notices: StoredNotices | None = None  # the term's sender of stored notices (P > 1)
 
     async def run_term(self, stop: asyncio.Event) -> None:
         """One term of office: until `stop` is set or office is lost (returns at once on stop).
@@ -107,6 +110,7 @@ class LeaderEngine:
         """Fire only the tasks and cron jobs of `partitions` this term (the loader and the
         sweep read only those: `TaskStore.office`, which the office sets)."""
         count = self.settings.partitions
+        self._partitions = partitions
         self.horizon.owns = lambda task_id: partition_of(task_id, count) in partitions
         if self.cron is not None:
             self.cron.owns = lambda name: partition_of(name, count) in partitions
@@ -125,6 +129,10 @@ class LeaderEngine:
 
         self.bus.link_listeners.append(on_link)
         sub = await self.bus.listen(rescheduled.SUBJECT, self._on_rescheduled)
+        # before the loader's first page: a notice heard earlier than that is refused by the
+        # cursor, and the page reads its task
+        notices, heard = await self._hear_stored()
+        self.notices = notices
         dead = DeadLetterCopies(publisher, self.settings.dlq_subject_prefix, self._events)
         self.ledger = await self._count_orgs()
         dispatcher = Dispatcher(
@@ -149,6 +157,7 @@ class LeaderEngine:
             limits=Limits(max_payload=self.bus.max_payload, max_delay=self.settings.max_delay),
             dead=dead,
             ledger=self.ledger,
+            notices=notices,
         )
         log.info("engine.term_started epoch=%d", epoch)
         try:
@@ -179,6 +188,8 @@ class LeaderEngine:
             for check in list(self._checks):
                 check.cancel()
             await sub.unsubscribe()
+            for each in heard:
+                await each.unsubscribe()
             await dead.drain(DLQ_DRAIN)  # copies in flight: their acks, not a failure log each
             await publisher.close()
             self.horizon.disarm()
@@ -325,6 +336,25 @@ class LeaderEngine:
             return  # firing is behind; overdue tasks are on the heap already
         overdue = await self.tasks.overdue(self.clock.now() - timedelta(seconds=2), 1000)
         await self.horizon.offer_all(overdue)
+
+    async def _hear_stored(self) -> tuple[StoredNotices | None, list[Subscription]]:
+        """Over partitions (P > 1): the term's sender of stored notices, and its subscriptions
+        to the notices of its own partitions (`engine.delayed.stored`); under P = 1 neither."""
+        owns, partitions = self.horizon.owns, self._partitions
+        if owns is None or partitions is None or self.settings.partitions == 1:
+            return None, []
+        heard = [await self.bus.listen(stored.subject(p), self._on_stored) for p in partitions]
+        return StoredNotices(self.bus.notify, self.settings.partitions, owns), heard
+
+    async def _on_stored(self, data: bytes) -> None:
+        """Offer the tasks another engine stored in this term's partitions (only inside the
+        loaded range, only its own: `Horizon.offer_all`)."""
+        try:
+            _, refs = stored.decode(data)
+        except ValueError as exc:
+            log.warning("engine.bad_stored_notice error=%s data=%r", exc, data[:200])
+            return
+        await self.horizon.offer_all(refs)
 
     async def _on_rescheduled(self, data: bytes) -> None:
         try:

@@ -327,6 +327,12 @@ class Bus(Protocol):
         """Call `handler` with the payload of every core message on `subject`."""
         ...
 
+    async def notify(self, subject: str, data: bytes) -> None:
+        """Send a core message (no stream, no acknowledgement) on `subject`: a notice to
+        whoever listens. Raises when it cannot be handed to the connection (the link is
+        down); a notice may be lost all the same, so nothing may depend on it."""
+        ...
+
     async def duplicate_window(self, stream: str) -> float:
         """A stream's duplicate window in seconds (0 without one)."""
         ...

@@ -143,6 +143,34 @@ async def test_a_listener_hears_core_messages_until_it_unsubscribes(side: Side) 
     assert heard == [b"one"]
 
 
+async def test_notify_sends_a_core_message_that_listeners_hear(side: Side) -> None:
+    """`notify` sends a core message that every listener on its subject, a wildcard too,
+    hears."""
+    heard: list[tuple[str, bytes]] = []
+    both = asyncio.Event()
+
+    def on(name: str) -> Callable[[bytes], Awaitable[None]]:
+        async def handler(data: bytes) -> None:
+            heard.append((name, data))
+            if len(heard) == 2:
+                both.set()
+
+        return handler
+
+    subs = [
+        await side.bus.listen("buscn.told.3", on("one")),
+        await side.bus.listen("buscn.told.*", on("all")),
+    ]
+    try:
+        await side.bus.notify("buscn.told.3", b"notice")
+        async with asyncio.timeout(5):
+            await both.wait()
+        assert sorted(heard) == [("all", b"notice"), ("one", b"notice")]
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+
+
 async def test_the_intake_source_takes_from_the_named_consumer(side: Side) -> None:
     """`intake_source` gives the delay lane's source on a stream's durable consumer: once
     started, it takes what the stream holds."""

@@ -243,3 +243,34 @@ async def test_each_cron_job_fires_once_an_occurrence_on_the_engine_of_its_parti
     assert per and max(per.values()) == 1
     assert {r["key"] for r in rows} == set(names)
     assert all(r["instance"] == owner[partition_of(r["key"], P)] for r in rows)
+
+
+async def test_a_task_stored_by_another_engine_reaches_its_owners_loaded_horizon_at_once(
+    runners: list[DaemonRunner], nc: Client
+) -> None:
+    """Tasks due 0.3-0.8 s after they are stored, inside their owners' loaded horizons (the
+    loader has read past their due times), taken in by whichever engine pulls them (mostly
+    not their owner: the lane's consumer is shared), are each delivered once, under 250 ms
+    late: the storing engine's notice puts each on its owner's heap at once (without it such
+    a task waited for its owner's sweep, over a second)."""
+    daemons = [await r.start() for r in runners]
+    await fair(*daemons)
+    async with asyncio.timeout(5):  # every owner's loader has read past what is published next
+        while any(cursor_ms(d) < time.time() * 1000 + 1_000 for d in daemons):  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    now = datetime.now(UTC)
+    due = await publish(nc, [now + timedelta(milliseconds=300 + 20 * i) for i in range(24)])
+    msgs = await delivered(nc, len(due), within=10)
+    assert Counter(m.headers["Nats-Msg-Id"] for m in msgs) == Counter(list(due))
+    late = lateness(msgs, due)
+    assert min(late.values()) >= -0.001
+    worst = max(late.values())
+    assert worst < 0.25, f"up to {worst:.3f} s late"
+    sent = sum(d.engine.notices.sent for d in daemons if d.engine.notices is not None)
+    assert sent > 0, "no task was stored by an engine other than its owner"
+    print(f"\n  late <= {worst * 1000:.0f} ms, {sent} notices")
+
+
+def cursor_ms(d: Daemon) -> int:
+    """How far (epoch ms) a daemon's loader has read (its heap's cursor)."""
+    return int(d.engine.horizon.heap.cursor[0])

@@ -370,6 +370,12 @@ class NatsBus:
 
         return await self.nc.subscribe(subject, cb=on_msg)
 
+    async def notify(self, subject: str, data: bytes) -> None:
+        """A core message on `subject` (the client's publish: raises while the link is down,
+        since its reconnect buffer is off)."""
+        assert self.nc is not None
+        await self.nc.publish(subject, data)
+
     async def duplicate_window(self, stream: str) -> float:
         """The duplicate window of `stream`, in seconds (0 without one)."""
         assert self.js is not None

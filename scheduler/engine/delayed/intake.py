@@ -31,12 +31,13 @@ from scheduler.engine.delayed.events import DelayedEvents
 from scheduler.engine.delayed.horizon import Horizon
 from scheduler.engine.delayed.quota import OrgLedger, quota_error
 from scheduler.engine.delayed.repeats import Key, Repeats, key_of
+from scheduler.engine.delayed.stored import StoredNotices
 from scheduler.engine.ports import Broker, Delivery, Source, TaskRepository
 from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.messages.envelope import Envelope, Limits, check_org, check_size, parse_envelope
 from scheduler.messages.headers import block_size, forwarded, printable, producer_msg_id
 from scheduler.messages.subjects import check_target, delay_lane_prefix, target_from_rest
-from scheduler.records import Insertion, NewTask, ceil_ms
+from scheduler.records import Insertion, NewTask, ceil_ms, to_ms
 from scheduler.settings import Settings
 
 T = TypeVar("T")
@@ -101,6 +102,7 @@ class Intake:
         limits: Limits,
         dead: DeadLetterCopies | None = None,
         ledger: OrgLedger | None = None,
+        notices: StoredNotices | None = None,
     ) -> None:
         self.settings = settings
         self.dead = dead or DeadLetterCopies(publisher, settings.dlq_subject_prefix, events)
@@ -116,6 +118,8 @@ class Intake:
         # refusals stored per organisation or subject and minute (engine/delayed/dead_budget.py)
         self.budget = DeadLetterBudget.of(settings, clock, events)
         self.repeats = Repeats()  # tasks committed lately: their exact resends are acked at once
+        # P > 1: the owners of stored tasks of other partitions due soon are told at once
+        self.notices = notices
 
     async def run(self, puller: Source, stop: asyncio.Event, may_act: Callable[[], bool]) -> None:
         """Handle batches as they arrive until `stop` is set or `may_act()` turns false.
@@ -365,7 +369,8 @@ class Intake:
 
     async def _store(self, msgs: Sequence[Delivery], tasks: list[NewTask]) -> Insertion:
         """`insert_batch` under the horizon's lock: stored tasks the loader has passed go onto the
-        heap at once (`Horizon.arm`)."""
+        heap at once (`Horizon.arm`); under P > 1 the owners of the others due soon are told
+        (`notices`)."""
         insertion: Insertion
         try:
             insertion, pushed = await self.horizon.arm(
@@ -388,6 +393,10 @@ class Intake:
             log.info("intake.cancelled_on_arrival count=%d", len(insertion.cancelled))
         if pushed:
             self.horizon.wake_up()
+        if self.notices is not None and insertion.stored:
+            await self.notices.send(
+                insertion.stored, to_ms(self.clock.now() + self.settings.horizon)
+            )
         return insertion
 
     async def _with_progress(self, work: Awaitable[T], msgs: Sequence[Delivery]) -> T:

@@ -1,0 +1,121 @@
+"""The stored notice through a term of office on the twins (fake clock): under P > 1 a term
+tells the owners of the other partitions' tasks it stored and hears its own partitions'
+notices; under P = 1 it neither sends nor listens."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import timedelta
+
+import pytest
+
+from scheduler.engine.delayed import stored
+from scheduler.partitions import partition_of
+from scheduler.records import NewTask, to_ms
+from tests.unit.engine_twins import T0, Engine, Office, engine_on_twins
+
+P = 8
+MINE = frozenset({0, 1, 2})
+
+
+class SharingOffice(Office):
+    """The twin's office holding some of P partitions in one term (`engine.office.Shares`)."""
+
+    def __init__(self, epoch: int, partitions: frozenset[int]) -> None:
+        super().__init__(epoch)
+        self.partitions = partitions
+        self.handover = asyncio.Event()
+
+    def partitions_of(self, epoch: int) -> frozenset[int] | None:
+        return self.partitions
+
+    def term_ended(self, epoch: int) -> None:
+        pass
+
+
+async def recorded(twin: Engine) -> list[tuple[str, bytes]]:
+    """Every core message the term sends on the bus (still delivered to its listeners)."""
+    sent: list[tuple[str, bytes]] = []
+    notify = twin.bus.notify
+
+    async def recording(subject: str, data: bytes) -> None:
+        sent.append((subject, data))
+        await notify(subject, data)
+
+    twin.bus.notify = recording  # type: ignore[method-assign]
+    return sent
+
+
+async def sharing_twin() -> Engine:
+    twin = await engine_on_twins(partitions=P)
+    office = SharingOffice(await twin.store.take_office("twin"), MINE)
+    twin.engine.office = twin.office = office
+    return twin
+
+
+async def test_a_term_over_partitions_notices_other_partitions_tasks_due_soon() -> None:
+    """Of the tasks one term takes in, those of partitions it does not own due within its
+    horizon are named in a notice on their partition's subject (once each); its own and
+    those due later are not; it listens on its own partitions' subjects only."""
+    twin = await sharing_twin()
+    sent = await recorded(twin)
+    await twin.start()
+    try:
+        soon = [twin.send(delay_ms=300) for _ in range(24)]
+        later = [twin.send(delay_ms=10 * 60_000) for _ in range(8)]
+        await twin.until(lambda: all(i in twin.store.rows for i in soon + later))
+        named = [(s, r.task_id) for s, d in sent for r in stored.decode(d)[1]]
+        foreign = [i for i in soon if partition_of(i, P) not in MINE]
+        assert sorted(named) == sorted((stored.subject(partition_of(i, P)), i) for i in foreign)
+        assert foreign and len(foreign) < len(soon)
+        listening = {s for s, _ in twin.bus.listeners if s.startswith(stored.SUBJECT_PREFIX)}
+        assert listening == {stored.subject(p) for p in MINE}
+    finally:
+        await twin.close()
+    assert not [s for s, _ in twin.bus.listeners if s.startswith(stored.SUBJECT_PREFIX)]
+
+
+async def test_a_notice_puts_a_task_behind_the_cursor_on_the_heap_to_fire_on_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A task of the term's partitions stored by another engine after the loader passed its
+    due time fires at that time once its notice arrives (the sweep would find it 2 s late);
+    a bad notice is logged and changes nothing."""
+    twin = await sharing_twin()
+    await twin.start()
+    try:
+        await twin.until(lambda: twin.engine.horizon.heap.cursor[0] > to_ms(T0) + 60_000)
+        task_id = next(f"other-{n}" for n in range(100) if partition_of(f"other-{n}", P) in MINE)
+        due = twin.clock.now() + timedelta(milliseconds=300)
+        doc = {"schema": "hanzo.mq.v1", "id": task_id, "type": "t", "source": "x", "data": {}}
+        insertion = await twin.store.insert_batch(
+            [NewTask(task_id, "mq.inference.chat", json.dumps(doc).encode(), {}, 5, due, due, None)]
+        )
+        subject = stored.subject(partition_of(task_id, P))
+        with caplog.at_level(logging.WARNING):
+            await twin.bus.notify(subject, b'{"p": 1, "tasks": [["x", -5, 5, 1, null]]}')
+        assert "engine.bad_stored_notice" in caplog.text
+        [data] = stored.encode(partition_of(task_id, P), insertion.stored)
+        await twin.bus.notify(subject, data)
+        took = await twin.until(lambda: task_id in twin.ids(), limit_ms=3_000)
+        assert 290 <= took <= 320, f"fired {took} ms after its notice, due after 300"
+    finally:
+        await twin.close()
+
+
+async def test_under_one_partition_no_notice_is_sent_or_heard() -> None:
+    """P = 1: the one engine owns every task, so intake sends no notice and the term
+    subscribes to none."""
+    twin = await engine_on_twins()
+    sent = await recorded(twin)
+    await twin.start()
+    try:
+        ids = [twin.send(delay_ms=300) for _ in range(10)]
+        await twin.until(lambda: all(i in twin.ids() for i in ids), limit_ms=2_000)
+        assert twin.engine.notices is None
+        assert not [s for s, _ in sent if s.startswith(stored.SUBJECT_PREFIX)]
+        assert not [s for s, _ in twin.bus.listeners if s.startswith(stored.SUBJECT_PREFIX)]
+    finally:
+        await twin.close()
