@@ -66,6 +66,29 @@ class _Instruments:
         self.leader_epoch = Gauge(
             _P + "leader_epoch", "Fencing epoch this instance holds (0: none).", registry=r
         )
+        self.partitions_held = Gauge(
+            _P + "partitions_held",
+            "Partitions of this engine's current term (P > 1; 0 out of office).",
+            registry=r,
+        )
+        self.partition_moves = Counter(
+            _P + "partition_moves_total",
+            "Partitions this engine took that its previous term did not hold (P > 1): each "
+            "move is counted once, by the engine it moved to.",
+            registry=r,
+        )
+        self.partitions_by_owner = Gauge(
+            _P + "partitions_by_owner",
+            "Partitions each engine holds as the edge read the lease bucket (owner `unknown`: "
+            "a lease value no engine wrote); the same fleet view from every edge.",
+            ["owner"],
+            registry=r,
+        )
+        self.partitions_unowned = Gauge(
+            _P + "partitions_unowned",
+            "Partitions whose lease nobody holds, as the edge read the lease bucket.",
+            registry=r,
+        )
         self.lease_renew_seconds = Histogram(
             _P + "lease_renew_seconds", "Lease renew round trip.", buckets=DB_BUCKETS, registry=r
         )
@@ -246,6 +269,7 @@ class _LeadershipEvents(_Instruments):
     def left_office(self) -> None:
         self.is_leader.set(0)
         self.leader_epoch.set(0)
+        self.partitions_held.set(0)
 
     def renewed(self, seconds: float) -> None:
         self.lease_renew_seconds.observe(seconds)
@@ -371,6 +395,16 @@ class _DaemonEvents(_Instruments):
 
     def standing_by(self) -> None:
         self.is_leader.set(0)
+
+    def term_partitions(self, held: int, gained: int) -> None:
+        self.partitions_held.set(held)
+        self.partition_moves.inc(gained)
+
+    def partition_map_read(self, owners: Mapping[str, Sequence[int]], unowned: int) -> None:
+        self.partitions_by_owner.clear()  # an engine gone from the map leaves no series behind
+        for owner, partitions in owners.items():
+            self.partitions_by_owner.labels(owner).set(len(partitions))
+        self.partitions_unowned.set(unowned)
 
     def postgres_connected(self) -> None:
         self.connected.labels("postgres").set(1)

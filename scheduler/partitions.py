@@ -17,6 +17,7 @@ still to come, is in docs/leadership.md, "Partitions".
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 MAX_PARTITIONS = 4096  # SCHEDULER_PARTITIONS' bound; a partition fits PostgreSQL's SMALLINT
 
@@ -25,3 +26,18 @@ def partition_of(key: str, count: int) -> int:
     """The partition, in 0..count-1, of a task id or a cron job's name among `count`."""
     digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:4], "big") % count
+
+
+def spans(partitions: Iterable[int]) -> str:
+    """Partitions written compactly for a person: runs as ranges, `0-3, 7, 9-12` ("" for none)."""
+    ordered = sorted(set(partitions))
+    runs: list[str] = []
+    start = prev = None
+    for p in [*ordered, None]:
+        if p is not None and prev is not None and p == prev + 1:
+            prev = p
+            continue
+        if start is not None:
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = p
+    return ", ".join(runs)

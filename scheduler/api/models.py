@@ -76,15 +76,49 @@ class Readiness(BaseModel):
     warnings: list[str]
 
 
+class PartitionOwner(BaseModel):
+    """One partition as its lease in the leader bucket says."""
+
+    partition: int
+    owner: str | None = Field(
+        description="the instance id of the engine holding the partition's lease; null: nobody "
+        "holds it; `unknown`: the lease value is not one an engine writes"
+    )
+    epoch: int | None = Field(
+        description="the fencing epoch the holder wrote into the lease (null until its first "
+        "renew in a term, and for `unknown`)"
+    )
+    since: str | None = Field(
+        description="RFC 3339 UTC: the start of the holder's term over it, as written in the lease"
+    )
+
+
+class EngineShare(BaseModel):
+    """One engine's share of the partitions."""
+
+    instance: str = Field(description="the engine's instance id, or `unknown`")
+    count: int
+    partitions: list[int]
+
+
 class LeaderView(BaseModel):
-    """Who leads as the lease says (nulls while nobody does), and how this instance sees itself."""
+    """Who leads as the lease says (P = 1; nulls while nobody does, and always under P > 1),
+    the partition map, and how this instance sees itself."""
 
     model_config = ConfigDict(populate_by_name=True)
 
-    instance: str | None
-    epoch: int | None
-    since: str | None
+    instance: str | None = Field(description="the leader's instance id (P = 1); null under P > 1")
+    epoch: int | None = Field(description="the leader's fencing epoch (P = 1); null under P > 1")
+    since: str | None = Field(description="the leader's term start (P = 1); null under P > 1")
     self_: dict[str, Any] = Field(alias="self", serialization_alias="self")
+    partitions: int = Field(description="the deployment's partition count P")
+    map: list[PartitionOwner] = Field(description="every partition, in order, with its owner")
+    engines: list[EngineShare] = Field(description="each owner's partitions, by instance id")
+    unowned: list[int] = Field(description="the partitions whose lease nobody holds")
+    map_readable: bool = Field(
+        description="false when the lease bucket could not be read: every owner then shows "
+        "null, which is not known"
+    )
 
 
 # -- delayed tasks (the answers: scheduler.operations.task_records) ----------------------------

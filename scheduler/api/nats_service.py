@@ -58,12 +58,14 @@ class SchedulerService:
         tasks: TaskOperations,
         clock: Clock,
         stats: Callable[[], dict[str, Any]],
+        leader: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
         self.nc = nc
         self.settings = settings
         self.tasks = tasks
         self.clock = clock
         self.stats = stats
+        self.leader = leader
         self.service: Service | None = None
         self.pace = Pace(settings.api_max_reads_per_second, burst=1.0)
         self.dropped = 0  # requests past the pace, since the last log line
@@ -100,6 +102,10 @@ class SchedulerService:
         await self.service.add_endpoint(
             name="stats", subject=f"{PREFIX}.stats", handler=self._stats
         )
+        if self.leader is not None:
+            await self.service.add_endpoint(
+                name="leader", subject=f"{PREFIX}.leader", handler=self._leader
+            )
         # The subscriptions are only queued so far: once the server has them, a request made
         # after start-up finds a responder (not `no responders` on a busy host).
         await self.nc.flush()
@@ -144,6 +150,16 @@ class SchedulerService:
         if not self._paced():
             return
         await req.respond(json.dumps(self.stats(), default=str).encode())
+
+    async def _leader(self, req: Request) -> None:
+        """What `GET /v1/leader` answers: who leads (P = 1) and the partition map."""
+        if not self._paced() or self.leader is None:
+            return
+        try:
+            reply = await self.leader()
+        except Exception:  # the caller gets a code and an id, the log the exception
+            reply = _internal("leader", req.subject)
+        await req.respond(json.dumps(reply, default=str).encode())
 
     async def schedule(self, target: str, _: dict[str, Any], raw: bytes) -> dict[str, Any]:
         """Validate and put the envelope on the delay lane; it is durable once this returns."""

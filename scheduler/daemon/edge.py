@@ -48,7 +48,12 @@ from scheduler.daemon.runstate import Endpoints, Phased, RunState
 from scheduler.daemon.upkeep import activity_upkeep, idempotency_upkeep, loop_lag_probe
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.leadership import heartbeat
-from scheduler.leadership.lease import read_holder
+from scheduler.leadership.partition_map import (
+    UNKNOWN,
+    PartitionMap,
+    read_partition_map,
+    unreadable,
+)
 from scheduler.metrics import Metrics
 from scheduler.operations import paging
 from scheduler.operations.bundle import Operations
@@ -63,6 +68,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_POOL_SIZE = 4  # the NATS verbs' own connections (producers' cancel/reschedule/get)
 METRICS_CACHE = 1.0  # seconds a rendered exposition is served to every scraper
+MAP_CACHE = 0.5  # seconds a read of the partition map is served to every caller
+MAP_METRICS_EVERY = 5.0  # seconds between reads of the map for its gauges
 
 
 class EngineView(Protocol):
@@ -153,6 +160,9 @@ class EdgeDaemon(Phased):
         self.migrated = False
         self.http_app = StartingApp(self)
         self._api_build: asyncio.Future[Any] | None = None
+        self._map: PartitionMap | None = None
+        self._map_at = 0.0
+        self._map_lock = asyncio.Lock()
         self._announce = announce or (lambda edge: None)  # where it listens, once and running
         self._render = CachedRender(self._exposition if own_metrics else self.metrics.render)
         if own_metrics:
@@ -226,7 +236,7 @@ class EdgeDaemon(Phased):
             writer, s, self.api_store, TaskAdmin(self.api_store, limits), self.clock, self.leader
         )
         stack.callback(setattr, self, "operations", None)  # API: 503 before the pool closes
-        service = SchedulerService(nc, s, own.tasks, self.clock, self.stats)
+        service = SchedulerService(nc, s, own.tasks, self.clock, self.stats, self.leader)
         await service.start()
         stack.push_async_callback(service.stop)
 
@@ -240,6 +250,15 @@ class EdgeDaemon(Phased):
         expired = idempotency_upkeep(lambda: ops.idempotency.prune(self.clock.now()), stop)
         tg.create_task(expired, name="idempotency-upkeep")
         tg.create_task(loop_lag_probe(self.metrics, stop), name="edge-loop-lag")
+        tg.create_task(self._map_upkeep(stop), name="partition-map")
+
+    async def _map_upkeep(self, stop: asyncio.Event) -> None:
+        """Read the partition map every MAP_METRICS_EVERY s, so its gauges stay current while
+        nobody asks `/v1/leader`."""
+        while not stop.is_set():
+            await self.partition_map()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), MAP_METRICS_EVERY)
 
     async def serve_api(self) -> None:
         """Swap the management API in once its thread has built it."""
@@ -371,17 +390,39 @@ class EdgeDaemon(Phased):
         return "unknown" if self.engine_view.paired else "edge"
 
     async def leader(self) -> dict[str, Any]:
-        """What `GET /v1/leader` answers: who leads (as the lease says, read for display
-        only), and this instance's engine's view."""
+        """What `GET /v1/leader` (and `scheduler.v1.leader`) answers: who leads under P = 1 (as
+        the lease says, read for display only), the partition map (every partition's owner,
+        epoch and since, each engine's share, the partitions nobody holds), and this
+        instance's engine's view. Under P > 1 nobody leads alone: `instance`, `epoch` and
+        `since` are null and the map tells who holds what."""
         report = self.engine_report()
         me = report.leader if report else {"instance": self.settings.instance_id}
-        holder = await read_holder(self.leader_kv) if self.leader_kv is not None else {}
+        held = await self.partition_map()
+        single = held.leases[0] if held.count == 1 else None
+        owner = single.owner if single is not None and single.owner != UNKNOWN else None
         return {
-            "instance": holder.get("instance"),
-            "epoch": holder.get("epoch"),
-            "since": holder.get("since"),
+            "instance": owner,
+            "epoch": single.epoch if owner is not None and single is not None else None,
+            "since": single.since if owner is not None and single is not None else None,
             "self": me,
+            **held.to_json(),
         }
+
+    async def partition_map(self) -> PartitionMap:
+        """The lease bucket's partition map, read at most once per MAP_CACHE seconds whatever
+        the number of callers (`/v1/leader` needs no token)."""
+        async with self._map_lock:
+            now = time.monotonic()
+            if self._map is None or now - self._map_at >= MAP_CACHE:
+                count = self.settings.partitions
+                if self.leader_kv is None:
+                    self._map = unreadable(count)
+                else:
+                    self._map = await read_partition_map(self.leader_kv, count)
+                self._map_at = now
+                if self._map.readable:
+                    self.metrics.partition_map_read(self._map.engines(), len(self._map.unowned()))
+            return self._map
 
     async def instances(self) -> list[Instance]:
         """What `GET /v1/instances` answers: every instance's latest heartbeat."""

@@ -118,6 +118,7 @@ class EngineDaemon(Phased):
         self.warnings: list[str] = []
         self.migrated = False
         self.done_leading = asyncio.Event()  # set once the engine ended and the lease is given up
+        self._term_partitions: frozenset[int] = frozenset()  # the previous term's (metrics)
         self.metrics.daemon_started(__version__, settings.instance_id)
 
     def reload(self) -> None:
@@ -196,6 +197,9 @@ class EngineDaemon(Phased):
         """A term over `partitions` begins: the stores' reads and fences are theirs."""
         assert self.tasks is not None and self.schedules is not None
         self.tasks.office = self.schedules.office = tuple(partitions)
+        gained = set(partitions) - self._term_partitions
+        self._term_partitions = frozenset(partitions)
+        self.metrics.term_partitions(len(partitions), len(gained))
 
     def _build_engine(self) -> None:
         s = self.settings

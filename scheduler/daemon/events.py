@@ -4,6 +4,7 @@ modules update no instrument)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from scheduler.api.events import ApiEvents
@@ -18,6 +19,15 @@ class DaemonEvents(StoreEvents, ApiEvents, OperationsEvents, Protocol):
 
     def standing_by(self) -> None:
         """The daemon is ready to campaign and does not lead (yet)."""
+        ...
+
+    def term_partitions(self, held: int, gained: int) -> None:
+        """A term over `held` partitions began (P > 1), `gained` of them not in this engine's
+        previous term."""
+        ...
+
+    def partition_map_read(self, owners: Mapping[str, Sequence[int]], unowned: int) -> None:
+        """The edge read the lease bucket: each owner's partitions, and how many nobody holds."""
         ...
 
     def postgres_connected(self) -> None:

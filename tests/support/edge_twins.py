@@ -29,6 +29,7 @@ from scheduler.api.app import build_api
 from scheduler.bus.memory import MemoryStreams, MemoryWriter, Stored
 from scheduler.clock import Clock, SystemClock
 from scheduler.cron.jobs import load_dir
+from scheduler.leadership.partition_map import PartitionMap, build_map
 from scheduler.messages.envelope import parse_envelope
 from scheduler.metrics import Metrics
 from scheduler.operations.activity import ActivityOperations
@@ -62,6 +63,7 @@ class TwinBackend:
         self.settings = settings
         self.metrics = Metrics()
         self._operations = operations
+        self.partition_map: PartitionMap = build_map(settings.partitions, {})  # nobody holds
 
     @property
     def operations(self) -> Operations | None:
@@ -77,7 +79,8 @@ class TwinBackend:
         """As the edge answers with no lease holder and no engine of its own
         (`scheduler.daemon.edge`)."""
         nobody: dict[str, Any] = {"instance": None, "epoch": None, "since": None}
-        return nobody | {"self": {"instance": self.settings.instance_id}}
+        me = {"self": {"instance": self.settings.instance_id}}
+        return nobody | me | self.partition_map.to_json()
 
     async def instances(self) -> list[Instance]:
         return []

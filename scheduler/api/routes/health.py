@@ -42,5 +42,8 @@ async def readyz(request: Request) -> Any:
 
 @router.get("/v1/leader", response_model=LeaderView, response_model_by_alias=True)
 async def leader(request: Request) -> Any:
-    """Who holds the lease (instance, epoch, since) and this instance's own view (`self`)."""
+    """Who holds the lease (instance, epoch, since: P = 1), the partition map (every
+    partition's owner, epoch and since; each engine's share; the partitions nobody holds) and
+    this instance's own view (`self`). Read from the lease bucket for display (at most every
+    half second); leadership is never decided by a read."""
     return await request.app.state.backend.leader()
