@@ -32,6 +32,7 @@ from scheduler.cli.render import (
     when,
 )
 from scheduler.durations import parse_duration
+from scheduler.partitions import spans
 
 Verb = Callable[[ApiClient, argparse.Namespace], tuple[Any, str, int]]
 YAML_ERRORS = REFUSED  # `status` when the daemon reports schedule YAML errors: as `validate`
@@ -119,6 +120,7 @@ def _field(name: str) -> Callable[[dict[str, Any]], Any]:
 def _status(client: ApiClient, _: argparse.Namespace) -> tuple[Any, str, int]:
     s = client.call("GET", "/v1/stats")
     problems = _problems(client)
+    owners = client.call("GET", "/v1/leader")
     leader = s["leader"]
     late = s["lateness_ms"]
     due = "  ".join(f"{k}: {v}" for k, v in s["due"].items())
@@ -138,12 +140,19 @@ def _status(client: ApiClient, _: argparse.Namespace) -> tuple[Any, str, int]:
             ("as of", when(s.get("at"))),
         ]
     )
+    partitioned = _count(owners.get("partitions")) > 1
+    if partitioned:
+        lines[0] = fields([("partitions", _held(owners))])[0]
     if s["pending_by_subject"]:
         rows = [(r["subject"], r["pending"]) for r in s["pending_by_subject"]]
         lines += ["", table(rows, ["SUBJECT", "PENDING"])]
+    if partitioned:
+        lines += ["", _partition_table(owners)]
     if problems:
         lines += ["", *problems_block(problems)]
-    return {**s, "problems": problems}, "\n".join(lines), YAML_ERRORS if problems else OK
+    shown = {k: owners.get(k) for k in ("partitions", "engines", "unowned", "map_readable")}
+    doc = {**s, "problems": problems, "partition_map": shown}
+    return doc, "\n".join(lines), YAML_ERRORS if problems else OK
 
 
 def _problems(client: ApiClient) -> list[dict[str, Any]]:
@@ -156,6 +165,36 @@ def _leader(leader: dict[str, Any]) -> str:
         return "none"
     since = f", since {when(leader['since'])}" if leader.get("since") else ""
     return f"{printable(leader['instance'])} (epoch {text(leader.get('epoch'))}{since})"
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int else 1  # a daemon before partitions: one leader
+
+
+def _held(owners: dict[str, Any]) -> str:
+    """`60 of 64 held by 3 engines, 4 without an owner` (under P > 1)."""
+    total, unowned = _count(owners.get("partitions")), list(owners.get("unowned") or [])
+    if owners.get("map_readable") is False:
+        return f"{total}, the lease bucket could not be read"
+    engines = len(owners.get("engines") or [])
+    line = f"{total - len(unowned)} of {total} held by {plural(engines, 'engine')}"
+    return line + (f", {len(unowned)} WITHOUT AN OWNER" if unowned else "")
+
+
+def _partition_table(owners: dict[str, Any]) -> str:
+    """Each engine's partitions (count, which), then the ones nobody holds."""
+    rows = [
+        (printable(str(e.get("instance"))), e.get("count"), spans(_ints(e.get("partitions"))))
+        for e in owners.get("engines") or []
+    ]
+    unowned = _ints(owners.get("unowned"))
+    if unowned:
+        rows.append(("(no owner)", len(unowned), spans(unowned)))
+    return table(rows, ["ENGINE", "PARTITIONS", "WHICH"])
+
+
+def _ints(value: Any) -> list[int]:
+    return [p for p in value if type(p) is int] if isinstance(value, list) else []
 
 
 # -- schedules ---------------------------------------------------------------------------------

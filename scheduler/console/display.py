@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from markupsafe import Markup
 
 from scheduler.console.cron_words import describe
+from scheduler.partitions import spans
 
 NONE = "—"
 
@@ -144,6 +145,13 @@ def count(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else NONE
 
 
+def partition_spans(value: Any) -> str:
+    """A list of partitions as runs (`0-3, 7`); anything else as it came."""
+    if isinstance(value, list) and all(type(p) is int for p in value):
+        return spans(value) or NONE
+    return str(value)
+
+
 FILTERS = {
     "cron_words": describe,
     "jitter": jitter,
@@ -157,4 +165,5 @@ FILTERS = {
     "short": short,
     "count": count,
     "seg": seg,
+    "spans": partition_spans,
 }
