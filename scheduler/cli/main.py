@@ -140,6 +140,14 @@ def _parser() -> argparse.ArgumentParser:
         "the edge (HTTP API, console, metrics, NATS request verbs); default: both, the "
         "engine in this process and the edge in a child process",
     )
+    run.add_argument(
+        "--engines",
+        type=_engine_count,
+        default=1,
+        metavar="N",
+        help="run N engine processes beside the edge (default 1): under SCHEDULER_PARTITIONS "
+        "> 1 they share the partitions, under 1 the others stand by",
+    )
     run.set_defaults(func=cmd_run)
 
     mig = sub.add_parser("migrate", help="bring the PostgreSQL schema up to date (idempotent)")
@@ -202,7 +210,22 @@ def _settings(args: argparse.Namespace) -> Any:
     return load_settings(args.config, **overrides)
 
 
+def _engine_count(value: str) -> int:
+    from scheduler.daemon.crew import MAX_ENGINES
+
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 1 <= count <= MAX_ENGINES:
+        raise argparse.ArgumentTypeError(f"must be 1..{MAX_ENGINES}, got {count}")
+    return count
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.role is not None and args.engines != 1:
+        print("scheduler: --engines runs engines beside an edge: not with --role", file=sys.stderr)
+        return 2
     settings = _settings(args)
     configure_logging(settings.log_level, settings.log_format)
     if args.role == "edge":
@@ -214,14 +237,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         settings, tokens = with_dev_tokens(settings)
     daemon: Any
     if args.role == "engine":
+        from scheduler.daemon import supervisor
         from scheduler.daemon.engine import EngineDaemon
+
+        parent = supervisor.paired_parent()  # engine 2..N of `scheduler run --engines N`
+        if parent is not None:
+            supervisor.die_with_parent(parent)
 
         daemon = EngineDaemon(settings, embedded=args.embedded, run_dir=settings.run_dir)
         code = _run_async(_run_daemon(daemon, banner=False))
     else:
         from scheduler.daemon.supervisor import EdgeFailed, Pair
 
-        daemon = Pair(settings, embedded=args.embedded, argv=_passed_on(args))
+        daemon = Pair(settings, embedded=args.embedded, argv=_passed_on(args), engines=args.engines)
         try:
             code = _run_async(_run_daemon(daemon, tokens))
         except EdgeFailed as exc:  # the edge's own one line, printed once, after it exited
@@ -349,6 +377,9 @@ def print_banner(
         f"  schedules   {daemon.settings.schedules_dir}",
         "  delay lane  publish to mq.delay.<rest>: delivered to mq.<rest> (docs/producers.md)",
     ]
+    crew = getattr(daemon, "crew", None)
+    if crew is not None:
+        lines.insert(1, f"  engines     {crew.count}: this process and {crew.count - 1} beside it")
     if access_file is not None:
         lines.append(
             f"`scheduler` run from this folder finds this daemon by itself ({access_file}); "

@@ -34,6 +34,7 @@ from scheduler.bus.nats.connection import NatsBus
 from scheduler.bus.nats.writer import NatsWriter
 from scheduler.clock import Clock, SystemClock
 from scheduler.daemon import migrate
+from scheduler.daemon.crew import MAX_ENGINES, engine_folder
 from scheduler.daemon.listeners import api_imported, build_api_app, listen
 from scheduler.daemon.operations import build_operations
 from scheduler.daemon.pair import (
@@ -82,6 +83,11 @@ class EngineView(Protocol):
 
     def metrics(self) -> bytes | None: ...
 
+    def others(self) -> list[tuple[str, bytes]]:
+        """The metrics of engines 2..N (`scheduler run --engines N`) as (role, exposition):
+        `engine-2`, ...; none beside one engine."""
+        ...
+
 
 class NoEngine:
     """An edge run alone (`--role edge` without SCHEDULER_RUN_DIR)."""
@@ -93,6 +99,9 @@ class NoEngine:
 
     def metrics(self) -> bytes | None:
         return None
+
+    def others(self) -> list[tuple[str, bytes]]:
+        return []
 
 
 class FolderEngine:
@@ -111,6 +120,16 @@ class FolderEngine:
             return (self.run_dir / ENGINE_METRICS).read_bytes()
         except OSError:
             return None
+
+    def others(self) -> list[tuple[str, bytes]]:
+        found = []
+        for number in range(2, MAX_ENGINES + 1):
+            try:
+                data = (engine_folder(self.run_dir, number) / ENGINE_METRICS).read_bytes()
+            except OSError:  # no such engine (or it has not exported yet)
+                continue
+            found.append((f"engine-{number}", data))
+        return found
 
 
 class CachedRender:
@@ -364,6 +383,7 @@ class EdgeDaemon(Phased):
         engine = self.engine_view.metrics()
         if engine is not None:
             parts.insert(0, ("engine", engine))
+        parts[1:1] = self.engine_view.others()
         return merge_expositions(parts)
 
     # -- what the edge answers -------------------------------------------------------------------

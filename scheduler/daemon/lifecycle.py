@@ -48,6 +48,9 @@ class LocalEngine:
     def metrics(self) -> bytes | None:
         return None  # one registry: the edge renders the shared Metrics itself
 
+    def others(self) -> list[tuple[str, bytes]]:
+        return []
+
 
 class Daemon(Phased):
     """One scheduler instance, both roles in this process (see the module doc)."""

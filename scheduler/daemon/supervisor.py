@@ -14,6 +14,9 @@ the instance id, the development tokens) and the run folder (`scheduler.daemon.p
 engine writes its status and metrics. A child that fails to start writes its one-line error
 there (`edge-exit.json`) instead of printing it; this process prints the one line, after the
 child has exited, and exits with the child's status.
+
+`scheduler run --engines N` starts engines 2..N beside the edge (`scheduler.daemon.crew`), with
+the edge, restarts them the same way and stops them with it, before the embedded servers.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scheduler.daemon.crew import Crew
 from scheduler.daemon.engine import EngineDaemon
 from scheduler.daemon.pair import EDGE_EXIT, EDGE_STATUS, read_json, write_json
 from scheduler.daemon.runstate import Endpoints, RunState
@@ -69,6 +73,7 @@ class Pair:
         embedded: bool = False,
         argv: list[str] | None = None,
         extra_env: dict[str, str] | None = None,
+        engines: int = 1,
     ) -> None:
         self.settings = settings
         self.embedded = embedded
@@ -82,8 +87,10 @@ class Pair:
             embedded=embedded,
             run_dir=self.run_dir,
             on_servers=self._servers_up,
-            before_servers_stop=self._stop_child,
+            before_servers_stop=self._stop_children,
         )
+        # engines 2..N (`--engines N`), children beside the edge
+        self.crew = Crew(self.run_dir, engines, self.argv) if engines > 1 else None
         self.endpoints = Endpoints()
         self.started = asyncio.Event()
         self.child: asyncio.subprocess.Process | None = None
@@ -106,6 +113,8 @@ class Pair:
         self._stopping = True
         self.engine.stop()
         self._signal_child(signal.SIGTERM)
+        if self.crew is not None:
+            self.crew.stop_soon()
 
     def reload(self) -> None:
         self.engine.reload()
@@ -114,6 +123,7 @@ class Pair:
         """Run the engine and keep an edge beside it until both have stopped."""
         engine = asyncio.create_task(self.engine.run(), name="engine-role")
         watch = asyncio.create_task(self._watch_edge(engine), name="edge-watch")
+        crew = asyncio.create_task(self._watch_crew(engine), name="crew-watch")
         try:
             await asyncio.wait({engine, watch}, return_when=asyncio.FIRST_COMPLETED)
             if watch.done() and not watch.cancelled() and watch.exception() is not None:
@@ -121,12 +131,15 @@ class Pair:
             await asyncio.wait({engine})
         except asyncio.CancelledError:  # a second signal: no grace for anyone
             self._signal_child(signal.SIGKILL)
+            if self.crew is not None:
+                self.crew.signal(signal.SIGKILL)
             engine.cancel()
             raise
         finally:
             watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
-            await self._stop_child()
+            crew.cancel()
+            await asyncio.gather(watch, crew, return_exceptions=True)
+            await self._stop_children()
             if not engine.done():
                 engine.cancel()
                 await asyncio.gather(engine, return_exceptions=True)
@@ -143,7 +156,24 @@ class Pair:
         self.endpoints.nats_url = settings.redacted_nats_url
         self.endpoints.database_url = settings.redacted_database_url or ""
         self._child_env = self._environment(settings)
+        if self.crew is not None:
+            await self.crew.start(self._crew_environment(), settings.instance_id)
         await self._spawn()
+
+    def _crew_environment(self) -> dict[str, str]:
+        """The edge's environment without the API's tokens (an engine serves no API)."""
+        env = dict(self._child_env)
+        for name in ("SCHEDULER_ADMIN_TOKEN", "SCHEDULER_READ_TOKEN"):
+            if name not in os.environ:
+                env.pop(name, None)
+        return env
+
+    async def _watch_crew(self, engine: asyncio.Task[None]) -> None:
+        """Engines 2..N (started with the edge) are restarted while engine 1 runs."""
+        if self.crew is None:
+            return
+        await self._spawned.wait()
+        await self.crew.watch(engine)
 
     def _environment(self, s: Settings) -> dict[str, str]:
         env = {**os.environ, **self.extra_env}
@@ -236,6 +266,13 @@ class Pair:
                 self._termed = self.child
             with contextlib.suppress(ProcessLookupError):
                 self.child.send_signal(sig)
+
+    async def _stop_children(self) -> None:
+        """The engines 2..N and the edge, before the embedded servers stop."""
+        if self.crew is not None:
+            await asyncio.gather(self.crew.stop(), self._stop_child())
+        else:
+            await self._stop_child()
 
     async def _stop_child(self) -> None:
         """SIGTERM (unless sent already), then SIGKILL after EDGE_STOP_GRACE."""
