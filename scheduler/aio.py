@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 
 async def first_of(*waits: Awaitable[object]) -> None:
@@ -46,3 +48,44 @@ async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), timeout=seconds)
     except TimeoutError:
         pass
+
+
+# -- how long a piece of work held PostgreSQL connections -----------------------------------
+# Measured by the store (`scheduler.store.postgres.connect.PostgresStore.timed`), read by whoever
+# asked for the work (a management API listing pays for it: `scheduler.api.gate`); here, not in
+# the store, so that the operator half reads it without importing the store (test_layers).
+
+
+class ConnectionUse:
+    """Seconds pooled connections were held (waiting for one not counted) by the code that
+    measured it and the tasks it started (`measuring_use`)."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+_use: ContextVar[ConnectionUse | None] = ContextVar("postgres_connection_use", default=None)
+
+
+@contextmanager
+def measuring_use() -> Iterator[ConnectionUse]:
+    """Within: every connection use the store reports (`held`) from this task, or from the
+    tasks it starts, adds to the yielded `ConnectionUse`: what a management API listing is
+    charged for, so neither its wait for a connection nor its work outside its queries
+    counts."""
+    used = ConnectionUse()
+    token = _use.set(used)
+    try:
+        yield used
+    finally:
+        _use.reset(token)
+
+
+def held(seconds: float) -> None:
+    """A connection was held for `seconds` (its wait for it left out): added to the measure
+    open in this context, if any."""
+    used = _use.get()
+    if used is not None:
+        used.seconds += seconds

@@ -97,7 +97,13 @@ ANSWERS: dict[str, Any] = {
     "/v1/delayed/t1": TASK,
     f"/v1/dead-letters/{DEAD['id']}": DEAD,
     "/v1/dead-letters": {"items": [DEAD], "next_cursor": None},
-}
+    "/v1/leader": {
+        "instance": "a", "epoch": None, "since": None, "partitions": 1,
+        "map": [{"partition": 0, "owner": "a", "epoch": None, "since": None}],
+        "engines": [{"instance": "a", "count": 1, "partitions": [0]}], "unowned": [],
+        "map_readable": True,
+    },
+}  # fmt: skip
 SHOW = ("schedules", "show", "report")
 TEXT_VERBS = [
     (ops._status, ["status"]),

@@ -11,13 +11,13 @@ from typing import Annotated, Any
 from fastapi import Depends, Query, Request
 from fastapi.responses import Response
 
+from scheduler.aio import measuring_use
 from scheduler.api import activity
 from scheduler.api.auth import Caller, identify
 from scheduler.api.gate import RETRY_AFTER_SECONDS, OutOfBudget, Overloaded, QueryGate, RowBudget
 from scheduler.api.problems import ApiProblem, from_outcome
 from scheduler.operations import Outcome
 from scheduler.operations.bundle import Operations
-from scheduler.usage import measuring_use
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,10 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from scheduler.aio import Backoff
+from scheduler.aio import Backoff, held
 from scheduler.errors import ConfigError, ServiceUnavailableError
 from scheduler.settings import redact_url
 from scheduler.store.postgres.events import StoreEvents
-from scheduler.usage import held
 
 log = logging.getLogger(__name__)
 
