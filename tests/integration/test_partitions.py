@@ -21,8 +21,9 @@ SQL_RULE = "('x' || left(encode(sha256(convert_to($1::text, 'UTF8')), 'hex'), 8)
 
 
 async def test_a_count_other_than_the_recorded_one_is_refused(database_url: str) -> None:
-    """The database records 1; the check passes for 1 and refuses 64 with an error naming
-    SCHEDULER_PARTITIONS, both counts and why the count cannot simply change."""
+    """The database records 1; the check passes for 1 (choosing it) and then refuses 64 with
+    an error naming SCHEDULER_PARTITIONS, both counts and why the count cannot simply
+    change."""
     pool = await create_pool(database_url, min_size=1, max_size=1)
     try:
         assert await pool.fetchval("SELECT partitions FROM partitioning") == 1
@@ -38,12 +39,70 @@ async def test_a_count_other_than_the_recorded_one_is_refused(database_url: str)
     assert message.endswith("start with SCHEDULER_PARTITIONS=1")
 
 
+async def test_the_first_engine_chooses_the_count_of_an_empty_deployment(
+    database_url: str,
+) -> None:
+    """On a database storing no task and no cron job, the first engine's count is recorded
+    (64, not the 1 migration 0022 wrote: refused before, seen failing) and kept: an engine
+    configured with 8 afterwards is refused, naming 64."""
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    try:
+        await check_partitions(pool, 64)
+        assert await pool.fetchval("SELECT partitions FROM partitioning") == 64
+        assert await pool.fetchval("SELECT chosen_at IS NOT NULL FROM partitioning")
+        with pytest.raises(ConfigError) as info:
+            await check_partitions(pool, 8)
+        assert "partition count of 64" in str(info.value)
+    finally:
+        await pool.close()
+
+
+async def test_no_count_is_chosen_over_stored_rows(database_url: str) -> None:
+    """A deployment from before the choice (none recorded as chosen) that stores a task keeps
+    its count: 64 is refused, 1 passes and is then chosen."""
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    try:
+        await pool.execute(
+            "INSERT INTO delayed_messages (id, target, payload, due_at, scheduled_for) "
+            "VALUES ('kept', 'mq.tasks.x', '{}'::bytea, now(), now())"
+        )
+        with pytest.raises(ConfigError):
+            await check_partitions(pool, 64)
+        await check_partitions(pool, 1)
+        assert await pool.fetchval("SELECT chosen_at IS NOT NULL FROM partitioning")
+    finally:
+        await pool.close()
+
+
+async def test_two_engines_configured_differently_cannot_both_choose(database_url: str) -> None:
+    """Two engines, 64 and 8, check at once on an empty database: one chooses, the other is
+    refused, whichever came first."""
+    pools = [await create_pool(database_url, min_size=1, max_size=1) for _ in range(2)]
+    try:
+        got = await asyncio.gather(
+            check_partitions(pools[0], 64), check_partitions(pools[1], 8), return_exceptions=True
+        )
+        recorded = await pools[0].fetchval("SELECT partitions FROM partitioning")
+    finally:
+        for pool in pools:
+            await pool.close()
+    refused = [g for g in got if isinstance(g, ConfigError)]
+    assert len(refused) == 1 and got.count(None) == 1, got
+    assert recorded == (64 if got[0] is None else 8)
+
+
 @pytest.mark.slow
 async def test_the_engine_refuses_to_start_with_another_count(
     tmp_path: Path, nats_url: str, database_url: str
 ) -> None:
-    """`scheduler run` with SCHEDULER_PARTITIONS=4 on a database recording 1 ends at start with
-    one line naming the setting and both counts, exit status 2, no traceback."""
+    """`scheduler run` with SCHEDULER_PARTITIONS=4 on a database whose count of 1 is chosen
+    ends at start with one line naming the setting and both counts, exit status 2, no
+    traceback."""
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    try:
+        await check_partitions(pool, 1)  # an engine with the default count started before
+    finally:
+        await pool.close()
     env = cli_env(
         tmp_path,
         SCHEDULER_NATS_URL=nats_url,

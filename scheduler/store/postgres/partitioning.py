@@ -25,9 +25,21 @@ EACH_PARTITION = (
 )
 
 
+# The first engine's count is recorded (chosen_at set) when it is the recorded one, or when no
+# task and no cron job is stored under the recorded one yet; an engine finding it chosen
+# changes nothing (migration 0027).
+CHOOSE_SQL = (
+    "UPDATE partitioning SET partitions = $1, chosen_at = now() WHERE id = 1 "
+    "AND chosen_at IS NULL AND (partitions = $1 OR (NOT EXISTS (SELECT 1 FROM delayed_messages) "
+    "AND NOT EXISTS (SELECT 1 FROM schedules)))"
+)
+
+
 async def check_partitions(pool: asyncpg.Pool, partitions: int) -> None:
-    """Raise ConfigError naming SCHEDULER_PARTITIONS, this count and the recorded one, unless
-    they are equal."""
+    """Choose this count for the deployment if it has none yet (the first engine to start on
+    a database storing no task and no cron job), then raise ConfigError naming
+    SCHEDULER_PARTITIONS, this count and the recorded one, unless they are equal."""
+    await pool.execute(CHOOSE_SQL, partitions)
     recorded = await pool.fetchval("SELECT partitions FROM partitioning WHERE id = 1")
     if recorded != partitions:
         raise ConfigError(
