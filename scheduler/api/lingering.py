@@ -24,6 +24,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 1 << 20  # what the bound on a body lets an honest client have sent
+DROPPED_BYTES = 64 << 10  # of a body no route reads (a GET's): read and dropped at most
 
 
 class LingeringTransport(asyncio.Transport):
@@ -42,6 +43,7 @@ class LingeringTransport(asyncio.Transport):
         self._timer: asyncio.TimerHandle | None = None
         self.lingering = False
         self.discarded = 0
+        self.limit = LINGER_BYTES  # bytes discarded, lingering or before, past which it ends
 
     def close(self) -> None:
         if self.lingering or self._transport.is_closing():
@@ -55,9 +57,10 @@ class LingeringTransport(asyncio.Transport):
         self._timer = self._loop.call_later(LINGER_SECONDS, self.end)
 
     def discard(self, size: int) -> None:
-        """Bytes that arrived while lingering: dropped, up to the bound."""
+        """Bytes that arrived while lingering (or a body dropped unread): dropped, up to the
+        bound."""
         self.discarded += size
-        if self.discarded > LINGER_BYTES:
+        if self.discarded > self.limit:
             self.end()
 
     def end(self) -> None:

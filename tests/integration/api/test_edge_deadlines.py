@@ -6,6 +6,7 @@ twins (tests/unit/test_api_refusals.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -363,6 +364,28 @@ async def test_the_body_of_a_get_is_dropped_unparsed() -> None:
         assert await sent("GET") == 204
         assert await sent("POST") == 200
     finally:
+        await served.close()
+
+
+async def test_an_endless_body_of_a_get_is_cut_once_its_bound_is_dropped() -> None:
+    """A client writing a GET's chunked body without end: once DROPPED_BYTES of it are
+    dropped the server ends the connection (the client's writes fail within a second), where
+    it lingered for LINGER_SECONDS (2 s) reading up to a megabyte of it: seen failing."""
+    served = await serve(_ok, "127.0.0.1", 0, ConnectionLimits())
+    _reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            async with asyncio.timeout(5):
+                while True:
+                    writer.write(b"1\r\nx\r\n" * 1024)
+                    await writer.drain()
+        took = loop.time() - began
+        assert took < 1.0, took
+    finally:
+        writer.close()
         await served.close()
 
 
