@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     api_body_timeout: Duration = Field(default=timedelta(seconds=10), gt=timedelta(0))
     api_idle_timeout: Duration = Field(default=timedelta(seconds=5), ge=timedelta(seconds=1))
     # socket reads the HTTP listeners handle per second, all connections together (api/pace.py)
-    api_max_reads_per_second: int = Field(default=1000, ge=0, le=1_000_000)
+    api_max_reads_per_second: int = Field(default=500, ge=0, le=1_000_000)
     # connections they accept per second, and hold open at once (api/deadlines.py)
     api_max_connections_per_second: int = Field(default=100, ge=0, le=1_000_000)
     api_max_connections: int = Field(default=500, ge=1, le=1_000_000)

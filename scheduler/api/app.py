@@ -115,7 +115,12 @@ def build_api(backend: ApiBackend, extend: Callable[[FastAPI], None] | None = No
     def settings() -> Settings:
         return backend.settings  # read per request: a test may swap the daemon's settings
 
-    app.add_middleware(refusals.EarlyRefusal, settings=settings, gate=app.state.query_gate)
+    app.add_middleware(
+        refusals.EarlyRefusal,
+        settings=settings,
+        gate=app.state.query_gate,
+        budget=app.state.rows_budget,
+    )
     app.add_middleware(edge.BodyGuard, settings=settings, router=app.router)
     app.add_middleware(edge.HostGuard, policy=edge.host_policy(backend.settings))
     app.add_middleware(_CountRequests, events=backend.metrics)

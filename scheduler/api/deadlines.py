@@ -51,7 +51,7 @@ class ConnectionLimits:
 
     header_timeout: float = 10.0
     idle_timeout: int = 5
-    reads_per_second: int = 1000  # `SCHEDULER_API_MAX_READS_PER_SECOND` (scheduler.api.pace)
+    reads_per_second: int = 500  # `SCHEDULER_API_MAX_READS_PER_SECOND` (scheduler.api.pace)
     connections_per_second: int = 100  # `SCHEDULER_API_MAX_CONNECTIONS_PER_SECOND`
     max_open: int = 500  # `SCHEDULER_API_MAX_CONNECTIONS`
 

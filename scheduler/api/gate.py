@@ -111,6 +111,15 @@ class RowBudget:
         self.tokens -= rows
         return wait
 
+    def refusal(self, rows: int) -> int | None:
+        """The Retry-After `reserve(rows)` would refuse with now, or None when it would pay
+        (nothing is taken either way): for refusing before routing."""
+        if self.per_second <= 0:
+            return None
+        tokens = min(self.capacity, self.tokens + (self.clock() - self.at) * self.per_second)
+        wait = (rows - tokens) / self.per_second
+        return max(1, math.ceil(wait)) if wait > MAX_WAIT else None
+
     def settle(self, paid: int, seconds: float) -> int:
         """After a page's query ran for `seconds`: charge the rows that work was worth
         (`WORK_ROWS_PER_SECOND`) beyond the `paid` ones, putting the bucket in debt that later

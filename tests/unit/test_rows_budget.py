@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
+from typing import Any
+
 import pytest
 
 from scheduler.api.gate import OutOfBudget, RowBudget
@@ -62,3 +65,60 @@ def test_a_page_pays_for_its_time_beyond_the_rows_it_paid() -> None:
     with pytest.raises(OutOfBudget) as refused:
         budget.reserve(1)
     assert refused.value.retry_after == 2  # 15,500 rows of debt at 10,000 rows/s
+
+
+def test_refusal_says_what_reserve_would_refuse_and_takes_nothing() -> None:
+    """`refusal(n)` is None while `reserve(n)` would pay (within its wait), else the
+    Retry-After it would refuse with; asking takes nothing from the bucket."""
+    clock = Clock()
+    budget = RowBudget(100, 500, clock)
+    assert budget.refusal(500) is None
+    assert budget.reserve(500) == 0.0
+    assert budget.refusal(50) is None  # half a second's wait: it would pay
+    assert budget.refusal(500) == 5
+    assert budget.refusal(500) == 5  # asked again: nothing was taken
+    clock.now += 4.5
+    assert budget.refusal(500) is None
+
+
+async def test_a_listing_the_budget_cannot_pay_is_refused_before_routing() -> None:
+    """With the budget spent, `GET /v1/delayed?limit=500` is answered 503 `overloaded` with
+    Retry-After by the edge itself: the app behind it is never called (it was, and routed
+    every such refusal: seen failing); a listing the budget can pay, and any other path,
+    reach the app."""
+    from scheduler.api.gate import QueryGate
+    from scheduler.api.refusals import EarlyRefusal
+    from scheduler.settings import Settings
+
+    called: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        called.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    clock = Clock()
+    budget = RowBudget(100, 500, clock)
+    budget.reserve(500)
+    edge = EarlyRefusal(app, lambda: Settings(), QueryGate(8), budget)
+
+    async def get(path: str, query: str) -> tuple[int, dict[bytes, bytes]]:
+        scope = {"type": "http", "method": "GET", "path": path, "query_string": query.encode(),
+                 "headers": [], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}  # fmt: skip
+        sent: list[MutableMapping[str, Any]] = []
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(message)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        await edge(scope, receive, send)
+        return sent[0]["status"], dict(sent[0].get("headers", []))
+
+    status, headers = await get("/v1/delayed", "limit=500")
+    assert (status, headers.get(b"retry-after")) == (503, b"5"), headers
+    assert called == []
+    assert (await get("/v1/delayed", "limit=10"))[0] == 200
+    assert (await get("/v1/stats", ""))[0] == 200
+    assert called == ["/v1/delayed", "/v1/stats"]

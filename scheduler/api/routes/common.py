@@ -76,7 +76,7 @@ async def rows_budget(request: Request, _: Ops) -> AsyncIterator[None]:
     it made PostgreSQL do (charged as such, a console page's concurrent reads on a busy host
     were charged their waits for the pool's few connections several times over). A request with no
     valid token, or a `limit` its route will refuse 422, pays nothing."""
-    limit = _page_size(request.query_params.get("limit", "50"))
+    limit = page_size(request.query_params.get("limit", "50"))
     if limit is None or not _may_query(request):
         yield
         return
@@ -84,14 +84,7 @@ async def rows_budget(request: Request, _: Ops) -> AsyncIterator[None]:
     try:
         wait = budget.reserve(limit)
     except OutOfBudget as exc:
-        raise ApiProblem(
-            503,
-            "overloaded",
-            f"the management API's listings may read {exc.per_second} rows per second "
-            "(SCHEDULER_API_READ_ROWS_PER_SECOND) and have read them; retry after the "
-            "Retry-After delay",
-            headers={"Retry-After": str(exc.retry_after)},
-        ) from None
+        raise out_of_budget(exc.per_second, exc.retry_after) from None
     if wait:
         await asyncio.sleep(wait)
     with measuring_use() as used:
@@ -101,7 +94,20 @@ async def rows_budget(request: Request, _: Ops) -> AsyncIterator[None]:
             budget.settle(limit, used.seconds)
 
 
-def _page_size(raw: str) -> int | None:
+def out_of_budget(per_second: int, retry_after: int) -> ApiProblem:
+    """503 `overloaded`: the rows budget cannot pay this listing now (also answered by the
+    edge before routing: `scheduler.api.refusals`)."""
+    return ApiProblem(
+        503,
+        "overloaded",
+        f"the management API's listings may read {per_second} rows per second "
+        "(SCHEDULER_API_READ_ROWS_PER_SECOND) and have read them; retry after the "
+        "Retry-After delay",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def page_size(raw: str) -> int | None:
     """The page size asked for, when valid (the route's own `Limit` reports it otherwise)."""
     if not (raw.isascii() and raw.isdigit() and len(raw) <= 3):
         return None
