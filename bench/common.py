@@ -248,6 +248,7 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0  # wall clock, when the process was spawned
         self.cwd: str | None = None  # `python -m` puts its working directory first on sys.path
+        self.argv = ["run"]  # the scheduler command line (e.g. `run --role engine`: no edge)
 
     @property
     def pid(self) -> int:
@@ -258,7 +259,7 @@ class Daemon:
         with open(self.log_path, "ab") as log:
             self.started_at = time.time()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "scheduler", "run"],
+                [sys.executable, "-m", "scheduler", *self.argv],
                 env=self.env,
                 cwd=self.cwd,
                 stdout=subprocess.DEVNULL,
