@@ -22,10 +22,14 @@ each engine's tasks fired, share of them, CPU seconds over the window (the produ
 instant to the last delivery; an engine started or restarted inside it counts from the moment
 it held partitions, so Python's start-up is left out) and CPU per task fired, and the ratio of
 that to the single engine's (`single`: P = 1, one engine, the same load and cron jobs, first,
-in the same invocation: machines are noisy, ratios are not). Lost (never delivered), doubled
-(delivered twice, or two `fire_log` rows for one task or cron occurrence: the target stream's
-duplicate window would hide a second publish), early (stored before due), cron occurrences
-missing from `fire_log`, nats-server's and PostgreSQL's CPU per task.
+in the same invocation: machines are noisy, ratios are not). Beside it, each engine's idle
+share of a core (`--idle-seconds`, 5, before the load: cron, leases, heartbeats) and its CPU
+per task above that, reported, not judged. Lost (never delivered), doubled (delivered twice,
+or two `fire_log` rows for one task or cron occurrence: the target stream's duplicate window
+would hide a second publish), early (stored before due); cron occurrences lost (never
+delivered) and unlogged (delivered without a `fire_log` row, which the drift audit would count
+as missed); nats-server's and PostgreSQL's CPU per task; the partition map's changes over time
+(`map_changes`: each engine's partitions in office, and how many were in none).
 
 Scenarios (`--scenarios`, all by default; `single` always runs first):
 - `steady`: no fault. Targets: each engine's CPU per task <= 1.2x the single engine's, each
@@ -38,15 +42,18 @@ Scenarios (`--scenarios`, all by default; `single` always runs first):
   each time once the map has settled; windows around each reported.
 - `rolling`: from a fifth of the run, each engine in turn gets SIGTERM, is started again (same
   instance id) and the next waits until it holds partitions again, `--pause` (5 s) between.
-Every scenario is judged clean: nothing lost, doubled or early, no cron occurrence missing or
-doubled, the producer fully acknowledged. (d), the same on a 3-node JetStream cluster, is not
-here yet.
+Every scenario is judged clean: nothing lost, doubled or early, no cron occurrence lost or
+doubled, the producer fully acknowledged; unlogged cron occurrences are a check of their own
+(`<scenario>_cron_logged`). `--cluster` runs them all, `single` included, on a 3-node
+JetStream cluster on loopback (tests/support/cluster.py; every stream and bucket at 3
+replicas; the bench's clients on the first node; nats-server CPU summed over the nodes):
+issue 37's (d).
 
 `--tree PATH` runs the engines (and the migration) from another checkout.
 
     .venv/bin/python bench/partitions.py [--partitions 64] [--engines 3] [--rate 2000]
         [--seconds 180] [--delay 2] [--ttl 3] [--cron-jobs 32] [--scenarios steady,kill,...]
-        [--tree PATH] [--logs DIR] [--out FILE]
+        [--cluster] [--tree PATH] [--logs DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -59,10 +66,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -71,13 +81,14 @@ import nats
 from common import (
     Daemon,
     Env,
-    add_target_stream,
     cpu_of_servers,
     cpu_seconds_or_zero,
+    postmaster_pid,
     report,
     run,
     servers,
 )
+from nats.js.api import StorageType, StreamConfig
 from rawnats import RawCollector
 from side_by_side import producer_result, spawn_producer, spread, stop_children
 
@@ -106,6 +117,8 @@ class Engine(Daemon):
             log_level=a.log_level,
             schedules_dir=os.path.join(env.workdir, "schedules"),
         )
+        if a.cluster:
+            self.env["SCHEDULER_STREAM_REPLICAS"] = "3"
         self.name = name
         self.argv = ["run", "--role", "engine"]
         if a.tree:  # its code, and its folder as the working directory (first on sys.path)
@@ -125,7 +138,7 @@ class Meter:
         self.owner: dict[int, str] = {}
 
     def begin(self, engine: Engine) -> None:
-        cpu = engine.cpu_seconds()
+        cpu = cpu_seconds_or_zero(engine.pid)
         self.first[engine.pid] = self.last[engine.pid] = cpu
         self.owner[engine.pid] = engine.name
 
@@ -171,19 +184,35 @@ class Fleet:
         self.env, self.partitions, self.a, self.kv = env, partitions, a, kv
         self.engines: dict[str, Engine] = {}
         self.meter = Meter()
+        self.nats_pids: list[int] = []  # every node's, on a cluster
+        self.metering = False
+        self.pending: set[str] = set()  # started in the window, holding nothing yet
         self.timeline: list[tuple[float, dict[str, set[int]]]] = []
 
     def start(self, name: str) -> Engine:
         engine = self.engines.get(name) or Engine(self.env, name, self.partitions, self.a)
         self.engines[name] = engine
-        return engine.start(wait_ready=False)
+        engine.start(wait_ready=False)
+        if self.metering:  # its CPU counts once it holds a partition (`map`)
+            self.pending.add(name)
+        return engine
+
+    def begin_metering(self) -> None:
+        """The window starts: every engine's CPU counts from now."""
+        self.metering = True
+        for e in self.engines.values():
+            self.meter.begin(e)
 
     def live(self) -> set[str]:
         return {n for n, e in self.engines.items() if e.running()}
 
     async def map(self) -> PartitionMap:
         m = await read_partition_map(self.kv, self.partitions)
-        self.timeline.append((time.time(), in_office(m)))
+        held = in_office(m)
+        self.timeline.append((time.time(), held))
+        for name in [n for n in self.pending if held.get(n)]:
+            self.pending.discard(name)
+            self.meter.begin(self.engines[name])  # Python's start-up left out
         return m
 
     async def until(self, ok: Callable[[PartitionMap], bool], within: float, what: str) -> float:
@@ -254,6 +283,46 @@ def held_counts(m: PartitionMap) -> dict[str, int]:
 # -- setting a scenario up --------------------------------------------------------------------
 
 
+@contextmanager
+def deployment(cluster: bool) -> Iterator[tuple[Env, list[int]]]:
+    """A fresh nats-server (`servers()`), or with `cluster` a 3-node JetStream cluster on
+    loopback (tests/support/cluster.py), and PostgreSQL; the nats-server pids."""
+    if not cluster:
+        with servers() as env:
+            yield env, [env.nats_pid]
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from scheduler.daemon.embedded import Postgres
+    from tests.support.cluster import NatsCluster
+
+    work = Path(tempfile.mkdtemp(prefix="mqs-bench-"))
+    nodes: Any = None
+    pg: Postgres | None = None
+    try:
+        nodes = NatsCluster(root=work / "nats").start()
+        pg = Postgres(work / "pg").start()
+        env = Env(nodes.url, pg.url, str(work), 0, postmaster_pid(str(work / "pg")))
+        yield env, [n.proc.pid for n in nodes.nodes if n.proc is not None]
+    finally:
+        if pg is not None:
+            pg.stop()
+        if nodes is not None:
+            nodes.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def add_stream(js: Any, name: str, subject: str, replicas: int) -> None:
+    """A target stream (2 min duplicate window), at `replicas` replicas."""
+    cfg = StreamConfig(name=name, subjects=[subject], storage=StorageType.FILE,
+                       duplicate_window=120, num_replicas=replicas)  # fmt: skip
+    await js.add_stream(cfg)
+
+
+def servers_cpu(env: Env, nats_pids: list[int]) -> dict[str, float]:
+    """CPU seconds so far of this run's PostgreSQL and of its nats-servers (every node)."""
+    return cpu_of_servers(env) | {"nats-server": sum(cpu_seconds_or_zero(p) for p in nats_pids)}
+
+
 async def prepare(env: Env, a: argparse.Namespace, partitions: int) -> None:
     """The schema (`scheduler migrate`), P recorded with an office row per partition, the
     target streams and the cron jobs' YAML."""
@@ -308,13 +377,18 @@ class Deliveries(RawCollector):
 
 
 async def scenario(name: str, a: argparse.Namespace) -> dict[str, Any]:
-    partitions, count = (1, 1) if name == "single" else (a.partitions, a.engines)
-    with servers() as env:
+    alone = name in ("single", "single_share")
+    partitions, count = (1, 1) if alone else (a.partitions, a.engines)
+    if name == "single_share":  # one engine at one engine's share of the fleet's rate
+        a = argparse.Namespace(**vars(a) | {"rate": a.rate / a.engines})
+    with deployment(a.cluster) as (env, nats_pids):
         await prepare(env, a, partitions)
-        nc = await nats.connect(env.nats_url)
+        nc = await nats.connect(env.nats_url.split(","))
         js = nc.jetstream()
-        await add_target_stream(js)
-        await add_target_stream(js, "JOBS", "mq.scheduled.>")
+        replicas = 3 if a.cluster else 1
+        await add_stream(js, "BENCH", "mq.bench.>", replicas)
+        await add_stream(js, "JOBS", "mq.scheduled.>", replicas)
+        url = env.nats_url.split(",")[0]  # the bench's own clients, on one node
         fleet: Fleet | None = None
         collectors: list[Deliveries] = []
         procs: dict[str, Any] = {}
@@ -327,11 +401,12 @@ async def scenario(name: str, a: argparse.Namespace) -> dict[str, Any]:
             for n in names[1:]:
                 fleet.start(n)
             ready_at = await fleet.settle(set(names), "settled over the engines")
-            tasks = await Deliveries(env.nats_url, js, "BENCH", "mq.bench.>").start()
-            cron = await Deliveries(env.nats_url, js, "JOBS", "mq.scheduled.>").start()
+            tasks = await Deliveries(url, js, "BENCH", "mq.bench.>").start()
+            cron = await Deliveries(url, js, "JOBS", "mq.scheduled.>").start()
             collectors += [tasks, cron]
             idle = await idle_cpu(fleet, a.idle_seconds)
-            r = await loaded(name, a, env, fleet, names, tasks, cron, procs, ready_at, idle)
+            fleet.nats_pids = nats_pids
+            r = await loaded(name, a, env, fleet, names, (tasks, cron), procs, ready_at, idle)
         finally:
             await stop_children(procs)
             for c in collectors:
@@ -382,22 +457,21 @@ async def loaded(
     env: Env,
     fleet: Fleet,
     names: list[str],
-    tasks: Deliveries,
-    cron: Deliveries,
+    collectors: tuple[Deliveries, Deliveries],
     procs: dict[str, Any],
     ready_at: float,
     idle_cpu: dict[str, float],
 ) -> dict[str, Any]:
     """The load, the scenario's faults during it, then the read-out."""
+    tasks, cron = collectors
     count = int(a.rate * a.seconds)
     start = time.time() + 2.0 + count * 2e-5  # the producer's start-up and its items first
     prefix = uuid.uuid4().hex[:8]
     load = SimpleNamespace(rate=a.rate, duration=a.seconds, delay=a.delay, ack_timeout=10)
-    procs["ours"] = await spawn_producer(env.nats_url, "ours", prefix, start, load)
+    procs["ours"] = await spawn_producer(env.nats_url.split(",")[0], "ours", prefix, start, load)
     await asyncio.sleep(max(0.0, start - time.time()))
-    for e in fleet.engines.values():
-        fleet.meter.begin(e)
-    cpu0, t0 = cpu_of_servers(env), time.time()
+    fleet.begin_metering()
+    cpu0, t0 = servers_cpu(env, fleet.nats_pids), time.time()
     stop = asyncio.Event()
     watcher = asyncio.create_task(fleet.watch(stop))
     try:
@@ -409,7 +483,7 @@ async def loaded(
         await watcher
     fleet.meter.sample()
     wall = time.time() - t0
-    servers_cpu = {k: v - cpu0[k] for k, v in cpu_of_servers(env).items()}
+    used = {k: v - cpu0[k] for k, v in servers_cpu(env, fleet.nats_pids).items()}
     producer = await producer_result(procs["ours"], "ours", 30)
     await asyncio.sleep(1.0)  # the last fire_log rows commit after their publishes
     fired, cron_log = await fire_log(env.database_url, prefix)
@@ -422,12 +496,13 @@ async def loaded(
         "tasks": task_summary(tasks, dues, fired),
         "engines": engine_summary(fleet.meter.per_engine(), fired),
         "cron": cron_summary(cron, cron_log, a.cron_jobs, ready_at + 2, last_due - a.delay - 1),
-        "servers_cpu_us_per_task": {k: round(v / count * 1e6, 1) for k, v in servers_cpu.items()},
+        "servers_cpu_us_per_task": {k: round(v / count * 1e6, 1) for k, v in used.items()},
         "producer": producer,
         "events": events,
     }
     out["windows"] = windows(events, tasks, dues, fleet.partitions)
     out["map_changes"] = map_changes(fleet.timeline, start, fleet.partitions)
+    out["late_seconds"] = late_seconds(tasks, dues, start)
     for e, idle in idle_cpu.items():  # the engine's CPU beyond what it used idle (cron, leases)
         row = out["engines"].get(e)
         if row and row["fired"]:
@@ -484,7 +559,6 @@ async def join(fleet: Fleet, names: list[str], start: float, a: argparse.Namespa
     t = time.time()
     fleet.start(extra)
     back = await fleet.settle({*names, extra}, f"settled with {extra}")
-    fleet.meter.begin(fleet.engines[extra])
     events = [{"event": "join", "engine": extra, "at": t, "settled_at": back,
                "settled_after_s": round(back - t, 3)}]  # fmt: skip
     await at(start + 2 * a.seconds / 3)
@@ -504,7 +578,6 @@ async def rolling(fleet: Fleet, names: list[str], start: float, a: argparse.Name
         exit_s = await fleet.signal(n, signal.SIGTERM)
         fleet.start(n)
         back = await fleet.settle(set(names), f"settled after restarting {n}")
-        fleet.meter.begin(fleet.engines[n])
         events.append({"event": "restart", "engine": n, "at": t, "settled_at": back,
                        "exit_s": exit_s, "settled_after_s": round(back - t, 3)})  # fmt: skip
         await asyncio.sleep(a.pause)
@@ -584,6 +657,24 @@ def cron_summary(
     }
 
 
+def late_seconds(
+    tasks: Deliveries, dues: dict[str, float], t0: float, over_ms: float = 25.0
+) -> list[Any]:
+    """The seconds of due time (from `t0`) holding tasks later than `over_ms` at store time:
+    [second, tasks due in it, how many were late, the latest (ms)]. When the lateness
+    happened, to be read beside `map_changes` and the events."""
+    per: dict[int, list[float]] = defaultdict(list)
+    for t, due in dues.items():
+        got = tasks.seen.get(t)
+        if got:
+            per[int(due - t0)].append((got[0][0] - got[0][1]) * 1000)
+    return [
+        [sec, len(v), sum(1 for x in v if x > over_ms), round(max(v), 1)]
+        for sec, v in sorted(per.items())
+        if max(v) > over_ms
+    ]
+
+
 def map_changes(
     timeline: list[tuple[float, dict[str, set[int]]]], t0: float, partitions: int
 ) -> list[Any]:
@@ -649,12 +740,16 @@ def verdict(res: dict[str, Any], a: argparse.Namespace) -> dict[str, bool]:
     """Each target met or not; sets each engine's ratio to the single engine's CPU per task."""
     checks: dict[str, bool] = {}
     single = res.get("single", {}).get("engines", {}).get("pe-1", {}).get("cpu_us_per_task")
+    share_rate = res.get("single_share", {}).get("engines", {}).get("pe-1", {})
+    share_rate = share_rate.get("cpu_us_per_task")
     for name, r in res.items():
         checks[f"{name}_clean"] = clean(r)
         checks[f"{name}_cron_logged"] = r["cron"]["unlogged"] == 0
         for e in r["engines"].values():
             if single and e["cpu_us_per_task"]:
                 e["cpu_ratio_to_single"] = round(e["cpu_us_per_task"] / single, 3)
+            if share_rate and e["cpu_us_per_task"]:  # reported, not judged
+                e["cpu_ratio_to_single_share"] = round(e["cpu_us_per_task"] / share_rate, 3)
     if "steady" in res:
         engines = [e for e in res["steady"]["engines"].values()]
         third = 1 / a.engines
@@ -684,6 +779,9 @@ def line(res: dict[str, Any], checks: dict[str, bool]) -> str:
         es = res["steady"]["engines"].values()
         bits.append("steady cpu x" + "/".join(str(e.get("cpu_ratio_to_single")) for e in es))
         bits.append("share " + "/".join(f"{e['share']:.3f}" for e in es))
+        if "single_share" in res:
+            ratios = "/".join(str(e.get("cpu_ratio_to_single_share")) for e in es)
+            bits.append(f"cpu x{ratios} of one engine at rate/N")
     if "kill" in res:
         w = next((w for w in res["kill"]["windows"] if w["event"] == "kill"), {})
         bits.append(f"kill: others p99 {w.get('others', {}).get('p99')} ms")
@@ -710,7 +808,7 @@ def line(res: dict[str, Any], checks: dict[str, bool]) -> str:
 
 async def measure(a: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name in ["single", *names]:
+    for name in ["single", *(["single_share"] if a.single_share else []), *names]:
         print(f"partitions: {name} ...", file=sys.stderr)
         out[name] = await scenario(name, a)
         t = out[name]["tasks"]
@@ -733,6 +831,13 @@ def main() -> None:
     ap.add_argument("--pause", type=float, default=5, help="s between restarts in `rolling`")
     ap.add_argument("--grace", type=float, default=30, help="s to wait after the last due")
     ap.add_argument("--log-level", default="WARNING", help="the engines' SCHEDULER_LOG_LEVEL")
+    ap.add_argument(
+        "--single-share",
+        action="store_true",
+        help="also run one engine at rate / engines (`single_share`): the CPU per task one "
+        "engine pays at one engine's share of the load, beside the same-rate ratio",
+    )
+    ap.add_argument("--cluster", action="store_true", help="(d): on a 3-node JetStream cluster")
     ap.add_argument("--tree", default="", help="run the engines from this checkout's code")
     ap.add_argument("--logs", default="", help="keep the engines' logs in this folder")
     ap.add_argument("--out", default=None, help="also write the JSON here")
