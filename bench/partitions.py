@@ -24,12 +24,15 @@ it held partitions, so Python's start-up is left out) and CPU per task fired, an
 that to the single engine's (`single`: P = 1, one engine, the same load and cron jobs, first,
 in the same invocation: machines are noisy, ratios are not). Beside it, each engine's idle
 share of a core (`--idle-seconds`, 5, before the load: cron, leases, heartbeats) and its CPU
-per task above that, reported, not judged. Lost (never delivered), doubled (delivered twice,
-or two `fire_log` rows for one task or cron occurrence: the target stream's duplicate window
-would hide a second publish), early (stored before due); cron occurrences lost (never
-delivered) and unlogged (delivered without a `fire_log` row, which the drift audit would count
-as missed); nats-server's and PostgreSQL's CPU per task; the partition map's changes over time
-(`map_changes`: each engine's partitions in office, and how many were in none).
+per task above that, reported, not judged; with `--single-share` also the ratio to one engine
+at rate / N (`single_share`), which has the per-batch costs of one engine's share of the load
+(at the same rate a single engine spreads them over N times the tasks). Lost (never
+delivered), doubled (delivered twice, or two `fire_log` rows for one task or cron occurrence:
+the target stream's duplicate window would hide a second publish), early (stored before
+due); cron occurrences lost (never delivered) and unlogged (delivered without a `fire_log`
+row, which the drift audit would count as missed); nats-server's and PostgreSQL's CPU per
+task; the partition map's changes over time (`map_changes`: each engine's partitions in
+office, and how many were in none) and the seconds holding late tasks (`late_seconds`).
 
 Scenarios (`--scenarios`, all by default; `single` always runs first):
 - `steady`: no fault. Targets: each engine's CPU per task <= 1.2x the single engine's, each
@@ -53,7 +56,7 @@ issue 37's (d).
 
     .venv/bin/python bench/partitions.py [--partitions 64] [--engines 3] [--rate 2000]
         [--seconds 180] [--delay 2] [--ttl 3] [--cron-jobs 32] [--scenarios steady,kill,...]
-        [--cluster] [--tree PATH] [--logs DIR] [--out FILE]
+        [--single-share] [--cluster] [--tree PATH] [--logs DIR] [--out FILE]
 """
 
 from __future__ import annotations
