@@ -42,9 +42,12 @@ Scenarios (`--scenarios`, all by default; `single` always runs first):
   again by a live engine: p99 lateness of those in partitions it did not own <= 25 ms, and the
   longest wait (lateness) of those in its partitions <= TTL + 1 s.
 - `join`: a fourth engine starts at a third of the run, and leaves (SIGTERM) at two thirds,
-  each time once the map has settled; windows around each reported.
+  each time once the map has settled.
 - `rolling`: from a fifth of the run, each engine in turn gets SIGTERM, is started again (same
   instance id) and the next waits until it holds partitions again, `--pause` (5 s) between.
+Every fault has a window (the lateness of the tasks due in it, as for the kill) and the
+partitions in no office from the fault until the map settled (`in_no_office`: at most at once,
+and partition-seconds; a killed engine's count as in none, though its leases outlive it).
 Every scenario is judged clean: nothing lost, doubled or early, no cron occurrence lost or
 doubled, the producer fully acknowledged; unlogged cron occurrences are a check of their own
 (`<scenario>_cron_logged`). `--cluster` runs them all, `single` included, on a 3-node
@@ -189,6 +192,7 @@ class Fleet:
         self.meter = Meter()
         self.nats_pids: list[int] = []  # every node's, on a cluster
         self.metering = False
+        self.empty_reads = 0  # maps read with no key while partitions were held
         self.pending: set[str] = set()  # started in the window, holding nothing yet
         self.timeline: list[tuple[float, dict[str, set[int]]]] = []
 
@@ -211,8 +215,16 @@ class Fleet:
 
     async def map(self) -> PartitionMap:
         m = await read_partition_map(self.kv, self.partitions)
+        for _ in range(2):  # a readable map with no key at all, right after one with owners
+            if not (m.readable and self.timeline and self.timeline[-1][1]):
+                break
+            if any(lease.owner is not None for lease in m.leases):
+                break
+            self.empty_reads += 1  # seen under load: read again rather than record it
+            m = await read_partition_map(self.kv, self.partitions)
         held = in_office(m)
-        self.timeline.append((time.time(), held))
+        if m.readable:  # an unreadable map shows nobody in office: not so
+            self.timeline.append((time.time(), held))
         for name in [n for n in self.pending if held.get(n)]:
             self.pending.discard(name)
             self.meter.begin(self.engines[name])  # Python's start-up left out
@@ -505,6 +517,12 @@ async def loaded(
     }
     out["windows"] = windows(events, tasks, dues, fleet.partitions)
     out["map_changes"] = map_changes(fleet.timeline, start, fleet.partitions)
+    out["map_reads_without_keys"] = fleet.empty_reads
+    for w, ev in zip(out["windows"], events, strict=True):
+        dead = ev["engine"] if ev["event"] == "kill" else None  # its leases outlive it
+        w["in_no_office"] = office_gap(
+            fleet.timeline, ev["at"], ev["settled_at"], fleet.partitions, dead
+        )
     out["late_seconds"] = late_seconds(tasks, dues, start)
     for e, idle in idle_cpu.items():  # the engine's CPU beyond what it used idle (cron, leases)
         row = out["engines"].get(e)
@@ -676,6 +694,28 @@ def late_seconds(
         for sec, v in sorted(per.items())
         if max(v) > over_ms
     ]
+
+
+def office_gap(
+    timeline: list[tuple[float, dict[str, set[int]]]],
+    lo: float,
+    hi: float,
+    partitions: int,
+    dead: str | None = None,
+) -> dict[str, float]:
+    """Between a fault and the map settling again: the most partitions in no live office at
+    once (those of `dead`, a killed engine whose leases have not expired, count as in none),
+    and partition-seconds in none (each sample's count held until the next sample)."""
+    samples = [
+        (at, partitions - sum(len(p) for owner, p in held.items() if owner != dead))
+        for at, held in timeline
+    ]
+    most, area = 0, 0.0
+    for (at, n), (nxt, _) in zip(samples, [*samples[1:], (hi, 0)], strict=True):
+        start, end = max(at, lo), min(nxt, hi)
+        if end > start:
+            most, area = max(most, n), area + n * (end - start)
+    return {"max_partitions": most, "partition_seconds": round(area, 2)}
 
 
 def map_changes(

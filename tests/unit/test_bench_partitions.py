@@ -102,3 +102,28 @@ def test_verdict_takes_ratios_to_the_single_engine_and_shares_of_a_third(pb: Mod
     assert res["steady"]["engines"]["pe-0"]["cpu_ratio_to_single"] == 1.19
     checks = pb.verdict({"single": single, "steady": steady([0.37, 0.33, 0.30], 121.0)}, a)
     assert not checks["steady_cpu_ratio"] and not checks["steady_share"]
+
+
+def test_office_gap_integrates_partitions_in_no_office_between_fault_and_settling(
+    pb: ModuleType,
+) -> None:
+    """Each sample's count of partitions in no office holds until the next sample; only the
+    part between the fault and the settling counts."""
+    timeline = [
+        (0.0, {"a": {0, 1}, "b": {2, 3}}),
+        (10.0, {"a": {0, 1}}),  # b's two partitions in no office from 10 s
+        (11.0, {"a": {0, 1, 2}}),
+        (12.5, {"a": {0, 1, 2, 3}}),
+    ]
+    assert pb.office_gap(timeline, 9.0, 13.0, 4) == {"max_partitions": 2, "partition_seconds": 3.5}
+    assert pb.office_gap(timeline, 10.5, 11.5, 4) == {"max_partitions": 2, "partition_seconds": 1.5}
+
+
+def test_office_gap_counts_a_killed_engines_partitions_as_in_no_office(pb: ModuleType) -> None:
+    """After a kill the victim's leases outlive it: its partitions count as in no office until
+    another engine takes them."""
+    timeline = [(0.0, {"a": {0, 1}, "b": {2, 3}}), (3.0, {"a": {0, 1}}), (4.0, {"a": {0, 1, 2, 3}})]
+    assert pb.office_gap(timeline, 0.0, 5.0, 4, dead="b") == {
+        "max_partitions": 2,
+        "partition_seconds": 8.0,
+    }
