@@ -146,7 +146,9 @@ class Fired:
 @dataclass(frozen=True, slots=True)
 class Advance:
     """A cron fire's outcome: one job's cursor moving to `scheduled_for`; `fired_at` set when
-    it was delivered."""
+    it was delivered. `earlier`: the job's other occurrences delivered in the same tick, before
+    `scheduled_for` (a catch-up after a takeover or an outage), each logged as its own
+    delivery: (scheduled_for, fired_at, stream, stream_seq)."""
 
     name: str
     subject: str
@@ -156,6 +158,18 @@ class Advance:
     stream_seq: int | None = None
     attempt: int = 1
     skipped: int = 0
+    earlier: tuple[tuple[datetime, datetime, str | None, int | None], ...] = ()
+
+    def deliveries(self) -> list[Advance]:
+        """One entry per occurrence delivered (the earlier ones, then this one's), for the
+        fire log; none when nothing was delivered."""
+        if self.fired_at is None:
+            return []
+        before = [
+            Advance(self.name, self.subject, at, fired, stream, seq, self.attempt)
+            for at, fired, stream, seq in self.earlier
+        ]
+        return [*before, self]
 
 
 @dataclass(frozen=True, slots=True)

@@ -530,19 +530,18 @@ class MemoryScheduleStore:
         for m in moves:
             self.state[m.name] = max(self.state.get(m.name, m.scheduled_for), m.scheduled_for)
             self.skipped[m.name] = self.skipped.get(m.name, 0) + m.skipped
-            if m.fired_at is None:
-                continue
-            entry = {
-                "kind": "cron",
-                "key": m.name,
-                "subject": m.subject,
-                "scheduled_for": m.scheduled_for,
-                "fired_at": m.fired_at,
-                "attempt": m.attempt,
-                "epoch": epoch,
-                "instance": instance,
-                "stream": m.stream,
-                "stream_seq": m.stream_seq,
-            }
-            if entry not in self.fire_log:
-                self.fire_log.append(entry)
+            for d in m.deliveries():
+                entry = {
+                    "kind": "cron",
+                    "key": d.name,
+                    "subject": d.subject,
+                    "scheduled_for": d.scheduled_for,
+                    "fired_at": d.fired_at,
+                    "attempt": d.attempt,
+                    "epoch": epoch,
+                    "instance": instance,
+                    "stream": d.stream,
+                    "stream_seq": d.stream_seq,
+                }
+                if entry not in self.fire_log:
+                    self.fire_log.append(entry)

@@ -35,6 +35,8 @@ class Repo:
     schedules: StoredSchedules
     take_office: Callable[[], Awaitable[int]]
     partition: Callable[[str], Awaitable[int]]  # the partition a synced job's row holds
+    # a job's fire log: (scheduled_for, stream_seq) of each delivery, oldest first
+    logged: Callable[[str], Awaitable[list[tuple[datetime, int | None]]]]
 
 
 @pytest.fixture
@@ -52,7 +54,11 @@ async def open_repo(database: str | None, partitions: int = 1) -> AsyncIterator[
         async def partition_memory(name: str) -> int:
             return store.job_partitions[name]
 
-        yield Repo(store, store.office.take_office, partition_memory)
+        async def logged_memory(name: str) -> list[tuple[datetime, int | None]]:
+            rows = [e for e in store.fire_log if e["kind"] == "cron" and e["key"] == name]
+            return sorted((e["scheduled_for"], e["stream_seq"]) for e in rows)
+
+        yield Repo(store, store.office.take_office, partition_memory, logged_memory)
         return
     from scheduler.store.postgres.connect import PostgresStore, create_pool
     from scheduler.store.postgres.cron_jobs import ScheduleStore
@@ -63,9 +69,17 @@ async def open_repo(database: str | None, partitions: int = 1) -> AsyncIterator[
     async def partition_real(name: str) -> int:
         return int(await pool.fetchval("SELECT partition FROM schedules WHERE name = $1", name))
 
+    async def logged_real(name: str) -> list[tuple[datetime, int | None]]:
+        rows = await pool.fetch(
+            "SELECT scheduled_for, stream_seq FROM fire_log WHERE kind = 'cron' AND key = $1 "
+            "ORDER BY scheduled_for",
+            name,
+        )
+        return [(r[0], r[1]) for r in rows]
+
     try:
         real = ScheduleStore(PostgresStore(pool, Metrics()), partitions)
-        yield Repo(real, lambda: take_office(pool, "t"), partition_real)
+        yield Repo(real, lambda: take_office(pool, "t"), partition_real, logged_real)
     finally:
         await pool.close()
 
@@ -110,6 +124,23 @@ async def test_cursors_move_forward_only_and_writes_are_fenced(repo: Repo) -> No
         await repo.schedules.advance(old, [moved], "x")
     assert await repo.schedules.cursors() == {"a": later}
     assert await repo.schedules.operator_paused() == frozenset()
+
+
+async def test_each_occurrence_delivered_in_a_tick_is_logged(repo: Repo) -> None:
+    """A move that caught up three occurrences of a job (its cursor at the last, the two
+    before it `earlier`) logs three deliveries, each with its own occurrence and stream
+    sequence; the cursor stands at the last."""
+    await repo.schedules.sync(load_text(JOBS).jobs, T0)
+    epoch = await repo.take_office()
+    hours = [T0 + timedelta(hours=h) for h in (1, 2, 3)]
+    fired = T0 + timedelta(hours=3, seconds=1)
+    move = Advance(
+        "a", "mq.scheduled.a", hours[2], fired, "S", 3,
+        earlier=((hours[0], fired, "S", 1), (hours[1], fired, "S", 2)),
+    )  # fmt: skip
+    await repo.schedules.advance(epoch, [move], "x")
+    assert await repo.logged("a") == [(hours[0], 1), (hours[1], 2), (hours[2], 3)]
+    assert await repo.schedules.cursors() == {"a": hours[2]}
 
 
 def _failure(job: Any, fingerprint: str | None = None) -> CronFailure:

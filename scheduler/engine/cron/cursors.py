@@ -34,6 +34,16 @@ MIRROR_EVERY = 0.9
 Result = tuple[Job, datetime, PubAck | PublishError | None]  # None: skipped (forbid)
 
 
+def _delivery(
+    delivered: tuple[datetime, Advance],
+) -> tuple[datetime, datetime, str | None, int | None]:
+    """An occurrence delivered earlier in the tick, as `Advance.earlier` keeps it (its own
+    occurrence, not the cursor's)."""
+    occurrence, move = delivered
+    assert move.fired_at is not None
+    return (occurrence, move.fired_at, move.stream, move.stream_seq)
+
+
 class CursorBook:
     """The cursor bookkeeping of one leader: `fold` a tick's outcomes, `record` the moves,
     and which jobs are `backing_off`. With `mirror`, recorded cursors are copied to KV."""
@@ -86,6 +96,8 @@ class CursorBook:
                 continue
             if isinstance(result, PubAck):
                 plan = moves[job.name]
+                before = delivered.get(job.name)
+                earlier = (*before[1].earlier, _delivery(before)) if before else ()
                 moves[job.name] = move = Advance(
                     job.name,
                     job.subject,
@@ -94,6 +106,7 @@ class CursorBook:
                     result.stream,
                     result.seq,
                     skipped=plan.skipped,
+                    earlier=earlier,
                 )
                 delivered[job.name] = (occurrence, move)
                 continue

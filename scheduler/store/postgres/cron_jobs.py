@@ -100,7 +100,7 @@ class ScheduleStore:
         second `fire_log` row (the unique index `fire_log_once`, migration 0006)."""
         if not moves:
             return
-        fired = [m for m in moves if m.fired_at is not None]
+        fired = [d for m in moves for d in m.deliveries()]  # each occurrence delivered
         async with self.db.timed("cron_advance") as conn:
             await fenced(
                 conn,
