@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import nats.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from scheduler.clock import to_rfc3339
@@ -34,6 +35,7 @@ MAX_VALUE = 1024  # bytes: an engine's lease value is ~150
 MAX_INSTANCE = 253  # characters of an instance id shown (a host name's bound)
 MAX_EPOCH = 2**63 - 1  # PostgreSQL's bigint
 READ_TIMEOUT = 1.0  # s for the whole read of the bucket
+EMPTY_GRACE = 0.1  # s a read waits for a key after a first caught-up marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,16 +142,34 @@ async def read_partition_map(
 
 
 async def _snapshot(kv: KeyValue, subject: str, count: int) -> dict[str, bytes | None]:
-    watcher = await kv.watch(subject, ignore_deletes=True)
+    """Every present lease key's last value. The watcher's first `None` (nats-py's "caught
+    up") is not trusted alone: it is put first when the consumer's info, read after the
+    server had already sent the keys, counts none pending (seen under load: a map with no
+    owner while every partition had one). So the read ends at the entry that leaves nothing
+    pending (`delta` 0, deletes included), and a `None` before any entry ends it only when
+    nothing follows within EMPTY_GRACE."""
+    watcher = await kv.watch(subject)
     values: dict[str, bytes | None] = {}
+    seen = False
     try:
-        async for entry in watcher:
-            if entry is None:  # caught up: every present key has been delivered
-                break
+        while True:
+            try:
+                entry = await watcher.updates(timeout=EMPTY_GRACE if not seen else 3600.0)
+            except (TimeoutError, nats.errors.TimeoutError):
+                if seen:
+                    raise
+                break  # a caught-up marker and nothing after it: no key
+            if entry is None:
+                if seen:
+                    break
+                continue
+            seen = True
             if entry.operation in (KV_DEL, KV_PURGE):
                 values.pop(entry.key, None)
             elif len(values) <= count:  # at most the partitions' keys (and one stray) kept
                 values[entry.key] = entry.value
+            if not entry.delta:
+                break
     finally:
         await watcher.stop()
     return values

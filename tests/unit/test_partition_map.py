@@ -5,10 +5,13 @@ on the twins, and `scheduler status` over a map."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
+import nats.errors
 import pytest
+from nats.js.kv import KeyValue
 
 from scheduler.cli import ops
 from scheduler.console.display import partition_spans
@@ -18,6 +21,7 @@ from scheduler.leadership.partition_map import (
     build_map,
     parse_lease,
     partition_of_key,
+    read_partition_map,
     unreadable,
 )
 from scheduler.partitions import spans
@@ -198,3 +202,47 @@ def test_status_under_one_partition_reads_as_before() -> None:
     _, out = status(held)
     assert out.splitlines()[0] == "leader         solo (epoch 4, since 2026-12-01T00:00:00.000Z)"
     assert "PARTITIONS" not in out
+
+
+class _Watcher:
+    """A nats-py key watcher's `updates` over a fixed list (then silence)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    async def updates(self, timeout: float) -> Any:
+        if not self.items:
+            await asyncio.sleep(timeout)
+            raise nats.errors.TimeoutError
+        return self.items.pop(0)
+
+    async def stop(self) -> None:
+        pass
+
+
+class _Bucket:
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    async def watch(self, subject: str) -> _Watcher:
+        return _Watcher(self.items)
+
+
+def _entry(key: str, delta: int) -> KeyValue.Entry:
+    value = json.dumps({"instance": "e1", "epoch": 3}).encode()
+    return KeyValue.Entry("scheduler_leader", key, value, 1, delta, None, None)
+
+
+async def test_a_caught_up_marker_before_the_keys_does_not_end_the_read() -> None:
+    """nats-py may put its caught-up `None` before the keys it had already been sent (seen
+    under load): the read goes on to the key that leaves nothing pending, so both partitions
+    are owned (the read ended at the marker, every partition unowned: seen failing)."""
+    bucket = _Bucket([None, _entry("p.0", 1), _entry("p.1", 0)])
+    got = await read_partition_map(cast(KeyValue, bucket), 2)
+    assert [(p.partition, p.owner) for p in got.leases] == [(0, "e1"), (1, "e1")]
+
+
+async def test_a_marker_and_nothing_after_it_is_an_empty_bucket() -> None:
+    """The marker alone, nothing within EMPTY_GRACE: a readable map with no owner."""
+    got = await read_partition_map(cast(KeyValue, _Bucket([None])), 2)
+    assert got.readable and [p.owner for p in got.leases] == [None, None]
