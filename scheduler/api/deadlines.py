@@ -30,12 +30,13 @@ from typing import Any
 
 import h11
 
-from scheduler.api.edge import BODY_METHODS
 from scheduler.api.lingering import DROPPED_BYTES, LingeringH11Protocol
 from scheduler.api.pace import Pace, shared_pace
 from scheduler.settings import Settings
 
 log = logging.getLogger(__name__)
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # GET, HEAD, DELETE, OPTIONS take none
 
 _TIMED_OUT = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"

@@ -38,6 +38,7 @@ from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler.api import auth, problems
+from scheduler.api.deadlines import BODY_METHODS
 from scheduler.settings import Settings
 
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -46,7 +47,6 @@ WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 # carry no task, payload or token.
 UNGUARDED = frozenset({"/healthz", "/readyz"})
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # GET, HEAD, DELETE, OPTIONS take none
 _CLOSE = {"Connection": "close"}
 
 log = logging.getLogger(__name__)
