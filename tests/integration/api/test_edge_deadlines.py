@@ -210,6 +210,19 @@ async def _path(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+async def _get(port: int, name: str) -> bytes:
+    """One `GET /<name>` on a connection of its own: the body of its 200 answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET /{name} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        async with asyncio.timeout(5):
+            status, _, body = await _read_answer(reader)
+        assert status == 200
+        return body
+    finally:
+        writer.close()
+
+
 async def test_reads_past_the_pace_wait_their_turn_and_are_answered_in_order() -> None:
     """At a pace of 50 reads a second (a burst of 5), 40 clients each sending one request at
     once are all answered, but no faster than the pace: the last answer comes at least
@@ -219,20 +232,9 @@ async def test_reads_past_the_pace_wait_their_turn_and_are_answered_in_order() -
     served = await serve(_path, "127.0.0.1", 0, ConnectionLimits(reads_per_second=50))
     loop = asyncio.get_running_loop()
 
-    async def one(name: str) -> bytes:
-        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        try:
-            writer.write(f"GET /{name} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            async with asyncio.timeout(5):
-                status, _, body = await _read_answer(reader)
-            assert status == 200
-            return body
-        finally:
-            writer.close()
-
     try:
         began = loop.time()
-        bodies = await asyncio.gather(*(one(f"c{i}") for i in range(40)))
+        bodies = await asyncio.gather(*(_get(served.port, f"c{i}") for i in range(40)))
         took = loop.time() - began
         assert list(bodies) == [f"/c{i}".encode() for i in range(40)]
         assert took >= 0.65, took
@@ -253,25 +255,14 @@ async def test_new_connections_past_their_pace_wait_their_turn_unread() -> None:
     """At a pace of 20 new connections a second (a second's worth at once), 40 clients each
     opening a connection for one request are all answered, the last no sooner than
     (40 - 20) / 20 = 1 s after the first (unpaced: tens of milliseconds; seen failing),
-    however fast reads may go (their pace is 1,000 here)."""
+    however fast reads may go (their pace is 500 here)."""
     limits = ConnectionLimits(connections_per_second=20)
     served = await serve(_path, "127.0.0.1", 0, limits)
     loop = asyncio.get_running_loop()
 
-    async def one(name: str) -> bytes:
-        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        try:
-            writer.write(f"GET /{name} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            async with asyncio.timeout(5):
-                status, _, body = await _read_answer(reader)
-            assert status == 200
-            return body
-        finally:
-            writer.close()
-
     try:
         began = loop.time()
-        bodies = await asyncio.gather(*(one(f"n{i}") for i in range(40)))
+        bodies = await asyncio.gather(*(_get(served.port, f"n{i}") for i in range(40)))
         took = loop.time() - began
         assert sorted(bodies) == sorted(f"/n{i}".encode() for i in range(40))
         assert took >= 0.9, took
