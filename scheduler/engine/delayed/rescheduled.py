@@ -17,6 +17,7 @@ without `org` (from an instance older than this module) is read as a task of no 
 from __future__ import annotations
 
 import json
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -49,12 +50,21 @@ def encode(ref: TaskRef) -> bytes:
 
 def decode(data: bytes) -> TaskRef:
     """The task a notice names; ValueError says what is wrong with it."""
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"notice: {len(data)} bytes, more than {MAX_BYTES}")
+    notice = validated(Notice, data, MAX_BYTES)
+    return TaskRef(notice.id, notice.due_ms, notice.priority, notice.seq, notice.org or None)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], data: bytes, max_bytes: int) -> M:
+    """A notice's bytes as `model`, its size checked before it is parsed; ValueError names
+    the first field that is wrong and why (the stored notice's too: `engine.delayed.stored`)."""
+    if len(data) > max_bytes:
+        raise ValueError(f"notice: {len(data)} bytes, more than {max_bytes}")
     try:
-        notice = Notice.model_validate_json(data)
+        return model.model_validate_json(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "notice"
         raise ValueError(f"{where}: {first['msg']}") from None
-    return TaskRef(notice.id, notice.due_ms, notice.priority, notice.seq, notice.org or None)

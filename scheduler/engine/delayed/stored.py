@@ -29,8 +29,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from scheduler.engine.delayed.rescheduled import validated
 from scheduler.partitions import MAX_PARTITIONS, partition_of
 from scheduler.records import MAX_PRIORITY, TaskRef
 
@@ -90,14 +91,7 @@ def encode(partition: int, refs: Sequence[TaskRef]) -> list[bytes]:
 
 def decode(data: bytes) -> tuple[int, list[TaskRef]]:
     """The partition and the tasks a notice names; ValueError says what is wrong with it."""
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"notice: {len(data)} bytes, more than {MAX_BYTES}")
-    try:
-        notice = Notice.model_validate_json(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "notice"
-        raise ValueError(f"{where}: {first['msg']}") from None
+    notice = validated(Notice, data, MAX_BYTES)
     return notice.p, [
         TaskRef(i, due, prio, s, org or None) for i, due, prio, s, org in notice.tasks
     ]
