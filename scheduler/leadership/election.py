@@ -24,7 +24,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from scheduler.aio import first_of
-from scheduler.clock import Clock, to_rfc3339
+from scheduler.clock import Clock
 from scheduler.leadership.events import LeadershipEvents
 from scheduler.leadership.heartbeat import Heartbeat
 from scheduler.leadership.lease import KvLease
@@ -81,14 +81,7 @@ class Leadership(TenureOffice):
     # -- display ----------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         """This instance's view for `GET /v1/leader`."""
-        since = self.since
-        return {
-            "instance": self.instance,
-            "epoch": self.epoch,
-            "since": to_rfc3339(since) if since else None,
-            "role": self.role,
-            "leader": self.instance if self.tenure.held() else self.lease.seen,
-        }
+        return self.view(self.instance if self.tenure.held() else self.lease.seen)
 
     async def holder(self) -> dict[str, Any]:
         """The lease's current value ({instance, epoch, since}), read for display only."""

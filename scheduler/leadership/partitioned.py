@@ -41,7 +41,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from scheduler.aio import first_of
-from scheduler.clock import Clock, to_rfc3339
+from scheduler.clock import Clock
 from scheduler.leadership.events import LeadershipEvents
 from scheduler.leadership.heartbeat import Heartbeat
 from scheduler.leadership.lease import KvLease
@@ -139,16 +139,10 @@ class PartitionedLeadership(TenureOffice):
 
     # -- display (role and since: TenureOffice) ---------------------------------------------------
     def info(self) -> dict[str, Any]:
-        """This instance's view for `GET /v1/leader`."""
-        since = self.since
-        return {
-            "instance": self.instance,
-            "epoch": self.epoch,
-            "since": to_rfc3339(since) if since else None,
-            "role": self.role,
-            "leader": self.instance if self.tenure.held() else None,
-            "partitions": sorted(self.term) if self.tenure.held() else [],
-        }
+        """This instance's view for `GET /v1/leader`, with the partitions of its term."""
+        held = self.tenure.held()
+        view = self.view(self.instance if held else None)
+        return view | {"partitions": sorted(self.term) if held else []}
 
     async def holder(self) -> dict[str, Any]:
         """No single holder under P > 1: this instance's view (display only)."""

@@ -13,8 +13,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
-from scheduler.clock import Clock
+from scheduler.clock import Clock, to_rfc3339
 from scheduler.leadership.events import LeadershipEvents
 
 
@@ -121,6 +122,17 @@ class TenureOffice:
     @property
     def since(self) -> datetime | None:
         return self.tenure.since
+
+    def view(self, leader: str | None) -> dict[str, Any]:
+        """This instance's view for `GET /v1/leader`, naming `leader` as the one leading."""
+        since = self.since
+        return {
+            "instance": self.instance,
+            "epoch": self.epoch,
+            "since": to_rfc3339(since) if since else None,
+            "role": self.role,
+            "leader": leader,
+        }
 
     def _end_deposed(self, epoch: int | None) -> bool:
         """End the term on a fenced write of term `epoch` (any term when None); False, and the
