@@ -5,7 +5,6 @@ the ready index (partition, due_at, priority, seq) per partition."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,7 +15,7 @@ from scheduler.metrics import Metrics
 from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.epoch import take_office
 from scheduler.store.postgres.tasks import LOAD_SQL, SWEEP_SQL, TaskStore
-from tests.support.partitioned import partitioned_pool
+from tests.support.partitioned import partitioned_pool_fixture
 
 P = 4
 ROWS = 20_000
@@ -36,12 +35,7 @@ async def spread(pool: asyncpg.Pool, partitions: int, n: int = ROWS) -> None:
     await pool.execute("ANALYZE delayed_messages")
 
 
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    """A pool on a database recording P = 4 partitions, each with its office row."""
-    pool = await partitioned_pool(database_url, P)
-    yield pool
-    await pool.close()
+pool = partitioned_pool_fixture(P)
 
 
 def scans(plan: dict[str, Any]) -> list[tuple[str, str, str]]:

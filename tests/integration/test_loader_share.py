@@ -6,7 +6,6 @@ when the page's tasks all sit in one partition."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import asyncpg
@@ -16,17 +15,13 @@ from scheduler.metrics import Metrics
 from scheduler.records import TaskRef
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.tasks import TaskStore
-from tests.support.partitioned import partitioned_pool
+from tests.support.partitioned import partitioned_pool_fixture
 
 P = 8
 ROWS = 4_000
 
 
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await partitioned_pool(database_url, P)
-    yield pool
-    await pool.close()
+pool = partitioned_pool_fixture(P)
 
 
 async def stored(pool: asyncpg.Pool, skewed: int = 0) -> list[str]:

@@ -25,18 +25,14 @@ from scheduler.partitions import partition_of
 from scheduler.settings import Settings
 from tests.integration.test_delayed import envelope
 from tests.support.helpers import DaemonRunner
-from tests.support.partitioned import partitioned_pool
+from tests.support.partitioned import partitioned_pool_fixture
 
 P = 8
 ALL = frozenset(range(P))
 STREAM, LANE = "PT", "mq.delay.pt.work"
 
 
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await partitioned_pool(database_url, P)
-    yield pool
-    await pool.close()
+pool = partitioned_pool_fixture(P)
 
 
 @pytest.fixture

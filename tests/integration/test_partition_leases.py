@@ -24,7 +24,7 @@ from scheduler.leadership.partitioned import PartitionedLeadership, lease_key
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.store.postgres.epoch import fenced
-from tests.support.partitioned import partitioned_pool
+from tests.support.partitioned import partitioned_pool_fixture
 
 P = 8
 ALL = frozenset(range(P))
@@ -80,11 +80,7 @@ class Engines:
         assert [r for r in results if r is not None] == []
 
 
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await partitioned_pool(database_url, P)
-    yield pool
-    await pool.close()
+pool = partitioned_pool_fixture(P)
 
 
 @pytest.fixture

@@ -21,16 +21,12 @@ from scheduler.leadership.partitioned import PartitionedLeadership
 from scheduler.settings import Settings
 from tests.integration.test_daemon import aget
 from tests.support.helpers import DaemonRunner
-from tests.support.partitioned import partitioned_pool
+from tests.support.partitioned import partitioned_pool_fixture
 
 P = 8
 
 
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await partitioned_pool(database_url, P)
-    yield pool
-    await pool.close()
+pool = partitioned_pool_fixture(P)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
@@ -24,19 +23,14 @@ from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.epoch import fenced, take_office
 from scheduler.store.postgres.tasks import TaskStore
 from tests.support.helpers import waiting_on_locks
-from tests.support.partitioned import MARK, partitioned_pool
+from tests.support.partitioned import MARK, partitioned_pool_fixture
 from tests.support.stores import claim, insert
 
 P = 4
 ALL = range(P)
 
 
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    """A pool on a database recording P = 4 partitions, each with its office row."""
-    pool = await partitioned_pool(database_url, P)
-    yield pool
-    await pool.close()
+pool = partitioned_pool_fixture(P)
 
 
 def connection_of(proxy: PoolConnectionProxy) -> asyncpg.Connection:

@@ -4,24 +4,18 @@ it, on a database of P = 4 partitions."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import cast
 
 import asyncpg
-import pytest
 
 from scheduler.errors import FencedError
 from scheduler.store.postgres.epoch import fenced, take_office
-from tests.support.partitioned import MARK, partitioned_pool
+from tests.support.partitioned import MARK, partitioned_pool_fixture
 
 P = 4
 
 
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await partitioned_pool(database_url, P)
-    yield pool
-    await pool.close()
+pool = partitioned_pool_fixture(P)
 
 
 async def write(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
 import asyncpg
+import pytest
 
 from scheduler.store.postgres.connect import create_pool
 
@@ -23,4 +27,17 @@ async def partitioned_pool(database_url: str, partitions: int) -> asyncpg.Pool:
         "FROM generate_series(1, $1 - 1) AS p",
         partitions,
     )
+    return pool
+
+
+def partitioned_pool_fixture(partitions: int) -> Callable[..., Any]:
+    """The `pool` fixture of a test module on a database recording `partitions` partitions:
+    `pool = partitioned_pool_fixture(P)` at the module's top level."""
+
+    @pytest.fixture
+    async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+        opened = await partitioned_pool(database_url, partitions)
+        yield opened
+        await opened.close()
+
     return pool
