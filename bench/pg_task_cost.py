@@ -101,10 +101,14 @@ async def hot_updates(pool: asyncpg.Pool) -> dict[str, float]:
 
 async def lifecycle(
     dsn: str, pm: int, total: int, batch: int
-) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, float], dict[str, float]]:
     """PostgreSQL CPU per task by step, the tables' size on disk once every task fired
-    (before the purge and VACUUM), and the claims' HOT share."""
+    (before the purge and VACUUM), the claims' HOT share, and the WAL written per task (to
+    firing, and with the cleanup): a single primary's write-ahead log is where the capacity
+    model in bench/README.md looks for PostgreSQL's limit beside its CPU."""
     pool = await create_pool(dsn, min_size=2, max_size=2)
+    lsn = "SELECT pg_current_wal_lsn()::text"
+    wal_start = await pool.fetchval(lsn)
     store = TaskStore(PostgresStore(pool, Metrics()))
     epoch = await take_office(pool, "bench")
     due = datetime.now(UTC) - timedelta(seconds=1)
@@ -124,6 +128,7 @@ async def lifecycle(
         split["intake"] += t1 - t0
         split["claim"] += t2 - t1
         split["fired"] += t3 - t2
+    wal_fired = await pool.fetchval(lsn)
     hot = await hot_updates(pool)
     sizes = await pool.fetch(
         "SELECT relname, pg_total_relation_size(oid) AS bytes FROM pg_class "
@@ -139,8 +144,14 @@ async def lifecycle(
         await pool.execute(f"VACUUM {r['relname']}")
     split["cleanup"] = server_cpu(pm) - t0
     split["total"] = server_cpu(pm) - start
+    wal_end = await pool.fetchval(lsn)
+    diff = "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)"
+    wal = {
+        "to_fired": round(float(await pool.fetchval(diff, wal_fired, wal_start)) / total, 1),
+        "total": round(float(await pool.fetchval(diff, wal_end, wal_start)) / total, 1),
+    }
     await pool.close()
-    return {k: round(v / total * 1e6, 1) for k, v in split.items()}, on_disk, hot
+    return {k: round(v / total * 1e6, 1) for k, v in split.items()}, on_disk, hot, wal
 
 
 async def probes(dsn: str, pm: int, history: int, rounds: int = 50) -> dict[str, float]:
@@ -199,7 +210,7 @@ def main() -> None:
         migrate.upgrade(pg.url)
         pm = postmaster_pid(os.path.join(workdir, "pg"))
         started = time.time()
-        per_task, on_disk, hot = asyncio.run(lifecycle(pg.url, pm, args.tasks, args.batch))
+        per_task, on_disk, hot, wal = asyncio.run(lifecycle(pg.url, pm, args.tasks, args.batch))
         probe = asyncio.run(probes(pg.url, pm, args.history)) if args.history else {}
     finally:
         pg.stop()
@@ -212,6 +223,7 @@ def main() -> None:
         "postgres_cpu_us_per_task": per_task,
         "size_after_firing_mb": on_disk,
         "delayed_messages_updates": hot,
+        "wal_bytes_per_task": wal,
         "intake_probe_cpu_us_per_id": probe,
     }
     text = json.dumps(result, indent=2)
@@ -222,7 +234,8 @@ def main() -> None:
     print(
         f"pg_task_cost: postgres {per_task['total']} us/task (intake {per_task['intake']}, "
         f"claim {per_task['claim']}, fired {per_task['fired']}, cleanup {per_task['cleanup']}); "
-        f"on disk after firing {on_disk}; HOT updates {hot['hot_pct']} %; "
+        f"WAL {wal['total']} bytes/task; on disk after firing {on_disk}; "
+        f"HOT updates {hot['hot_pct']} %; "
         f"tombstone probe us/id {probe}",
         file=sys.stderr,
     )
