@@ -21,7 +21,12 @@ a reply inbox), and reads this run's nats-server CPU from /proc before and after
 - `consume_target`: a push consumer (ack none) reading the target stream, as the accuracy
   bench's collector does (the bench's share, not the daemon's).
 
-    .venv/bin/python bench/nats_task_cost.py [--count 50000] [--rate 5000] [--reps 3] [--out F]
+    .venv/bin/python bench/nats_task_cost.py [--count 50000] [--rate 5000] [--reps 3] [--cluster]
+        [--out F]
+
+`--cluster` runs each step on a 3-node JetStream cluster on loopback (tests/support/cluster.py)
+with every stream at 3 replicas, the clients on one node, and sums the three servers' CPU: what
+a task costs JetStream as production runs it (the capacity model in bench/README.md).
 
 Prints JSON (`results.steps_us_per_msg`: median and range per step over the repetitions)
 and a one-line summary on stderr.
@@ -33,10 +38,14 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -157,9 +166,36 @@ async def consume(url: str, subject: str, count: int) -> None:
     await conn.close()
 
 
-async def one_rep(count: int, rate: int, rep: int) -> dict[str, float]:
-    with servers(postgres=False) as env:
-        nc = await nats.connect(env.nats_url)
+@contextmanager
+def nats_servers(cluster: bool) -> Iterator[tuple[str, list[int]]]:
+    """One fresh nats-server, or with `cluster` a 3-node JetStream cluster on loopback
+    (tests/support/cluster.py): a URL and the servers' pids."""
+    if not cluster:
+        with servers(postgres=False) as env:
+            yield env.nats_url, [env.nats_pid]
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.support.cluster import NatsCluster
+
+    work = Path(tempfile.mkdtemp(prefix="mqs-bench-"))
+    nodes: Any = None
+    try:
+        nodes = NatsCluster(root=work / "nats").start()
+        yield nodes.nodes[0].url, [n.proc.pid for n in nodes.nodes if n.proc is not None]
+    finally:
+        if nodes is not None:
+            nodes.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def servers_cpu(pids: list[int]) -> float:
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
+async def one_rep(count: int, rate: int, rep: int, cluster: bool) -> dict[str, float]:
+    replicas = 3 if cluster else 1
+    with nats_servers(cluster) as (url, pids):
+        nc = await nats.connect(url)
         js = nc.jetstream()
         file = js_api.StorageType.FILE
         for name, subjects, retention in (
@@ -173,11 +209,16 @@ async def one_rep(count: int, rate: int, rep: int) -> dict[str, float]:
                     retention=retention,
                     storage=file,
                     duplicate_window=120,
+                    num_replicas=replicas,
                 )
             )
         await js.add_stream(
             js_api.StreamConfig(
-                name="TARGET", subjects=["target.>"], storage=file, duplicate_window=120
+                name="TARGET",
+                subjects=["target.>"],
+                storage=file,
+                duplicate_window=120,
+                num_replicas=replicas,
             )
         )
         for stream, durable in (("LANE", "intake"), ("LANE2", "intake")):
@@ -194,18 +235,18 @@ async def one_rep(count: int, rate: int, rep: int) -> dict[str, float]:
         out: dict[str, float] = {}
 
         async def step(name: str, coro: Any) -> None:
-            before = cpu_seconds(env.nats_pid)
+            before = servers_cpu(pids)
             await coro
             await asyncio.sleep(0.3)  # the server's own flushes after the last reply
-            out[name] = round((cpu_seconds(env.nats_pid) - before) / count * 1e6, 2)
+            out[name] = round((servers_cpu(pids) - before) / count * 1e6, 2)
 
         await step(
             "publish_lane",
-            publish(env.nats_url, lambda i: f"lane.t.{i % 16}", count, rate, f"l{rep}"),
+            publish(url, lambda i: f"lane.t.{i % 16}", count, rate, f"l{rep}"),
         )
-        await publish(env.nats_url, lambda i: f"lane2.t.{i % 16}", count, rate, f"m{rep}")
-        await step("pull_ack", pull(env.nats_url, "LANE", "intake", count))
-        await step("pull_ack_limits", pull(env.nats_url, "LANE2", "intake", count))
+        await publish(url, lambda i: f"lane2.t.{i % 16}", count, rate, f"m{rep}")
+        await step("pull_ack", pull(url, "LANE", "intake", count))
+        await step("pull_ack_limits", pull(url, "LANE2", "intake", count))
         out["lane_messages_left"] = float((await js.stream_info("LANE")).state.messages)
         deliver = "_DELIVER.target"
         await js.add_consumer(
@@ -216,13 +257,13 @@ async def one_rep(count: int, rate: int, rep: int) -> dict[str, float]:
                 deliver_policy=js_api.DeliverPolicy.NEW,
             ),
         )
-        reader = asyncio.create_task(consume(env.nats_url, deliver, count))
+        reader = asyncio.create_task(consume(url, deliver, count))
         await asyncio.sleep(0.2)
-        before = cpu_seconds(env.nats_pid)
-        await publish(env.nats_url, lambda i: "target.work", count, rate, f"t{rep}")
+        before = servers_cpu(pids)
+        await publish(url, lambda i: "target.work", count, rate, f"t{rep}")
         await reader
         await asyncio.sleep(0.3)
-        both = (cpu_seconds(env.nats_pid) - before) / count * 1e6
+        both = (servers_cpu(pids) - before) / count * 1e6
         out["publish_target_and_consume"] = round(both, 2)
         await nc.close()
         return out
@@ -234,11 +275,16 @@ async def main() -> None:
     ap.add_argument("--rate", type=int, default=5_000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tick-ms", type=float, default=1.0, help="publish every N ms (default 1)")
+    ap.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on a 3-node JetStream cluster, every stream at 3 replicas: the three servers' CPU",
+    )
     ap.add_argument("--out")
     a = ap.parse_args()
     global TICK
     TICK = a.tick_ms / 1000
-    reps = [await one_rep(a.count, a.rate, r) for r in range(a.reps)]
+    reps = [await one_rep(a.count, a.rate, r, a.cluster) for r in range(a.reps)]
     steps = {}
     for key in reps[0]:
         values = [r[key] for r in reps]
@@ -249,7 +295,8 @@ async def main() -> None:
     results = {"steps_us_per_msg": steps, "per_task_us": round(per_task, 1), "runs": reps}
     removal = steps["pull_ack"]["median"] - steps["pull_ack_limits"]["median"]
     summary = (
-        f"nats_task_cost: {per_task:.1f} us/task of nats-server CPU: lane publish "
+        f"nats_task_cost: {per_task:.1f} us/task of nats-server CPU"
+        f"{' (3 nodes, R3, all three)' if a.cluster else ''}: lane publish "
         f"{steps['publish_lane']['median']}, pull+ack {steps['pull_ack']['median']} "
         f"(of which the work queue's removal {removal:.1f}), target publish+consume "
         f"{steps['publish_target_and_consume']['median']}"
