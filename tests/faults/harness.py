@@ -35,8 +35,16 @@ LANE_SUBJECT = "mq.delay.fault.work"
 class DaemonProc:
     """One `scheduler run` process."""
 
-    def __init__(self, name: str, workdir: Path, nats_url: str, database_url: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        workdir: Path,
+        nats_url: str,
+        database_url: str,
+        argv: tuple[str, ...] = ("run",),
+    ) -> None:
         self.name = name
+        self.argv = argv  # `run --role engine`: an engine alone (no edge, no HTTP)
         self.port = free_port()
         self.log_path = workdir / f"{name}.log"
         (workdir / "schedules").mkdir(exist_ok=True)
@@ -62,7 +70,7 @@ class DaemonProc:
     def start(self) -> DaemonProc:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "run"],
+            [sys.executable, "-m", "scheduler", *self.argv],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -189,6 +197,20 @@ def _iso(dt: datetime) -> str:
     return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def task_envelope(task_id: str, due: datetime, n: int) -> bytes:
+    """A task's envelope for the delay lane, due at `due` (whole milliseconds)."""
+    doc = {
+        "schema": "hanzo.mq.v1",
+        "id": task_id,
+        "type": "fault.work",
+        "source": "faults",
+        "timestamp": _iso(datetime.now(UTC)),
+        "delay_until": _iso(due),
+        "data": {"n": n},
+    }
+    return json.dumps(doc).encode()
+
+
 async def publish_load(
     nats_url: str, first_due: datetime, count: int, spacing: float
 ) -> dict[str, datetime]:
@@ -202,17 +224,8 @@ async def publish_load(
             due = first_due + timedelta(seconds=i * spacing)
             due = due.replace(microsecond=due.microsecond // 1000 * 1000)
             task_id = f"f_{uuid.uuid4().hex}"
-            doc = {
-                "schema": "hanzo.mq.v1",
-                "id": task_id,
-                "type": "fault.work",
-                "source": "faults",
-                "timestamp": _iso(datetime.now(UTC)),
-                "delay_until": _iso(due),
-                "data": {"n": i},
-            }
             expected[task_id] = due
-            acks.append(js.publish(LANE_SUBJECT, json.dumps(doc).encode()))
+            acks.append(js.publish(LANE_SUBJECT, task_envelope(task_id, due, i)))
             if len(acks) >= 500:
                 await asyncio.gather(*acks)
                 acks = []
