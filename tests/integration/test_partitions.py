@@ -12,6 +12,7 @@ import pytest
 from scheduler.errors import ConfigError
 from scheduler.partitions import partition_of
 from scheduler.store.postgres.connect import create_pool
+from scheduler.store.postgres.epoch import take_office
 from scheduler.store.postgres.partitioning import check_partitions
 from tests.support.processes import cli_env, scheduler
 
@@ -53,6 +54,25 @@ async def test_the_first_engine_chooses_the_count_of_an_empty_deployment(
         with pytest.raises(ConfigError) as info:
             await check_partitions(pool, 8)
         assert "partition count of 64" in str(info.value)
+    finally:
+        await pool.close()
+
+
+async def test_the_chosen_count_has_an_office_row_per_partition_to_take_office_over(
+    database_url: str,
+) -> None:
+    """A new deployment's first engine at P = 8 finds an office row for each partition (the
+    migrations made partition 0's only: take_office over the eight found one, and the engine
+    never took office, seen with `scheduler run --role engine`), each at epoch 0, and takes
+    office over all eight; a second check adds nothing and leaves the epochs alone."""
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    try:
+        await check_partitions(pool, 8)
+        offices = "SELECT partition, epoch FROM partition_offices ORDER BY partition"
+        assert [tuple(r) for r in await pool.fetch(offices)] == [(p, 0) for p in range(8)]
+        epoch = await take_office(pool, "a", partitions=range(8))
+        await check_partitions(pool, 8)
+        assert [tuple(r) for r in await pool.fetch(offices)] == [(p, epoch) for p in range(8)]
     finally:
         await pool.close()
 

@@ -35,10 +35,22 @@ CHOOSE_SQL = (
 )
 
 
+# An office row (the fencing epoch, migration 0023) for every partition of the recorded count.
+# Migration 0023 made them for the count recorded then (1): a count chosen since has none for
+# partitions 1..P-1, and `take_office` over them found none, so an engine of a new deployment
+# at P > 1 never took office. Epoch 0, as every row of a new deployment: a take raises each
+# partition it takes above the highest epoch among them.
+OFFICES_SQL = (
+    "INSERT INTO partition_offices (partition, epoch) SELECT p, 0 FROM partitioning n, "
+    "generate_series(0, n.partitions - 1) AS p WHERE n.id = 1 ON CONFLICT (partition) DO NOTHING"
+)
+
+
 async def check_partitions(pool: asyncpg.Pool, partitions: int) -> None:
     """Choose this count for the deployment if it has none yet (the first engine to start on
     a database storing no task and no cron job), then raise ConfigError naming
-    SCHEDULER_PARTITIONS, this count and the recorded one, unless they are equal."""
+    SCHEDULER_PARTITIONS, this count and the recorded one, unless they are equal; then make
+    sure each partition of the count has its office row."""
     await pool.execute(CHOOSE_SQL, partitions)
     recorded = await pool.fetchval("SELECT partitions FROM partitioning WHERE id = 1")
     if recorded != partitions:
@@ -49,3 +61,4 @@ async def check_partitions(pool: asyncpg.Pool, partitions: int) -> None:
             "stored. Changing the count means moving every row to its new partition, which no "
             f"command does yet: start with {VARIABLE}={recorded}",
         )
+    await pool.execute(OFFICES_SQL)
