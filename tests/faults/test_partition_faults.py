@@ -357,9 +357,8 @@ async def test_joining_leaving_and_restarting_engines_lose_double_or_hasten_noth
         load = await fleet.load()
         await asyncio.sleep(1.0)
         fleet.start("e3")
-        await fleet.settled(["e1", "e2", "e3"])
-        leaving = fleet.members["e1"]
         held = (await fleet.settled(["e1", "e2", "e3"])).held("e1")
+        leaving = fleet.members["e1"]
         logged = len(leaving.log_text())
         leaving.signal(signal.SIGTERM)
         assert await leaving.wait_exit() == 0, leaving.log_tail()
