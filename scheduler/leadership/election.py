@@ -25,6 +25,7 @@ from nats.js.kv import KeyValue
 
 from scheduler.aio import first_of
 from scheduler.clock import Clock
+from scheduler.leadership.bounded import bounded
 from scheduler.leadership.events import LeadershipEvents
 from scheduler.leadership.heartbeat import Heartbeat
 from scheduler.leadership.lease import KvLease
@@ -244,17 +245,4 @@ class Leadership(TenureOffice):
         """Await `aw`; cancel it and raise TimeoutError at the deadline (or after `within` s)."""
         deadline = self.tenure.deadline
         until = deadline if within is None else self._clock.monotonic() + within
-        task = asyncio.ensure_future(aw)
-        timer = asyncio.ensure_future(self._clock.sleep(until - self._clock.monotonic()))
-        try:
-            await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            timer.cancel()
-            if not task.done():
-                task.cancel()
-        if not task.done():
-            await asyncio.wait({task}, timeout=1.0)  # let the cancelled call clean up
-            if task.done() and not task.cancelled():
-                task.exception()  # retrieved: it failed while it was being cancelled
-            raise TimeoutError("deadline passed before the call finished")
-        return task.result()
+        return await bounded(self._clock, aw, until)

@@ -42,6 +42,7 @@ from nats.js.kv import KeyValue
 
 from scheduler.aio import first_of
 from scheduler.clock import Clock
+from scheduler.leadership.bounded import bounded
 from scheduler.leadership.events import LeadershipEvents
 from scheduler.leadership.heartbeat import Heartbeat
 from scheduler.leadership.lease import KvLease
@@ -394,15 +395,4 @@ class PartitionedLeadership(TenureOffice):
 
     async def _bounded(self, aw: Awaitable[T], until: float) -> T:
         """Await `aw`; cancel it and raise TimeoutError at the monotonic instant `until`."""
-        task = asyncio.ensure_future(aw)
-        timer = asyncio.ensure_future(self._clock.sleep(until - self._clock.monotonic()))
-        try:
-            await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            timer.cancel()
-            if not task.done():
-                task.cancel()
-        if not task.done() or task.cancelled():
-            await asyncio.gather(task, return_exceptions=True)
-            raise TimeoutError("deadline passed before the call finished")
-        return task.result()
+        return await bounded(self._clock, aw, until)
