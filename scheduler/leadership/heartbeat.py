@@ -1,7 +1,9 @@
 """Each instance's heartbeat in the state bucket: who runs, in which role, since when.
 
 `GET /v1/instances` reads them (`scheduler.operations.instances`); a record not renewed for a
-few beats is shown stale. Informational only: leadership never reads it.
+few beats is shown stale. Under P = 1 informational only; under P > 1 the engines count each
+other's from them for their fair shares (`scheduler.leadership.partitioned`), never deciding who
+holds a lease.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import asyncio
 import json
 import logging
 import re
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from nats.js.kv import KeyValue
 
@@ -32,11 +35,19 @@ class Heartbeat:
         clock: Clock,
         log: logging.Logger,
         every: float = HEARTBEAT_EVERY,
+        kick: asyncio.Event | None = None,
+        stamp: Callable[[], datetime | None] | None = None,
     ) -> None:
         self._tenure, self._kv, self._clock, self._log = tenure, state_kv, clock, log
-        # seconds between beats: partitioned engines count each other from these records
-        # (leadership.partitioned), so theirs beat at every lease renewal pass
-        self._every = every
+        self._every = every  # seconds between beats (at most, with `kick`)
+        # Partitioned engines count each other from these records (leadership.partitioned):
+        # theirs beat whenever `kick` is set (after each lease renewal pass), and `at` is
+        # `stamp()`, the time that pass was sent, so a record is as fresh as its engine's
+        # leases, never fresher (a beat on a change of role does not make a dead engine live).
+        self._kick = kick
+        self._stamp = stamp
+        self._leaving = False
+        self._writing = asyncio.Lock()  # a put in flight finishes before `leave` deletes
         self.key = "instances." + re.sub(r"[^-/_=a-zA-Z0-9]", "_", tenure.instance)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -44,24 +55,42 @@ class Heartbeat:
         when this instance took the role); delete the record at `stop`."""
         tenure = self._tenure
         role, since = "", self._clock.now()
-        while not stop.is_set():
+        while not stop.is_set() and not self._leaving:
             now = self._clock.now()
             if tenure.role != role:
                 role, since = tenure.role, tenure.since or now
+            at = (self._stamp() if self._stamp is not None else None) or now
             record = {
                 "instance": tenure.instance,
                 "role": role,
                 "epoch": tenure.epoch,
                 "since": to_rfc3339(since),
-                "at": to_rfc3339(now),
+                "at": to_rfc3339(at),
             }
-            try:
-                await self._kv.put(self.key, json.dumps(record).encode())
-            except Exception as exc:  # informational only; the next beat tries again
-                self._log.debug("leader.heartbeat_failed error=%r", exc)
+            if self._kick is not None:
+                self._kick.clear()
+            async with self._writing:
+                if self._leaving:
+                    break
+                try:
+                    await self._kv.put(self.key, json.dumps(record).encode())
+                except Exception as exc:  # informational only; the next beat tries again
+                    self._log.debug("leader.heartbeat_failed error=%r", exc)
             change = tenure.lost.wait() if record["role"] == "leader" else tenure.gained.wait()
-            await first_of(self._clock.sleep(self._every), stop.wait(), change)
-        try:  # a stopped instance leaves the list; one that crashed ages out as stale
-            await asyncio.wait_for(self._kv.delete(self.key), timeout=1.0)
-        except Exception as exc:  # NATS away: readers show the record as stale instead
-            self._log.debug("leader.heartbeat_delete_failed error=%r", exc)
+            waits = [self._clock.sleep(self._every), stop.wait(), change]
+            if self._kick is not None:
+                waits.append(self._kick.wait())
+            await first_of(*waits)
+        if not self._leaving:  # (else `leave` deleted it already)
+            await self.leave()
+
+    async def leave(self) -> None:
+        """Beat no more and delete the record (a stopped instance leaves the list; one that
+        crashed ages out as stale). A partitioned engine leaves before giving its leases back,
+        so the others, finding them vacant, no longer count it."""
+        self._leaving = True
+        async with self._writing:
+            try:
+                await asyncio.wait_for(self._kv.delete(self.key), timeout=1.0)
+            except Exception as exc:  # NATS away: readers show the record as stale instead
+                self._log.debug("leader.heartbeat_delete_failed error=%r", exc)

@@ -196,6 +196,32 @@ class KvLease:
         self.highest_epoch = max(self.highest_epoch, epoch)
 
 
+async def watch_deletes(
+    kv: KeyValue,
+    keys: str,
+    deleted: asyncio.Event,
+    clock: Clock,
+    log: logging.Logger,
+    rewatch: float,
+) -> None:
+    """Follow `keys` (a subject pattern: `p.>`) forever, headers only: `deleted` is set when
+    one of them is deleted or purged (a lease given back, or an expiry marker on servers that
+    send them). It only wakes a campaign sooner; leadership is never decided from it."""
+    while True:
+        try:
+            watcher = await kv.watch(keys, meta_only=True)
+        except Exception as exc:  # the periodic campaigns still run; try watching again later
+            log.debug("leader.watch_failed error=%r", exc)
+        else:
+            try:
+                async for entry in watcher:
+                    if entry is not None and entry.operation in (KV_DEL, KV_PURGE):
+                        deleted.set()
+            finally:
+                await _stop_watcher(watcher, log)
+        await clock.sleep(rewatch)
+
+
 def _lease_doc(value: bytes | None) -> dict[str, Any]:
     try:
         doc = json.loads(value or b"{}")

@@ -5,8 +5,9 @@ docs/decisions/2026-12-06-partition-ownership.md, steps 3 and 4).
 Each partition `n` has its own key `p.<n>` in the leader bucket (`KvLease` on that key: the
 same create, revision-checked update and delete as the single key `leader`) and its own
 deadline (time its last successful renew was *sent* + TTL - margin, monotonic). One pass every
-renew interval (TTL/3) renews every key held; a key whose renew fails, or whose deadline
-passes, is dropped alone (`may_act(p)` is false for it from then on).
+renew interval (TTL/3) renews every key held, in a loop of its own (nothing the rebalancing
+awaits can make it late); a key whose renew fails, or whose deadline passes, is dropped alone
+(`may_act(p)` is false for it from then on).
 
 The engine acts in terms, as under P = 1: a term is one epoch (`take_office` over the term's
 partitions) over a fixed set of partitions, `may_act()` true while every one of them may act.
@@ -19,11 +20,13 @@ term's own. Why a new term per change rather than a term whose partitions carry 
 epochs: the decision record.
 
 The fair share is ceil(P / live engines), the live engines counted from the heartbeats in the
-state bucket (each engine beats at every renew pass; a record older than TTL is not counted).
-An engine campaigns (`create` of vacant keys) while it holds fewer than its share, releases
-its surplus (graceful end of the term, then a revision-checked delete of the keys) when it
-holds more; a dead engine's keys expire after TTL, its heartbeat goes stale in the same time,
-and the others take its partitions at their next pass.
+state bucket (each engine beats after every renew pass, stamped with the pass's time; one
+older than TTL - margin is not counted). An engine campaigns (`create` of vacant keys, all it
+needs at once) while it holds fewer than its share, releases its surplus (graceful end of the
+term, then a revision-checked delete of the keys) when it holds more. A dead engine leaves the
+count at its keys' self-fence deadline, before they expire (TTL after its last renew), so the
+others take its partitions at their full share, each in one term change. A resigning engine
+deletes its heartbeat, then its keys; the others watch the keys and campaign at once.
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ from scheduler.aio import first_of
 from scheduler.clock import Clock
 from scheduler.leadership.bounded import bounded
 from scheduler.leadership.events import LeadershipEvents
-from scheduler.leadership.heartbeat import Heartbeat
-from scheduler.leadership.lease import KvLease
+from scheduler.leadership.heartbeat import HEARTBEAT_EVERY, Heartbeat
+from scheduler.leadership.lease import KvLease, watch_deletes
 from scheduler.leadership.tenure import Tenure, TenureOffice
 from scheduler.operations.instances import read_instances
 from scheduler.settings import Settings
@@ -55,6 +58,7 @@ T = TypeVar("T")
 TakeOffice = Callable[..., Awaitable[int]]  # take_office(pool, instance, floor, partitions)
 KEY_PREFIX = "p."
 HANDOVER_GRACE = 6.0  # s at most for a term to wind down gracefully (a publish times out in 5)
+VACANCY_SETTLE = 0.025  # s from a key's delete to the campaign (the others' deletes arrive)
 
 
 def lease_key(partition: int) -> str:
@@ -100,8 +104,13 @@ class PartitionedLeadership(TenureOffice):
         self.handover = asyncio.Event()  # set: the current term is to end gracefully
         self._running: int | None = None  # the epoch of the term the engine runs
         self._ended = asyncio.Event()
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # set: rebalance now (a key deleted, a term lost)
+        self._renew_now = asyncio.Event()  # set: renew now (a term took office)
+        self._recheck = False  # a fenced write: renew every key before the next term
         self._next_renew = 0.0
+        self._renewed_at: datetime | None = None  # wall time the last renew pass was sent
+        self._beat = asyncio.Event()  # set after each renew pass: the heartbeat beats
+        self._heart: Heartbeat | None = None
         self._live = 1
         self._highest_epoch = 0
         self._resigned = False
@@ -120,7 +129,7 @@ class PartitionedLeadership(TenureOffice):
         next term, so a partition another engine took (its key ours no more) is left out."""
         if not self._end_deposed(epoch):
             return
-        self._next_renew = 0.0
+        self._recheck = True
         self._wake.set()
 
     # -- the Shares protocol (engine.office): the engine's side of a term's partitions -----------
@@ -155,33 +164,74 @@ class PartitionedLeadership(TenureOffice):
             lease.on_link(up)
 
     def heartbeat(self, state_kv: KeyValue, stop: asyncio.Event) -> Coroutine[Any, Any, None]:
-        """This engine's heartbeat, at every renew pass: the others count it as live."""
-        return Heartbeat(self.tenure, state_kv, self._clock, self._log, self.renew_every).run(stop)
+        """This engine's heartbeat after every renew pass, stamped with the pass's time: the
+        others count it as live while that is younger than TTL - margin (`_count_live`)."""
+        self._heart = Heartbeat(
+            self.tenure,
+            state_kv,
+            self._clock,
+            self._log,
+            HEARTBEAT_EVERY,
+            kick=self._beat,
+            stamp=lambda: self._renewed_at,
+        )
+        return self._heart.run(stop)
 
     # -- the loop ---------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        """Renew, rebalance and hold terms until `stop` is set (or `resign` is called)."""
+        """Renew, rebalance and hold terms until `stop` is set (or `resign` is called). The
+        renewals run in a loop of their own, so nothing the rebalancing waits for (reads of the
+        bucket, a wind-down, `take_office`) can make a renew pass late; the rebalancing runs
+        every campaign interval, and at once when a key is deleted (`watch_deletes`:
+        the periodic campaign is what guarantees the takeover, the watch only speeds it)."""
         try:
-            while not stop.is_set() and not self._resigned:
-                await self.step()
-                pause = min(self._campaign_every, self._next_renew - self._clock.monotonic())
-                self._wake.clear()
-                await first_of(self._clock.sleep(max(pause, 0.0)), stop.wait(), self._wake.wait())
+            async with asyncio.TaskGroup() as tg:
+                renewing = tg.create_task(self._renewing(stop), name="partition-renew")
+                vacated = asyncio.Event()
+                vacancies = watch_deletes(
+                    self._kv, KEY_PREFIX + ">", vacated, self._clock, self._log, self._rewatch
+                )
+                watching = tg.create_task(vacancies, name="partition-watch")
+                while not stop.is_set() and not self._resigned:
+                    self._wake.clear()
+                    vacated.clear()
+                    await self.step()
+                    waits = [self._clock.sleep(self._campaign_every), stop.wait()]
+                    await first_of(*waits, self._wake.wait(), vacated.wait())
+                    if vacated.is_set() and not self._wake.is_set():
+                        # an engine giving its keys back deletes them all at once: take them
+                        # in one campaign (one term change), not the first alone
+                        await first_of(self._clock.sleep(VACANCY_SETTLE), stop.wait())
+                renewing.cancel()
+                watching.cancel()
         finally:
             self.tenure.end("stopped")
 
-    async def step(self) -> None:
-        """One pass: renew (when due), drop lapsed keys, count the live, rebalance."""
-        if self._clock.monotonic() >= self._next_renew:
+    async def _renewing(self, stop: asyncio.Event) -> None:
+        """A renew pass every renew interval, and at once when asked (`_renew_now`)."""
+        while not stop.is_set() and not self._resigned:
+            self._renew_now.clear()
             self._next_renew = self._clock.monotonic() + self.renew_every
-            await self._renew_all()
+            await self.renew_pass()
+            pause = self._next_renew - self._clock.monotonic()
+            waits = [self._clock.sleep(max(pause, 0.0)), stop.wait()]
+            await first_of(*waits, self._renew_now.wait())
+
+    async def renew_pass(self) -> None:
+        """Renew every key held, drop the lapsed, and let the heartbeat say this pass ran."""
+        self._renewed_at = self._clock.now()
+        await self._renew_all()
+        self._drop_lapsed()
+        self._beat.set()
+
+    async def step(self) -> None:
+        """One pass: drop lapsed keys, count the live, rebalance."""
         self._drop_lapsed()
         if self._resigned:
             return
         if not self._clock_ok():  # a wrong clock fires early: hold nothing, take nothing
             self.tenure.end("clock_skew")
-            for p in list(self.held):
-                await self._release(p)
+            await self._release_all()
             self.term = frozenset()
             return
         self._live = await self._count_live()
@@ -199,15 +249,13 @@ class PartitionedLeadership(TenureOffice):
         return math.ceil(self.partitions / max(1, self._live))
 
     # -- the leases -------------------------------------------------------------------------------
+    @property
+    def _rewatch(self) -> float:
+        return self._campaign_every * 4  # s before watching again after a watch failed
+
     def _lease(self, partition: int) -> KvLease:
-        return KvLease(
-            self._kv,
-            self.instance,
-            self._clock,
-            self._log,
-            self._campaign_every * 4,
-            key=lease_key(partition),
-        )
+        lease = lease_key(partition)
+        return KvLease(self._kv, self.instance, self._clock, self._log, self._rewatch, key=lease)
 
     async def _renew_all(self) -> None:
         """One renew of every key held, all at once; a key whose renew fails is dropped."""
@@ -216,24 +264,25 @@ class PartitionedLeadership(TenureOffice):
         results = await asyncio.gather(
             *(self._renew(p, lease, epoch if p in self.term else None, since) for p, lease in held)
         )
-        for (p, _), ok in zip(held, results, strict=True):
-            if not ok:
+        for (p, lease), ok in zip(held, results, strict=True):
+            if not ok and self.held.get(p) is lease:  # (not one released, or taken again)
                 self._drop(p, "renew_failed")
         self._fence_term("renew_failed")
 
     async def _renew(
         self, partition: int, lease: KvLease, epoch: int | None, since: datetime | None
     ) -> bool:
-        revision = lease.revision
-        if revision is None:
-            return False
-        sent = self._clock.monotonic()
-        try:
-            until = self.deadlines[partition]
-            await self._bounded(lease.update(lease.value(epoch, since), revision), until)
-        except Exception as exc:  # any error: this partition's lease is not ours any more
-            self._log.warning("leader.partition_renew_failed p=%d error=%r", partition, exc)
-            return False
+        async with lease.lock:  # (a release in flight deletes the key: not renewed meanwhile)
+            revision = lease.revision
+            if revision is None or partition not in self.deadlines:
+                return False
+            sent = self._clock.monotonic()
+            try:
+                until = self.deadlines[partition]
+                await self._bounded(lease.update(lease.value(epoch, since), revision), until)
+            except Exception as exc:  # any error: this partition's lease is not ours any more
+                self._log.warning("leader.partition_renew_failed p=%d error=%r", partition, exc)
+                return False
         self.events.renewed(self._clock.monotonic() - sent)
         if partition in self.held:
             self.deadlines[partition] = sent + self._ttl - self._margin
@@ -258,19 +307,23 @@ class PartitionedLeadership(TenureOffice):
             return
         if not self.term <= set(self.held):
             self.tenure.end(reason)
+            self._wake.set()  # the next term, over the others, at once
         else:
             self.tenure.deadline = min(self.deadlines[p] for p in self.term)
 
     async def _count_live(self) -> int:
-        """Engines whose heartbeat is younger than TTL (this one included); the last count when
-        they cannot be read."""
+        """Engines whose last renew pass (their heartbeat's `at`) is younger than TTL - margin,
+        this one included; the last count when they cannot be read. An engine silent that long
+        has passed the self-fence deadline of every key it renewed then, and those keys expire
+        at the server no sooner than TTL after it: a dead engine leaves the count before its
+        partitions fall vacant, so the others take them in one term at their full share."""
         try:
             if self._live_of is not None:
                 return max(1, await self._live_of())
             if self._state_kv is None:
                 return 1
             now = self._clock.now()
-            fresh = timedelta(seconds=self._ttl)
+            fresh = timedelta(seconds=self._ttl - self._margin)
             found = await read_instances(self._state_kv, now, fresh)
             others = {i.instance for i in found if not i.stale} - {self.instance}
             return 1 + len(others)
@@ -289,47 +342,65 @@ class PartitionedLeadership(TenureOffice):
         return [p for p in vacant if p not in self.held]
 
     async def _campaign(self, wanted: int) -> set[int]:
-        """Create up to `wanted` vacant keys; the partitions gained."""
+        """Create up to `wanted` vacant keys, that many at once; the partitions gained."""
         gained: set[int] = set()
-        for p in await self._vacant():
-            if len(gained) >= wanted or self._clock.monotonic() >= self._next_renew:
-                break  # (a slow campaign must not hold back the renewal of what is held)
-            lease = self._lease(p)
-            sent = self._clock.monotonic()
-            try:
-                value = lease.value(None, self._clock.now())
-                revision = await self._within(lease.create(value), self._ttl / 3)
-            except KeyWrongLastSequenceError:  # held by another (or ours left over: adopt)
-                try:
-                    adopted = await self._within(lease.adopt(value), self._ttl / 3)
-                except Exception:  # written since: not ours to take
-                    adopted = None
-                if adopted is None:
-                    continue
-                revision = adopted
-            except Exception as exc:  # any create error means "not ours" (nats-server#5162)
-                self._log.debug("leader.partition_campaign_lost p=%d error=%r", p, exc)
-                continue
-            lease.revision = revision
-            self.held[p], self.deadlines[p] = lease, sent + self._ttl - self._margin
-            gained.add(p)
+        vacant = await self._vacant()
+        while vacant and len(gained) < wanted:
+            need = wanted - len(gained)
+            tried, vacant = vacant[:need], vacant[need:]
+            won = await asyncio.gather(*(self._take_key(p) for p in tried))
+            gained |= {p for p, ok in zip(tried, won, strict=True) if ok}
         return gained
+
+    async def _take_key(self, p: int) -> bool:
+        """One `create` of `p`'s key (or the adoption of our own left-over write of it)."""
+        lease = self._lease(p)
+        sent = self._clock.monotonic()
+        try:
+            value = lease.value(None, self._clock.now())
+            revision = await self._within(lease.create(value), self._ttl / 3)
+        except KeyWrongLastSequenceError:  # held by another (or ours left over: adopt)
+            try:
+                adopted = await self._within(lease.adopt(value), self._ttl / 3)
+            except Exception:  # written since: not ours to take
+                adopted = None
+            if adopted is None:
+                return False
+            revision = adopted
+        except Exception as exc:  # any create error means "not ours" (nats-server#5162)
+            self._log.debug("leader.partition_campaign_lost p=%d error=%r", p, exc)
+            return False
+        if self._resigned:  # (resigned meanwhile: give it straight back)
+            await self._delete(p, lease, revision)
+            return False
+        lease.revision = revision
+        self.held[p], self.deadlines[p] = lease, sent + self._ttl - self._margin
+        return True
 
     # -- terms ------------------------------------------------------------------------------------
     async def _change(self, wanted: frozenset[int], release: Collection[int]) -> None:
         """End the current term (gracefully while it may act), give back `release`, and take
-        office over `wanted` for the next one."""
+        office over `wanted` for the next one, with whatever else fell vacant meanwhile."""
         if self.tenure.held():
             self._log.info("leader.handing_over epoch=%s", self.tenure.recorded()[0])
             self.handover.set()
             await self._wind_down()
             self.tenure.end("handover")
         self.handover.clear()
-        for p in release:
-            await self._release(p)
+        await self._release_all(release)
         self.term = frozenset()
+        if self._resigned:
+            return
+        short = self.share() - len(self.held)
+        if short > 0:
+            # keys that expired or were given back during the wind-down join this term, not
+            # the next (a term change stalls every partition of the engine)
+            wanted |= await self._campaign(short)
+        if self._recheck:  # a fenced write: a partition another engine took is left out
+            self._recheck = False
+            await self._renew_all()
         wanted = frozenset(p for p in wanted if p in self.held)
-        if not wanted or self._resigned:
+        if not wanted:
             return
         until = min(self.deadlines[p] for p in wanted)
         try:
@@ -341,35 +412,44 @@ class PartitionedLeadership(TenureOffice):
             self._log.warning("leader.take_office_failed instance=%s error=%r", self.instance, exc)
             return
         self._highest_epoch = max(self._highest_epoch, epoch)
+        wanted = frozenset(p for p in wanted if p in self.held)  # (a key lost meanwhile)
+        if not wanted or self._resigned:
+            return
         self.term = wanted
         self._on_term(sorted(wanted))
         self.tenure.begin(epoch, self._clock.now(), min(self.deadlines[p] for p in wanted))
+        self._renew_now.set()  # the term's epoch into its keys now, not at the next pass
         self._log.info("leader.partitions epoch=%d partitions=%s", epoch, sorted(wanted))
 
     async def _wind_down(self) -> None:
-        """Wait (at most HANDOVER_GRACE) for the engine to end the term, renewing every key
-        meanwhile: a slow wind-down (publishes waiting out their timeout) must not cost the
-        partitions this engine keeps."""
+        """Wait (at most HANDOVER_GRACE) for the engine to end the term; the renewals go on
+        meanwhile (their own loop), so a slow wind-down (publishes waiting out their timeout)
+        does not cost the partitions this engine keeps."""
         give_up = self._clock.monotonic() + HANDOVER_GRACE
         while self._running is not None and self.tenure.held():
             now = self._clock.monotonic()
             if now >= give_up:
                 return
-            await first_of(
-                self._ended.wait(), self._clock.sleep(min(give_up, self._next_renew) - now)
-            )
-            if self._running is not None and self._clock.monotonic() >= self._next_renew:
-                self._next_renew = self._clock.monotonic() + self.renew_every
-                await self._renew_all()
+            await first_of(self._ended.wait(), self._clock.sleep(min(give_up - now, 0.1)))
+
+    async def _release_all(self, partitions: Collection[int] | None = None) -> None:
+        """Give back `partitions` (every key held when None), all at once."""
+        chosen = list(self.held) if partitions is None else list(partitions)
+        await asyncio.gather(*(self._release(p) for p in chosen))
 
     async def _release(self, partition: int) -> None:
         """Give a partition's key back (revision-checked delete): the next owner's take raises
         its epoch, fencing anything this engine still sent."""
         lease = self.held.pop(partition, None)
         self.deadlines.pop(partition, None)
-        if lease is None or lease.revision is None:
+        if lease is None:
             return
-        revision, lease.revision = lease.revision, None
+        async with lease.lock:  # (after a renew in flight: its revision is the one to delete)
+            revision, lease.revision = lease.revision, None
+            if revision is not None:
+                await self._delete(partition, lease, revision)
+
+    async def _delete(self, partition: int, lease: KvLease, revision: int) -> None:
         try:
             await self._within(lease.delete(revision), self._ttl / 3)
         except Exception as exc:  # taken over or unreachable: the key expires on its own
@@ -382,12 +462,16 @@ class PartitionedLeadership(TenureOffice):
         return self._resigned
 
     async def resign(self) -> None:
-        """Stop acting and give every key back, so the others take them at once."""
+        """Stop acting and give every key back, so the others take them at once: first the
+        heartbeat goes (the others, finding the keys vacant, count one engine fewer and take
+        them at their full share in one term), then every key, all at once."""
         self._resigned = True
         self.tenure.end("resigned")
         self._wake.set()
-        for p in list(self.held):
-            await self._release(p)
+        self._renew_now.set()
+        if self._heart is not None:
+            await self._heart.leave()
+        await self._release_all()
 
     # -- bounded calls ----------------------------------------------------------------------------
     async def _within(self, aw: Awaitable[T], seconds: float) -> T:

@@ -187,6 +187,7 @@ def freeze(d: Daemon) -> None:
         raise ConnectionError("frozen")
 
     leader.step = frozen  # type: ignore[method-assign]
+    leader.renew_pass = frozen  # type: ignore[method-assign]
     d.core.state_kv.put = no_beat
 
 

@@ -8,7 +8,8 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import cast
+from datetime import timedelta
+from typing import Any, cast
 
 import asyncpg
 import nats
@@ -47,8 +48,9 @@ class Engines:
         self.conns: list[Client] = []
         self.kv: KeyValue | None = None
         self.kvs: dict[str, KeyValue] = {}  # each engine's own handle on the bucket
+        self.changes: dict[str, list[list[int]]] = {}  # each engine's terms, in order
 
-    async def start(self, instance: str) -> PartitionedLeadership:
+    async def start(self, instance: str, **options: Any) -> PartitionedLeadership:
         nc = await nats.connect(self.settings.nats_servers)
         self.conns.append(nc)
         js = nc.jetstream()
@@ -59,7 +61,17 @@ class Engines:
         self.kvs[instance] = kv
         state = await js.key_value(self.settings.state_bucket)
         settings = self.settings.with_overrides(instance_id=instance)
-        lead = PartitionedLeadership(kv, self.pool, settings, SystemClock(), Metrics(), state)
+        terms = self.changes[instance] = []
+        lead = PartitionedLeadership(
+            kv,
+            self.pool,
+            settings,
+            SystemClock(),
+            Metrics(),
+            state,
+            on_term=terms.append,
+            **options,
+        )
         stop = self.stops[instance] = asyncio.Event()
         self.tasks[instance] = [
             asyncio.create_task(lead.run(stop), name=instance),
@@ -71,6 +83,19 @@ class Engines:
         """As a SIGKILL would: no renewal, no heartbeat, no key given back."""
         for task in self.tasks.pop(instance):
             task.cancel()
+
+    async def kill_leases_first(self, instance: str, beat_for: float) -> None:
+        """A death in two steps: its leadership loop stops (no renewal, no key given back; its
+        term ends), and its heartbeat `beat_for` s later."""
+        run, beat = self.tasks.pop(instance)
+        run.cancel()
+        await asyncio.sleep(beat_for)
+        beat.cancel()
+
+    async def resign(self, instance: str, lead: PartitionedLeadership) -> None:
+        """As the daemon leaves on SIGTERM: `resign`, then its loops stop."""
+        await lead.resign()
+        self.stops[instance].set()
 
     async def close(self) -> None:
         for stop in self.stops.values():
@@ -144,6 +169,7 @@ async def test_a_lost_key_fences_only_its_partition_and_the_next_term_leaves_it_
     a = await engines.start("a")
     old = await asyncio.wait_for(a.wait_for_office(), 5)
     assert engines.kv is not None
+    await asyncio.sleep(0.2)  # (after the renew pass that writes the term's epoch at once)
     entry = await engines.kv.get(lease_key(3))
     assert entry.revision is not None
     await engines.kv.update(lease_key(3), b'{"instance": "thief"}', last=entry.revision)
@@ -259,3 +285,101 @@ async def test_resign_gives_back_a_key_whose_renewal_is_in_flight(
     await asyncio.sleep(0.5)  # the renewals' answers arrive
     left = [p for p in ALL if await present(kv, lease_key(p))]
     assert left == [], f"keys left to expire after resign: {left}"
+
+
+async def test_a_term_writes_its_epoch_into_its_keys_at_once(engines: Engines) -> None:
+    """Once a term takes office its keys carry its epoch within a few hundred milliseconds
+    (a renew pass right after the take), not only at the next renew pass a second later: the
+    partition map shows a partition in office as soon as it is."""
+    a = await engines.start("a")
+    epoch = await asyncio.wait_for(a.wait_for_office(), 5)
+    assert engines.kv is not None
+    kv = engines.kv
+
+    async def epochs() -> set[Any]:
+        docs = [json.loads((await kv.get(lease_key(p))).value or b"{}") for p in ALL]
+        return {d.get("epoch") for d in docs}
+
+    t0 = time.monotonic()
+    async with asyncio.timeout(3):
+        while await epochs() != {epoch}:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    took = time.monotonic() - t0
+    assert took < 0.3, f"the term's epoch reached its keys {took:.2f} s after it took office"
+
+
+async def test_renewals_go_on_while_the_rebalancing_waits(
+    engines: Engines, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the rebalancing waits on something slow (here the count of live engines, 2.6 s,
+    beyond a key's TTL - margin of 2.4 s: a read of the state bucket on a loaded host), the
+    keys are renewed on time: none lapses and the term holds throughout."""
+    calls = 0
+
+    async def slow_live() -> int:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            await asyncio.sleep(2.6)
+        return 1
+
+    a = await engines.start("a", live=slow_live)
+    await asyncio.wait_for(a.wait_for_office(), 5)
+    lapsed = False
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 5.5:
+        lapsed = lapsed or not (a.may_act() and a.term == ALL)
+        await asyncio.sleep(0.02)
+    assert calls >= 2
+    assert not lapsed, "the term lost office while the rebalancing waited"
+    assert "leader.partition_lost" not in caplog.text
+
+
+async def test_a_dead_engine_leaves_the_count_before_its_keys_lapse_one_term_change_each(
+    engines: Engines, settings: Settings
+) -> None:
+    """Of three engines, one stops renewing just before its renew pass is due, while its
+    heartbeat task lives on a little (it even beats once more, as its term ends): the others
+    stop counting it by its keys' self-fence deadline, before the keys expire, so each takes
+    its new share (four) in one term change, not one partition at the old share (three) and
+    the rest at the next, each change a stall of every partition it holds."""
+    leads = {n: await engines.start(n) for n in "abc"}
+    await until(lambda: shared_fairly(*leads.values()), within=8)
+    victim = next(n for n, lead in leads.items() if len(lead.term) == 3)
+    survivors = {n: lead for n, lead in leads.items() if n != victim}
+    dead = leads[victim]
+    async with asyncio.timeout(3):  # its renew pass about due: its keys renewed ~1 s ago
+        while not 0.02 < dead._next_renew - time.monotonic() < 0.12:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+    before = {n: len(engines.changes[n]) for n in survivors}
+    await engines.kill_leases_first(victim, beat_for=0.5)
+    took = await until(lambda: frozenset().union(*terms(*survivors.values())) == ALL, within=8)
+    await asyncio.sleep(1.0)  # (a late second change would show here)
+    changes = {n: engines.changes[n][before[n] :] for n in survivors}
+    assert {n: len(c) for n, c in changes.items()} == {n: 1 for n in survivors}, changes
+    assert sorted(len(lead.term) for lead in survivors.values()) == [4, 4]
+    assert took <= settings.lease_ttl + settings.campaign_interval.total_seconds() + 1.0
+
+
+async def test_a_resigning_engines_partitions_are_taken_at_once_in_one_term(
+    engines: Engines,
+) -> None:
+    """When one of two engines resigns (SIGTERM), the other holds all eight partitions within
+    a few hundred milliseconds, in one term change: it watches the keys and campaigns when
+    they are deleted, not at its next pass (here up to 2 s away), and the resigning engine's
+    heartbeat is gone before its keys are, so the other takes all of them at once."""
+    engines.settings = engines.settings.with_overrides(campaign_interval=timedelta(seconds=2))
+    a = await engines.start("a")
+    b = await engines.start("b")
+    await until(lambda: shared_fairly(a, b), within=8)
+    async with asyncio.timeout(3):  # just after a's renew pass: its next wake is ~1 s away
+        while a._next_renew - time.monotonic() < 0.85:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+    before = len(engines.changes["a"])
+    t0 = time.monotonic()
+    await engines.resign("b", b)
+    await until(lambda: a.may_act() and a.term == ALL, within=5)
+    took = time.monotonic() - t0
+    assert took < 0.5, f"the resigned engine's partitions were taken {took:.2f} s after"
+    await asyncio.sleep(0.6)
+    assert len(engines.changes["a"]) - before == 1, engines.changes["a"][before:]
