@@ -378,3 +378,29 @@ async def test_no_request_is_sent_again_for_a_consumer_idle_or_at_its_ack_limit(
         assert await p._recover() == []
         await p._top_up()
         assert len(nc.sent) == 1 and p._check_at is None, info
+
+
+async def test_a_shared_puller_reads_back_nothing_the_others_were_handed(
+    now: list[float],
+) -> None:
+    """A puller sharing its consumer with others (every engine's intake under P > 1) takes a
+    jump in the sequences and deliveries beyond its own as the others' (they are handling
+    them), and reads none of them back: each engine re-reading the others' tasks multiplied
+    the intake work (bench/partitions.py). (At its start it still reads back what was
+    unacknowledged then, once: a killed engine's batch in flight is among it.)"""
+    nc = LaneClient({s: b"x" for s in range(1, 13)})
+    nc.info = {
+        "delivered": {"consumer_seq": 12, "stream_seq": 12},
+        "ack_floor": {"stream_seq": 2},
+        "num_ack_pending": 9,
+    }
+    p = Puller(nc, "S", "C", batch=100, expires=5.0, shared=True)  # type: ignore[arg-type]
+    p._heard, p._requested = now[0], 100
+    _deliver_seqs(p, [(3, 3), (7, 7), (9, 9)])
+    assert len(await p.take(timeout=1, linger=0)) == 3
+    assert await p._recover() == []
+    nc.stats["reconnects"] = 1
+    await p.take(timeout=0, linger=0)
+    now[0] += puller_module.RECHECK_AFTER
+    await p.take(timeout=0, linger=0)
+    assert nc.gets == [] and p.recovered == 0

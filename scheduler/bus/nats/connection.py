@@ -356,9 +356,10 @@ class NatsBus:
         return await Publisher(self.nc, timeout=timeout, fence=fence).start()
 
     def intake_source(self, stream: str, consumer: str, batch: int) -> Puller:
-        """The puller of the delay lane's durable consumer (started by its user)."""
+        """The puller of the delay lane's durable consumer (started by its user); shared by
+        every engine's under P > 1 (intake runs in every term)."""
         assert self.nc is not None
-        return Puller(self.nc, stream, consumer, batch)
+        return Puller(self.nc, stream, consumer, batch, shared=self.settings.partitions > 1)
 
     async def listen(self, subject: str, handler: Callable[[bytes], Awaitable[None]]) -> Any:
         """Call `handler` with the payload of every core message on `subject`; the result's

@@ -77,8 +77,24 @@ CHECK_TIMEOUT = 0.25
 class Puller:
     """Pulls from a durable consumer into a buffer; `take()` returns what has arrived."""
 
-    def __init__(self, nc: Client, stream: str, consumer: str, batch: int, expires: float = 5.0):
+    def __init__(
+        self,
+        nc: Client,
+        stream: str,
+        consumer: str,
+        batch: int,
+        expires: float = 5.0,
+        shared: bool = False,
+    ):
         self.nc = nc
+        # `shared`: other pullers take from the same consumer (under P > 1 every engine runs
+        # intake): a jump in its sequences, or deliveries beyond this puller's, are theirs, not
+        # lost, so they are not read back (a lost one comes back after the ack wait); read
+        # back, every engine re-read and re-stored the others' tasks: 32,000-80,000 reads in
+        # a 40,000-task kill run of bench/partitions.py, the lane 18,000 behind. A new
+        # puller still reads back what was unacknowledged when it started, once: a killed
+        # engine's batch in flight is among it (else it waits for the ack wait, 10 s).
+        self.shared = shared
         self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self.batch = batch
         self.expires = expires
@@ -168,7 +184,7 @@ class Puller:
             return
         if self._fresh:
             self._since_start.add(sseq)
-        if self._cseq and cseq > self._cseq + 1 and sseq > self._sseq + 1:
+        if self._cseq and cseq > self._cseq + 1 and sseq > self._sseq + 1 and not self.shared:
             self._gaps.append((self._sseq, sseq - 1))
             self._check_at = time.monotonic()
         self._cseq = max(self._cseq, cseq)
@@ -247,11 +263,12 @@ class Puller:
         saturated = 0 < ack_limit <= pending  # serves no request until acks come
         self._look_for_unserved(0 if saturated else undelivered, was_unanswered)
         mine: set[int] = set()
-        if self._fresh:  # a new puller: what a previous holder left unacknowledged
+        if self._fresh:  # a new puller: what a previous holder left unacknowledged (shared:
+            # the others' in flight too, read once per term, but also a dead engine's batch)
             self._fresh, mine, self._since_start = False, self._since_start, set()
             if pending:
                 gaps.append((floor_s, delivered_s))
-        elif delivered_c > self._cseq and delivered_s > self._sseq:
+        elif delivered_c > self._cseq and delivered_s > self._sseq and not self.shared:
             gaps.append((self._sseq, delivered_s))  # delivered since the last one seen here
         wanted = sorted({s for lo, hi in gaps for s in range(lo + 1, hi + 1)} - mine)
         if not wanted:
