@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from nats.errors import OutboundBufferLimitError
-from nats.js.errors import KeyWrongLastSequenceError, NoStreamResponseError
+from nats.js.errors import BadRequestError, KeyWrongLastSequenceError, NoStreamResponseError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from scheduler.clock import Clock, to_rfc3339
@@ -38,6 +38,7 @@ LEASE_KEY = "leader"
 NO_LEADER_PAUSE = 0.05
 NO_LEADER_PAUSE_MAX = 0.25
 UNANSWERED_AFTER = 0.5  # s: a KV write answers in about a millisecond here
+WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for a revision check that failed
 # A renewal that went out on a link whose node then froze can be stored seconds later, after this
 # instance left office (the thawed node forwards what it had read before it stopped): the key is
 # then ours but nobody acts on it, and every `create` fails until it expires. `adopt` takes such a
@@ -156,8 +157,27 @@ class KvLease:
             pause = min(pause * 2, NO_LEADER_PAUSE_MAX)
 
     async def delete(self, last: int) -> None:
-        """Delete the key if `last` is still its revision (raises otherwise)."""
-        await self._kv.delete(self.key, last=last)
+        """Delete the key if `last` is still its revision. Refused, the key may still be this
+        process's: a renewal stored at the server whose answer never came back (cancelled by a
+        resign, or lost) moved it on. Then, as `adopt` does, the current revision is read and
+        the key deleted with that one if its value is this process's (the read only finds the
+        revision; the checked delete decides). Raises when the key is another's, or the second
+        delete is refused too."""
+        try:
+            await self._kv.delete(self.key, last=last)
+        except BadRequestError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            try:
+                entry = await self._kv.get(self.key)
+            except Exception:  # gone or unreadable: the first refusal stands
+                entry = None
+            doc = _lease_doc(entry.value) if entry is not None else {}
+            ours = doc.get("instance") == self.instance and doc.get("run") == self.run
+            if entry is None or entry.revision is None or not ours:
+                raise
+            await self._kv.delete(self.key, last=entry.revision)
+            self._log.info("leader.lease_delete_taken_back revision=%d", entry.revision)
 
     async def holder(self) -> dict[str, Any]:
         """The lease's current value ({instance, epoch, since}), read for display only."""

@@ -255,13 +255,6 @@ async def present(kv: KeyValue, key: str) -> bool:
     return True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect: PartitionedLeadership.resign() runs beside the leadership loop and "
-    "deletes each key with the revision it last saw; a renewal stored but not yet answered "
-    "moved the key on, so the delete is refused (leader.release_failed) and the key is left "
-    "to expire: its partition stalls a TTL after a SIGTERM (seen in the fault suite)",
-)
 async def test_resign_gives_back_a_key_whose_renewal_is_in_flight(
     engines: Engines, monkeypatch: pytest.MonkeyPatch
 ) -> None:
