@@ -7,8 +7,9 @@ code, joins the two and writes Parquet tables, `summary.json` and `report.html`.
 `scheduler export-log` writes a day of `fire_log` as JSON lines or Parquet.
 
 Modules: `window` (the audited interval), `expected` (occurrences, pure), `inputs` (reading the
-log), `job` (the Spark transforms), `summary` (counts to `summary.json`, the SLO verdict),
-`report` (HTML), `session` (a quiet SparkSession), `export` (export-log), `synth` (a seeded log
-generator with planted truth), `cli`. Nothing here imports PySpark at module import time except
-`job`, `inputs` and `session`, which only the audit command loads.
+log), `job` (the run and its stages), `transforms` (the Spark transforms), `handovers` (the
+terms that fired each partition and their handovers), `summary` (counts to `summary.json`, the
+SLO verdict), `report`, `handover_report` and `markup` (HTML), `session` (a quiet
+SparkSession), `export` (export-log), `cli`. Nothing here imports PySpark at module import time
+except `job`, `inputs` and `session`, which only the audit command loads.
 """

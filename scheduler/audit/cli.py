@@ -11,7 +11,7 @@ import argparse
 import os
 import shutil
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,7 @@ from scheduler.audit.output import Output
 from scheduler.audit.window import DEFAULT_GRACE, AuditWindow, parse_day, parse_instant
 from scheduler.durations import parse_duration
 from scheduler.errors import AuditInputError
+from scheduler.partitions import MAX_PARTITIONS
 
 if TYPE_CHECKING:  # the job module is imported only when an audit runs
     from scheduler.audit.job import AuditOptions
@@ -69,6 +70,17 @@ def configure_audit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", help="audit until this RFC 3339 time in the day (exclusive)")
     parser.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting"
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        help="the deployment's partition count P, for handovers (default: the database's "
+        "partitioning table over JDBC, else 1)",
+    )
+    parser.add_argument(
+        "--handover-margin",
+        default=None,
+        help="a late, missed or doubled run due this close to a handover is near it (default 10s)",
     )
 
 
@@ -121,7 +133,26 @@ def audit_options(args: argparse.Namespace) -> AuditOptions:
         slo=Slo(args.slo_p99_ms, args.late_ms),
         jars=jars,
         conf=tuple(conf),
+        partitions=_partitions(args.partitions),
+        handover_margin=_margin(args.handover_margin),
     )
+
+
+def _partitions(value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= MAX_PARTITIONS:
+        raise AuditInputError("--partitions", f"{value} is not between 1 and {MAX_PARTITIONS}")
+    return value
+
+
+def _margin(text: str | None) -> timedelta:
+    from scheduler.audit.summary import DEFAULT_HANDOVER_MARGIN
+
+    if text is None:
+        return DEFAULT_HANDOVER_MARGIN
+    try:
+        return parse_duration(text)
+    except (TypeError, ValueError) as exc:
+        raise AuditInputError("--handover-margin", str(exc)) from None
 
 
 def _writable(out: Output) -> Output:

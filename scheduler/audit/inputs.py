@@ -433,6 +433,20 @@ def read_history(spark: Any, source: Source, window: AuditWindow) -> list[JobVer
     ]
 
 
+def read_partitions(spark: Any, source: Source) -> int | None:
+    """The deployment's partition count from its `partitioning` row (migration 0022); None
+    when the table is missing (a database from before partitions: one leader, P = 1)."""
+    try:
+        rows = _jdbc_query(
+            spark, source, "SELECT partitions FROM partitioning WHERE id = 1"
+        ).collect()
+    except Exception as exc:
+        if _missing_relation(exc, "partitioning"):
+            return None
+        raise
+    return int(rows[0]["partitions"]) if rows else None
+
+
 def read_unfired(spark: Any, source: Source, window: AuditWindow) -> Any:
     """Delayed tasks due in the window that were not delivered: still pending or claimed now
     (overdue), or dead-lettered or expired. Columns: key, subject, scheduled_for, state."""

@@ -1,10 +1,11 @@
 """The audit run: session, stages, files. The transforms themselves are in `transforms.py`.
 
 `run()` reads the log, expands and joins the expected occurrences, writes the occurrence table,
-aggregates it and writes `summary.json`, `run.json` and the report. Nothing large passes through
-the driver: the expansion runs by job on the executors (`mapInArrow`), the per-occurrence table
-goes straight to Parquet, and only per-schedule, per-subject, per-hour and per-minute aggregates
-are collected.
+gathers the terms that fired each partition (`handovers.py`), aggregates both and writes
+`summary.json`, `run.json` and the report. Nothing large passes through the driver: the
+expansion runs by job on the executors (`mapInArrow`), the per-occurrence table goes straight to
+Parquet, and only per-schedule, per-subject, per-hour and per-minute aggregates and the first
+handovers are collected.
 """
 
 from __future__ import annotations
@@ -15,14 +16,23 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from scheduler.audit import handovers
 from scheduler.audit import summary as summaries
-from scheduler.audit.expected import JobVersion
-from scheduler.audit.inputs import Source, in_window, read_history, read_log, read_unfired
+from scheduler.audit.expected import JobVersion, to_us
+from scheduler.audit.inputs import (
+    Source,
+    in_window,
+    read_history,
+    read_log,
+    read_partitions,
+    read_unfired,
+)
 from scheduler.audit.output import Output
-from scheduler.audit.summary import Slo
+from scheduler.audit.summary import DEFAULT_HANDOVER_MARGIN, LISTED_HANDOVERS, Partitioning, Slo
 from scheduler.audit.transforms import (
     classify,
     expected_occurrences,
@@ -38,7 +48,7 @@ from scheduler.audit.transforms import (
 from scheduler.audit.window import AuditWindow
 from scheduler.errors import AuditInputError
 
-TABLES = ("occurrences", "schedules", "subjects", "hours")
+TABLES = ("occurrences", "schedules", "subjects", "hours", "terms", "handovers")
 Progress = Callable[[str], None]
 
 
@@ -59,6 +69,8 @@ class AuditOptions:
     slo: Slo = field(default_factory=Slo)
     jars: tuple[str, ...] = ()
     conf: tuple[tuple[str, str], ...] = ()
+    partitions: int | None = None  # None: the database's `partitioning` row (JDBC), else 1
+    handover_margin: timedelta = DEFAULT_HANDOVER_MARGIN
 
 
 @dataclass(slots=True)
@@ -121,7 +133,7 @@ class Audit:
         began = time.monotonic()
         versions, schedules_source = self.versions()
         observation = Observation("input")
-        log = self.read(observation)
+        log, uncounted = self.read(observation)
         expected = expected_occurrences(self.spark, versions, self.window)
         occ = classify(
             occurrences(log, expected, self.unfired()), self.window, self.options.slo.late_ms
@@ -141,7 +153,12 @@ class Audit:
             f"expanded, joined and written ({took:.1f} s)"
         )
         began = time.monotonic()
+        partitioning = self.partitioning()
+        terms = self.terms(uncounted, partitioning)
+        self._stage("terms", began)
+        began = time.monotonic()
         tables = self.aggregate(occ, {v.name: v.subject for v in versions})
+        moves = self.handovers(occ, terms, partitioning)
         self._stage("aggregates", began)
         extra = {
             "window": {
@@ -152,6 +169,12 @@ class Audit:
             "input": stats,
             "expected_from": schedules_source,
             "jobs": len({v.name for v in versions}),
+            "handovers": summaries.handover_summary(
+                partitioning,
+                self.options.handover_margin,
+                to_us(self.window.end) - to_us(self.window.start),
+                moves,
+            ),
         }
         doc = summaries.build(
             self.window.day.isoformat(),
@@ -168,6 +191,7 @@ class Audit:
             f"subject(s) ({self.stages['aggregates']:.1f} s); SLO "
             + ("ok" if doc["slo"]["ok"] else f"BREACHED by {len(doc['slo']['breaches'])}")
         )
+        self.progress(_handover_line(doc["handovers"]))
         run = {
             "date": doc["date"],
             "input": self.options.source.display,
@@ -204,16 +228,68 @@ class Audit:
             self.progress(f"schedules: skipped: {error}")
         return [JobVersion.of_job(job) for job in loaded.jobs], str(opts.schedules_dir)
 
-    def read(self, observation: Any) -> Any:
-        """The usable in-window records, counted on the way (the log is scanned once, by the
-        occurrences stage)."""
+    def read(self, observation: Any) -> tuple[Any, Any]:
+        """The usable in-window records, counted on the way by the occurrences stage (the
+        log's full scan), and the same records uncounted, for the terms stage (a second scan,
+        of the columns it needs)."""
         from pyspark.sql import functions as F
 
         parallelism = self.spark.sparkContext.defaultParallelism
         raw = read_log(self.spark, self.options.source, self.window, max(4, 2 * parallelism))
+        usable = F.col("problem").isNull() & in_window(self.window)
         counted = raw.observe(observation, *_observed(self.window))
-        usable = counted.filter(F.col("problem").isNull() & in_window(self.window))
-        return usable.drop("problem", "refusal")
+        return (
+            counted.filter(usable).drop("problem", "refusal"),
+            raw.filter(usable).drop("problem", "refusal"),
+        )
+
+    def partitioning(self) -> Partitioning:
+        """The partition count deliveries are assigned by: --partitions, else the database's
+        `partitioning` row (JDBC), else 1."""
+        opts = self.options
+        if opts.partitions is not None:
+            return Partitioning(opts.partitions, "--partitions")
+        if opts.source.jdbc and (recorded := read_partitions(self.spark, opts.source)):
+            return Partitioning(recorded, "partitioning table")
+        return Partitioning()
+
+    def terms(self, log: Any, partitioning: Partitioning) -> Any:
+        """The terms that fired each partition, written to `terms/` and read back: a small
+        table every handover aggregate starts from, so the log is read once more, not once
+        per aggregate."""
+        path = self.options.out.path("terms")
+        frame = handovers.terms(log, partitioning.count)
+        frame.coalesce(1).write.mode("overwrite").parquet(path)
+        return self.spark.read.parquet(path)
+
+    def handovers(
+        self, occ: Any, terms: Any, partitioning: Partitioning
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The handovers (all of them to `handovers/`), their counts, the faults near them and
+        the first `LISTED_HANDOVERS`, as rows for `summary.handover_summary`."""
+        from pyspark.sql import functions as F
+
+        steps = handovers.handovers(terms)
+        hoods = handovers.neighbourhoods(steps, self.options.handover_margin, self.window)
+        faults = handovers.faults(occ, partitioning.count)
+        path = self.options.out.path("handovers")
+        table = handovers.per_handover(steps, faults, hoods)
+        table.coalesce(1).write.mode("overwrite").parquet(path)
+        written = self.spark.read.parquet(path)
+        listed = written.orderBy("first_fired_at", *handovers.HANDOVER).limit(LISTED_HANDOVERS)
+        listed = listed.withColumn("last_fired_us", F.unix_micros("last_fired_at")).withColumn(
+            "first_fired_us", F.unix_micros("first_fired_at")
+        )
+        work = {
+            "listed": listed,
+            "counts": handovers.counts(terms, written),
+            "hours": handovers.per_hour(written),
+            "faults": handovers.fault_counts(faults, hoods),
+            "covered": handovers.covered(hoods),
+        }
+        with ThreadPoolExecutor(3, thread_name_prefix="handovers") as pool:
+            futures = {name: pool.submit(frame.collect) for name, frame in work.items()}
+            return {name: [r.asDict() for r in f.result()] for name, f in futures.items()}
 
     def unfired(self) -> Any:
         if not self.options.source.jdbc:
@@ -247,6 +323,19 @@ class Audit:
         with ThreadPoolExecutor(3, thread_name_prefix="aggregate") as pool:
             futures = {name: pool.submit(job) for name, job in work.items()}
             return {name: future.result() for name, future in futures.items()}
+
+
+def _handover_line(block: dict[str, Any]) -> str:
+    """The progress line of the handover stage."""
+    near = block["near"]
+    late = f"late {near['late']['near']:,} of {near['late']['all']:,}"
+    missed = f"missed {near['missed']['near']:,} of {near['missed']['all']:,}"
+    return (
+        f"handovers: {block['count']:,} over {block['partitions']:,} partition(s) "
+        f"({block['moves']:,} moved, {block['term_restarts']:,} term restarts, "
+        f"{block['suspect']:,} suspect); {late}, {missed} due within "
+        f"{near['margin_seconds']:g} s of one"
+    )
 
 
 _PROBLEMS = (

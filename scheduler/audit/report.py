@@ -1,9 +1,11 @@
 """`report.html`: one self-contained page a person reads in the morning.
 
 The SLO verdict first (a summary: breaches per kind, the worst ten, the rest folded away), then
-the totals and the worst offenders, lateness over the day and its distribution
-(matplotlib PNGs embedded as data URIs), a table per schedule, per subject and per hour, and the
-audit's own inputs. No external assets: the file can be mailed or archived as it is.
+the totals and the worst offenders, lateness over the day (handovers marked) and its
+distribution (matplotlib PNGs embedded as data URIs), the handovers and the faults near them,
+a table per schedule, per subject and per hour, and the audit's own inputs. No external
+assets: the file can be mailed or archived as it is. Tables and numbers: `markup`; the
+handovers' section: `handover_report`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import itertools
 from html import escape
 from typing import Any
 
+from scheduler.audit import handover_report
+from scheduler.audit.markup import table as _table
 from scheduler.audit.summary import BUCKETS
 
 WORST = 10
@@ -25,6 +29,7 @@ h1{margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px solid #ddd}
 .verdict ol,.verdict ul{margin:.3em 0;padding-left:1.4em} .verdict summary{cursor:pointer}
 .kinds{display:flex;flex-wrap:wrap;gap:.3em 1.2em;list-style:none;padding:0!important}
 .ok{background:#e6f4ea;border:1px solid #8bc79b} .bad{background:#fdecea;border:1px solid #e59a93}
+.note{padding:.5em .8em;border-radius:6px}
 .scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;margin:.5em 0;font-size:13px}
 th,td{padding:3px 9px;border-bottom:1px solid #eee;text-align:right}
@@ -53,6 +58,7 @@ def render(summary: dict[str, Any], run: dict[str, Any]) -> str:
         _img(_plot_series(run.get("series") or [], summary)),
         "<h2>Lateness distribution</h2>",
         _img(_plot_histogram(run.get("histogram") or [])),
+        handover_report.section(summary),
         "<h2 id='schedules'>Schedules</h2>",
         _schedule_table(summary),
         "<h2 id='subjects'>Subjects</h2>",
@@ -138,32 +144,6 @@ def _breach_list(tag: str, names: list[str], reasons: dict[str, list[str]]) -> s
         f"<li><b>{escape(name)}</b>: {escape('; '.join(reasons[name]))}</li>" for name in names
     )
     return f"<{tag}>{items}</{tag}>"
-
-
-def _num(value: Any) -> str:
-    if value is None:
-        return "<span class='muted'>-</span>"
-    if isinstance(value, float):
-        return f"{value:,.1f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return escape(str(value))
-
-
-def _table(headers: list[str], rows: list[list[Any]], breach: list[bool] | None = None) -> str:
-    head = "".join(
-        f"<th class='l'>{escape(h)}</th>" if i == 0 else f"<th>{escape(h)}</th>"
-        for i, h in enumerate(headers)
-    )
-    body = []
-    for index, row in enumerate(rows):
-        cls = " class='breach'" if breach and breach[index] else ""
-        cells = "".join(
-            f"<td class='l'>{escape(str(v))}</td>" if i == 0 else f"<td>{_num(v)}</td>"
-            for i, v in enumerate(row)
-        )
-        body.append(f"<tr{cls}>{cells}</tr>")
-    return f"<div class='scroll'><table><tr>{head}</tr>{''.join(body)}</table></div>"
 
 
 def _late_cells(entry: dict[str, Any]) -> list[Any]:
@@ -272,6 +252,7 @@ def _inputs(summary: dict[str, Any], run: dict[str, Any]) -> str:
         ["invalid records", invalid],
         ["expected occurrences from", summary["expected_from"]],
         ["jobs", f"{summary['jobs']:,}"],
+        *handover_report.input_rows(summary),
         ["late above", f"{summary['slo']['late_ms']} ms"],
         ["percentiles", summary["percentiles"]],
         ["Spark", f"{run.get('spark')} on {run.get('master')}"],
@@ -325,6 +306,9 @@ def _plot_series(series: list[dict[str, Any]], summary: dict[str, Any]) -> str |
     for key, width, alpha in (("max", 0.7, 0.5), ("p99", 0.9, 0.9), ("p50", 0.9, 0.9)):
         values = [max(row[key], 0.1) for row in series]
         ax.plot(hours, values, label=key, linewidth=width, alpha=alpha)
+    for index, at in enumerate(handover_report.hours_from_start(summary)):
+        label = "handover" if index == 0 else None
+        ax.axvline(at, color="grey", linestyle=":", linewidth=0.8, alpha=0.7, label=label)
     ax.axhline(
         summary["slo"]["lateness_p99_ms"],
         color="red",

@@ -1,7 +1,7 @@
-"""The drift audit's report.html with ~200 breaches in headless Chromium at 1,280 and 390 px:
-the verdict is a summary (counts per kind, the worst ten, the rest folded), the totals are on
-the first screens, and nothing makes the page scroll sideways. No Spark: the report renders
-from the summary the job would build (`summary.build`), as the job does."""
+"""The drift audit's report.html with ~200 breaches and 40 handovers in headless Chromium at 1,280
+and 390 px: the verdict is a summary (counts per kind, the worst ten, the rest folded), the
+totals are on the first screens, and nothing makes the page scroll sideways. No Spark: the
+report renders from the summary the job would build (`summary.build`), as the job does."""
 
 from __future__ import annotations
 
@@ -68,7 +68,37 @@ def breaching_summary() -> dict[str, Any]:
         "jobs": SCHEDULES,
     }
     kinds = [{"kind": "cron", **row("", "", missed=400)}, {"kind": "delayed", **row("", "")}]
-    return build("2026-11-21", Slo(), schedules, subjects, kinds, extra)
+    return build("2026-11-21", Slo(), schedules, subjects, kinds, extra | {"handovers": moves()})
+
+
+def moves() -> dict[str, Any]:
+    """40 handovers among 64 partitions between engines with pod-length names, one suspect."""
+    engine = "mq-scheduler-engine-7f9c8d6b5-x2k4p-europe-west-{}".format
+    listed = [
+        {"partition": i, "from_instance": engine(i % 3), "from_epoch": 1000 + i}
+        | {"last_fired_at": f"2026-11-21T{i % 24:02d}:00:00.000Z", "to_instance": engine(i % 5)}
+        | {"to_epoch": 2000 + i, "first_fired_at": f"2026-11-21T{i % 24:02d}:00:03.500Z"}
+        | {"gap_ms": 3500, "moved": i % 2 == 0, "suspect": i == 7, "late_near": i}
+        | {"missed_near": 1, "doubled_near": 0}
+        for i in range(40)
+    ]
+    near = {f: {"near": 40, "all": 400} for f in ("late", "missed", "doubled")}
+    return {
+        "partitions": 64,
+        "partitions_from": "partitioning table",
+        "count": 40,
+        "leader_changes": None,
+        "moves": 20,
+        "term_restarts": 20,
+        "suspect": 1,
+        "terms": 41,
+        "unattributed": 12,
+        "gap_ms": {"p50": 3500, "max": 3500},
+        "per_hour": {f"2026-11-21T{h:02d}:00Z": 2 for h in range(20)},
+        "near": {"margin_seconds": 10.0, "share_of_time": 0.000163} | near,
+        "list": listed,
+        "unlisted": 0,
+    }
 
 
 RUN = {

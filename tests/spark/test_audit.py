@@ -195,10 +195,14 @@ def test_p99_above_the_slo_is_a_breach_with_its_reason(spark: Any, tmp_path: Pat
         (["--date", "2026-11-21", "--input", "/nonexistent/log"], "does not exist"),
         (["--date", "2026-11-21", "--late-ms", "-5"], "--late-ms: must not be negative"),
         (["--date", "2026-11-21", "--from", "2026-11-22T01:00Z"], "--from: "),
+        (["--date", "2026-11-21", "--partitions", "0"], "--partitions: 0 is not between 1 and"),
+        (["--date", "2026-11-21", "--partitions", "4097"], "--partitions: 4097 is not between"),
+        (["--date", "2026-11-21", "--handover-margin", "soon"], "--handover-margin: 'soon' is"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args: list[str], message: str, tmp_path: Path) -> None:
-    """An unknown date format, a missing path or a bad number exits 2 with one line naming it."""
+    """An unknown date format, a missing path, a bad number, a partition count out of range or
+    a margin that is no duration exits 2 with one line naming it."""
     (tmp_path / "schedules").mkdir()
     (tmp_path / "log.jsonl").write_text("")
     base = {"--input": str(tmp_path / "log.jsonl"), "--schedules": str(tmp_path / "schedules")}

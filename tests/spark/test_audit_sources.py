@@ -9,6 +9,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from scheduler.audit.expected import to_us
@@ -96,12 +97,21 @@ HISTORY_JOBS = [
 ]
 
 
+async def execute(dsn: str, sql: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
 def test_jdbc_reads_fire_log_history_and_unfired_tasks_over_tcp(
     spark: Any, tcp_database: str, tmp_path: Path
 ) -> None:
     """Through JDBC (PostgreSQL over TCP): counts and percentiles equal the planted truth, jobs
     added, removed and paused mid-day expect only their hours from schedule_history (not the
-    YAML), and tasks still pending or claimed are overdue, dead and expired ones counted."""
+    YAML), tasks still pending or claimed are overdue, dead and expired ones counted, and the
+    partition count comes from the database's `partitioning` row."""
     synth = generate(
         AT.date(),
         jobs=HISTORY_JOBS,
@@ -111,6 +121,7 @@ def test_jdbc_reads_fire_log_history_and_unfired_tasks_over_tcp(
         unfired=8,
     )
     asyncio.run(load_postgres(tcp_database, synth))
+    asyncio.run(execute(tcp_database, "UPDATE partitioning SET partitions = 4"))
     stale = tmp_path / "yaml"  # what the repo holds today: it must not decide the expectations
     stale.mkdir()
     (stale / "jobs.yaml").write_text(
@@ -135,6 +146,9 @@ def test_jdbc_reads_fire_log_history_and_unfired_tasks_over_tcp(
     assert sum(overdue.values()) == 4 and summary["totals"]["delayed"]["dead"] == 2
     assert summary["totals"]["delayed"]["expired"] == 2
     assert summary["input"]["invalid"] == 0  # PostgreSQL holds only valid records
+    handovers = summary["handovers"]  # the partition count recorded by the deployment
+    assert (handovers["partitions"], handovers["partitions_from"]) == (4, "partitioning table")
+    assert (handovers["terms"], handovers["count"]) == (1, 0)  # synth's one term, epoch 7
     assert "jdbc:postgresql://127.0.0.1:" in (tmp_path / "out" / "report.html").read_text()
 
 

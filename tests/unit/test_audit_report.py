@@ -1,9 +1,13 @@
-"""report.html: verdict first, names escaped, plots embedded, the audit's inputs at the end."""
+"""report.html: verdict first, names escaped, plots embedded, the handovers, the audit's inputs at
+the end."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from scheduler.audit import handover_report
 from scheduler.audit.report import _verdict, render
 from scheduler.audit.summary import Slo, build
 
@@ -90,3 +94,78 @@ def test_many_breaches_are_summarised_worst_ten_first_the_rest_folded() -> None:
     ][::-1]
     assert "The other 15 breach(es)" in folded and "<b>slow</b>: lateness p99 1500 ms" in folded
     assert "<details>" not in _verdict(build("d", Slo(), rows[:3], [], [], extra))
+
+
+def handover(at: str, **extra: Any) -> dict[str, Any]:
+    base = {"partition": 3, "from_instance": "<i>a</i>", "from_epoch": 4, "to_instance": "b"}
+    base |= {"to_epoch": 5, "last_fired_at": "2026-11-21T05:59:58.000Z", "first_fired_at": at}
+    base |= {"gap_ms": 2500, "moved": True, "suspect": False}
+    return base | {"late_near": 3, "missed_near": 1, "doubled_near": 0} | extra
+
+
+def with_handovers(partitions: int, listed: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    doc = summary()
+    doc["handovers"] = {
+        "partitions": partitions,
+        "partitions_from": "--partitions",
+        "count": len(listed),
+        "leader_changes": len(listed) if partitions == 1 else None,
+        "moves": len(listed),
+        "term_restarts": 0,
+        "suspect": 0,
+        "terms": len(listed) + 1,
+        "unattributed": 0,
+        "gap_ms": {"p50": 2500, "max": 2500},
+        "per_hour": {"2026-11-21T06:00Z": len(listed)},
+        "near": {
+            "margin_seconds": 10.0,
+            "share_of_time": 0.0025,
+            "late": {"near": 3, "all": 4},
+            "missed": {"near": 1, "all": 1},
+            "doubled": {"near": 0, "all": 0},
+        },
+        "list": listed,
+        "unlisted": 0,
+    } | extra
+    return doc
+
+
+def test_handovers_section_says_how_many_and_whether_faults_cluster_near_them() -> None:
+    """Under P = 1 the section counts leader changes; it says how many late, missed and
+    doubled runs were due near one against the share of time near one, lists each handover
+    (instance names escaped) and marks it on the lateness plot."""
+    html = render(with_handovers(1, [handover("2026-11-21T06:00:00.500Z")]), RUN)
+    section = html[html.index("<h2 id='handovers'>") : html.index("<h2 id='schedules'>")]
+    assert "<b>1 leader change(s)</b> (P = 1, from --partitions)" in section
+    assert "(those stretches are 0.25% of the audited partition-time)" in section
+    assert "<li><b>late</b> 3 of 4</li><li><b>missed</b> 1 of 1</li>" in section
+    assert "&lt;i&gt;a&lt;/i&gt; (epoch 4)" in section and "<i>a</i>" not in section
+    assert "<td class='l'>2026-11-21T06:00:00.500Z</td><td>3</td>" in section
+    assert "suspect" not in section and "<details>" not in section
+    assert "<td class='l'>partitions</td><td class='l'>1 (--partitions)</td>" in html
+    assert handover_report.hours_from_start(with_handovers(1, [handover("2026-11-21T06:30Z")])) == [
+        6.5
+    ]
+
+
+def test_many_handovers_over_partitions_are_folded_and_suspect_ones_flagged() -> None:
+    """Under P > 1 the section counts handovers of partitions; more than twenty are folded
+    away, suspect ones are called out and their rows marked; too many are not plotted."""
+    listed = [handover(f"2026-11-21T06:{m:02d}:00.000Z") for m in range(25)]
+    listed[0]["suspect"] = True
+    doc = with_handovers(64, listed, suspect=1, count=250, unlisted=225)
+    html = render(doc, RUN)
+    section = html[html.index("<h2 id='handovers'>") : html.index("<h2 id='schedules'>")]
+    assert "<b>250 handover(s)</b> of a partition among P = 64" in section
+    assert "1 suspect handover(s)" in section and "<tr class='breach'>" in section
+    assert "<details><summary>All 25 listed handovers</summary>" in section
+    assert "225 more in the handovers table (Parquet)" in section
+    assert handover_report.hours_from_start(doc) == []  # 250 > MARKED
+    three = handover_report.hours_from_start(with_handovers(64, listed[:3]))
+    assert three == pytest.approx([6.0, 6.0 + 1 / 60, 6.0 + 2 / 60])
+
+
+def test_a_summary_without_handovers_renders_without_the_section() -> None:
+    """A summary written before handovers were counted renders as before."""
+    html = render(summary(), RUN)
+    assert "id='handovers'" not in html and "<td class='l'>partitions</td>" not in html

@@ -1,10 +1,18 @@
-"""summary.json of the drift audit: the design's fields, the SLO verdict and its reasons."""
+"""summary.json of the drift audit: the design's fields, the SLO verdict and its reasons, the
+handovers' block."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from scheduler.audit.summary import Slo, build
+from scheduler.audit.summary import (
+    LISTED_HANDOVERS,
+    Partitioning,
+    Slo,
+    build,
+    handover_summary,
+)
 
 
 def row(key: str, **counts: Any) -> dict[str, Any]:
@@ -65,3 +73,64 @@ def test_jobs_without_runs_are_listed_as_zeros() -> None:
     assert doc["schedules"]["idle"]["subject"] == "mq.idle"
     assert doc["schedules"]["idle"]["lateness_ms"]["p99"] is None
     assert doc["slo"]["ok"] is True
+
+
+US = 1_000_000
+T0 = 1_795_219_200 * US  # 2026-11-21T00:00:00Z
+DAY_US = 86_400 * US
+
+
+def handover_row(partition: int, at_s: int, **extra: Any) -> dict[str, Any]:
+    base = {"partition": partition, "from_instance": "a", "from_epoch": 1, "to_instance": "b"}
+    base |= {"to_epoch": 2, "last_fired_us": T0 + (at_s - 3) * US, "first_fired_us": T0 + at_s * US}
+    return base | {"gap_ms": 3000, "moved": True, "suspect": False, "late_near": 1} | extra
+
+
+def handover_tables(listed: list[dict[str, Any]], **counts: Any) -> dict[str, Any]:
+    count_row = {"handovers": len(listed), "moves": 1, "suspect": 0, "terms": 3}
+    count_row |= {"unattributed": 2, "gap_p50_ms": 1500.0, "gap_max_ms": 3000} | counts
+    return {
+        "counts": [count_row],
+        "faults": [{"late": 10, "missed": 4, "doubled": 0, "late_near": 7, "missed_near": 4}],
+        "covered": [{"covered_us": 864 * US}],
+        "hours": [{"hour_us": T0 + 3600 * US, "handovers": len(listed)}],
+        "listed": listed,
+    }
+
+
+def test_handover_block_under_one_partition_counts_leader_changes() -> None:
+    """Under P = 1 every handover is a leader change; moves and term restarts split them, the
+    share of time near a handover is the covered partition-time over P x the window, and
+    each listed handover carries its times as RFC 3339 and the faults near it."""
+    listed = [handover_row(0, 3605), handover_row(0, 3700, moved=False, to_instance="a")]
+    block = handover_summary(Partitioning(), timedelta(seconds=10), DAY_US, handover_tables(listed))
+    assert (block["partitions"], block["partitions_from"]) == (1, "default")
+    assert (block["count"], block["leader_changes"]) == (2, 2)
+    assert (block["moves"], block["term_restarts"], block["suspect"]) == (1, 1, 0)
+    assert (block["terms"], block["unattributed"]) == (3, 2)
+    assert block["gap_ms"] == {"p50": 1500, "max": 3000}
+    assert block["per_hour"] == {"2026-11-21T01:00Z": 2}
+    assert block["near"] == {
+        "margin_seconds": 10.0,
+        "share_of_time": 0.01,
+        "late": {"near": 7, "all": 10},
+        "missed": {"near": 4, "all": 4},
+        "doubled": {"near": 0, "all": 0},
+    }
+    first = block["list"][0]
+    assert first["last_fired_at"] == "2026-11-21T01:00:02.000Z"
+    assert first["first_fired_at"] == "2026-11-21T01:00:05.000Z"
+    assert (first["late_near"], first["missed_near"], first["moved"]) == (1, 0, True)
+    assert block["unlisted"] == 0
+
+
+def test_handover_block_over_partitions_has_no_leader_and_lists_the_first_thousand() -> None:
+    """Under P > 1 nobody leads alone (leader_changes is null), the share of time is over
+    P partitions, and past LISTED_HANDOVERS handovers the rest are counted, not listed."""
+    listed = [handover_row(i % 8, 60 + i) for i in range(LISTED_HANDOVERS + 5)]
+    tables = handover_tables(listed, moves=LISTED_HANDOVERS + 5)
+    block = handover_summary(Partitioning(8, "--partitions"), timedelta(0), DAY_US, tables)
+    assert block["leader_changes"] is None and block["count"] == LISTED_HANDOVERS + 5
+    assert len(block["list"]) == LISTED_HANDOVERS and block["unlisted"] == 5
+    assert block["near"]["share_of_time"] == 0.00125
+    assert block["term_restarts"] == 0
