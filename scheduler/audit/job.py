@@ -154,11 +154,7 @@ class Audit:
         )
         began = time.monotonic()
         partitioning = self.partitioning()
-        terms = self.terms(uncounted, partitioning)
-        self._stage("terms", began)
-        began = time.monotonic()
-        tables = self.aggregate(occ, {v.name: v.subject for v in versions})
-        moves = self.handovers(occ, terms, partitioning)
+        tables = self.aggregate(occ, {v.name: v.subject for v in versions}, uncounted, partitioning)
         self._stage("aggregates", began)
         extra = {
             "window": {
@@ -173,7 +169,7 @@ class Audit:
                 partitioning,
                 self.options.handover_margin,
                 to_us(self.window.end) - to_us(self.window.start),
-                moves,
+                tables["handovers"],
             ),
         }
         doc = summaries.build(
@@ -191,7 +187,7 @@ class Audit:
             f"subject(s) ({self.stages['aggregates']:.1f} s); SLO "
             + ("ok" if doc["slo"]["ok"] else f"BREACHED by {len(doc['slo']['breaches'])}")
         )
-        self.progress(_handover_line(doc["handovers"]))
+        self.progress(_handover_line(doc["handovers"], self.stages["handovers"]))
         run = {
             "date": doc["date"],
             "input": self.options.source.display,
@@ -230,8 +226,8 @@ class Audit:
 
     def read(self, observation: Any) -> tuple[Any, Any]:
         """The usable in-window records, counted on the way by the occurrences stage (the
-        log's full scan), and the same records uncounted, for the terms stage (a second scan,
-        of the columns it needs)."""
+        log's full scan), and the same records uncounted, for the handovers' terms (a second
+        scan, of the columns they need)."""
         from pyspark.sql import functions as F
 
         parallelism = self.spark.sparkContext.defaultParallelism
@@ -253,52 +249,53 @@ class Audit:
             return Partitioning(recorded, "partitioning table")
         return Partitioning()
 
-    def terms(self, log: Any, partitioning: Partitioning) -> Any:
-        """The terms that fired each partition, written to `terms/` and read back: a small
-        table every handover aggregate starts from, so the log is read once more, not once
-        per aggregate."""
-        path = self.options.out.path("terms")
-        frame = handovers.terms(log, partitioning.count)
-        frame.coalesce(1).write.mode("overwrite").parquet(path)
-        return self.spark.read.parquet(path)
-
     def handovers(
-        self, occ: Any, terms: Any, partitioning: Partitioning
+        self, log: Any, occ: Any, partitioning: Partitioning
     ) -> dict[str, list[dict[str, Any]]]:
-        """The handovers (all of them to `handovers/`), their counts, the faults near them and
-        the first `LISTED_HANDOVERS`, as rows for `summary.handover_summary`."""
-        from pyspark.sql import functions as F
-
+        """The terms that fired each partition (to `terms/`: the small table every handover
+        count starts from, so the log is read once more, not once per count), the handovers
+        (all of them to `handovers/`), their counts, the faults near them and the first
+        `LISTED_HANDOVERS`, as rows for `summary.handover_summary`. Small jobs one after
+        the other, beside the aggregates."""
+        began = time.monotonic()
+        terms = self._written("terms", handovers.terms(log, partitioning.count))
         steps = handovers.handovers(terms)
         hoods = handovers.neighbourhoods(steps, self.options.handover_margin, self.window)
-        faults = handovers.faults(occ, partitioning.count)
-        path = self.options.out.path("handovers")
-        table = handovers.per_handover(steps, faults, hoods)
-        table.coalesce(1).write.mode("overwrite").parquet(path)
-        written = self.spark.read.parquet(path)
-        listed = written.orderBy("first_fired_at", *handovers.HANDOVER).limit(LISTED_HANDOVERS)
-        listed = listed.withColumn("last_fired_us", F.unix_micros("last_fired_at")).withColumn(
-            "first_fired_us", F.unix_micros("first_fired_at")
-        )
-        work = {
-            "listed": listed,
-            "counts": handovers.counts(terms, written),
-            "hours": handovers.per_hour(written),
-            "faults": handovers.fault_counts(faults, hoods),
-            "covered": handovers.covered(hoods),
-        }
-        with ThreadPoolExecutor(3, thread_name_prefix="handovers") as pool:
-            futures = {name: pool.submit(frame.collect) for name, frame in work.items()}
-            return {name: [r.asDict() for r in f.result()] for name, f in futures.items()}
+        # the late, missed and doubled runs, few: kept for the joins below instead of a scan
+        # of the occurrence table for each
+        faults = handovers.faults(occ, partitioning.count).persist()
+        try:
+            written = self._written("handovers", handovers.per_handover(steps, faults, hoods))
+            work = {
+                "listed": _first_handovers(written),
+                "counts": handovers.counts(terms, written),
+                "hours": handovers.per_hour(written),
+                "faults": handovers.fault_counts(faults, hoods),
+                "covered": handovers.covered(hoods),
+            }
+            rows = {name: [r.asDict() for r in frame.collect()] for name, frame in work.items()}
+        finally:
+            faults.unpersist()
+        self._stage("handovers", began)
+        return rows
+
+    def _written(self, name: str, frame: Any) -> Any:
+        """`frame` written to the table `name` (one file: these tables are small), read back."""
+        path = self.options.out.path(name)
+        frame.coalesce(1).write.mode("overwrite").parquet(path)
+        return self.spark.read.parquet(path)
 
     def unfired(self) -> Any:
         if not self.options.source.jdbc:
             return None
         return read_unfired(self.spark, self.options.source, self.window)
 
-    def aggregate(self, occ: Any, jobs: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    def aggregate(
+        self, occ: Any, jobs: dict[str, str], log: Any, partitioning: Partitioning
+    ) -> dict[str, Any]:
         """Every aggregate, three Spark jobs at a time (each is a scan of the occurrence table;
-        running them side by side overlaps one's planning with another's tasks)."""
+        running them side by side overlaps one's planning with another's tasks), the
+        handovers' chain of small jobs first, beside them."""
         out = self.options.out
         known = self.spark.createDataFrame(list(jobs.items()), "key string, job_subject string")
 
@@ -312,7 +309,8 @@ class Audit:
         def rows(frame: Any) -> Callable[[], list[dict[str, Any]]]:
             return lambda: [r.asDict() for r in frame.collect()]
 
-        work = {
+        work: dict[str, Callable[[], Any]] = {
+            "handovers": lambda: self.handovers(log, occ, partitioning),
             "schedules": table("schedules", with_idle_jobs(per_schedule(occ), known)),
             "subjects": table("subjects", per_subject(occ)),
             "hours": table("hours", per_hour(occ)),
@@ -325,8 +323,20 @@ class Audit:
             return {name: future.result() for name, future in futures.items()}
 
 
-def _handover_line(block: dict[str, Any]) -> str:
-    """The progress line of the handover stage."""
+def _first_handovers(written: Any) -> Any:
+    """The first `LISTED_HANDOVERS` handovers in order, with their times in µs."""
+    from pyspark.sql import functions as F
+
+    first = written.orderBy("first_fired_at", *handovers.HANDOVER).limit(LISTED_HANDOVERS)
+    return first.select(
+        "*",
+        F.unix_micros("last_fired_at").alias("last_fired_us"),
+        F.unix_micros("first_fired_at").alias("first_fired_us"),
+    )
+
+
+def _handover_line(block: dict[str, Any], seconds: float) -> str:
+    """The progress line of the handovers (their chain of jobs ran beside the aggregates)."""
     near = block["near"]
     late = f"late {near['late']['near']:,} of {near['late']['all']:,}"
     missed = f"missed {near['missed']['near']:,} of {near['missed']['all']:,}"
@@ -334,7 +344,7 @@ def _handover_line(block: dict[str, Any]) -> str:
         f"handovers: {block['count']:,} over {block['partitions']:,} partition(s) "
         f"({block['moves']:,} moved, {block['term_restarts']:,} term restarts, "
         f"{block['suspect']:,} suspect); {late}, {missed} due within "
-        f"{near['margin_seconds']:g} s of one"
+        f"{near['margin_seconds']:g} s of one ({seconds:.1f} s)"
     )
 
 
