@@ -69,7 +69,7 @@ class Engines:
             SystemClock(),
             Metrics(),
             state,
-            on_term=terms.append,
+            on_term=lambda partitions: terms.append(list(partitions)),
             **options,
         )
         stop = self.stops[instance] = asyncio.Event()
