@@ -300,6 +300,16 @@ async def fire_log_rows(pool: asyncpg.Pool, ids: Iterable[str]) -> Counter[str]:
     return Counter(r["key"] for r in rows)
 
 
+async def two_engines(own_nats: NatsServer, make_fleet: MakeFleet) -> Fleet:
+    """A fleet of two engines, e1 and e2, settled to fair shares, with the target stream."""
+    fleet = await make_fleet(own_nats.url)
+    await add_target_stream(own_nats.url)
+    fleet.start("e1")
+    fleet.start("e2")
+    await fleet.settled(["e1", "e2"])
+    return fleet
+
+
 async def test_a_killed_engine_stalls_only_its_own_partitions(
     own_nats: NatsServer, make_fleet: MakeFleet
 ) -> None:
@@ -348,11 +358,7 @@ async def test_joining_leaving_and_restarting_engines_lose_double_or_hasten_noth
     each step the map settles to fair shares, every task arrives once, none early, none was
     even published twice (a graceful move finishes its batch in flight before the keys are
     given back), and the leaver gave back every key it held rather than leave it to expire."""
-    fleet = await make_fleet(own_nats.url)
-    await add_target_stream(own_nats.url)
-    fleet.start("e1")
-    fleet.start("e2")
-    await fleet.settled(["e1", "e2"])
+    fleet = await two_engines(own_nats, make_fleet)
     async with tapped(own_nats.url) as raw:
         load = await fleet.load()
         await asyncio.sleep(1.0)
@@ -388,11 +394,7 @@ async def test_a_frozen_former_owner_delivers_and_writes_nothing_of_what_was_tak
     thaw on it publishes no task already published and commits no write of its old term (no
     fire_log row of that epoch); it comes back for its share; every task arrives once, none
     early."""
-    fleet = await make_fleet(own_nats.url)
-    await add_target_stream(own_nats.url)
-    fleet.start("e1")
-    fleet.start("e2")
-    await fleet.settled(["e1", "e2"])
+    fleet = await two_engines(own_nats, make_fleet)
     async with tapped(own_nats.url) as raw:
         load = await fleet.load()
         await asyncio.sleep(1.0)

@@ -82,3 +82,42 @@ async def test_nothing_is_read_back_when_nothing_was_lost(nats_url: str) -> None
     finally:
         await nc.close()
     assert puller.recovered == 0
+
+
+async def test_a_closing_puller_hands_back_what_the_server_sent_before_its_unsubscribe(
+    nats_url: str,
+) -> None:
+    """Two pullers share the lane's consumer (every engine's intake under P > 1) while tasks
+    flow; one closes (its engine left on SIGTERM). What the server handed its requests before
+    it took the unsubscribe arrives after `close()` began: nak'ed, it goes to the other puller
+    at once, not after the ack wait (tasks 8 s late in bench/partitions.py's rolling restart,
+    which the shared puller does not read back). Each of several rounds closes mid-flow."""
+    nc = await nats.connect(nats_url)
+    total = 0
+    try:
+        js = await _lane(nc)
+        stay = await Puller(nc, STREAM, CONSUMER, batch=100, shared=True).start()
+        for round_ in range(5):
+            leave = await Puller(nc, STREAM, CONSUMER, batch=100, shared=True).start()
+            sent = [f"r{round_}t{i}".encode() for i in range(400)]
+            total += len(sent)
+            publishing = asyncio.gather(
+                *(js.publish(f"lanerec.r{round_}.{i}", body) for i, body in enumerate(sent))
+            )
+            took = await leave.take(timeout=5, linger=0)  # the flow has begun
+            for msg in took:
+                await msg.ack()
+            await leave.close()
+            closed = time.monotonic()
+            await publishing
+            got = {m.data for m in took}
+            async with asyncio.timeout(ACK_WAIT / 3):
+                while not set(sent) <= got:
+                    for msg in await stay.take(timeout=1, linger=0):
+                        got.add(msg.data)
+                        await msg.ack()
+            assert time.monotonic() - closed < ACK_WAIT / 6, f"round {round_}"
+        await stay.close()
+    finally:
+        await nc.close()
+    assert total == 2000

@@ -48,7 +48,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, ConnectionReconnectingError, OutboundBufferLimitError
 
-from scheduler.bus.nats.wire import RecoveredMsg, message_of, raw_subscribe, status_of
+from scheduler.bus.nats.wire import (
+    RecoveredMsg,
+    forget_raw,
+    message_of,
+    raw_subscribe,
+    status_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +74,7 @@ UNSERVED_TRIES = 20
 RECOVER_MAX = 4  # batches: a larger gap is left to the ack wait (a backlog, not a loss)
 RECOVER_AT_ONCE = 64  # STREAM.MSG.GET requests in flight together
 RECOVER_TIMEOUT = 1.0  # s for each request of a recovery
+CLOSE_FLUSH = 1.0  # s for the round trip that brings in what was sent before the unsubscribe
 # s for the consumer check: take() waits for it, so a check sent to a consumer leader that does
 # not answer (frozen, electing) must not hold intake for a whole second; it is asked again
 # RECHECK_PAUSE later, and at once when the consumer is heard from again.
@@ -196,12 +203,19 @@ class Puller:
 
     async def close(self) -> None:
         """Stop pulling; messages buffered but not taken are nak'ed so they come back at once
-        (to whoever pulls next), those that arrive while the unsubscribe travels too."""
+        (to whoever pulls next), those that arrive while the unsubscribe travels too: what the
+        server handed this puller's requests before it took the unsubscribe is still on the
+        wire, and a round trip after it (`flush`) brings it in (the raw handler still takes
+        it) to be nak'ed, instead of leaving it to the ack wait. Under P > 1 nobody else reads
+        it back (a shared puller does not), so an engine leaving on SIGTERM left tasks up to
+        the ack wait late (bench/partitions.py's rolling restart, 8 s)."""
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
-            except Exception:  # connection already closed
+                await asyncio.wait_for(self.nc.flush(), CLOSE_FLUSH)
+            except Exception:  # connection already closed, or no answer: the ack wait, then
                 pass
+            forget_raw(self.nc, self._sub)
             self._sub = None
         while self._buffer:
             buffered, self._buffer = self._buffer, []

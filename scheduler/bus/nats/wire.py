@@ -258,6 +258,14 @@ async def raw_subscribe(nc: Client, subject: str, handler: RawHandler) -> Any:
     return sub
 
 
+def forget_raw(nc: Client, sub: Any) -> None:
+    """Drop an unsubscribed raw subscription's handler (`raw_subscribe`), once whatever the
+    server sent it before the unsubscribe has been taken (after a flush)."""
+    table: dict[int, RawHandler] | None = getattr(nc, "_mqs_raw", None)
+    if table is not None:
+        table.pop(getattr(sub, "_id", None), None)  # type: ignore[arg-type]
+
+
 @dataclass
 class RawMsg(Msg):
     """A nats-py `Msg` built from a raw delivery; `defect` is `(field, problem)` when its
