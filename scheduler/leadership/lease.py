@@ -97,17 +97,23 @@ class KvLease:
         if anyone wrote it since, so it decides exactly as a `create` of an absent key would.
         The read only finds the revision; the update decides. None when the key is another's
         (or gone); raises when the update is refused."""
+        revision = await self._own_revision()
+        if revision is None:
+            return None
+        self.revision = await self._kv.update(self.key, value, last=revision)
+        return self.revision
+
+    async def _own_revision(self) -> int | None:
+        """The key's current revision when its value is this process's write (its instance and
+        `run`); None when it is another's, absent (a create will do) or unreadable."""
         try:
             entry = await self._kv.get(self.key)
-        except Exception:  # absent (a create will do) or unreadable: nothing to adopt
+        except Exception:
             return None
         doc = _lease_doc(entry.value)
         if doc.get("instance") != self.instance or doc.get("run") != self.run:
             return None
-        if entry.revision is None:
-            return None
-        self.revision = await self._kv.update(self.key, value, last=entry.revision)
-        return self.revision
+        return entry.revision
 
     async def update(self, value: bytes, last: int) -> int:
         """Rewrite the key if `last` is still its revision; the new one, kept as `revision`.
@@ -168,16 +174,11 @@ class KvLease:
         except BadRequestError as exc:
             if exc.err_code != WRONG_LAST_SEQUENCE:
                 raise
-            try:
-                entry = await self._kv.get(self.key)
-            except Exception:  # gone or unreadable: the first refusal stands
-                entry = None
-            doc = _lease_doc(entry.value) if entry is not None else {}
-            ours = doc.get("instance") == self.instance and doc.get("run") == self.run
-            if entry is None or entry.revision is None or not ours:
+            revision = await self._own_revision()
+            if revision is None:  # another's, gone or unreadable: the refusal stands
                 raise
-            await self._kv.delete(self.key, last=entry.revision)
-            self._log.info("leader.lease_delete_taken_back revision=%d", entry.revision)
+            await self._kv.delete(self.key, last=revision)
+            self._log.info("leader.lease_delete_taken_back revision=%d", revision)
 
     async def holder(self) -> dict[str, Any]:
         """The lease's current value ({instance, epoch, since}), read for display only."""
