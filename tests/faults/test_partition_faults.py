@@ -316,8 +316,9 @@ async def test_a_killed_engine_stalls_only_its_own_partitions(
     """I2, I3. Three engines settle to fair shares (at most ceil(8/3) = 3 each, every key in
     its owner's term) that hold, unchanged, under a steady load; one is SIGKILLed: the two
     others settle to four each, the dead engine's partitions fire again within TTL + a campaign
-    interval + 2.5 s of the kill, the survivors' own tasks are never even half a TTL late, and
-    every task arrives once, none early."""
+    interval + 2.5 s of the kill, as do the tasks it had taken in at intake and not stored
+    (sent in the second before the kill), the survivors' other tasks are never even half a TTL
+    late, and every task arrives once, none early."""
     fleet = await make_fleet(own_nats.url)
     await add_target_stream(own_nats.url)
     names = ["e1", "e2", "e3"]
@@ -338,11 +339,23 @@ async def test_a_killed_engine_stalls_only_its_own_partitions(
     verdict, stored_at = await delivered(own_nats.url, expected, within=BOUND + 15)
     assert_clean(verdict, len(expected), fleet)
     late = {i: (at - expected[i]).total_seconds() for i, at in stored_at.items()}
-    own = max(s for i, s in late.items() if partition_of(i, P) not in its)
+    # A task of any partition whose lane message the dead engine had taken in and not stored
+    # (intake runs on every engine) waits with its partitions, until the survivors' new terms
+    # read it back: one sent in the second before the kill (seen 3.07 s late under load).
+    taken_in = {
+        i
+        for i, s in late.items()
+        if partition_of(i, P) not in its
+        and s >= TTL / 2
+        and killed_at - timedelta(seconds=1)
+        <= expected[i] - timedelta(seconds=load.ahead)
+        <= killed_at
+    }
+    own = max(s for i, s in late.items() if partition_of(i, P) not in its and i not in taken_in)
     # the dead engine's tasks: stored how long after their due time, or after the kill for
     # one due (claimed, unsent) before it
     waited = {i: (at - max(expected[i], killed_at)).total_seconds() for i, at in stored_at.items()}
-    orphans = max(w for i, w in waited.items() if partition_of(i, P) in its)
+    orphans = max(w for i, w in waited.items() if partition_of(i, P) in its or i in taken_in)
     report = f"survivors' tasks <= {own:.2f} s late, the dead one's waited <= {orphans:.2f} s"
     assert own < TTL / 2, report
     assert orphans < TTL + CAMPAIGN + 2.5, report
