@@ -747,6 +747,7 @@ def windows(
         lo, hi = ev["at"] - BEFORE, ev["settled_at"] + AFTER
         own_parts = set(ev.get("partitions", ()))
         groups: dict[str, list[float]] = {"all": [], "own": [], "others": []}
+        late_others: dict[float, list[float]] = {}  # due (0.25 s buckets from the fault) -> late
         for t, due in dues.items():
             if lo <= due <= hi and t in tasks.seen:
                 stored, d = tasks.seen[t][0]
@@ -755,12 +756,19 @@ def windows(
                 if own_parts:
                     mine = partition_of(t, partitions) in own_parts
                     groups["own" if mine else "others"].append(late)
+                    if not mine and late > TARGETS["others_p99_ms"]:
+                        bucket = math.floor((due - ev["at"]) * 4) / 4
+                        late_others.setdefault(bucket, []).append(late)
         w = {"event": ev["event"], "engine": ev["engine"], "due_from_s_before": BEFORE,
              "due_until_s_after_settled": AFTER, "all": spread(groups["all"])}  # fmt: skip
         if own_parts:
             w["others"] = spread(groups["others"])
             w["own"] = spread(groups["own"])
             w["own_longest_wait_s"] = round(max(groups["own"], default=0.0) / 1000, 3)
+            # when the others' late tasks were due (s from the fault): [from, count, max ms]
+            w["others_late_by_due"] = [
+                [b, len(v), round(max(v), 1)] for b, v in sorted(late_others.items())
+            ]
         out.append(w)
     return out
 
