@@ -179,8 +179,11 @@ class LaneClient(FakeClient):
                 raise TimeoutError
             return _Reply(json.dumps(self.info).encode())
         assert subject == "$JS.API.STREAM.MSG.GET.S"
-        seq = json.loads(payload)["seq"]
+        ask = json.loads(payload)
+        seq = ask["seq"]
         self.gets.append(seq)
+        if ask.get("next_by_subj") == ">":  # the first stored at or after `seq`
+            seq = min((s for s in self.stored if s >= seq), default=seq)
         if seq not in self.stored:
             return _Reply(b'{"error": {"code": 404, "description": "no message found"}}')
         body = {
@@ -271,6 +274,28 @@ async def test_a_new_puller_reads_back_what_a_previous_holder_left_unacknowledge
     _deliver_seqs(p, [(9, 12)])  # handed to this puller after it started
     found = await p._recover()
     assert [m.data for m in found] == [b"eight", b"ten"] and nc.gets == [8, 10]
+
+
+async def test_a_read_back_costs_a_read_per_message_still_stored_not_per_sequence(
+    now: list[float],
+) -> None:
+    """After a kill the range between the ack floor and the last delivery spans every engine's
+    deliveries since the oldest unacknowledged one, mostly acknowledged and gone from the work
+    queue: 300 sequences holding 3 messages are read with at most a read per segment and
+    one per message found, not 300 reads (1.2 s for 1,762 on a busy host)."""
+    nc = LaneClient({105: b"a", 106: b"b", 390: b"c", 450: b"beyond"})
+    nc.info = {
+        "delivered": {"consumer_seq": 400, "stream_seq": 400},
+        "ack_floor": {"stream_seq": 100},
+        "num_ack_pending": 3,
+    }
+    p = make(nc, now)
+    p._fresh = True
+    found = await p._recover()
+    assert [m.data for m in found] == [b"a", b"b", b"c"]
+    assert [m.metadata.sequence.stream for m in found] == [105, 106, 390]
+    assert len(nc.gets) <= puller_module.RECOVER_AT_ONCE + 3
+    assert p.recovered == 3
 
 
 async def test_a_gap_larger_than_a_few_batches_is_left_to_the_ack_wait(now: list[float]) -> None:
