@@ -429,3 +429,27 @@ async def test_a_shared_puller_reads_back_nothing_the_others_were_handed(
     now[0] += puller_module.RECHECK_AFTER
     await p.take(timeout=0, linger=0)
     assert nc.gets == [] and p.recovered == 0
+
+
+async def test_a_shared_puller_reads_back_sooner_after_it_starts(
+    now: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new term's shared puller (P > 1) looks for what a killed engine was handed after
+    SHARED_FRESH_CHECK, not RECHECK_AFTER: those tasks are a lease TTL late already, and the
+    other engines' deliveries in flight are there whenever it looks."""
+
+    async def subscribe(nc: Any, subject: str, handler: Any) -> object:
+        return object()
+
+    monkeypatch.setattr(puller_module, "raw_subscribe", subscribe)
+    waits = {}
+    for shared in (False, True):
+        nc = FakeClient()
+        nc.new_inbox = lambda: "_INBOX.x"  # type: ignore[attr-defined]
+        p = Puller(nc, "S", "C", batch=100, shared=shared)  # type: ignore[arg-type]
+        await p.start()
+        assert p._fresh and p._check_at is not None and nc.sent  # asked for messages at once
+        waits[shared] = p._check_at - now[0]
+    assert waits[False] == pytest.approx(puller_module.RECHECK_AFTER)
+    assert waits[True] == pytest.approx(puller_module.SHARED_FRESH_CHECK)
+    assert puller_module.SHARED_FRESH_CHECK < puller_module.RECHECK_AFTER

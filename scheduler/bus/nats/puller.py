@@ -64,6 +64,7 @@ HEARTBEAT = 0.5  # s between the server's idle heartbeats (nats.go's floor; <= e
 MISSED_HEARTBEATS = 2  # heartbeats of silence after which the requests are taken as lost
 NO_LEADER_PAUSE = 0.1  # s before asking again after a 503
 RECHECK_AFTER = 0.5  # s after a reconnect, silence or leader change before asking the consumer
+SHARED_FRESH_CHECK = 0.1  # s after a shared puller starts before its read-back (P > 1)
 # Consumer checks without an answer (the consumer elects a leader: 4-9 s) before the gaps are
 # left to the ack wait, RECHECK_PAUSE apart: about the ack wait itself.
 RECHECK_TRIES = 40
@@ -133,9 +134,12 @@ class Puller:
     async def start(self) -> Puller:
         # What a previous holder was handed and did not acknowledge is read back RECHECK_AFTER
         # from now (acks still on their way from a term that just ended have landed by then),
-        # leaving out what this puller was handed meanwhile.
+        # leaving out what this puller was handed meanwhile. A shared puller's read-back finds
+        # the other engines' deliveries in flight whenever it looks (stored twice, harmlessly:
+        # intake skips a stored id), so it looks sooner: a killed engine's batch in flight is
+        # what it is for, and those tasks are already a lease TTL late.
         self._fresh = True
-        self._recheck()
+        self._recheck(SHARED_FRESH_CHECK if self.shared else RECHECK_AFTER)
         self._inbox = self.nc.new_inbox()
         self._sub = await raw_subscribe(self.nc, self._inbox, self._on_raw)
         self._reconnects = self.nc.stats["reconnects"]
@@ -242,9 +246,9 @@ class Puller:
             self._heard = time.monotonic()
             self._recheck()
 
-    def _recheck(self) -> None:
-        """Ask the consumer what it delivered `RECHECK_AFTER` from now (unless asked sooner)."""
-        at = time.monotonic() + RECHECK_AFTER
+    def _recheck(self, after: float = RECHECK_AFTER) -> None:
+        """Ask the consumer what it delivered `after` s from now (unless asked sooner)."""
+        at = time.monotonic() + after
         self._check_at = at if self._check_at is None else min(self._check_at, at)
 
     async def _recover(self) -> list[Msg]:
