@@ -453,3 +453,32 @@ async def test_a_shared_puller_reads_back_sooner_after_it_starts(
     assert waits[False] == pytest.approx(puller_module.RECHECK_AFTER)
     assert waits[True] == pytest.approx(puller_module.SHARED_FRESH_CHECK)
     assert puller_module.SHARED_FRESH_CHECK < puller_module.RECHECK_AFTER
+
+
+async def test_a_shared_puller_asks_for_a_small_window_that_grows_with_a_backlog(
+    now: list[float],
+) -> None:
+    """Under P > 1 a puller asks for SHARED_WINDOW messages while the lane flows steadily (a
+    killed engine holds no more than that unstored), twice what came in while takes come back
+    full (a backlog drains in large batches), up to the batch, and falls back as they shrink.
+    A puller of its own (P = 1) always asks for the whole batch."""
+    nc = FakeClient()
+    p = Puller(nc, "S", "C", batch=100, expires=5.0, shared=True)  # type: ignore[arg-type]
+    p._heard = now[0]
+    await p._top_up()  # as start() asks
+    assert [r["batch"] for r in nc.sent] == [puller_module.SHARED_WINDOW]
+    _deliver(p, 32)
+    assert len(await p.take(timeout=0, linger=0)) == 32
+    assert p.window == 64 and nc.sent[-1]["batch"] == 64
+    _deliver(p, 64)
+    assert len(await p.take(timeout=0, linger=0)) == 64
+    assert p.window == 100 and nc.sent[-1]["batch"] == 100  # never past the batch
+    _deliver(p, 3)
+    await p.take(timeout=0, linger=0)
+    assert p.window == puller_module.SHARED_WINDOW
+    alone = FakeClient()
+    q = make(alone, now)
+    await q._top_up()
+    _deliver(q, 3)
+    await q.take(timeout=0, linger=0)
+    assert q.window == 100 and [r["batch"] for r in alone.sent] == [100]

@@ -75,6 +75,12 @@ UNSERVED_TRIES = 20
 RECOVER_MAX = 4  # batches: a larger gap is left to the ack wait (a backlog, not a loss)
 RECOVER_AT_ONCE = 64  # STREAM.MSG.GET requests in flight together (segments walked at once)
 RECOVER_TIMEOUT = 1.0  # s for each request of a recovery
+# Messages a shared puller (P > 1) asks for while the lane flows steadily: what a dead engine
+# was handed and had not stored waits for the survivors' read-back, a lease TTL later (46 such
+# tasks, 1.3 % of the others', in a kill run of bench/partitions.py on a loaded host, when each
+# engine asked for a whole batch). The window doubles while takes come back full (a backlog)
+# up to the batch, and falls back as they shrink.
+SHARED_WINDOW = 32
 CLOSE_FLUSH = 1.0  # s for the round trip that brings in what was sent before the unsubscribe
 # s for the consumer check: take() waits for it, so a check sent to a consumer leader that does
 # not answer (frozen, electing) must not hold intake for a whole second; it is asked again
@@ -105,6 +111,7 @@ class Puller:
         self.shared = shared
         self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self.batch = batch
+        self.window = min(batch, SHARED_WINDOW) if shared else batch  # most asked for at once
         self.expires = expires
         self._buffer: list[Msg] = []
         self._arrived = asyncio.Event()
@@ -427,8 +434,8 @@ class Puller:
 
     async def _top_up(self) -> None:
         self._forget_lost_requests()
-        want = self.batch - self._requested
-        if want < self.batch // 2 or not self.nc.is_connected:
+        want = self.window - self._requested
+        if want < self.window // 2 or not self.nc.is_connected:
             return  # enough asked for; or disconnected: ask again once connected
         if time.monotonic() < self._retry_at:
             return  # the consumer had no leader a moment ago: the pause is not over
@@ -475,6 +482,9 @@ class Puller:
             if wait > 0:
                 await asyncio.sleep(wait)
         out, self._buffer = self._buffer[:most], self._buffer[most:]
+        if self.shared:  # ask for about twice what came in since the last take, within bounds
+            came = len(out) + len(self._buffer)
+            self.window = min(self.batch, max(SHARED_WINDOW, 2 * came))
         await self._top_up()
         return out
 
