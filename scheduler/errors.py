@@ -61,6 +61,15 @@ class FencedError(SchedulerError, RuntimeError):
         self.epoch = epoch
 
 
+class EnginesRunningError(SchedulerError, RuntimeError):
+    """A change that needs every engine stopped (`scheduler partitions set`) found signs of a
+    running one; `signs` says which (lease keys held, fresh heartbeats)."""
+
+    def __init__(self, signs: str) -> None:
+        super().__init__(f"engines look alive ({signs})")
+        self.signs = signs
+
+
 class ServiceUnavailableError(SchedulerError, ConnectionError):
     """A backing service (NATS or PostgreSQL) could not be reached within the retry budget."""
 

@@ -6,8 +6,9 @@ the first four bytes of the SHA-256 digest of the key's UTF-8 bytes, read big-en
 (Python's `hash()` is salted per process, so two engines would disagree). Every stored row
 keeps the partition it got under the deployment's P, so the rule may never change under a
 deployment: tests/unit/test_partitions.py pins its values. SHA-256 because PostgreSQL computes
-it too (`sha256(convert_to(key, 'UTF8'))`, also in FIPS mode, where `md5()` fails), so a later
-statement that moves rows to a new P can do it in SQL.
+it too (`sha256(convert_to(key, 'UTF8'))`, also in FIPS mode, where `md5()` fails), so the
+statement that moves rows to a new P does it in SQL (`scheduler partitions set`,
+scheduler/store/postgres/repartition.py).
 
 P = 1 (every row in partition 0) is one leader, as before; under P > 1 each engine holds a
 fair share of the partitions (scheduler/leadership/partitioned.py). What exists, and what is

@@ -148,7 +148,7 @@ class Settings(BaseSettings):
     batch: int = Field(default=1000, ge=1, le=100_000)
     # the deployment's partition count (scheduler/partitions.py), recorded in PostgreSQL by
     # migration 0022; an engine started with another count refuses to start
-    # (store/postgres/partitioning.py). Only 1 runs today: ownership per partition is to come
+    # (store/postgres/partitioning.py); `scheduler partitions set` changes the recorded count
     partitions: int = Field(default=1, ge=1, le=MAX_PARTITIONS)
     max_attempts: int = Field(default=5, ge=1, le=1000)
     backoff: Duration = timedelta(seconds=1)

@@ -173,6 +173,9 @@ def _parser() -> argparse.ArgumentParser:
     prov = sub.add_parser("provision", help="create the NATS streams and buckets; --replicas N")
     provision.configure(prov)
     prov.set_defaults(func=provision.cmd_provision)
+    from scheduler.cli import partitions
+
+    partitions.register(sub)  # partitions set: a new partition count, engines stopped
     return parser
 
 

@@ -19,8 +19,8 @@ from scheduler.bus.nats.replicas import move_replicas, provisioned_streams
 from scheduler.settings import Settings
 
 
-class _Quiet:
-    """The bus's events, unused by a one-shot command."""
+class QuietBus:
+    """The bus's events, unused by a one-shot command (this one and `partitions set`)."""
 
     def nats_link(self, up: bool) -> None:
         """Nothing to report: the command fails on its own calls."""
@@ -72,7 +72,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
 async def provision_replicas(settings: Settings) -> list[str]:
     """Create what is missing, then move every provisioned stream and bucket to
     `settings.stream_replicas`; a line per stream or bucket."""
-    bus = NatsBus(settings, _Quiet(), "provision")
+    bus = NatsBus(settings, QuietBus(), "provision")
     await bus.connect(settings.startup_timeout.total_seconds())
     try:
         created = await bus.setup(

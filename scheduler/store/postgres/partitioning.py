@@ -4,7 +4,8 @@
 Every task and cron job row holds the partition `partition_of` gave it under the recorded count
 (scheduler/partitions.py), so an engine counting otherwise would store new rows in other
 partitions than the old ones: it refuses to start instead. Changing the count means moving
-every row to its new partition, which no command does yet (docs/leadership.md, "Partitions").
+every row to its new partition: `scheduler partitions set --count N`, with every engine
+stopped (scheduler/store/postgres/repartition.py; docs/leadership.md, "Partitions").
 """
 
 from __future__ import annotations
@@ -52,13 +53,16 @@ async def check_partitions(pool: asyncpg.Pool, partitions: int) -> None:
     SCHEDULER_PARTITIONS, this count and the recorded one, unless they are equal; then make
     sure each partition of the count has its office row."""
     await pool.execute(CHOOSE_SQL, partitions)
-    recorded = await pool.fetchval("SELECT partitions FROM partitioning WHERE id = 1")
+    # FOR SHARE: while `scheduler partitions set` changes the count, this waits for it and
+    # then reads the new count (a plain read would see the old one and let the engine start)
+    recorded = await pool.fetchval("SELECT partitions FROM partitioning WHERE id = 1 FOR SHARE")
     if recorded != partitions:
         raise ConfigError(
             VARIABLE,
             f"is {partitions}, but this deployment's database records a partition count of "
             f"{recorded} (table partitioning), under which its tasks and cron jobs are "
-            "stored. Changing the count means moving every row to its new partition, which no "
-            f"command does yet: start with {VARIABLE}={recorded}",
+            "stored. Changing the count means moving every row to its new partition "
+            f"(scheduler partitions set --count {partitions}, every engine stopped): "
+            f"start with {VARIABLE}={recorded}",
         )
     await pool.execute(OFFICES_SQL)
