@@ -34,7 +34,7 @@ from scheduler.settings import Settings
 from scheduler.store.postgres.epoch import take_office
 
 T = TypeVar("T")
-TakeOffice = Callable[[asyncpg.Pool, str, int], Awaitable[int]]
+TakeOffice = Callable[..., Awaitable[int]]  # take_office(pool, instance, floor, count=1)
 
 
 class Leadership(TenureOffice):
@@ -61,6 +61,7 @@ class Leadership(TenureOffice):
         self._log = log or logging.getLogger(__name__)
         self._take_office = take_office
         self.instance = settings.instance_id
+        self._count = settings.partitions  # 1: a take of office checks it is still recorded
         self._ttl = settings.lease_ttl
         self._margin = settings.effective_fence_margin
         self._campaign_every = settings.campaign_interval.total_seconds()
@@ -185,7 +186,9 @@ class Leadership(TenureOffice):
             return
         try:
             floor = self.lease.highest_epoch  # never below an epoch seen in use (a restore)
-            epoch = await self._bounded(self._take_office(self._pool, self.instance, floor))
+            epoch = await self._bounded(
+                self._take_office(self._pool, self.instance, floor, count=self._count)
+            )
         except Exception as exc:  # PostgreSQL down or slow: hand the lease back, stay standby
             self._log.warning("leader.take_office_failed instance=%s error=%r", self.instance, exc)
             await self._delete(revision)

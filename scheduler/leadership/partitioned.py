@@ -55,7 +55,7 @@ from scheduler.settings import Settings
 from scheduler.store.postgres.epoch import take_office
 
 T = TypeVar("T")
-TakeOffice = Callable[..., Awaitable[int]]  # take_office(pool, instance, floor, partitions)
+TakeOffice = Callable[..., Awaitable[int]]  # take_office(pool, instance, floor, parts, count=P)
 KEY_PREFIX = "p."
 HANDOVER_GRACE = 6.0  # s at most for a term to wind down gracefully (a publish times out in 5)
 VACANCY_SETTLE = 0.025  # s from a key's delete to the campaign (the others' deletes arrive)
@@ -406,7 +406,10 @@ class PartitionedLeadership(TenureOffice):
         try:
             floor = self._highest_epoch
             epoch = await self._bounded(
-                self._take_office(self._pool, self.instance, floor, sorted(wanted)), until
+                self._take_office(
+                    self._pool, self.instance, floor, sorted(wanted), count=self.partitions
+                ),
+                until,
             )
         except Exception as exc:  # PostgreSQL down or slow: try again at the next pass
             self._log.warning("leader.take_office_failed instance=%s error=%r", self.instance, exc)

@@ -202,6 +202,50 @@ async def test_an_engine_of_the_old_layout_is_fenced_on_every_write(
     assert [tuple(r) for r in rows] == [("pending", None)] * len(mine)
 
 
+@pytest.mark.parametrize(("was", "count", "office"), [(1, 8, [0]), (8, 64, [1, 2])])
+async def test_an_engine_of_the_old_count_takes_office_no_more(
+    pool: asyncpg.Pool, was: int, count: int, office: list[int]
+) -> None:
+    """After the move a take of office by an engine of the old count (as both offices take
+    it, with their count) raises ConfigError naming both counts and raises no epoch; one of
+    the new count takes office above the move's epoch."""
+    await seeded(pool, was)
+    result = await move(pool, count)
+    with pytest.raises(ConfigError) as caught:
+        await take_office(pool, "old", partitions=office, count=was)
+    assert f"is {was}, but" in str(caught.value) and f"changed to {count}" in str(caught.value)
+    assert await offices(pool) == [(p, result.epoch) for p in range(count)]
+    assert await take_office(pool, "new", partitions=office, count=count) == result.epoch + 1
+
+
+async def test_a_take_of_office_waiting_on_the_move_is_refused_after_it(
+    pool: asyncpg.Pool,
+) -> None:
+    """A take of office by an engine of the old count that starts while the move holds the
+    count waits for it, then finds the new count and takes nothing."""
+    await seeded(pool, 8)
+    locked, gate = asyncio.Event(), asyncio.Event()
+
+    async def alive() -> str | None:
+        locked.set()
+        await gate.wait()
+        return None
+
+    moving = asyncio.create_task(move(pool, 64, alive=alive))
+    try:
+        async with asyncio.timeout(5):
+            await locked.wait()
+        taking = asyncio.create_task(take_office(pool, "old", partitions=[3], count=8))
+        await waiting_on_locks(pool, 1)
+    finally:
+        gate.set()
+        async with asyncio.timeout(10):
+            result = await moving
+    with pytest.raises(ConfigError):
+        await taking
+    assert await offices(pool) == [(p, result.epoch) for p in range(64)]
+
+
 async def test_a_dry_run_writes_nothing_and_says_what_would_move(pool: asyncpg.Pool) -> None:
     """`--dry-run` counts the rows that would move (as many as a real run then moves) and
     leaves every row, office and the recorded count as they were."""

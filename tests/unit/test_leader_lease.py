@@ -149,8 +149,12 @@ class Epochs:
     def __init__(self) -> None:
         self.epoch = 0
         self.fail = False
+        self.counts: list[int | None] = []  # the partition count each take named
 
-    async def __call__(self, pool: asyncpg.Pool, instance: str, floor: int = 0) -> int:
+    async def __call__(
+        self, pool: asyncpg.Pool, instance: str, floor: int = 0, count: int | None = None
+    ) -> int:
+        self.counts.append(count)
         if self.fail:
             raise ConnectionRefusedError("database down")
         self.epoch = max(self.epoch, floor) + 1
@@ -228,11 +232,13 @@ def gauge(lead: Leadership, name: str) -> float | None:
     return lead.events.registry.get_sample_value(f"mq_scheduler_{name}")
 
 
-async def test_create_takes_office(start: Start, kv: FakeKV) -> None:
-    """A successful create takes office with a PostgreSQL epoch written back into the lease."""
+async def test_create_takes_office(start: Start, kv: FakeKV, epochs: Epochs) -> None:
+    """A successful create takes office with a PostgreSQL epoch written back into the lease,
+    naming the engine's partition count (1), which the take checks is still recorded."""
     a, _ = start("a")
     async with asyncio.timeout(1):
         assert await a.wait_for_office() == 1
+    assert epochs.counts == [1]
     assert a.may_act() and a.role == "leader" and not a.lost.is_set()
     since = a.info()["since"]
     assert value(kv) == {"instance": "a", "epoch": 1, "since": since, "run": a.lease.run}

@@ -33,6 +33,7 @@ from typing import Any, TypedDict, cast
 import asyncpg
 
 from scheduler.errors import FencedError, ServiceUnavailableError
+from scheduler.store.postgres.partitioning import count_changed
 
 # The office row of partition 0 while it holds the epoch `$1`, locked until the statement's
 # transaction ends: the first WITH items of every fenced statement under P = 1 (the office
@@ -54,13 +55,22 @@ _NOTHING = "SELECT true AS fenced_row WHERE false"  # `rows` of a statement that
 # takes cannot deadlock), read as they are once locked (not as the statement's snapshot saw
 # them), then all set above the highest of them and the floor.
 _TAKE = (
-    "WITH was AS (SELECT partition, epoch FROM partition_offices WHERE partition = "
-    "ANY($3::smallint[]) ORDER BY partition FOR UPDATE), "
+    "WITH {counted}was AS (SELECT partition, epoch FROM partition_offices WHERE partition = "
+    "ANY($3::smallint[]) {while_counted}ORDER BY partition FOR UPDATE), "
     "top AS (SELECT max(epoch) AS was FROM was) "
     "UPDATE partition_offices AS o SET epoch = greatest(top.was, $2) + 1, instance = $1, "
     "since = now() FROM was, top WHERE o.partition = was.partition "
     "RETURNING o.partition, o.epoch, top.was"
 )
+# The same while the deployment's count is the taker's own (`$4`): the count's row is read
+# FOR SHARE before any office row is locked, so a take waits for `scheduler partitions set`
+# (which locks both, in that order) and then, the count changed, takes nothing: an engine of
+# the old count never takes office again after the move (docs/leadership.md, I7).
+_TAKE_COUNTED = _TAKE.format(
+    counted="counted AS (SELECT 1 FROM partitioning WHERE id = 1 AND partitions = $4 FOR SHARE), ",
+    while_counted="AND EXISTS (SELECT 1 FROM counted) ",
+)
+_TAKE = _TAKE.format(counted="", while_counted="")
 _log = logging.getLogger(__name__)
 OFFICE_OF_ONE = (0,)  # under P = 1, every row is in partition 0
 
@@ -87,10 +97,15 @@ async def take_office(
     instance: str,
     floor: int = 0,
     partitions: Iterable[int] = OFFICE_OF_ONE,
+    count: int | None = None,
 ) -> int:
     """Raise the fencing epoch of each of `partitions` in PostgreSQL above its own value, the
     others' and `floor` (the highest epoch the caller has seen in use), all to the one epoch it
     returns: every older epoch of those partitions is now fenced. One statement.
+
+    `count`, the engine's own partition count (the engines pass it): the take happens only
+    while the deployment records that count, else ConfigError (the count was changed under
+    the engine by `scheduler partitions set`; nothing taken).
 
     `floor` keeps an epoch from going backwards when the database was restored from an older
     backup (docs/operations.md, "Backup and restore"): without it the restored value would be
@@ -98,9 +113,16 @@ async def take_office(
     the fence again. A restore found this way is logged (`leader.epoch_behind`)."""
     owned = sorted(set(partitions))
     async with pool.acquire() as conn:
-        rows = await conn.fetch(_TAKE, instance, floor, owned)
+        if count is None:
+            rows = await conn.fetch(_TAKE, instance, floor, owned)
+        else:
+            rows = await conn.fetch(_TAKE_COUNTED, instance, floor, owned, count)
+            if not rows:
+                recorded = await conn.fetchval("SELECT partitions FROM partitioning WHERE id = 1")
+                if recorded != count:
+                    raise count_changed(count, recorded)
     # the migrations insert a row per partition of the recorded count, which the engine's
-    # own count equals (check_partitions); nothing deletes one
+    # own count equals (check_partitions); only `scheduler partitions set` replaces them
     assert len(rows) == len(owned), f"no office for some of the partitions {owned}"
     epoch, was = int(rows[0]["epoch"]), int(rows[0]["was"])
     if was < floor:

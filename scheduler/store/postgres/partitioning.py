@@ -66,3 +66,14 @@ async def check_partitions(pool: asyncpg.Pool, partitions: int) -> None:
             f"start with {VARIABLE}={recorded}",
         )
     await pool.execute(OFFICES_SQL)
+
+
+def count_changed(engine: int, recorded: int) -> ConfigError:
+    """The error of an engine of `engine` partitions that finds `recorded` when it takes
+    office: the count was changed while it ran (`take_office`)."""
+    return ConfigError(
+        VARIABLE,
+        f"is {engine}, but this deployment's partition count was changed to {recorded} while "
+        f"this engine ran (scheduler partitions set): it takes office no more; restart it with "
+        f"{VARIABLE}={recorded}",
+    )
