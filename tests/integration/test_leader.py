@@ -176,6 +176,7 @@ async def test_take_office_never_reissues_an_epoch_seen_in_use(
     for _ in range(5):
         held = await take_office(pool, "before the restore")
     await pool.execute("UPDATE leadership SET epoch = 2")  # what an older backup holds
+    await pool.execute("UPDATE partitioning SET term_hwm = 2")  # (and its numbers issued)
     assert await take_office(pool, "after", floor=held) == held + 1
     assert "leader.epoch_behind" in caplog.text and f"database_epoch=2 seen={held}" in caplog.text
     async with pool.acquire() as proxy:

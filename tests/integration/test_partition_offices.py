@@ -75,11 +75,12 @@ async def test_a_former_owner_is_fenced_only_on_the_partitions_taken_from_it(
     }
 
 
-async def test_take_office_raises_each_partition_above_its_own_the_others_and_the_floor(
+async def test_take_office_raises_each_partition_above_every_number_issued_and_the_floor(
     pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """take_office gives every partition it takes one epoch above the highest of theirs and the
-    floor (saying so when the floor is higher, a restored backup), and leaves the others."""
+    """take_office gives every partition it takes one epoch above the highest of theirs, every
+    number issued before (over any partition) and the floor (saying so when the floor is
+    higher, a restored backup), and leaves the others."""
     await pool.executemany(
         "UPDATE partition_offices SET epoch = $2 WHERE partition = $1",
         [(0, 5), (1, 9), (2, 2), (3, 4)],
@@ -89,8 +90,8 @@ async def test_take_office_raises_each_partition_above_its_own_the_others_and_th
     assert {p: e for p, (e, _) in (await offices(pool)).items()} == {0: 6, 1: 9, 2: 6, 3: 4}
     assert await take_office(pool, "b", floor=20, partitions=[3, 1]) == 21
     assert "leader.epoch_behind" in caplog.text and "database_epoch=9 seen=20" in caplog.text
-    assert await take_office(pool, "c", floor=3, partitions=[2]) == 7
-    assert await offices(pool) == {0: (6, "a"), 1: (21, "b"), 2: (7, "c"), 3: (21, "b")}
+    assert await take_office(pool, "c", floor=3, partitions=[2]) == 22  # above 21, issued
+    assert await offices(pool) == {0: (6, "a"), 1: (21, "b"), 2: (22, "c"), 3: (21, "b")}
 
 
 async def test_take_office_waits_only_for_writes_to_the_partitions_it_takes(
@@ -113,8 +114,13 @@ async def test_take_office_waits_only_for_writes_to_the_partitions_it_takes(
         finally:
             await tx.commit()
         async with asyncio.timeout(3):
-            assert await taking == old + 1
-    assert {p: e for p, (e, _) in (await offices(pool)).items()} == {p: old + 1 for p in ALL}
+            assert await taking == old + 2  # the next number issued
+    assert {p: e for p, (e, _) in (await offices(pool)).items()} == {
+        0: old + 1,
+        1: old + 2,
+        2: old + 1,
+        3: old + 2,
+    }
 
 
 async def test_overlapping_takes_never_share_an_epoch_of_a_partition(pool: asyncpg.Pool) -> None:
@@ -154,7 +160,8 @@ async def test_claims_and_outcomes_are_fenced_by_each_task_s_partition(
 ) -> None:
     """With partition 1 taken by a new owner, the former owner can no longer claim or book a
     task of partition 1 (FencedError, the row untouched) but still claims and books one of
-    partition 0; the epoch it reads back over its office is the newer one."""
+    partition 0; the epoch it reads back over its office is no one term's (-1), over partition
+    1 alone the newer one."""
     tasks = TaskStore(PostgresStore(pool, Metrics()), partitions=P)
     now = datetime.now(UTC)
     mine, taken = keys_in(0, "t0_")[0], keys_in(1, "t1_")[0]
@@ -185,7 +192,9 @@ async def test_claims_and_outcomes_are_fenced_by_each_task_s_partition(
         mine: "expired",
         taken: "pending",
     }
-    assert await tasks.current_epoch() == old + 1  # the engine's revalidation would depose it
+    assert await tasks.current_epoch() == -1  # not one term's: the revalidation deposes it
+    tasks.office = [1]
+    assert await tasks.current_epoch() == old + 1
 
 
 async def test_cron_cursors_and_failures_are_fenced_by_their_job_s_partition(
@@ -229,10 +238,13 @@ async def test_one_office_of_partition_0_is_the_leadership_row(database_url: str
 
 
 async def test_a_term_writes_only_in_the_partitions_it_took(pool: asyncpg.Pool) -> None:
-    """Two terms over disjoint partitions can hold the same epoch number; neither can claim a
-    task or move a cron cursor in the other's partitions (FencedError, nothing written)."""
+    """Two terms over disjoint partitions holding the same epoch number (a previous version's
+    take during a rolling upgrade could issue one again: max of the taken + 1); neither can
+    claim a task or move a cron cursor in the other's partitions (FencedError, nothing
+    written)."""
     assert await take_office(pool, "a", partitions=[0, 1]) == 1
-    assert await take_office(pool, "b", partitions=[2, 3]) == 1
+    # the previous version's take over partitions 2 and 3 (no high-water mark, migration 0029)
+    await pool.execute("UPDATE partition_offices SET epoch = 1 WHERE partition IN (2, 3)")
     db = PostgresStore(pool, Metrics())
     tasks, schedules = TaskStore(db, partitions=P), ScheduleStore(db, partitions=P)
     tasks.office = schedules.office = [0, 1]

@@ -20,7 +20,10 @@ partition 0: the same row lock and the same round trip as one epoch for the whol
 
 A term holds one epoch over all the partitions it took (`take_office` gives them the same
 one), so a claim's `claimed_epoch`, a `fire_log` row's epoch and a fenced write's `$1` stay one
-number per term, and a write names its partitions, not pairs.
+number per term, and a write names its partitions, not pairs. Term numbers are unique and
+increasing across all partitions (`partitioning.term_hwm`, migration 0029), so a running term
+can gain partitions in place at its own number (`grow_office`): the fence is equality, and no
+former owner of a gained partition held that number.
 """
 
 from __future__ import annotations
@@ -53,24 +56,53 @@ _LEAD_OVER = (
 _NOTHING = "SELECT true AS fenced_row WHERE false"  # `rows` of a statement that returns none
 # One epoch over a set of partitions: their rows locked in partition order (two overlapping
 # takes cannot deadlock), read as they are once locked (not as the statement's snapshot saw
-# them), then all set above the highest of them and the floor.
+# them), then the high-water mark of every term number issued (`partitioning.term_hwm`,
+# migration 0029) raised above itself, the highest of them and the floor, under its row lock
+# (two takes are serialized there: no number is issued twice), and every taken partition set
+# to that number. `seen` is what the statement's snapshot saw issued (the mark and the
+# partitions), for the restore warning: the mark itself is never derived from the partitions'
+# epochs alone, which an in-place gain can lower (`grow_office`).
 _TAKE = (
     "WITH {counted}was AS (SELECT partition, epoch FROM partition_offices WHERE partition = "
-    "ANY($3::smallint[]) {while_counted}ORDER BY partition FOR UPDATE), "
-    "top AS (SELECT max(epoch) AS was FROM was) "
-    "UPDATE partition_offices AS o SET epoch = greatest(top.was, $2) + 1, instance = $1, "
-    "since = now() FROM was, top WHERE o.partition = was.partition "
-    "RETURNING o.partition, o.epoch, top.was"
+    "ANY($3::smallint[]) AND EXISTS (SELECT 1 FROM counted) ORDER BY partition FOR UPDATE), "
+    "top AS (SELECT max(epoch) AS was FROM was), "
+    "issued AS (UPDATE partitioning AS n SET term_hwm = greatest(n.term_hwm, top.was, $2) + 1 "
+    "FROM top WHERE n.id = 1 RETURNING n.term_hwm AS epoch), "
+    "seen AS (SELECT greatest(n.term_hwm, top.was) AS was FROM partitioning AS n, top "
+    "WHERE n.id = 1) "
+    "UPDATE partition_offices AS o SET epoch = issued.epoch, instance = $1, "
+    "since = now() FROM was, issued, seen WHERE o.partition = was.partition "
+    "RETURNING o.partition, o.epoch, seen.was"
 )
-# The same while the deployment's count is the taker's own (`$4`): the count's row is read
-# FOR SHARE before any office row is locked, so a take waits for `scheduler partitions set`
-# (which locks both, in that order) and then, the count changed, takes nothing: an engine of
-# the old count never takes office again after the move (docs/leadership.md, I7).
+# A running term of number `$2` over `$4` gains the partitions `$5` in place: every row of both
+# locked in partition order, then the gained set to `$2` only while the term still holds every
+# one of its own (`$4` at `$2`), none of the gained holds `$2` already, no partition outside
+# the term holds it, and it is a number issued (at most the mark). Nothing written otherwise.
+_GROW = (
+    "WITH was AS (SELECT partition, epoch FROM partition_offices WHERE partition = "
+    "ANY($3::smallint[]) ORDER BY partition FOR UPDATE), "
+    "fit AS (SELECT (SELECT count(*) FROM was WHERE partition = ANY($4::smallint[]) "
+    "AND epoch = $2) = cardinality($4::smallint[]) "
+    "AND NOT EXISTS (SELECT 1 FROM was WHERE partition = ANY($5::smallint[]) AND epoch = $2) "
+    "AND NOT EXISTS (SELECT 1 FROM partition_offices WHERE epoch = $2 "
+    "AND partition <> ALL($3::smallint[])) "
+    "AND (SELECT term_hwm FROM partitioning WHERE id = 1) >= $2 AS ok) "
+    "UPDATE partition_offices AS o SET epoch = $2, instance = $1, since = now() FROM fit "
+    "WHERE fit.ok AND o.partition = ANY($5::smallint[]) RETURNING o.partition"
+)
+# Every take locks the count's row (which holds the mark) first, before any office row, as
+# `scheduler partitions set` does (partitioning, then the offices): takes queue there, none
+# deadlocks with another or with the move (a share lock here, upgraded by `issued`, would
+# let two takes each wait for the other's). With the taker's count (`$4`): the take happens
+# only while the deployment records it, so an engine of the old count never takes office
+# again after the move (docs/leadership.md, I7).
 _TAKE_COUNTED = _TAKE.format(
-    counted="counted AS (SELECT 1 FROM partitioning WHERE id = 1 AND partitions = $4 FOR SHARE), ",
-    while_counted="AND EXISTS (SELECT 1 FROM counted) ",
+    counted="counted AS (SELECT 1 FROM partitioning WHERE id = 1 AND partitions = $4 "
+    "FOR NO KEY UPDATE), "
 )
-_TAKE = _TAKE.format(counted="", while_counted="")
+_TAKE = _TAKE.format(
+    counted="counted AS (SELECT 1 FROM partitioning WHERE id = 1 FOR NO KEY UPDATE), "
+)
 _log = logging.getLogger(__name__)
 OFFICE_OF_ONE = (0,)  # under P = 1, every row is in partition 0
 
@@ -99,9 +131,10 @@ async def take_office(
     partitions: Iterable[int] = OFFICE_OF_ONE,
     count: int | None = None,
 ) -> int:
-    """Raise the fencing epoch of each of `partitions` in PostgreSQL above its own value, the
-    others' and `floor` (the highest epoch the caller has seen in use), all to the one epoch it
-    returns: every older epoch of those partitions is now fenced. One statement.
+    """Issue a new term number, above every number issued before (`partitioning.term_hwm`),
+    the epochs of `partitions` and `floor` (the highest epoch the caller has seen in use), and
+    set each of `partitions` to it: every other epoch of those partitions is now fenced. One
+    statement; no number is issued twice (the mark's row lock serializes the takes).
 
     `count`, the engine's own partition count (the engines pass it): the take happens only
     while the deployment records that count, else ConfigError (the count was changed under
@@ -137,6 +170,31 @@ async def take_office(
     return epoch
 
 
+async def grow_office(
+    pool: asyncpg.Pool,
+    instance: str,
+    epoch: int,
+    kept: Collection[int],
+    gained: Collection[int],
+) -> bool:
+    """Join `gained` to the running term of number `epoch` over `kept`: set each gained
+    partition's epoch to `epoch` (one statement, their rows and the term's locked in partition
+    order, so it waits for every write fenced by a former owner in flight); True when done,
+    False (nothing written) when the term no longer holds every one of `kept` at `epoch`, a
+    gained partition holds `epoch` already or a partition outside the term holds it.
+
+    Safe because term numbers are unique (`take_office` issues each once): every former owner
+    of a gained partition held another number, so its writes there fail the fence from now on,
+    however stale; the term's own writes there pass. A gained partition's epoch may go down
+    (its former owner's term may be newer): the fence is equality, not order."""
+    kept_, gained_ = sorted(set(kept)), sorted(set(gained))
+    if not gained_ or set(kept_) & set(gained_):
+        raise ValueError(f"a growth gains partitions the term does not hold: {gained_}")
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(_GROW, instance, epoch, kept_ + gained_, kept_, gained_)
+    return len(rows) == len(gained_)
+
+
 async def fenced(
     conn: asyncpg.Connection,
     epoch: int,
@@ -158,10 +216,10 @@ async def fenced(
     they are just partition 0 (P = 1), are the last parameter.
 
     `office`, the partitions the writer's term holds, when given: a write naming a partition
-    outside it raises FencedError without being sent. The epochs of one partition only grow,
-    so (partition, epoch) names one term's tenure of that partition, but two terms over other
-    partitions can hold the same number: the row check alone would let a term write in a
-    partition another term holds at its own epoch number.
+    outside it raises FencedError without being sent. Term numbers are unique (migration
+    0029), but a previous version's take (during a rolling upgrade) could give one again to a
+    term over other partitions: the row check alone would then let a term write in a
+    partition another term holds at its own number.
 
     The statement always yields a row (`in_office` left-joined to `rows`), so a fenced epoch
     is told apart from a write that matched nothing."""

@@ -344,12 +344,14 @@ class TaskStore(TaskIntake, TaskAdmin):
 
     async def current_epoch(self) -> int:
         """The fencing epoch PostgreSQL holds now over the office (a leader compares it with
-        its own): the highest of its partitions', so a partition taken by a newer term shows."""
+        its own): the one every partition of it holds, or -1 when they differ (a partition was
+        taken since, perhaps by an in-place gain at an older term's number: the highest of
+        them alone would not show that)."""
         async with self.db.timed("epoch") as conn:
             return int(
                 await conn.fetchval(
-                    "SELECT max(epoch) FROM partition_offices "
-                    "WHERE partition = ANY($1::smallint[])",
+                    "SELECT CASE WHEN min(epoch) = max(epoch) THEN max(epoch) ELSE -1 END "
+                    "FROM partition_offices WHERE partition = ANY($1::smallint[])",
                     list(self.office),
                 )
             )
