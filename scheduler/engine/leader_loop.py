@@ -101,22 +101,75 @@ class LeaderEngine:
         )
         ender.add_done_callback(lambda _: ending.set())
         try:
-            await self._term(epoch, ending)
+            await self._term(epoch, ending, shares)
         finally:
             ender.cancel()
             shares.term_ended(epoch)
 
-    def _own(self, partitions: frozenset[int]) -> None:
+    def _own(self, partitions: frozenset[int], growing: bool = False) -> None:
         """Fire only the tasks and cron jobs of `partitions` this term (the loader and the
-        sweep read only those: `TaskStore.office`, which the office sets)."""
+        sweep read only those: `TaskStore.office`, which the office sets); `growing`: the
+        running term gained some of them (cron takes its jobs at its next tick)."""
         count = self.settings.partitions
         self._partitions = partitions
-        self.horizon.owns = lambda task_id: partition_of(task_id, count) in partitions
+        self.horizon.owns = owns = lambda task_id: partition_of(task_id, count) in partitions
+        if self.notices is not None and growing:
+            self.notices.owns = owns
         if self.cron is not None:
-            self.cron.owns = lambda name: partition_of(name, count) in partitions
+            jobs = lambda name: partition_of(name, count) in partitions  # noqa: E731
+            if growing:
+                self.cron.grow(jobs)
+            else:
+                self.cron.own(jobs)
         log.info("engine.partitions count=%d of=%d", len(partitions), count)
 
-    async def _term(self, epoch: int, stop: asyncio.Event) -> None:
+    async def _growing(
+        self,
+        shares: Shares,
+        epoch: int,
+        stop: asyncio.Event,
+        heard: list[Subscription],
+        dispatcher: Dispatcher,
+    ) -> None:
+        """Grow this term in place each time the office says it gained partitions
+        (`Shares.grown`), and answer whether it did (`growth_applied`)."""
+        while not stop.is_set():
+            growth = asyncio.ensure_future(shares.grown(epoch))
+            await first_of(growth, stop.wait())
+            if not growth.done() or growth.cancelled():
+                return
+            try:
+                ok = await self._grow(growth.result(), heard, dispatcher)
+            except Exception as exc:  # the office then hands the term over, as before
+                log.warning("engine.grow_failed epoch=%d error=%r", epoch, exc)
+                ok = False
+            shares.growth_applied(epoch, ok)
+
+    async def _grow(
+        self, partitions: frozenset[int], heard: list[Subscription], dispatcher: Dispatcher
+    ) -> bool:
+        """Fire `partitions`, a superset of this term's, without stopping what it fires: hear
+        the gained partitions' stored notices, own them, put their ready tasks up to the
+        loader's cursor on the heap (above it the loader reads them: its pages read the
+        office, which holds them), and take over their orphans. False, before anything is
+        changed, when the horizon is split for catch-up (two cursors)."""
+        held = self._partitions
+        if held is None or not held < partitions or self.horizon.backlog is not None:
+            return False
+        gained = sorted(partitions - held)
+        # heard before the tasks are read back: a task stored after the read has its notice
+        heard.extend([await self.bus.listen(stored.subject(p), self._on_stored) for p in gained])
+        self._own(partitions, growing=True)
+        read = await self.horizon.read_back(
+            lambda after, until, limit: self.tasks.load_page(after, from_ms(until), limit, gained)
+        )
+        if read is None:
+            return False  # split for catch-up meanwhile: the restart reloads it all
+        dispatcher.reclaim_orphans()
+        log.info("engine.partitions_grown gained=%s read_back=%d", gained, read)
+        return True
+
+    async def _term(self, epoch: int, stop: asyncio.Event, shares: Shares | None = None) -> None:
         office = TermOffice(self.office, epoch)  # this term's: not the next one's
         publisher = await self.bus.open_publisher(PUBLISH_TIMEOUT, office.may_act)
         relinked = asyncio.Event()
@@ -181,6 +234,9 @@ class LeaderEngine:
                 )
                 if self.cron is not None:
                     tg.create_task(self.cron.run(epoch, publisher, stop), name="cron")
+                if shares is not None:
+                    grow = self._growing(shares, epoch, stop, heard, dispatcher)
+                    tg.create_task(grow, name="grow")
         except* OfficeLost:
             log.warning("engine.office_lost epoch=%d", epoch)
         finally:

@@ -51,8 +51,9 @@ class Office(Protocol):
 @runtime_checkable
 class Shares(Protocol):
     """An office whose terms each hold a set of partitions (P > 1,
-    `scheduler.leadership.partitioned.PartitionedLeadership`): the set changes from one term to
-    the next, and a term whose set is to change ends gracefully (`handover`)."""
+    `scheduler.leadership.partitioned.PartitionedLeadership`): a term whose set only gains
+    partitions grows in place (`grown`); for any other change of its set it ends gracefully
+    (`handover`) and the next term takes office over the new set."""
 
     @property
     def handover(self) -> asyncio.Event:
@@ -67,6 +68,20 @@ class Shares(Protocol):
 
     def term_ended(self, epoch: int) -> None:
         """The engine's term of `epoch` has wound down: the next one may take office."""
+        ...
+
+    async def grown(self, epoch: int) -> frozenset[int]:
+        """Wait until the running term of `epoch` gains partitions in place (at its own epoch,
+        nothing released or lost); return the term's new set. The stores' office holds it
+        already and the gained partitions' former owners are fenced. Only a term that waits
+        here is grown; the engine answers with `growth_applied`."""
+        ...
+
+    def growth_applied(self, epoch: int, ok: bool) -> None:
+        """The engine's answer to the growth `grown` handed the term of `epoch`: True once it
+        fires the gained partitions too (their notices heard, their ready tasks up to the
+        loader's cursor on the heap, their orphans to reclaim, their cron jobs next); False
+        when it cannot, and the office then changes terms as before (a handover)."""
         ...
 
 

@@ -29,7 +29,7 @@ no write fenced by an older one can commit any more.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -70,8 +70,11 @@ class TaskRepository(Protocol):
         """Keep a row per refused intake message (dead letters), once per lane message."""
         ...
 
-    async def load_page(self, after: Key, until: datetime, limit: int) -> list[TaskRef]:
-        """Up to `limit` ready tasks due by `until` after key `after`, in firing order."""
+    async def load_page(
+        self, after: Key, until: datetime, limit: int, partitions: Collection[int] | None = None
+    ) -> list[TaskRef]:
+        """Up to `limit` ready tasks due by `until` after key `after`, in firing order: of
+        the office's partitions, or of `partitions` when given (a term's gain read back)."""
         ...
 
     async def overdue(self, before: datetime, limit: int) -> list[TaskRef]:

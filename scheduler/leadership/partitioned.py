@@ -52,10 +52,11 @@ from scheduler.leadership.lease import KvLease, watch_deletes
 from scheduler.leadership.tenure import Tenure, TenureOffice
 from scheduler.operations.instances import read_instances
 from scheduler.settings import Settings
-from scheduler.store.postgres.epoch import take_office
+from scheduler.store.postgres.epoch import grow_office, take_office
 
 T = TypeVar("T")
 TakeOffice = Callable[..., Awaitable[int]]  # take_office(pool, instance, floor, parts, count=P)
+GrowOffice = Callable[..., Awaitable[bool]]  # grow_office(pool, instance, epoch, kept, gained)
 KEY_PREFIX = "p."
 HANDOVER_GRACE = 6.0  # s at most for a term to wind down gracefully (a publish times out in 5)
 VACANCY_SETTLE = 0.025  # s from a key's delete to the campaign (the others' deletes arrive)
@@ -82,11 +83,13 @@ class PartitionedLeadership(TenureOffice):
         clock_ok: Callable[[], bool] | None = None,
         on_term: Callable[[Sequence[int]], None] | None = None,
         live: Callable[[], Awaitable[int]] | None = None,
+        grow_office: GrowOffice = grow_office,
     ) -> None:
         self._kv, self._pool, self._clock = kv, pool, clock
         self.events = events
         self._log = log or logging.getLogger(__name__)
         self._take_office = take_office
+        self._grow_office = grow_office
         self._on_term = on_term or (lambda parts: None)
         self._state_kv = state_kv
         self._live_of = live
@@ -114,6 +117,11 @@ class PartitionedLeadership(TenureOffice):
         self._live = 1
         self._highest_epoch = 0
         self._resigned = False
+        # the engine waiting for its running term to grow (`grown`): the term's epoch and the
+        # future that hands it the grown set; then its answer (`growth_applied`)
+        self._growth: tuple[int, asyncio.Future[frozenset[int]]] | None = None
+        self._applied = asyncio.Event()
+        self._applied_ok = False
 
     # -- the Office protocol (epoch, wait and lost: TenureOffice) ---------------------------------
     def may_act(self, partition: int | None = None) -> bool:
@@ -146,6 +154,23 @@ class PartitionedLeadership(TenureOffice):
         if self._running == epoch:
             self._running = None
             self._ended.set()
+            self._applied.set()  # (a growth it was applying: not applied)
+
+    async def grown(self, epoch: int) -> frozenset[int]:
+        """Wait until the running term of `epoch` gains partitions in place; its new set."""
+        waiter: asyncio.Future[frozenset[int]] = asyncio.get_running_loop().create_future()
+        self._growth = (epoch, waiter)
+        try:
+            return await waiter
+        finally:
+            if self._growth is not None and self._growth[1] is waiter:
+                self._growth = None
+
+    def growth_applied(self, epoch: int, ok: bool) -> None:
+        """The engine's answer to the growth `grown` handed it."""
+        if self._running == epoch:
+            self._applied_ok = ok
+            self._applied.set()
 
     # -- display (role and since: TenureOffice) ---------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -242,7 +267,8 @@ class PartitionedLeadership(TenureOffice):
             held |= await self._campaign(share - len(held))
         wanted = frozenset(held - set(surplus))
         if wanted != self.term or (wanted and not self.tenure.held()):
-            await self._change(wanted, surplus)
+            if not await self._grow(wanted, surplus):
+                await self._change(wanted, surplus)
 
     def share(self) -> int:
         """ceil(P / live engines): the most partitions this engine holds."""
@@ -423,6 +449,61 @@ class PartitionedLeadership(TenureOffice):
         self.tenure.begin(epoch, self._clock.now(), min(self.deadlines[p] for p in wanted))
         self._renew_now.set()  # the term's epoch into its keys now, not at the next pass
         self._log.info("leader.partitions epoch=%d partitions=%s", epoch, sorted(wanted))
+
+    async def _grow(self, wanted: frozenset[int], release: Collection[int]) -> bool:
+        """Join the partitions of `wanted` the running term does not hold to it, at its own
+        number (docs/leadership.md, "A term that grows"): only a gain alone (nothing released
+        or lost, no fenced write to recheck) of a term the engine runs and waits to grow
+        (`grown`). False when it cannot, or when anything fails on the way: the caller then
+        changes terms as before (a new number over them all fences whatever this wrote)."""
+        epoch, kept, waiting = self.tenure.recorded()[0], self.term, self._growth
+        if (
+            release
+            or self._recheck
+            or not kept
+            or not kept < wanted
+            or epoch is None
+            or self._running != epoch
+            or waiting is None
+            or waiting[0] != epoch
+            or waiting[1].done()
+            or not self.tenure.held()
+        ):
+            return False
+        gained = wanted - kept
+        try:
+            grow = self._grow_office(self._pool, self.instance, epoch, sorted(kept), sorted(gained))
+            grew = await self._bounded(grow, min(self.deadlines[p] for p in wanted))
+        except Exception as exc:  # PostgreSQL down or slow: the restart tries
+            self._log.warning("leader.grow_failed epoch=%d error=%r", epoch, exc)
+            return False
+        if not grew or not self.tenure.held() or not wanted <= set(self.held):
+            self._log.warning("leader.grow_refused epoch=%d gained=%s", epoch, sorted(gained))
+            return False
+        if waiting[1].done() or self.tenure.recorded()[0] != epoch:
+            return False  # (the engine's term ended meanwhile)
+        self.term = wanted
+        self._on_term(sorted(wanted))
+        self.tenure.deadline = min(self.deadlines[p] for p in wanted)
+        self._renew_now.set()  # the term's epoch into the gained keys now
+        self._log.info("leader.partitions_grown epoch=%d gained=%s", epoch, sorted(gained))
+        self._applied.clear()
+        self._applied_ok = False
+        waiting[1].set_result(wanted)
+        return await self._growth_applied(epoch)
+
+    async def _growth_applied(self, epoch: int) -> bool:
+        """The engine's answer to a growth (at most HANDOVER_GRACE; none: not applied)."""
+        give_up = self._clock.monotonic() + HANDOVER_GRACE
+        while not self._applied.is_set() and self.tenure.held():
+            now = self._clock.monotonic()
+            if now >= give_up:
+                break
+            await first_of(self._applied.wait(), self._clock.sleep(min(give_up - now, 0.1)))
+        if self._applied.is_set() and self._applied_ok:
+            return True
+        self._log.warning("leader.growth_not_applied epoch=%d", epoch)
+        return False
 
     async def _wind_down(self) -> None:
         """Wait (at most HANDOVER_GRACE) for the engine to end the term; the renewals go on

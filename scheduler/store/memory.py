@@ -24,7 +24,7 @@ retry clears the claim's epoch but keeps its `claimed_at`, and every change of a
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -130,6 +130,8 @@ class MemoryTaskStore:
     # task id -> (target, expires_at), as lane_notes: a note lives as long as an intent
     lane_notes: dict[str, tuple[str, datetime]] = field(default_factory=dict)
     office: tuple[str | None, datetime | None] = (None, None)  # the last take_office's
+    # the partitions the term's loader and sweep read (TaskStore.office; None: every one)
+    owned: Collection[int] | None = None
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # -- leadership (scheduler.store.postgres.epoch)
@@ -202,11 +204,21 @@ class MemoryTaskStore:
     def _ready(self) -> list[Row]:
         return sorted((r for r in self.rows.values() if r.status in READY), key=lambda r: r.key)
 
-    async def load_page(self, after: Key, until: datetime, limit: int) -> list[TaskRef]:
-        return [r.ref() for r in self._ready() if r.key > after and r.task.due_at <= until][:limit]
+    async def load_page(
+        self, after: Key, until: datetime, limit: int, partitions: Collection[int] | None = None
+    ) -> list[TaskRef]:
+        rows = self._of(partitions if partitions is not None else self.owned)
+        return [r.ref() for r in rows if r.key > after and r.task.due_at <= until][:limit]
 
     async def overdue(self, before: datetime, limit: int) -> list[TaskRef]:
-        return [r.ref() for r in self._ready() if r.task.due_at < before][:limit]
+        return [r.ref() for r in self._of(self.owned) if r.task.due_at < before][:limit]
+
+    def _of(self, partitions: Collection[int] | None) -> list[Row]:
+        """The ready rows of `partitions` (every one when None), in firing order."""
+        ready = self._ready()
+        if partitions is None:
+            return ready
+        return [r for r in ready if partition_of(r.task.id, self.partitions) in partitions]
 
     async def pending_count(self) -> int:
         return len(self._ready())

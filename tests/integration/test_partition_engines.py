@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -271,3 +272,52 @@ async def test_a_task_stored_by_another_engine_reaches_its_owners_loaded_horizon
 def cursor_ms(d: Daemon) -> int:
     """How far (epoch ms) a daemon's loader has read (its heap's cursor)."""
     return int(d.engine.horizon.heap.cursor[0])
+
+
+async def test_survivors_grow_their_terms_in_place_and_fire_the_gains_once(
+    runners: list[DaemonRunner],
+    nc: Client,
+    pool: asyncpg.Pool,
+    settings: Settings,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Of three engines, one freezes: each survivor gains a share of its partitions in its
+    running term (same epoch, no term ended: `leader.partitions_grown`), keeps firing its own
+    partitions on time meanwhile, and every task (due before the gain, within the loaded
+    horizon, past it) and every cron occurrence of the gained partitions is fired once."""
+    names = [f"grow-{n}" for n in range(16)]
+    jobs = "".join(
+        f"  - name: {n}\n    subject: mq.ptc.{n}\n    cron: '* * * * * *'\n    data: {{}}\n"
+        for n in names
+    )
+    # the cron messages in a stream of their own: the tasks' stream holds the tasks alone
+    await nc.jetstream().add_stream(StreamConfig(name="PTC", subjects=["mq.ptc.>"]))
+    (settings.schedules_dir / "jobs.yaml").write_text("scheduled_jobs:\n" + jobs)
+    a, b, c = [await r.start() for r in runners]
+    await fair(a, b, c)
+    kept = {d: term(d) for d in (b, c)}
+    epochs = {d: lead(d).epoch for d in (b, c)}
+    now = datetime.now(UTC)
+    due = await publish(nc, [now + timedelta(seconds=2, milliseconds=50 * i) for i in range(160)])
+    with caplog.at_level(logging.INFO):
+        freeze(a)
+        frozen_at = datetime.now(UTC)
+        msgs = await delivered(nc, len(due), within=25)
+        await fair(b, c)
+    assert {d: lead(d).epoch for d in (b, c)} == epochs, "a survivor began a new term"
+    assert all(term(d) > kept[d] for d in (b, c)), "a survivor's term did not grow"
+    assert all(f"engine.term_ended epoch={e}" not in caplog.text for e in epochs.values())
+    assert "leader.partitions_grown" in caplog.text
+    assert Counter(m.headers["Nats-Msg-Id"] for m in msgs) == Counter(list(due))
+    late = lateness(msgs, due)
+    assert min(late.values()) >= -0.001
+    own = max(v for i, v in late.items() if any(partition_of(i, P) in t for t in kept.values()))
+    assert own < 0.25, f"a survivor's own tasks were up to {own:.3f} s late"
+    fired = await fired_by(pool)
+    assert {i: len(fired.get(i, [])) for i in due} == {i: 1 for i in due}
+    rows = await pool.fetch("SELECT key, scheduled_for, instance FROM fire_log WHERE kind = 'cron'")
+    assert max(Counter((r["key"], r["scheduled_for"]) for r in rows).values()) == 1
+    gained = {n for n in names if partition_of(n, P) not in kept[b] | kept[c]}
+    after = {r["key"] for r in rows if r["scheduled_for"] > frozen_at + timedelta(seconds=5)}
+    assert gained and gained <= after, "a gained cron job did not fire after the gain"
+    print(f"\n  survivors' own tasks late <= {own * 1000:.0f} ms")

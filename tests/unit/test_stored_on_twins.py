@@ -34,6 +34,13 @@ class SharingOffice(Office):
     def term_ended(self, epoch: int) -> None:
         pass
 
+    async def grown(self, epoch: int) -> frozenset[int]:
+        await asyncio.Event().wait()  # this twin's term never grows
+        raise AssertionError("unreachable")
+
+    def growth_applied(self, epoch: int, ok: bool) -> None:
+        raise AssertionError("no growth was handed out")
+
 
 async def recorded(twin: Engine) -> list[tuple[str, bytes]]:
     """Every core message the term sends on the bus (still delivered to its listeners)."""

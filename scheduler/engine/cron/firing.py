@@ -75,6 +75,10 @@ class CronEngine:
             None,
             (),
         )
+        # a term grown in place: the jobs it fires from the next tick on, their cursors read
+        # again first (`grow`)
+        self._grown: Callable[[str], bool] | None = None
+        self._grew = asyncio.Event()
 
     # -- the catalog, as the daemon and the management API see it ---------------------------------
     @property
@@ -105,6 +109,31 @@ class CronEngine:
             mine = tuple(j for j in jobs if owns(j.name))
             self._owned = (jobs, owns, mine)
         return mine
+
+    def own(self, owns: Callable[[str], bool]) -> None:
+        """A new term fires the jobs `owns` names (a growth left from the last term is void)."""
+        self.owns, self._grown = owns, None
+        self._grew.clear()
+
+    def grow(self, owns: Callable[[str], bool]) -> None:
+        """The term gains partitions in place: from its next tick it fires the jobs `owns`
+        names, with every cursor read again first (a gained job's former owner may have moved
+        its cursor since this term read them; its writes are fenced now, so the read is
+        final). Until then it fires the jobs it had."""
+        self._grown = owns
+        self._grew.set()
+
+    async def _regrown(self, cursors: dict[str, datetime]) -> dict[str, datetime]:
+        """The cursors to tick with: read again, and the grown jobs owned, after a `grow`."""
+        owns = self._grown
+        if owns is None:
+            return cursors
+        self._grew.clear()
+        fresh = await self.store.cursors()
+        self.owns, self._grown = owns, None
+        self.planner.forget()  # (planned and prepared for the jobs as they were)
+        log.info("cron.grown jobs=%d", len(self.term_jobs))
+        return fresh
 
     def request_reload(self) -> None:
         """Ask for a YAML reload (SIGHUP)."""
@@ -139,6 +168,7 @@ class CronEngine:
                 await first_of(self.clock.sleep(0.05), stop.wait())
                 continue
             try:
+                cursors = await self._regrown(cursors)
                 await self.tick(epoch, publisher, cursors)
             except FencedError:
                 self.office.depose(epoch)
@@ -227,6 +257,7 @@ class CronEngine:
             return
         reload = self.catalog.reload_requested
         if wait > 2 * PRE_WAKE:  # wake a little early, then sleep the short rest
-            await first_of(self.clock.sleep(wait - PRE_WAKE), reload.wait(), stop.wait())
+            grew = self._grew.wait()
+            await first_of(self.clock.sleep(wait - PRE_WAKE), reload.wait(), grew, stop.wait())
             wait = min([RELOAD_CHECK, *[(n - self.clock.now()).total_seconds() for n in nexts]])
-        await first_of(self.clock.sleep(wait), reload.wait(), stop.wait())
+        await first_of(self.clock.sleep(wait), reload.wait(), self._grew.wait(), stop.wait())

@@ -405,6 +405,32 @@ class Horizon:
         heap.loaded(refs, None if len(refs) >= page else until_ms)
         return len(refs), len(refs) >= page
 
+    async def read_back(
+        self, fetch: Callable[[Key, int, int], Awaitable[list[TaskRef]]]
+    ) -> int | None:
+        """Offer the tasks `fetch(after, until ms, limit)` reads (in firing order) up to the
+        cursor, a page at a time, each page read and offered under the lock: a term that gains
+        partitions reads theirs so, and the cursor rule holds for them again (above the
+        cursor the loader's pages read them). A cursor that moves between pages is harmless:
+        forward, the loader read what it passed (a task pushed twice is harmless); back (a
+        trim), what lies past it is the loader's again. Returns how many were pushed; None,
+        nothing more read, while a backlog is split off (two cursors)."""
+        after, pushed = BEFORE_ALL, 0
+        while True:
+            async with self._lock:
+                if self.backlog is not None:
+                    return None
+                cursor = self.heap.cursor
+                if after >= cursor:
+                    return pushed
+                refs = await fetch(after, cursor[0], self.page)
+                pushed += self._offer(refs)
+            if pushed:
+                self.wake.set()
+            if len(refs) < self.page:
+                return pushed
+            after = refs[-1].key
+
     def _split_or_merge(self, now_ms: int) -> None:
         """Split a backlog off (catch-up on, tasks overdue by more than its lag on the heap or
         behind the cursor), or join it back once it is loaded and drained."""

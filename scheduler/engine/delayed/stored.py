@@ -115,7 +115,7 @@ class StoredNotices:
     ) -> None:
         self._notify = notify
         self._count = partitions
-        self._owns = owns
+        self.owns = owns  # this engine's tasks (a term that grows owns more)
         self.sent = 0  # notices sent over the term (for tests and the log)
 
     async def send(self, refs: Sequence[TaskRef], until_ms: int) -> None:
@@ -124,7 +124,7 @@ class StoredNotices:
         (the owner's sweep finds its tasks)."""
         by_partition: dict[int, list[TaskRef]] = {}
         for ref in due_soon(refs, until_ms):
-            if not self._owns(ref.task_id) and len(ref.org or "") <= MAX_ORG:
+            if not self.owns(ref.task_id) and len(ref.org or "") <= MAX_ORG:
                 by_partition.setdefault(partition_of(ref.task_id, self._count), []).append(ref)
         for p, group in by_partition.items():
             for data in encode(p, group):

@@ -209,15 +209,19 @@ class TaskStore(TaskIntake, TaskAdmin):
         return {partition_of(i, self.partitions) for i in ids} or self.office
 
     async def load_page(
-        self, after: tuple[int, int, int], until: datetime, limit: int
+        self,
+        after: tuple[int, int, int],
+        until: datetime,
+        limit: int,
+        partitions: Collection[int] | None = None,
     ) -> list[TaskRef]:
-        """Pending and in-doubt tasks of the office's partitions not claimed with key > `after`
-        due by `until`, in firing order (each partition and status from its partial index by
-        partition, merged)."""
+        """Pending and in-doubt tasks of the office's partitions (or of `partitions`, a term's
+        gain read back) not claimed with key > `after` due by `until`, in firing order (each
+        partition and status from its partial index by partition, merged)."""
         due_ms, priority, seq = after
         start = from_ms(max(due_ms, 0)) if due_ms >= 0 else datetime(1970, 1, 1, tzinfo=UTC)
         key = (start, priority, min(seq, 2**62), until)
-        office = list(self.office)
+        office = sorted(self.office if partitions is None else partitions)
         each = _each_of(limit, len(office))
         async with self.db.timed("load") as conn:
             if each < limit:  # several partitions: a share of the page from each, first
