@@ -18,6 +18,7 @@ from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from scheduler.aio import first_of
 from scheduler.bus.nats.connection import ensure_bucket
 from scheduler.clock import SystemClock
 from scheduler.errors import FencedError
@@ -376,3 +377,74 @@ async def test_a_resigning_engines_partitions_are_taken_at_once_in_one_term(
     assert took < 0.5, f"the resigned engine's partitions were taken {took:.2f} s after"
     await asyncio.sleep(0.6)
     assert len(engines.changes["a"]) - before == 1, engines.changes["a"][before:]
+
+
+async def stand_in(lead: PartitionedLeadership, stop: asyncio.Event, grows: bool) -> None:
+    """The engine's side of `engine.office.Shares`, without firing: each term runs until it is
+    handed over or lost, answering each growth it is handed with `grows`."""
+    while not stop.is_set():
+        waiting = asyncio.ensure_future(lead.wait_for_office())
+        await first_of(waiting, stop.wait())
+        if not waiting.done() or waiting.cancelled():
+            return
+        epoch = waiting.result()
+        if lead.partitions_of(epoch) is None:
+            continue
+        while lead.tenure.recorded()[0] == epoch and not lead.handover.is_set():
+            growth = asyncio.ensure_future(lead.grown(epoch))
+            await first_of(growth, lead.handover.wait(), lead.lost.wait(), stop.wait())
+            if not growth.done() or growth.cancelled():
+                break
+            lead.growth_applied(epoch, grows)
+            if not grows:
+                await first_of(lead.handover.wait(), lead.lost.wait(), stop.wait())
+                break
+        lead.term_ended(epoch)
+
+
+async def with_stand_ins(
+    engines: Engines, names: str, grows: bool
+) -> dict[str, PartitionedLeadership]:
+    leads = {}
+    for n in names:
+        leads[n] = lead = await engines.start(n)
+        engines.tasks[n].append(asyncio.create_task(stand_in(lead, engines.stops[n], grows)))
+    return leads
+
+
+async def test_survivors_take_a_dead_engines_partitions_into_their_running_terms(
+    engines: Engines, pool: asyncpg.Pool
+) -> None:
+    """Of three engines whose engine side waits to grow, one dies: each survivor takes its
+    share of the dead one's partitions into its running term (same epoch, the gained
+    partitions' offices at that epoch and this instance), not a new term."""
+    leads = await with_stand_ins(engines, "abc", grows=True)
+    await until(lambda: shared_fairly(*leads.values()), within=8)
+    victim = next(n for n, lead in leads.items() if len(lead.term) == 3)
+    survivors = {n: lead for n, lead in leads.items() if n != victim}
+    epochs = {n: lead.epoch for n, lead in survivors.items()}
+    kept = {n: lead.term for n, lead in survivors.items()}
+    engines.kill(victim)
+    await until(lambda: frozenset().union(*terms(*survivors.values())) == ALL, within=8)
+    assert {n: lead.epoch for n, lead in survivors.items()} == epochs
+    assert all(lead.term > kept[n] for n, lead in survivors.items())
+    found = await offices(pool)
+    for n, lead in survivors.items():
+        assert {p: found[p] for p in lead.term} == {p: (epochs[n], n) for p in lead.term}
+
+
+async def test_a_growth_the_engine_cannot_apply_falls_back_to_a_new_term(
+    engines: Engines, pool: asyncpg.Pool
+) -> None:
+    """When the engine side answers that it could not grow, the office hands the term over and
+    takes office over the grown set with a new epoch (above every one issued), so nothing is
+    left half grown."""
+    leads = await with_stand_ins(engines, "ab", grows=False)
+    await until(lambda: shared_fairly(*leads.values()), within=8)
+    a, b = leads["a"], leads["b"]
+    old = a.epoch
+    assert old is not None
+    engines.kill("b")
+    await until(lambda: a.may_act() and a.term == ALL, within=8)
+    assert a.epoch is not None and a.epoch > old
+    assert {e for e, _ in (await offices(pool)).values()} == {a.epoch}
