@@ -60,8 +60,9 @@ def section(summary: dict[str, Any]) -> str:
     ]
     if block["suspect"]:
         parts.append(
-            f"<p class='note bad'>{block['suspect']:,} suspect handover(s): the new epoch is "
-            "not above the old, or the two terms fired at overlapping times. Is --partitions "
+            f"<p class='note bad'>{block['suspect']:,} suspect handover(s): two engines' terms "
+            "with one epoch, an engine's next term not above its last, or the two terms fired "
+            "at overlapping times. Is --partitions "
             "the deployment's count? Do the hosts' clocks agree?</p>"
         )
     if block["unattributed"]:

@@ -60,9 +60,9 @@ def handovers(term_rows: Any) -> Any:
     """One row per handover: in each partition, each term after the first (in the order of
     their first fires) and the term before it. `gap_ms` runs from the old term's last fire to
     the new one's first (whole ms, floored); `moved` when the instance changed (else its
-    engine began a new term); `suspect` when the new epoch is not above the old or the two
-    terms' fires overlap in time (the hosts' clocks disagree, or the audit's P is not the
-    deployment's)."""
+    engine began a new term); `suspect` (`_suspect`) when the epochs cannot be two terms in
+    that order or the two terms' fires overlap in time (the hosts' clocks disagree, or the
+    audit's P is not the deployment's)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -81,8 +81,20 @@ def handovers(term_rows: Any) -> Any:
     return (
         steps.withColumn("gap_ms", F.floor(gap).cast("long"))
         .withColumn("moved", F.col("from_instance") != F.col("to_instance"))
-        .withColumn("suspect", (F.col("to_epoch") <= F.col("from_epoch")) | (F.col("gap_ms") < 0))
+        .withColumn("suspect", _suspect())
     )
+
+
+def _suspect() -> Any:
+    """A handover no working fence makes: two instances' terms with one number (term numbers
+    are unique, migration 0029), an instance's next term not above its previous one (each
+    take issues a number above every one before), or fires overlapping in time. A partition
+    moving to another instance's term may go to a lower number: a running term that gained
+    it in place (docs/leadership.md, "A term that grows") keeps the number it took before."""
+    from pyspark.sql import functions as F
+
+    to, was = F.col("to_epoch"), F.col("from_epoch")
+    return (to == was) | (~F.col("moved") & (to < was)) | (F.col("gap_ms") < 0)
 
 
 def neighbourhoods(steps: Any, margin: timedelta, window: AuditWindow) -> Any:

@@ -222,6 +222,9 @@ class MemorySource:
     def interrupt(self) -> None:
         self._woken.set()
 
+    def reread(self) -> None:
+        pass  # the twin's lane loses nothing: an unacknowledged delivery comes back by itself
+
     async def close(self) -> None:
         d = self.durable
         back = [d.outstanding.pop(r) for r in self._taken if r in d.outstanding]

@@ -26,7 +26,7 @@ from scheduler.engine.delayed.intake import Intake
 from scheduler.engine.delayed.quota import OrgLedger
 from scheduler.engine.delayed.stored import StoredNotices
 from scheduler.engine.office import Office, Shares, TermOffice
-from scheduler.engine.ports import Broker, Bus, Subscription, TaskRepository
+from scheduler.engine.ports import Broker, Bus, Source, Subscription, TaskRepository
 from scheduler.messages.envelope import Limits
 from scheduler.partitions import partition_of
 from scheduler.records import from_ms, to_ms
@@ -130,6 +130,7 @@ class LeaderEngine:
         stop: asyncio.Event,
         heard: list[Subscription],
         dispatcher: Dispatcher,
+        source: Source,
     ) -> None:
         """Grow this term in place each time the office says it gained partitions
         (`Shares.grown`), and answer whether it did (`growth_applied`)."""
@@ -140,6 +141,8 @@ class LeaderEngine:
                 return
             try:
                 ok = await self._grow(growth.result(), heard, dispatcher)
+                if ok:
+                    source.reread()  # a dead engine's intake batch in flight: read it back
             except Exception as exc:  # the office then hands the term over, as before
                 log.warning("engine.grow_failed epoch=%d error=%r", epoch, exc)
                 ok = False
@@ -217,16 +220,10 @@ class LeaderEngine:
             dispatcher.reclaim_orphans()
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(dispatcher.run(epoch, stop), name="firing")
-                tg.create_task(
-                    intake.run(
-                        self.bus.intake_source(
-                            self.intake_stream, self.settings.intake_consumer, self.settings.batch
-                        ),
-                        stop,
-                        office.may_act,
-                    ),
-                    name="intake",
+                source = self.bus.intake_source(
+                    self.intake_stream, self.settings.intake_consumer, self.settings.batch
                 )
+                tg.create_task(intake.run(source, stop, office.may_act), name="intake")
                 tg.create_task(self._loader(stop, dispatcher, epoch), name="loader")
                 tg.create_task(self._watch_office(office, stop, publisher), name="office-watch")
                 tg.create_task(
@@ -235,7 +232,7 @@ class LeaderEngine:
                 if self.cron is not None:
                     tg.create_task(self.cron.run(epoch, publisher, stop), name="cron")
                 if shares is not None:
-                    grow = self._growing(shares, epoch, stop, heard, dispatcher)
+                    grow = self._growing(shares, epoch, stop, heard, dispatcher, source)
                     tg.create_task(grow, name="grow")
         except* OfficeLost:
             log.warning("engine.office_lost epoch=%d", epoch)

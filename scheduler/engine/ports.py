@@ -295,6 +295,13 @@ class Source(Protocol):
         """Wake a `take` in progress (stopping)."""
         ...
 
+    def reread(self) -> None:
+        """Read back, once and soon, what the consumer handed out and nobody acknowledged, as
+        a new puller does at its start: a term that grew in place took partitions of an
+        engine that may have died with a batch in flight (intake stores a task once, so what
+        is read twice is harmless)."""
+        ...
+
     async def close(self) -> None:
         """Stop pulling; unacknowledged deliveries come back after the ack wait."""
         ...

@@ -11,13 +11,16 @@ awaits can make it late); a key whose renew fails, or whose deadline passes, is 
 
 The engine acts in terms, as under P = 1: a term is one epoch (`take_office` over the term's
 partitions) over a fixed set of partitions, `may_act()` true while every one of them may act.
-Whenever the set changes (a partition gained, released or lost) the term ends and the next one
-takes office over the new set: a gain or a release ends it gracefully (`handover`: the engine
-stops claiming and finishes its batch in flight, as on SIGTERM, then says `term_ended`), a
-lost lease at once (its deadline already passed). The next term's epoch is above every epoch
-any of its partitions had, so a former owner's late write is fenced, and so is the previous
-term's own. Why a new term per change rather than a term whose partitions carry different
-epochs: the decision record.
+A term that only gains partitions (nothing released or lost, no fenced write to recheck)
+grows in place, at its own number (`_grow`: `grow_office`, then the engine joins them,
+`engine.office.Shares.grown`): term numbers are unique, so every former owner of a gained
+partition held another number and is fenced. Whenever the set changes otherwise (or a growth
+fails) the term ends and the next one takes office over the new set: a release ends it
+gracefully (`handover`: the engine stops claiming and finishes its batch in flight, as on
+SIGTERM, then says `term_ended`), a lost lease at once (its deadline already passed). The next
+term's number is above every number issued, so a former owner's late write is fenced, and so
+is the previous term's own. Why one number per term, grown in place, rather than a term whose
+partitions carry different epochs: the decision record.
 
 The fair share is ceil(P / live engines), the live engines counted from the heartbeats in the
 state bucket (each engine beats after every renew pass, stamped with the pass's time; one

@@ -441,7 +441,7 @@ async def test_a_growth_the_engine_cannot_apply_falls_back_to_a_new_term(
     left half grown."""
     leads = await with_stand_ins(engines, "ab", grows=False)
     await until(lambda: shared_fairly(*leads.values()), within=8)
-    a, b = leads["a"], leads["b"]
+    a = leads["a"]
     old = a.epoch
     assert old is not None
     engines.kill("b")

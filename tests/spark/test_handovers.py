@@ -215,6 +215,30 @@ def test_an_audit_told_the_wrong_partition_count_sees_suspect_handovers(spark: A
     assert_df_equality(shape(steps).orderBy("from_epoch"), want, ignore_nullable=True)
 
 
+def test_a_move_into_a_grown_term_may_go_down_in_epoch_but_not_share_one(spark: Any) -> None:
+    """Partition 0 moves from `b`'s epoch 9 to `a`'s epoch 4, a running term that gained it
+    in place: not suspect; partition 1 moves from `b`'s epoch 9 to `c` with the same number,
+    which no fence issues twice: suspect; partition 2's `a` begins a term below its last."""
+    rows = [
+        (0, 9, "b", t(1), t(2), 5),
+        (0, 4, "a", t(2, 0, 3), t(3), 5),
+        (1, 9, "b", t(1), t(2), 5),
+        (1, 9, "c", t(2, 0, 3), t(3), 5),
+        (2, 8, "a", t(1), t(2), 5),
+        (2, 7, "a", t(2, 0, 3), t(3), 5),
+    ]
+    steps = handovers(spark.createDataFrame(rows, TERM_SCHEMA))
+    want = spark.createDataFrame(
+        [
+            (0, 9, 4, 3_000, True, False),
+            (1, 9, 9, 3_000, True, True),
+            (2, 8, 7, 3_000, False, True),
+        ],
+        HANDOVER_SHAPE,
+    )
+    assert_df_equality(shape(steps), want, ignore_nullable=True)
+
+
 def neighbourhood_terms(spark: Any) -> Any:
     """Partition 0 changes hands twice around 01:00, partition 1 just after the window opens,
     partition 2 just before it closes."""

@@ -46,6 +46,7 @@ class Lane:
     """The delay lane's consumer (the engine's `Source` port), fed by the test."""
 
     queue: asyncio.Queue[Delivery] = field(default_factory=asyncio.Queue)
+    rereads: int = 0  # `reread` calls (a term that grew)
 
     async def start(self) -> Lane:
         return self
@@ -64,6 +65,9 @@ class Lane:
 
     def interrupt(self) -> None:
         pass
+
+    def reread(self) -> None:
+        self.rereads += 1
 
     async def close(self) -> None:
         pass

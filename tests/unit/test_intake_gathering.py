@@ -68,6 +68,9 @@ class ClockLane:
     def interrupt(self) -> None:
         self.arrived.set()
 
+    def reread(self) -> None:
+        pass
+
     async def close(self) -> None:
         self.closed = True
 

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -49,7 +50,7 @@ class GrowingOffice(Office):
         self.answers.append(ok)
 
 
-async def growing_twin(**settings: object) -> tuple[Engine, GrowingOffice]:
+async def growing_twin(**settings: Any) -> tuple[Engine, GrowingOffice]:
     twin = await engine_on_twins(partitions=P, horizon=timedelta(seconds=10), **settings)
     twin.store.partitions = P
     office = GrowingOffice(await twin.store.take_office("twin"), MINE, twin.store)
@@ -79,7 +80,8 @@ async def test_a_gain_joins_the_running_term_and_fires_every_gained_task_once(
     """Gaining partitions 3 and 4 at 1 s: the term neither ends nor stops firing its own
     partitions; the gained tasks already overdue fire at once, those up to the cursor (due
     within the horizon) and past it (due later) on time, each once; the other partitions'
-    never; it listens to the gained partitions' notices from then on."""
+    never; it listens to the gained partitions' notices from then on, and has the lane read
+    back what nobody acknowledged."""
     twin, office = await growing_twin()
     kept = ids_in(MINE, "k", 30)
     overdue, below, above = (ids_in(GAINED, p, 10) for p in ("o", "b", "a"))
@@ -99,6 +101,7 @@ async def test_a_gain_joins_the_running_term_and_fires_every_gained_task_once(
             took = await twin.until(lambda: set(overdue) <= set(twin.ids()), limit_ms=500)
         assert took <= 50, f"the overdue gained tasks fired {took} ms after the gain"
         assert office.answers == [True]
+        assert twin.lane.rereads == 1  # a dead engine's intake batch in flight: read back
         listening = {s for s, _ in twin.bus.listeners if s.startswith(stored.SUBJECT_PREFIX)}
         assert listening == {stored.subject(p) for p in MINE | GAINED}
         wanted = set(kept + overdue + below + above)

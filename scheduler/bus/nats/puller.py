@@ -212,6 +212,13 @@ class Puller:
         """Make a waiting `take()` return now (the daemon is stopping)."""
         self._arrived.set()
 
+    def reread(self) -> None:
+        """Read back what the consumer handed out and nobody acknowledged, RECHECK_AFTER from
+        now, as at `start` (a term that grew took a dead engine's partitions: its batch in
+        flight is among it, else it waits for the ack wait)."""
+        self._fresh, self._since_start = True, set()
+        self._recheck()
+
     async def close(self) -> None:
         """Stop pulling; messages buffered but not taken are nak'ed so they come back at once
         (to whoever pulls next), those that arrive while the unsubscribe travels too: what the
