@@ -445,6 +445,8 @@ async def test_a_growth_the_engine_cannot_apply_falls_back_to_a_new_term(
     old = a.epoch
     assert old is not None
     engines.kill("b")
-    await until(lambda: a.may_act() and a.term == ALL, within=8)
+    # (grown for as long as the engine side takes to answer, then handed over)
+    await until(lambda: a.may_act() and a.term == ALL and a.epoch != old, within=8)
     assert a.epoch is not None and a.epoch > old
+    assert ALL in [frozenset(t) for t in engines.changes["a"]]  # the growth was tried first
     assert {e for e, _ in (await offices(pool)).values()} == {a.epoch}
