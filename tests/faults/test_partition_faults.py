@@ -403,10 +403,10 @@ async def test_a_frozen_former_owner_delivers_and_writes_nothing_of_what_was_tak
     own_nats: NatsServer, make_fleet: MakeFleet, pool: asyncpg.Pool
 ) -> None:
     """I1, I6. Of two engines under a steady load one is frozen (SIGSTOP) until the other
-    holds all eight partitions in a term of another number than the frozen one's, then thawed: from the
-    thaw on it publishes no task already published and commits no write of its old term (no
-    fire_log row of that epoch); it comes back for its share; every task arrives once, none
-    early."""
+    holds all eight partitions in a term of another number than the frozen one's, then
+    thawed: from the thaw on it publishes no task already published and commits no write of
+    its old term (no fire_log row of that epoch); it comes back for its share; every task
+    arrives once, none early."""
     fleet = await two_engines(own_nats, make_fleet)
     async with tapped(own_nats.url) as raw:
         load = await fleet.load()
