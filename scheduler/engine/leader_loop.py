@@ -2,7 +2,8 @@
 
 Taking office: re-publish tasks an earlier leader claimed but never marked fired (the target
 stream's duplicate window drops the repeats), then run the loader, intake, firing and cron loops
-together until the daemon stops or office is lost. The heap is rebuilt from PostgreSQL each time.
+together until the daemon stops or office is lost. The heap is rebuilt from PostgreSQL each time;
+a term that gains partitions in place (P > 1, `Shares.grown`) reads theirs back onto it (`_grow`).
 Everything goes through the ports (`scheduler.engine.ports`); the daemon hands in the real
 adapters, the engine's unit tests the in-memory twins.
 """
