@@ -317,8 +317,8 @@ async def test_a_killed_engine_stalls_only_its_own_partitions(
     its owner's term) that hold, unchanged, under a steady load; one is SIGKILLed: the two
     others settle to four each, the dead engine's partitions fire again within TTL + a campaign
     interval + 2.5 s of the kill, as do the tasks it had taken in at intake and not stored
-    (sent in the second before the kill), the survivors' other tasks are never even half a TTL
-    late, and every task arrives once, none early."""
+    (sent from a second before the kill to half a second after), the survivors' other tasks
+    are never even half a TTL late, and every task arrives once, none early."""
     fleet = await make_fleet(own_nats.url)
     await add_target_stream(own_nats.url)
     names = ["e1", "e2", "e3"]
@@ -340,8 +340,10 @@ async def test_a_killed_engine_stalls_only_its_own_partitions(
     assert_clean(verdict, len(expected), fleet)
     late = {i: (at - expected[i]).total_seconds() for i, at in stored_at.items()}
     # A task of any partition whose lane message the dead engine had taken in and not stored
-    # (intake runs on every engine) waits with its partitions, until the survivors' new terms
-    # read it back: one sent in the second before the kill (seen 3.07 s late under load).
+    # (intake runs on every engine) waits with its partitions, until the survivors' grown terms
+    # read it back: one sent in the second before the kill (seen 3.07 s late under load), or
+    # just after it, handed to the dead engine's pull requests still open at the server (one
+    # sent 2 ms after `killed_at`, 3.2 s late, read back by a survivor's puller after its gain).
     taken_in = {
         i
         for i, s in late.items()
@@ -349,7 +351,7 @@ async def test_a_killed_engine_stalls_only_its_own_partitions(
         and s >= TTL / 2
         and killed_at - timedelta(seconds=1)
         <= expected[i] - timedelta(seconds=load.ahead)
-        <= killed_at
+        <= killed_at + timedelta(seconds=0.5)
     }
     own = max(s for i, s in late.items() if partition_of(i, P) not in its and i not in taken_in)
     # the dead engine's tasks: stored how long after their due time, or after the kill for
