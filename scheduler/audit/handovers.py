@@ -87,7 +87,7 @@ def handovers(term_rows: Any) -> Any:
 
 def _suspect() -> Any:
     """A handover no working fence makes: two instances' terms with one number (term numbers
-    are unique, migration 0029), an instance's next term not above its previous one (each
+    are unique, migration 0028), an instance's next term not above its previous one (each
     take issues a number above every one before), or fires overlapping in time. A partition
     moving to another instance's term may go to a lower number: a running term that gained
     it in place (docs/leadership.md, "A term that grows") keeps the number it took before."""

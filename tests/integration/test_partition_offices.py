@@ -243,7 +243,7 @@ async def test_a_term_writes_only_in_the_partitions_it_took(pool: asyncpg.Pool) 
     claim a task or move a cron cursor in the other's partitions (FencedError, nothing
     written)."""
     assert await take_office(pool, "a", partitions=[0, 1]) == 1
-    # the previous version's take over partitions 2 and 3 (no high-water mark, migration 0029)
+    # the previous version's take over partitions 2 and 3 (no high-water mark, migration 0028)
     await pool.execute("UPDATE partition_offices SET epoch = 1 WHERE partition IN (2, 3)")
     db = PostgresStore(pool, Metrics())
     tasks, schedules = TaskStore(db, partitions=P), ScheduleStore(db, partitions=P)

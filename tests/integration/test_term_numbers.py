@@ -1,4 +1,4 @@
-"""Term numbers unique across partitions (migration 0029, `partitioning.term_hwm`) and a
+"""Term numbers unique across partitions (migration 0028, `partitioning.term_hwm`) and a
 running term's in-place gain of partitions at its own number (`grow_office`): the fence is
 equality, so a gain fences every former owner of the gained partitions
 (docs/leadership.md, "Term numbers")."""

@@ -213,11 +213,11 @@ class Puller:
         self._arrived.set()
 
     def reread(self) -> None:
-        """Read back what the consumer handed out and nobody acknowledged, RECHECK_AFTER from
-        now, as at `start` (a term that grew took a dead engine's partitions: its batch in
-        flight is among it, else it waits for the ack wait)."""
+        """Read back what the consumer handed out and nobody acknowledged, as at `start` (a
+        term that grew took a dead engine's partitions: its batch in flight is among it, else
+        it waits for the ack wait)."""
         self._fresh, self._since_start = True, set()
-        self._recheck()
+        self._recheck(SHARED_FRESH_CHECK if self.shared else RECHECK_AFTER)
 
     async def close(self) -> None:
         """Stop pulling; messages buffered but not taken are nak'ed so they come back at once

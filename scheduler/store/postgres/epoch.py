@@ -21,7 +21,7 @@ partition 0: the same row lock and the same round trip as one epoch for the whol
 A term holds one epoch over all the partitions it took (`take_office` gives them the same
 one), so a claim's `claimed_epoch`, a `fire_log` row's epoch and a fenced write's `$1` stay one
 number per term, and a write names its partitions, not pairs. Term numbers are unique and
-increasing across all partitions (`partitioning.term_hwm`, migration 0029), so a running term
+increasing across all partitions (`partitioning.term_hwm`, migration 0028), so a running term
 can gain partitions in place at its own number (`grow_office`): the fence is equality, and no
 former owner of a gained partition held that number.
 """
@@ -57,7 +57,7 @@ _NOTHING = "SELECT true AS fenced_row WHERE false"  # `rows` of a statement that
 # One epoch over a set of partitions: their rows locked in partition order (two overlapping
 # takes cannot deadlock), read as they are once locked (not as the statement's snapshot saw
 # them), then the high-water mark of every term number issued (`partitioning.term_hwm`,
-# migration 0029) raised above itself, the highest of them and the floor, under its row lock
+# migration 0028) raised above itself, the highest of them and the floor, under its row lock
 # (two takes are serialized there: no number is issued twice), and every taken partition set
 # to that number. `seen` is what the statement's snapshot saw issued (the mark and the
 # partitions), for the restore warning: the mark itself is never derived from the partitions'
@@ -217,7 +217,7 @@ async def fenced(
 
     `office`, the partitions the writer's term holds, when given: a write naming a partition
     outside it raises FencedError without being sent. Term numbers are unique (migration
-    0029), but a previous version's take (during a rolling upgrade) could give one again to a
+    0028), but a previous version's take (during a rolling upgrade) could give one again to a
     term over other partitions: the row check alone would then let a term write in a
     partition another term holds at its own number.
 

@@ -10,9 +10,11 @@ count (scheduler/partitions.py), and each partition has its office row, its fenc
 2. asks whether an engine looks alive (`alive`, unless forced) and refuses if so (a dry
    run, read-only and taking no lock, only reports it);
 3. sets each row's partition to `partition_of(key, N)`, in SQL (`RULE`, the same SHA-256);
-4. replaces the office rows by exactly N, each at one epoch above every epoch any old row
-   had, so a write fenced by any epoch of the old layout finds no office row that holds it;
-5. records N in `partitioning` (`chosen_at` now), asks `alive` again, and commits.
+4. replaces the office rows by exactly N, each at one number above every term number ever
+   issued (the mark, `partitioning.term_hwm`, and every old row's epoch), so a write fenced
+   by any epoch of the old layout finds no office row that holds it;
+5. records N in `partitioning` (`chosen_at` now, the mark at that number), asks `alive`
+   again, and commits.
 
 An intent row (a cancel or reschedule of a task still on the lane) stays in partition 0,
 where the API writes every intent whatever the count (scheduler.store.postgres.intents); the
@@ -97,7 +99,10 @@ async def repartition(
     as it is done."""
     lock = "" if dry_run else " FOR UPDATE"
     async with conn.transaction(readonly=dry_run):
-        was = await conn.fetchval(f"SELECT partitions FROM partitioning WHERE id = 1{lock}")
+        counted = await conn.fetchrow(
+            f"SELECT partitions, term_hwm FROM partitioning WHERE id = 1{lock}"
+        )
+        was, issued = counted["partitions"], int(counted["term_hwm"] or 0)
         offices = await conn.fetch(
             f"SELECT partition, epoch FROM partition_offices ORDER BY partition{lock}"
         )
@@ -108,7 +113,10 @@ async def repartition(
         for table in TARGETS:
             tables.append(await _move(conn, table, count, dry_run))
             progress(tables[-1])
-        top = max((int(r["epoch"]) for r in offices), default=0)
+        # above every number ever issued (the mark: a partition's epoch can be below it after
+        # a term grew in place), so no term of the old layout holds the new rows' number
+        top = max((int(r["epoch"]) for r in offices), default=issued)
+        top = max(top, issued)
         in_place = was == count and [r["partition"] for r in offices] == list(range(count))
         needed = not in_place or any(t.moved for t in tables)
         result = Repartition(was, count, tuple(tables), len(offices), top, needed, dry_run, signs)
@@ -122,7 +130,7 @@ async def repartition(
 
 async def _record(conn: asyncpg.Connection, count: int, epoch: int) -> None:
     """Exactly `count` office rows, each at `epoch` (no instance, no since, as a new
-    deployment's), and `count` recorded as chosen now."""
+    deployment's), `count` recorded as chosen now, and `epoch` as issued (the mark)."""
     await conn.execute("DELETE FROM partition_offices")
     await conn.execute(
         "INSERT INTO partition_offices (partition, epoch) "
@@ -131,7 +139,10 @@ async def _record(conn: asyncpg.Connection, count: int, epoch: int) -> None:
         epoch,
     )
     await conn.execute(
-        "UPDATE partitioning SET partitions = $1, chosen_at = now() WHERE id = 1", count
+        "UPDATE partitioning SET partitions = $1, chosen_at = now(), "
+        "term_hwm = greatest(term_hwm, $2) WHERE id = 1",
+        count,
+        epoch,
     )
 
 

@@ -15,7 +15,7 @@ the upgrade is issued again). A previous version's take, during a rolling upgrad
 raise it; the next take of this version reads the partitions' epochs as well. Downgrade drops
 it.
 
-Revision ID: 0029
+Revision ID: 0028
 Revises: 0027
 Create Date: 2026-12-06
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0029"
+revision = "0028"
 down_revision = "0027"
 branch_labels = None
 depends_on = None
