@@ -220,6 +220,6 @@ async def blocked_on_lock(pool: asyncpg.Pool) -> None:
     async with asyncio.timeout(3):
         while not await pool.fetchval(  # noqa: ASYNC110 (PostgreSQL has no event to await)
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE 'WITH was AS (SELECT partition, epoch FROM partition_offices%'"
+            "AND query LIKE 'WITH counted AS (SELECT 1 FROM partitioning%'"
         ):
             await asyncio.sleep(0.02)

@@ -59,15 +59,16 @@ _NOTHING = "SELECT true AS fenced_row WHERE false"  # `rows` of a statement that
 # them), then the high-water mark of every term number issued (`partitioning.term_hwm`,
 # migration 0028) raised above itself, the highest of them and the floor, under its row lock
 # (two takes are serialized there: no number is issued twice), and every taken partition set
-# to that number. `seen` is what the statement's snapshot saw issued (the mark and the
-# partitions), for the restore warning: the mark itself is never derived from the partitions'
-# epochs alone, which an in-place gain can lower (`grow_office`).
+# to that number (nothing issued when nothing is taken: a take refused for its count).
+# `seen` is what the statement's snapshot saw issued (the mark and the partitions), for the
+# restore warning: the mark itself is never derived from the partitions' epochs alone, which
+# an in-place gain can lower (`grow_office`).
 _TAKE = (
     "WITH {counted}was AS (SELECT partition, epoch FROM partition_offices WHERE partition = "
     "ANY($3::smallint[]) AND EXISTS (SELECT 1 FROM counted) ORDER BY partition FOR UPDATE), "
     "top AS (SELECT max(epoch) AS was FROM was), "
     "issued AS (UPDATE partitioning AS n SET term_hwm = greatest(n.term_hwm, top.was, $2) + 1 "
-    "FROM top WHERE n.id = 1 RETURNING n.term_hwm AS epoch), "
+    "FROM top WHERE n.id = 1 AND top.was IS NOT NULL RETURNING n.term_hwm AS epoch), "
     "seen AS (SELECT greatest(n.term_hwm, top.was) AS was FROM partitioning AS n, top "
     "WHERE n.id = 1) "
     "UPDATE partition_offices AS o SET epoch = issued.epoch, instance = $1, "

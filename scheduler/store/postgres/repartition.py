@@ -102,6 +102,7 @@ async def repartition(
         counted = await conn.fetchrow(
             f"SELECT partitions, term_hwm FROM partitioning WHERE id = 1{lock}"
         )
+        assert counted is not None, "migration 0022 records the count's row"
         was, issued = counted["partitions"], int(counted["term_hwm"] or 0)
         offices = await conn.fetch(
             f"SELECT partition, epoch FROM partition_offices ORDER BY partition{lock}"
