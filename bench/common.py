@@ -360,13 +360,19 @@ def report(
 ) -> None:
     """The JSON result on stdout (and in `out`), a one-line human summary on stderr."""
     doc = {"bench": name, "params": params, "results": results, "targets": targets, "pass": passed}
+    emit(doc, f"{name}: {'PASS' if passed else 'FAIL'} {summary}", out)
+
+
+def emit(doc: dict[str, Any], summary: str, out: str | None = None) -> None:
+    """A bench's JSON document on stdout (and in `out`), its one-line summary on stderr: for
+    the measurements without targets, and `report`'s."""
     text = json.dumps(doc, indent=2, default=str)
     print(text)
     if out:
         os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
         with open(out, "w") as f:
             f.write(text + "\n")
-    print(f"{name}: {'PASS' if passed else 'FAIL'} {summary}", file=sys.stderr)
+    print(summary, file=sys.stderr)
 
 
 def run(coro: Awaitable[T]) -> T:

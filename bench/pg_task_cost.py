@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -34,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+from common import emit
 
 from scheduler.daemon import migrate
 from scheduler.daemon.embedded import Postgres
@@ -226,18 +225,14 @@ def main() -> None:
         "wal_bytes_per_task": wal,
         "intake_probe_cpu_us_per_id": probe,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    print(
+    emit(
+        result,
         f"pg_task_cost: postgres {per_task['total']} us/task (intake {per_task['intake']}, "
         f"claim {per_task['claim']}, fired {per_task['fired']}, cleanup {per_task['cleanup']}); "
         f"WAL {wal['total']} bytes/task; on disk after firing {on_disk}; "
         f"HOT updates {hot['hot_pct']} %; "
         f"tombstone probe us/id {probe}",
-        file=sys.stderr,
+        args.out,
     )
 
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from common import emit
 
 from scheduler.daemon import migrate
 from scheduler.daemon.embedded import Postgres
@@ -113,20 +113,12 @@ def main() -> None:
         "seed_seconds": round(seeded, 1),
         "results": results,
     }
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    print(
-        "repartition: "
-        + "; ".join(
-            f"{r['move']} {r['moved']:,} of {r['rows']:,} in {r['seconds']} s "
-            f"({r['moved_per_s']:,} moved/s)"
-            for r in results
-        ),
-        file=sys.stderr,
+    summary = "; ".join(
+        f"{r['move']} {r['moved']:,} of {r['rows']:,} in {r['seconds']} s "
+        f"({r['moved_per_s']:,} moved/s)"
+        for r in results
     )
+    emit(doc, f"repartition: {summary}", args.out)
 
 
 if __name__ == "__main__":
