@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import cast
 
 import asyncpg
 import nats
 import pytest
-from asyncpg.pool import PoolConnectionProxy
 from nats.aio.client import Client
 
 from scheduler.bus.nats.connection import ensure_bucket
@@ -21,6 +19,7 @@ from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.store.postgres.connect import create_pool
 from scheduler.store.postgres.epoch import fenced, take_office
+from tests.support.helpers import connection_of, holding_fenced_write
 
 
 class Cluster:
@@ -147,12 +146,6 @@ async def test_crashed_leader_replaced_after_ttl(
         print(f"\n  crash takeover: {took:.2f} s")
 
 
-def connection_of(proxy: PoolConnectionProxy) -> asyncpg.Connection:
-    """The pool's connection as the store's helpers take it: asyncpg-stubs types the proxy apart
-    from Connection, though it forwards every Connection method (as PostgresStore.timed says)."""
-    return cast(asyncpg.Connection, proxy)
-
-
 async def test_a_fenced_write_fails_under_an_older_epoch(pool: asyncpg.Pool) -> None:
     """After a new leader takes office, a statement fenced by the old epoch raises FencedError
     and writes nothing; the new epoch's goes through."""
@@ -195,24 +188,13 @@ TOUCH = "w AS (UPDATE leadership l SET instance = $2 FROM lead WHERE l.id = 1 RE
 async def test_fenced_transaction_blocks_take_office(pool: asyncpg.Pool) -> None:
     """take_office waits for a transaction holding the epoch FOR SHARE, so it cannot commit late."""
     old = await take_office(pool, "a")
-    async with pool.acquire() as proxy:
-        conn = connection_of(proxy)
-        tx = conn.transaction()
-        await tx.start()
-        await fenced(conn, old, "noop AS (SELECT 1 FROM lead)")
+    async with holding_fenced_write(pool, old) as conn:
         taking = asyncio.create_task(take_office(pool, "b"))
-        try:
-            await blocked_on_lock(pool)
-            assert not taking.done()
-            await conn.execute(
-                "UPDATE leadership SET since = since WHERE id = 1 AND epoch = $1", old
-            )
-            await tx.commit()
-        except BaseException:
-            await tx.rollback()
-            raise
-        async with asyncio.timeout(3):
-            assert await taking == old + 1
+        await blocked_on_lock(pool)
+        assert not taking.done()
+        await conn.execute("UPDATE leadership SET since = since WHERE id = 1 AND epoch = $1", old)
+    async with asyncio.timeout(3):
+        assert await taking == old + 1
 
 
 async def blocked_on_lock(pool: asyncpg.Pool) -> None:

@@ -8,11 +8,9 @@ import asyncio
 import itertools
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import cast
 
 import asyncpg
 import pytest
-from asyncpg.pool import PoolConnectionProxy
 
 from scheduler.errors import FencedError
 from scheduler.metrics import Metrics
@@ -22,7 +20,7 @@ from scheduler.store.postgres.connect import PostgresStore, create_pool
 from scheduler.store.postgres.cron_jobs import ScheduleStore
 from scheduler.store.postgres.epoch import fenced, take_office
 from scheduler.store.postgres.tasks import TaskStore
-from tests.support.helpers import waiting_on_locks
+from tests.support.helpers import connection_of, holding_fenced_write, waiting_on_locks
 from tests.support.partitioned import MARK, partitioned_pool_fixture
 from tests.support.stores import claim, insert
 
@@ -31,11 +29,6 @@ ALL = range(P)
 
 
 pool = partitioned_pool_fixture(P)
-
-
-def connection_of(proxy: PoolConnectionProxy) -> asyncpg.Connection:
-    """The pool's connection as the store's helpers take it (see test_leader.py)."""
-    return cast(asyncpg.Connection, proxy)
 
 
 async def offices(pool: asyncpg.Pool) -> dict[int, tuple[int, str | None]]:
@@ -100,21 +93,14 @@ async def test_take_office_waits_only_for_writes_to_the_partitions_it_takes(
     """A transaction holding a fenced write to partition 1 makes take_office over partition 1
     wait until it ends, and no other partition's take_office."""
     old = await take_office(pool, "a", partitions=ALL)
-    async with pool.acquire() as proxy:
-        conn = connection_of(proxy)
-        tx = conn.transaction()
-        await tx.start()
-        try:
-            await fenced(conn, old, "noop AS (SELECT 1 FROM lead)", partitions=[1])
-            async with asyncio.timeout(3):
-                assert await take_office(pool, "b", partitions=[0, 2]) == old + 1
-            taking = asyncio.create_task(take_office(pool, "c", partitions=[1, 3]))
-            await waiting_on_locks(pool, 1)  # it waits on partition 1's row, not a guess of time
-            assert not taking.done()
-        finally:
-            await tx.commit()
+    async with holding_fenced_write(pool, old, partitions=[1]):
         async with asyncio.timeout(3):
-            assert await taking == old + 2  # the next number issued
+            assert await take_office(pool, "b", partitions=[0, 2]) == old + 1
+        taking = asyncio.create_task(take_office(pool, "c", partitions=[1, 3]))
+        await waiting_on_locks(pool, 1)  # it waits on partition 1's row, not a guess of time
+        assert not taking.done()
+    async with asyncio.timeout(3):
+        assert await taking == old + 2  # the next number issued
     assert {p: e for p, (e, _) in (await offices(pool)).items()} == {
         0: old + 1,
         1: old + 2,
@@ -128,18 +114,11 @@ async def test_overlapping_takes_never_share_an_epoch_of_a_partition(pool: async
     epochs: the second one raises partition 1 above the epoch the first one gave it, not above
     the epoch it read before it waited."""
     old = await take_office(pool, "a", partitions=ALL)
-    async with pool.acquire() as proxy:
-        conn = connection_of(proxy)
-        tx = conn.transaction()
-        await tx.start()
-        try:
-            await fenced(conn, old, "noop AS (SELECT 1 FROM lead)", partitions=[1])
-            first = asyncio.create_task(take_office(pool, "b", partitions=[1]))
-            await waiting_on_locks(pool, 1)
-            second = asyncio.create_task(take_office(pool, "c", partitions=[0, 1]))
-            await waiting_on_locks(pool, 2)
-        finally:
-            await tx.commit()
+    async with holding_fenced_write(pool, old, partitions=[1]):
+        first = asyncio.create_task(take_office(pool, "b", partitions=[1]))
+        await waiting_on_locks(pool, 1)
+        second = asyncio.create_task(take_office(pool, "c", partitions=[0, 1]))
+        await waiting_on_locks(pool, 2)
     async with asyncio.timeout(3):
         b, c = await first, await second
     assert (b, c) == (old + 1, old + 2)

@@ -6,24 +6,18 @@ equality, so a gain fences every former owner of the gained partitions
 from __future__ import annotations
 
 import asyncio
-from typing import cast
 
 import asyncpg
 import pytest
-from asyncpg.pool import PoolConnectionProxy
 
 from scheduler.errors import FencedError
 from scheduler.store.postgres.epoch import fenced, grow_office, take_office
-from tests.support.helpers import waiting_on_locks
+from tests.support.helpers import connection_of, holding_fenced_write, waiting_on_locks
 from tests.support.partitioned import MARK, partitioned_pool_fixture
 
 P = 8
 
 pool = partitioned_pool_fixture(P)
-
-
-def connection_of(proxy: PoolConnectionProxy) -> asyncpg.Connection:
-    return cast(asyncpg.Connection, proxy)
 
 
 async def epochs(pool: asyncpg.Pool) -> dict[int, int]:
@@ -85,17 +79,10 @@ async def test_a_gain_waits_for_the_former_owners_write_in_flight(pool: asyncpg.
     until it commits: no older write can land after the gain returns."""
     a = await take_office(pool, "a", partitions=[0])
     b = await take_office(pool, "b", partitions=[1])
-    async with pool.acquire() as proxy:
-        conn = connection_of(proxy)
-        tx = conn.transaction()
-        await tx.start()
-        try:
-            await fenced(conn, b, "noop AS (SELECT 1 FROM lead)", partitions=[1])
-            growing = asyncio.create_task(grow_office(pool, "a", a, kept=[0], gained=[1]))
-            await waiting_on_locks(pool, 1)
-            assert not growing.done()
-        finally:
-            await tx.commit()
+    async with holding_fenced_write(pool, b, partitions=[1]):
+        growing = asyncio.create_task(grow_office(pool, "a", a, kept=[0], gained=[1]))
+        await waiting_on_locks(pool, 1)
+        assert not growing.done()
     async with asyncio.timeout(3):
         assert await growing
     assert (await epochs(pool))[1] == a

@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
+from typing import Any, cast
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from scheduler.clock import Clock
 from scheduler.daemon.lifecycle import Daemon
 from scheduler.settings import Settings
+from scheduler.store.postgres.epoch import OFFICE_OF_ONE, fenced
 
 
 async def wait_until(predicate: Callable[[], bool], within: float = 3.0) -> None:
@@ -104,3 +107,34 @@ async def waiting_on_locks(pool: asyncpg.Pool, n: int, within: float = 5.0) -> N
             < n
         ):
             await asyncio.sleep(0.01)
+
+
+def connection_of(proxy: PoolConnectionProxy) -> asyncpg.Connection:
+    """The pool's connection as the store's helpers take it: asyncpg-stubs types the proxy apart
+    from Connection, though it forwards every Connection method (as PostgresStore.timed says)."""
+    return cast(asyncpg.Connection, proxy)
+
+
+@asynccontextmanager
+async def holding_fenced_write(
+    pool: asyncpg.Pool, epoch: int, partitions: Collection[int] | None = None
+) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction that made a fenced write under `epoch` (a no-op naming `partitions`, or
+    partition 0 under P = 1), so it holds their office rows FOR SHARE until the block ends:
+    committed when it ends, rolled back when it raises. Yields the transaction's connection."""
+    async with pool.acquire() as proxy:
+        conn = connection_of(proxy)
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            await fenced(
+                conn,
+                epoch,
+                "noop AS (SELECT 1 FROM lead)",
+                partitions=OFFICE_OF_ONE if partitions is None else partitions,
+            )
+            yield conn
+        except BaseException:
+            await tx.rollback()
+            raise
+        await tx.commit()
