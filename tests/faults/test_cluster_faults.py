@@ -8,8 +8,10 @@ broker takes writes again are on time."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 import nats
@@ -207,5 +209,32 @@ def _where_late(
         f"{len(shown)} latest tasks due after +1 s, ms from each one's due time (the producer's "
         "send and PubAck, the lane's store, intake's take and commit, the claim, the hand-over "
         "to the publisher, its answer, the target's store; where: daemon:lane seq/consumer seq "
-        f"(0: read back)/deliveries):\n{table}"
+        f"(0: read back)/deliveries):\n{table}\n"
+        f"the daemons' link, intake and puller lines from 1 s before the fault, s after it:\n"
+        f"{_link_lines(daemons, at)}"
     )
+
+
+_LINK = re.compile(r"puller\.|intake\.|nats\.|link\.|leader\.|engine\.term")
+_NOISE = re.compile(r"trace\.|puller\.pull ")  # a line per task or per pull: not the story
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def _link_lines(daemons: Cluster, at: float, most: int = 120) -> str:
+    """What the daemons' logs say about their link, intake's pulls and the lease from a second
+    before the fault on (the test's failure says whether a pull waited out its expiry)."""
+    out: list[tuple[float, str]] = []
+    for member in daemons.members:
+        try:
+            text = member.log_path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            stamp = _STAMP.match(line)
+            if stamp is None or not _LINK.search(line) or _NOISE.search(line):
+                continue
+            t = datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            if t >= at - 1.0:
+                out.append((t, f"{t - at:+7.3f} {member.name}: {line[stamp.end() :][:200]}"))
+    out.sort()
+    return "\n".join(line for _, line in out[:most]) or "(none)"

@@ -28,6 +28,8 @@ from tests.faults.harness import (
 from tests.faults.proxy import FaultProxy
 from tests.support.helpers import DaemonRunner
 
+LANE_STREAM, INTAKE_CONSUMER = "MQ_DELAY", "scheduler-intake"
+
 
 async def restart_right_after_a_renew(server: NatsServer, bucket: str = "scheduler_leader") -> None:
     """Restart nats-server just after the leader renewed its lease, so the outage (about a
@@ -160,7 +162,13 @@ async def _partition_the_leader(
     link.tap = tap
     start = datetime.now(UTC) + timedelta(seconds=2)
     expected = await publish_load(own_nats.url, start, 3000, 1 / 300)  # 300/s for 10 s
+    # The leader must hold the load before its link goes silent (intake pulls over that link
+    # too): on a loaded host intake still took the lane when the cut came, the leader had
+    # nothing left to send after it, and the case under test never happened.
+    await _taken_in(own_nats.url, within=20)
     await asyncio.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds() + 2.0))
+    left = (start + timedelta(seconds=10) - datetime.now(UTC)).total_seconds()
+    assert left > TTL + 1, f"the load is nearly over before the cut ({left:.1f} s left)"
     # fault injection on the leader's own socket: a small send buffer, as on a WAN path
     sock = leader.bus.nc._transport._io_writer.transport.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
@@ -180,6 +188,21 @@ async def _partition_the_leader(
         f"{len(flushed_on_reconnect)} deliveries flushed over the new connection"
     )
     assert built_late == [], f"{len(built_late)} deliveries built after the lease"
+
+
+async def _taken_in(nats_url: str, within: float) -> None:
+    """Wait until intake stored (acknowledged) everything on the delay lane."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        async with asyncio.timeout(within):
+            while True:
+                info = await js.consumer_info(LANE_STREAM, INTAKE_CONSUMER)
+                if info.num_pending == 0 and info.num_ack_pending == 0:
+                    return
+                await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
 
 
 async def _settle(nats_url: str, expected: dict[str, datetime]) -> Any:

@@ -258,7 +258,7 @@ async def test_after_a_reconnect_the_consumers_count_shows_what_never_came(
 async def test_a_new_puller_reads_back_what_a_previous_holder_left_unacknowledged(
     now: list[float],
 ) -> None:
-    """RECHECK_AFTER after it starts, a new puller asks the consumer and reads back everything
+    """FRESH_CHECK after it starts, a new puller asks the consumer and reads back everything
     delivered above the ack floor (a leader's in-flight messages when it died) but what it
     was handed itself meanwhile; sequences acknowledged since (gone from the work queue) are
     skipped."""
@@ -366,6 +366,41 @@ async def test_requests_kept_alive_but_unserved_are_asked_again(now: list[float]
     assert len(nc.sent) == 2 and p._check_at is None  # served: nothing more
 
 
+async def test_after_an_incident_a_lane_that_fills_later_is_looked_at_again(
+    now: list[float],
+) -> None:
+    """After a reconnect the first checks may find the lane empty (its own leader is still
+    being elected) and the lane fill afterwards while the requests, kept alive by heartbeats,
+    stay unserved: within INCIDENT_WATCH of the incident the puller keeps checking while
+    nothing comes, and asks again once a check finds messages undelivered (seen: intake
+    waiting out a request's 5 s expiry after a frozen node thawed)."""
+    nc = LaneClient({})
+    p = make(nc, now)
+    await p._top_up()
+    nc.stats["reconnects"] = 1
+    await p._top_up()  # the reconnect: asked again, a check scheduled, the watch begins
+    assert len(nc.sent) == 2
+    nc.info = {"delivered": {"consumer_seq": 0, "stream_seq": 0}, "num_pending": 0}
+    for _ in range(3):  # the lane is empty: no reason to ask again, but looked at again
+        now[0] += puller_module.RECHECK_AFTER
+        p._on_raw(b"_INBOX.x", b"", b"", b"NATS/1.0 100 Idle Heartbeat\r\n\r\n")  # alive
+        assert await p._recover() == []
+        await p._top_up()
+        assert len(nc.sent) == 2 and p._check_at == now[0] + puller_module.RECHECK_AFTER
+    nc.info = {"delivered": {"consumer_seq": 0, "stream_seq": 0}, "num_pending": 40}
+    now[0] += puller_module.RECHECK_AFTER  # the lane filled; the requests are not served
+    p._on_raw(b"_INBOX.x", b"", b"", b"NATS/1.0 100 Idle Heartbeat\r\n\r\n")
+    assert await p._recover() == []
+    await p._top_up()
+    assert len(nc.sent) == 3 and nc.sent[2]["batch"] == 100  # asked again, not left to expire
+    # past the watch, an idle lane with live requests is left alone again
+    nc.info = {"delivered": {"consumer_seq": 0, "stream_seq": 0}, "num_pending": 0}
+    now[0] += puller_module.INCIDENT_WATCH
+    p._on_raw(b"_INBOX.x", b"", b"", b"NATS/1.0 100 Idle Heartbeat\r\n\r\n")
+    assert await p._recover() == []
+    assert p._check_at is None
+
+
 async def test_unserved_requests_are_asked_again_a_bounded_number_of_times(
     now: list[float],
 ) -> None:
@@ -431,12 +466,12 @@ async def test_a_shared_puller_reads_back_nothing_the_others_were_handed(
     assert nc.gets == [] and p.recovered == 0
 
 
-async def test_a_shared_puller_reads_back_sooner_after_it_starts(
+async def test_a_new_puller_reads_back_soon_after_it_starts(
     now: list[float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A new term's shared puller (P > 1) looks for what a killed engine was handed after
-    SHARED_FRESH_CHECK, not RECHECK_AFTER: those tasks are a lease TTL late already, and the
-    other engines' deliveries in flight are there whenever it looks."""
+    """A new term's puller, shared (P > 1) or not, looks for what a dead leader or engine was
+    handed FRESH_CHECK after it starts, not RECHECK_AFTER: those tasks are a lease TTL late
+    already, and what is still on its way is stored twice harmlessly whenever it looks."""
 
     async def subscribe(nc: Any, subject: str, handler: Any) -> object:
         return object()
@@ -450,9 +485,9 @@ async def test_a_shared_puller_reads_back_sooner_after_it_starts(
         await p.start()
         assert p._fresh and p._check_at is not None and nc.sent  # asked for messages at once
         waits[shared] = p._check_at - now[0]
-    assert waits[False] == pytest.approx(puller_module.RECHECK_AFTER)
-    assert waits[True] == pytest.approx(puller_module.SHARED_FRESH_CHECK)
-    assert puller_module.SHARED_FRESH_CHECK < puller_module.RECHECK_AFTER
+    assert waits[False] == pytest.approx(puller_module.FRESH_CHECK)
+    assert waits[True] == pytest.approx(puller_module.FRESH_CHECK)
+    assert puller_module.FRESH_CHECK < puller_module.RECHECK_AFTER
 
 
 async def test_a_shared_puller_asks_for_a_small_window_that_grows_with_a_backlog(

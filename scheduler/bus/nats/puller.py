@@ -64,7 +64,7 @@ HEARTBEAT = 0.5  # s between the server's idle heartbeats (nats.go's floor; <= e
 MISSED_HEARTBEATS = 2  # heartbeats of silence after which the requests are taken as lost
 NO_LEADER_PAUSE = 0.1  # s before asking again after a 503
 RECHECK_AFTER = 0.5  # s after a reconnect, silence or leader change before asking the consumer
-SHARED_FRESH_CHECK = 0.1  # s after a shared puller starts before its read-back (P > 1)
+FRESH_CHECK = 0.1  # s after a puller starts (or is asked to `reread`) before its read-back
 # Consumer checks without an answer (the consumer elects a leader: 4-9 s) before the gaps are
 # left to the ack wait, RECHECK_PAUSE apart: about the ack wait itself.
 RECHECK_TRIES = 40
@@ -72,6 +72,12 @@ RECHECK_PAUSE = 0.25
 # Checks in a row that may find requests unserved (see `_recover`) before the requests' own
 # expiry is left to end them.
 UNSERVED_TRIES = 20
+# s after an incident (a reconnect, a silence, a check nobody answered) during which requests
+# that are outstanding while nothing is delivered keep being looked at, RECHECK_AFTER apart,
+# even when a check finds the lane empty: a lane whose own leader was still being elected
+# then fills while the requests, alive but unserved, wait for their expiry (tasks ~5 s late
+# in the cluster suite's frozen-node test, on a loaded host). About two requests' expiry.
+INCIDENT_WATCH = 10.0
 RECOVER_MAX = 4  # batches: a larger gap is left to the ack wait (a backlog, not a loss)
 RECOVER_AT_ONCE = 64  # STREAM.MSG.GET requests in flight together (segments walked at once)
 RECOVER_TIMEOUT = 1.0  # s for each request of a recovery
@@ -122,6 +128,7 @@ class Puller:
         self._heard = 0.0  # monotonic time of the last delivery or status
         self._delivered_at = 0.0  # monotonic time of the last delivery
         self._unserved = 0  # checks in a row that found the requests unserved
+        self._watch_until = 0.0  # monotonic time an incident's watch ends (INCIDENT_WATCH)
         self._retry_at = 0.0  # monotonic time before which no request is sent (after a 503)
         self.heartbeat = min(HEARTBEAT, expires / 2)
         self._first_at = 0.0  # monotonic time the oldest buffered message arrived
@@ -139,14 +146,17 @@ class Puller:
         self.recovered = 0  # messages read back from the stream, in all
 
     async def start(self) -> Puller:
-        # What a previous holder was handed and did not acknowledge is read back RECHECK_AFTER
-        # from now (acks still on their way from a term that just ended have landed by then),
-        # leaving out what this puller was handed meanwhile. A shared puller's read-back finds
-        # the other engines' deliveries in flight whenever it looks (stored twice, harmlessly:
-        # intake skips a stored id), so it looks sooner: a killed engine's batch in flight is
-        # what it is for, and those tasks are already a lease TTL late.
+        # What a previous holder was handed and did not acknowledge is read back FRESH_CHECK
+        # from now, leaving out what this puller was handed meanwhile. Whatever is still on its
+        # way (a term that just ended acknowledging its last batch; under P > 1 the other
+        # engines' deliveries in flight) is read and stored twice, harmlessly (intake skips a
+        # stored id, the target's duplicate window a second send), so it looks soon: what a
+        # dead leader or engine was handed is a lease TTL late already. It looked after
+        # RECHECK_AFTER (0.5 s) under P = 1: tasks 0.4 s later than the broker's outage in the
+        # cluster suite's frozen-node test, where the new term began as the broker came back.
         self._fresh = True
-        self._recheck(SHARED_FRESH_CHECK if self.shared else RECHECK_AFTER)
+        self._recheck(FRESH_CHECK)
+        self._watch()  # a new term: often right after an outage of the broker too
         self._inbox = self.nc.new_inbox()
         self._sub = await raw_subscribe(self.nc, self._inbox, self._on_raw)
         self._reconnects = self.nc.stats["reconnects"]
@@ -217,7 +227,7 @@ class Puller:
         term that grew took a dead engine's partitions: its batch in flight is among it, else
         it waits for the ack wait)."""
         self._fresh, self._since_start = True, set()
-        self._recheck(SHARED_FRESH_CHECK if self.shared else RECHECK_AFTER)
+        self._recheck(FRESH_CHECK)
 
     async def close(self) -> None:
         """Stop pulling; messages buffered but not taken are nak'ed so they come back at once
@@ -254,11 +264,17 @@ class Puller:
                 log.info("puller.repull reason=reconnect requested=%d", self._requested)
             self._requested = 0
             self._recheck()
+            self._watch()
         elif self._requested and self._silent_for() > self.heartbeat * MISSED_HEARTBEATS:
             log.info("puller.repull reason=silence requested=%d", self._requested)
             self._requested = 0
             self._heard = time.monotonic()
             self._recheck()
+            self._watch()
+
+    def _watch(self) -> None:
+        """An incident: look for unserved requests for INCIDENT_WATCH s from now."""
+        self._watch_until = time.monotonic() + INCIDENT_WATCH
 
     def _recheck(self, after: float = RECHECK_AFTER) -> None:
         """Ask the consumer what it delivered `after` s from now (unless asked sooner)."""
@@ -284,6 +300,7 @@ class Puller:
             ack_limit = int((info.get("config") or {}).get("max_ack_pending", 0))
         except Exception as exc:  # no answer now: asked again, a few times (then the ack wait)
             self._check_failures += 1
+            self._watch()
             if self._check_failures < RECHECK_TRIES:
                 self._gaps = gaps + self._gaps
                 self._check_at = time.monotonic() + RECHECK_PAUSE
@@ -323,7 +340,10 @@ class Puller:
         lane filled. A consumer that answers its check, holds messages it has not delivered and
         has delivered none here for RECHECK_AFTER has lost our requests: they are asked again,
         and checked once more RECHECK_AFTER later (after unanswered checks, always once more:
-        the consumer's leader may just have changed), UNSERVED_TRIES times at most."""
+        the consumer's leader may just have changed), UNSERVED_TRIES times at most. For
+        INCIDENT_WATCH s after an incident, a check that finds nothing undelivered while
+        nothing comes here is made again too: the lane may still be electing its own leader,
+        and fill once it has one while the requests wait out their expiry."""
         idle = time.monotonic() - self._delivered_at >= RECHECK_AFTER
         if undelivered > 0 and idle and self._requested > 0:
             self._unserved += 1
@@ -337,7 +357,8 @@ class Puller:
             self._recheck()
         else:
             self._unserved = 0
-            if was_unanswered:
+            watching = idle and self._requested > 0 and time.monotonic() < self._watch_until
+            if was_unanswered or watching:  # the lane may fill while the requests wait unserved
                 self._recheck()
 
     async def _read_back(self, wanted: list[int]) -> list[Msg]:
