@@ -525,3 +525,54 @@ async def test_migration_0025_intake_skips_stored_ids_by_key_even_planned_on_an_
     assert "Seq Scan on delayed_messages" not in after, after
     assert "Anti Join" not in after and "SubPlan" in after, after
     assert "Index Scan using delayed_messages_pkey" in after, after
+
+
+async def test_migration_0029_intake_finds_tombstones_by_key_after_planning_on_a_small_table(
+    database_url: str,
+) -> None:
+    """The intake function's tombstone lookup (a task stored again after it fired) reads
+    `fired_tasks` by its primary key once the table has grown, even on a connection that ran
+    the function while the table was analyzed small (a fresh deployment's first minute):
+    0025's statement kept the plan it made then, a sequential scan of every tombstone with
+    the batch's ids as a filter, in every later batch. Counted by PostgreSQL's own scan
+    statistics of the transaction, for 0025's function and for this one's."""
+    versions = Path(migrate.migrations_dir()) / "versions"
+    found = runpy.run_path(str(versions / "0029_intake_tombstones_by_key.py"))
+    old = str(found["_0025"]).replace("scheduler_intake_insert(", "intake_0025(", 1)
+    call = (
+        "SELECT count(*) FROM {fn}(array[$1], array['t'], array['\\x00'::bytea], "
+        "array['{{}}'::jsonb], array[5::smallint], array[1::bigint], array[1::bigint], "
+        "array[null::bigint], array[null::text], null)"
+    )
+    conn = await asyncpg.connect(database_url)
+    scans = {}
+    try:
+        await conn.execute(old)
+        await conn.execute(
+            "INSERT INTO fired_tasks SELECT 'tomb-' || g, 't', md5('')::uuid, now() "
+            "FROM generate_series(1, 20) AS g"
+        )
+        await conn.execute("ANALYZE fired_tasks")  # small: one page
+        for fn in ("intake_0025", "scheduler_intake_insert"):
+            for n in range(8):  # past the 5 custom plans a cached statement makes first
+                await conn.fetchval(call.format(fn=fn), f"{fn}-early-{n}")
+        await conn.execute(
+            "INSERT INTO fired_tasks SELECT 'tomb-' || g, 't', md5('')::uuid, now() "
+            "FROM generate_series(21, 20000) AS g"
+        )  # grown, not analyzed again
+        counts = (
+            "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relname = "
+            "'fired_tasks'"
+        )  # this backend's counts not yet reported (earlier transactions' too): a difference
+        for fn in ("intake_0025", "scheduler_intake_insert"):
+            async with conn.transaction():
+                first = await conn.fetchrow(counts)
+                for n in range(4):
+                    await conn.fetchval(call.format(fn=fn), f"{fn}-late-{n}")
+                last = await conn.fetchrow(counts)
+                assert first is not None and last is not None
+                scans[fn] = (last[0] - first[0], last[1] - first[1])
+    finally:
+        await conn.close()
+    assert scans["intake_0025"][0] == 4, scans  # what 0029 replaces: a whole scan a batch
+    assert scans["scheduler_intake_insert"] == (0, 4), scans

@@ -94,16 +94,22 @@ async def test_a_request_nobody_took_is_sent_again_after_a_short_pause(now: list
 
 
 async def test_a_waiting_take_wakes_when_a_heartbeat_is_missed(now: list[float]) -> None:
-    """`take()` waits no longer than the missed-heartbeat deadline, so a lost request is
-    replaced within two heartbeats even while the caller asks for a long wait."""
+    """`take()` sleeps no longer than the missed-heartbeat deadline, so a lost request is
+    replaced within two heartbeats even while the caller asks for a long wait; then it goes on
+    waiting (with nothing come it returns after its timeout, not sooner) and hands over what
+    the new request brings."""
     nc = FakeClient()
     p = make(nc, now)
     await p._top_up()
     silence = puller_module.HEARTBEAT * puller_module.MISSED_HEARTBEATS
     assert p._next_check(30.0) == pytest.approx(silence + 0.01)
-    now[0] += silence + 0.02
-    assert await p.take(timeout=30.0) == []
-    assert len(nc.sent) == 2
+    now[0] += silence + 0.02  # the clock is frozen: the wait ends only by an arrival
+    waiting = asyncio.ensure_future(p.take(timeout=30.0, linger=0))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(nc.sent) == 2 and not waiting.done()  # asked again, still waiting
+    _deliver(p, 1)
+    assert len(await waiting) == 1
 
 
 async def test_an_outage_is_back_pressure_not_an_error(now: list[float]) -> None:
@@ -274,6 +280,27 @@ async def test_a_new_puller_reads_back_what_a_previous_holder_left_unacknowledge
     _deliver_seqs(p, [(9, 12)])  # handed to this puller after it started
     found = await p._recover()
     assert [m.data for m in found] == [b"eight", b"ten"] and nc.gets == [8, 10]
+
+
+async def test_a_range_read_back_is_not_read_back_again_by_a_later_check(
+    now: list[float],
+) -> None:
+    """What a check read back (a previous holder's deliveries, a reconnect's gap) counts as
+    seen: the next check, an incident's watch with the consumer unchanged, reads nothing
+    again (it did, every 0.5 s of the watch, handing the same task over twice)."""
+    nc = LaneClient({8: b"eight"})
+    nc.info = {
+        "delivered": {"consumer_seq": 9, "stream_seq": 8},
+        "ack_floor": {"stream_seq": 7},
+        "num_ack_pending": 1,
+    }
+    p = make(nc, now)
+    p._fresh = True
+    p._requested = 100
+    p._watch()
+    assert [m.data for m in await p._recover()] == [b"eight"]
+    now[0] += puller_module.RECHECK_AFTER
+    assert await p._recover() == [] and nc.gets == [8]
 
 
 async def test_a_read_back_costs_a_read_per_message_still_stored_not_per_sequence(

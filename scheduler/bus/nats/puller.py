@@ -129,6 +129,7 @@ class Puller:
         self._delivered_at = 0.0  # monotonic time of the last delivery
         self._unserved = 0  # checks in a row that found the requests unserved
         self._watch_until = 0.0  # monotonic time an incident's watch ends (INCIDENT_WATCH)
+        self._interrupted = False  # `interrupt()` called: the waiting `take()` returns
         self._retry_at = 0.0  # monotonic time before which no request is sent (after a 503)
         self.heartbeat = min(HEARTBEAT, expires / 2)
         self._first_at = 0.0  # monotonic time the oldest buffered message arrived
@@ -220,6 +221,7 @@ class Puller:
 
     def interrupt(self) -> None:
         """Make a waiting `take()` return now (the daemon is stopping)."""
+        self._interrupted = True
         self._arrived.set()
 
     def reread(self) -> None:
@@ -319,6 +321,10 @@ class Puller:
                 gaps.append((floor_s, delivered_s))
         elif delivered_c > self._cseq and delivered_s > self._sseq and not self.shared:
             gaps.append((self._sseq, delivered_s))  # delivered since the last one seen here
+        if not self.shared:  # all the consumer delivered so far is read back (below) or was
+            # delivered here: a later check (an incident's watch) reads back only what is
+            # delivered after this one, not the same range again
+            self._cseq, self._sseq = max(self._cseq, delivered_c), max(self._sseq, delivered_s)
         wanted = sorted({s for lo, hi in gaps for s in range(lo + 1, hi + 1)} - mine)
         if not wanted:
             return []
@@ -491,20 +497,30 @@ class Puller:
         came while the caller handled the last batch are not sent on alone, one insert and its
         round trips for a handful, but wait with the next ones, none longer than `linger`.
         Messages left buffered past `limit` keep the oldest's arrival time: the next `take`
-        hands them over without lingering again."""
+        hands them over without lingering again. A check of the consumer or a request sent
+        again while it waits does not end the wait: with nothing come, it returns after
+        `timeout`, not sooner (or at once after `interrupt()`)."""
         most = self.batch if limit is None else min(limit, self.batch)
-        if self._check_at is not None and time.monotonic() >= self._check_at:
-            found = await self._recover()
-            if found:
-                if not self._buffer:
-                    self._first_at = time.monotonic() - linger  # handed over without a linger
-                self._buffer[:0] = found
-        if not self._buffer:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._check_at is not None and time.monotonic() >= self._check_at:
+                found = await self._recover()
+                if found:
+                    if not self._buffer:
+                        self._first_at = time.monotonic() - linger  # handed over at once
+                    self._buffer[:0] = found
+            left = deadline - time.monotonic()
+            if self._buffer or left <= 0:
+                break
             self._arrived.clear()
-            try:  # woken early to re-pull when a heartbeat is missed: an empty batch
-                await asyncio.wait_for(self._arrived.wait(), self._next_check(timeout))
+            try:  # woken early for a missed heartbeat, a pause's end or a check that is due
+                await asyncio.wait_for(self._arrived.wait(), self._next_check(left))
             except TimeoutError:
                 pass
+            if self._buffer or self._interrupted or time.monotonic() >= deadline:
+                break
+            await self._top_up()  # asked again where the requests were lost; wait on
+        self._interrupted = False
         if self._buffer and len(self._buffer) < most and linger > 0:
             wait = self._first_at + linger - time.monotonic()
             if wait > 0:
