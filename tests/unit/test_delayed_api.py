@@ -112,9 +112,10 @@ async def test_fired_tasks_are_listed_from_their_tombstones(api: EdgeOnTwins) ->
 
     shown = await poll(listed, lambda items: {t["id"] for t in items} >= want, within=10)
     assert {t["id"] for t in shown} == want and len(shown) == len(want)
-    assert [(t["fired_at"], t["id"]) for t in shown] == sorted(
-        (t["fired_at"], t["id"]) for t in shown
-    )
+    # in the order they fired: compared as instants (a whole second's text has no fraction,
+    # `...:35Z`, and sorts after `...:35.050000Z` as a string)
+    order = [(datetime.fromisoformat(t["fired_at"].replace("Z", "+00:00")), t["id"]) for t in shown]
+    assert order == sorted(order)
     due = {d["id"]: datetime.fromisoformat(d["delay_until"]) for d in [*fired, other]}
     for t in shown:
         assert t["status"] == "fired" and t["priority"] is None and t["attempts"] == 1
