@@ -520,7 +520,7 @@ class Puller:
                         self._first_at = time.monotonic() - linger  # handed over at once
                     self._buffer[:0] = found
             left = deadline - time.monotonic()
-            if self._buffer or left <= 0:
+            if self._buffer or self._interrupted or left <= 0:
                 break
             self._arrived.clear()
             try:  # woken early for a missed heartbeat, a pause's end or a check that is due
