@@ -211,6 +211,23 @@ def _deliver_seqs(p: Puller, pairs: list[tuple[int, int]]) -> None:
         p._on_raw(b"mq.delay.x", f"$JS.ACK.S.C.1.{sseq}.{cseq}.1.0".encode(), b"{}", None)
 
 
+def _info(delivered: tuple[int, int], floor: int, pending: int) -> dict[str, Any]:
+    """The consumer's `CONSUMER.INFO`: delivered (consumer, stream sequence), the ack floor's
+    stream sequence and how many deliveries are unacknowledged."""
+    return {
+        "delivered": {"consumer_seq": delivered[0], "stream_seq": delivered[1]},
+        "ack_floor": {"stream_seq": floor},
+        "num_ack_pending": pending,
+    }
+
+
+def _new_term(nc: LaneClient, now: list[float]) -> Puller:
+    """A puller as `start()` leaves it (the rest of `start()` needs a subscription)."""
+    p = make(nc, now)
+    p._fresh = True
+    return p
+
+
 async def test_deliveries_lost_between_two_others_are_read_back_at_once(now: list[float]) -> None:
     """Deliveries whose consumer sequence jumps (4-6 went to an inbox on a node that froze)
     are read back from the stream by sequence and handed over first, without an ack subject,
@@ -269,13 +286,8 @@ async def test_a_new_puller_reads_back_what_a_previous_holder_left_unacknowledge
     was handed itself meanwhile; sequences acknowledged since (gone from the work queue) are
     skipped."""
     nc = LaneClient({8: b"eight", 10: b"ten"})
-    nc.info = {
-        "delivered": {"consumer_seq": 12, "stream_seq": 10},
-        "ack_floor": {"stream_seq": 7},
-        "num_ack_pending": 2,
-    }
-    p = make(nc, now)
-    p._fresh = True  # as start() leaves it (the rest of start() needs a subscription)
+    nc.info = _info((12, 10), 7, 2)
+    p = _new_term(nc, now)
     p._requested = 100
     _deliver_seqs(p, [(9, 12)])  # handed to this puller after it started
     found = await p._recover()
@@ -289,13 +301,8 @@ async def test_a_range_read_back_is_not_read_back_again_by_a_later_check(
     seen: the next check, an incident's watch with the consumer unchanged, reads nothing
     again (it did, every 0.5 s of the watch, handing the same task over twice)."""
     nc = LaneClient({8: b"eight"})
-    nc.info = {
-        "delivered": {"consumer_seq": 9, "stream_seq": 8},
-        "ack_floor": {"stream_seq": 7},
-        "num_ack_pending": 1,
-    }
-    p = make(nc, now)
-    p._fresh = True
+    nc.info = _info((9, 8), 7, 1)
+    p = _new_term(nc, now)
     p._requested = 100
     p._watch()
     assert [m.data for m in await p._recover()] == [b"eight"]
@@ -311,13 +318,8 @@ async def test_a_read_back_costs_a_read_per_message_still_stored_not_per_sequenc
     queue: 300 sequences holding 3 messages are read with at most a read per segment and
     one per message found, not 300 reads (1.2 s for 1,762 on a busy host)."""
     nc = LaneClient({105: b"a", 106: b"b", 390: b"c", 450: b"beyond"})
-    nc.info = {
-        "delivered": {"consumer_seq": 400, "stream_seq": 400},
-        "ack_floor": {"stream_seq": 100},
-        "num_ack_pending": 3,
-    }
-    p = make(nc, now)
-    p._fresh = True
+    nc.info = _info((400, 400), 100, 3)
+    p = _new_term(nc, now)
     found = await p._recover()
     assert [m.data for m in found] == [b"a", b"b", b"c"]
     assert [m.metadata.sequence.stream for m in found] == [105, 106, 390]
@@ -328,11 +330,7 @@ async def test_a_read_back_costs_a_read_per_message_still_stored_not_per_sequenc
 async def test_a_gap_larger_than_a_few_batches_is_left_to_the_ack_wait(now: list[float]) -> None:
     """A backlog is not a loss: over RECOVER_MAX batches missing, nothing is read back."""
     nc = LaneClient({})
-    nc.info = {
-        "delivered": {"consumer_seq": 100_000, "stream_seq": 100_000},
-        "ack_floor": {"stream_seq": 0},
-        "num_ack_pending": 100_000,
-    }
+    nc.info = _info((100_000, 100_000), 0, 100_000)
     p = make(nc, now)
     assert await p._recover() == [] and nc.gets == []
 
@@ -344,13 +342,8 @@ async def test_a_long_range_with_little_unacknowledged_is_read_back(now: list[fl
     RECOVER_SPAN batches it is left, whatever is unacknowledged."""
     stored = {2_000: b"a", 4_500: b"b", 7_900: b"c"}
     nc = LaneClient(stored)
-    nc.info = {
-        "delivered": {"consumer_seq": 9_000, "stream_seq": 8_000},
-        "ack_floor": {"stream_seq": 1_999},
-        "num_ack_pending": 3,
-    }
-    p = make(nc, now)
-    p._fresh = True
+    nc.info = _info((9_000, 8_000), 1_999, 3)
+    p = _new_term(nc, now)
     found = await p._recover()
     assert [m.data for m in found] == [b"a", b"b", b"c"]
     assert len(nc.gets) <= puller_module.RECOVER_AT_ONCE + len(stored)
@@ -500,11 +493,7 @@ async def test_a_shared_puller_reads_back_nothing_the_others_were_handed(
     the intake work (bench/partitions.py). (At its start it still reads back what was
     unacknowledged then, once: a killed engine's batch in flight is among it.)"""
     nc = LaneClient({s: b"x" for s in range(1, 13)})
-    nc.info = {
-        "delivered": {"consumer_seq": 12, "stream_seq": 12},
-        "ack_floor": {"stream_seq": 2},
-        "num_ack_pending": 9,
-    }
+    nc.info = _info((12, 12), 2, 9)
     p = Puller(nc, "S", "C", batch=100, expires=5.0, shared=True)  # type: ignore[arg-type]
     p._heard, p._requested = now[0], 100
     _deliver_seqs(p, [(3, 3), (7, 7), (9, 9)])
