@@ -28,7 +28,9 @@ from tests.faults.harness import (
 from tests.faults.proxy import FaultProxy
 from tests.support.helpers import DaemonRunner
 
-LANE_STREAM, INTAKE_CONSUMER = "MQ_DELAY", "scheduler-intake"
+# the lane and intake's consumer as a daemon names them by default (the runners keep them)
+LANE_STREAM = str(Settings.model_fields["intake_stream"].default)
+INTAKE_CONSUMER = str(Settings.model_fields["intake_consumer"].default)
 
 
 async def restart_right_after_a_renew(server: NatsServer, bucket: str = "scheduler_leader") -> None:
