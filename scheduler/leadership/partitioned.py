@@ -497,12 +497,7 @@ class PartitionedLeadership(TenureOffice):
 
     async def _growth_applied(self, epoch: int) -> bool:
         """The engine's answer to a growth (at most HANDOVER_GRACE; none: not applied)."""
-        give_up = self._clock.monotonic() + HANDOVER_GRACE
-        while not self._applied.is_set() and self.tenure.held():
-            now = self._clock.monotonic()
-            if now >= give_up:
-                break
-            await first_of(self._applied.wait(), self._clock.sleep(min(give_up - now, 0.1)))
+        await self._wait_for_engine(self._applied.is_set, self._applied)
         if self._applied.is_set() and self._applied_ok:
             return True
         self._log.warning("leader.growth_not_applied epoch=%d", epoch)
@@ -512,12 +507,17 @@ class PartitionedLeadership(TenureOffice):
         """Wait (at most HANDOVER_GRACE) for the engine to end the term; the renewals go on
         meanwhile (their own loop), so a slow wind-down (publishes waiting out their timeout)
         does not cost the partitions this engine keeps."""
+        await self._wait_for_engine(lambda: self._running is None, self._ended)
+
+    async def _wait_for_engine(self, done: Callable[[], bool], said: asyncio.Event) -> None:
+        """Wait until `done()` (`said` is set when it may have become true), at most
+        HANDOVER_GRACE and only while the tenure holds."""
         give_up = self._clock.monotonic() + HANDOVER_GRACE
-        while self._running is not None and self.tenure.held():
+        while not done() and self.tenure.held():
             now = self._clock.monotonic()
             if now >= give_up:
                 return
-            await first_of(self._ended.wait(), self._clock.sleep(min(give_up - now, 0.1)))
+            await first_of(said.wait(), self._clock.sleep(min(give_up - now, 0.1)))
 
     async def _release_all(self, partitions: Collection[int] | None = None) -> None:
         """Give back `partitions` (every key held when None), all at once."""
