@@ -19,8 +19,15 @@ import pytest
 from nats.js.api import StorageType, StreamConfig
 
 from tests.faults.harness import Cluster
-from tests.support.cluster import NatsCluster, Node
-from tests.support.cluster_load import ConsumerProbe, Probe, Producer, lateness, p99
+from tests.support.cluster import ClusterError, NatsCluster, Node
+from tests.support.cluster_load import (
+    ConsumerProbe,
+    NodeProbes,
+    Probe,
+    Producer,
+    lateness,
+    p99,
+)
 from tests.support.timeline import read_trace, timeline
 
 TARGET = "CLFAULTS"
@@ -46,6 +53,15 @@ ADDED_P99_MS = 500.0
 # 30, 56, 351 and 24 ms in four runs (the 351: the lane deliveries handed to the frozen node
 # read back 0.74 s after the new term began). The daemons run at DEBUG, so a failure prints
 # where the late tasks waited (tests/support/timeline.py).
+# 2026-12-07 (CI, and a loop here under two CPU burners): a thawed node can make a raft group
+# elect again after it resumes (its election timers ran out while it was stopped), and the
+# daemons' lease writes were answered 503 for 4-5 s while the probes saw no outage at all
+# (their connection on another node, it seems: not proven): the old term lapsed, a new one
+# began once the bucket answered, and the test called 3.6 s of the broker's outage ours. The
+# probes now also run on a connection pinned to each node (`NodeProbes`), and the outage
+# counted is the longest seen by the cluster-wide probes and by those of the nodes the daemons'
+# engines are on at the end (seen in that loop: "n1* +10.61, n2* +11.31", 4.5 ms added after
+# it). The failure output says which node each engine is on and what the nodes logged.
 STREAMS = ("MQ_DELAY", TARGET, "KV_scheduler_leader")
 SHOW_LATE = 30  # late tasks whose timeline a failure prints
 
@@ -140,7 +156,14 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
     nc = await nats.connect(urls, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
     stop = asyncio.Event()
     loops: list[asyncio.Task[None]] = []
+    pinned: dict[str, NodeProbes] = {}
     try:
+        for node in cluster.nodes:
+            if node is not frozen:
+                pinned[node.name] = await NodeProbes.open(
+                    node.name, node.url, ["mq.clfault.probe", "$KV.scheduler_leader.probe"],
+                    ("MQ_DELAY", "scheduler-intake"),
+                )  # fmt: skip
         js = nc.jetstream()
         for stream in STREAMS:
             await asyncio.to_thread(cluster.replicas_current, stream)
@@ -150,16 +173,24 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
             Probe(js, "$KV.scheduler_leader.probe"),
             ConsumerProbe(js, "MQ_DELAY", "scheduler-intake"),
         ]
-        loops = [asyncio.create_task(p.run(stop)) for p in probes]
+        each_node = [p for node in pinned.values() for p in node.probes]
+        loops = [asyncio.create_task(p.run(stop)) for p in probes + each_node]
         loops.append(asyncio.create_task(producer.run(stop)))
         await asyncio.sleep(2.0)
         at = await _fault(cluster, fault, frozen)
         await _recovered(producer, probes, at)
         await asyncio.sleep(AFTER)
-        await _enough_after(producer, probes, at)
+        await _enough_after(producer, probes + each_node, at)
         stop.set()
         await asyncio.gather(*loops)
-        recovered = _outage_end(producer, probes, at)
+        # the broker's outage as the daemons' nodes saw it too: their links are on one node each
+        linked = await asyncio.to_thread(_engine_nodes, cluster, daemons)
+        seen_there = [p for name in linked if name in pinned for p in pinned[name].probes]
+        recovered = _outage_end(producer, probes + seen_there, at)
+        per_node = {
+            name: max((b for p in node.probes if (b := p.back_after(at))), default=None)
+            for name, node in pinned.items()
+        }
         assert await producer.settle(10) == 0
         await asyncio.to_thread(cluster.heal)
         seen = await _delivered(cluster.urls, producer.accepted)
@@ -169,6 +200,8 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
             loop.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         await nc.close()
+        for probed in pinned.values():
+            await probed.close()
     lost = [t for t in producer.accepted if t not in seen]
     assert lost == [], f"{len(lost)} accepted tasks never delivered: {lost[:5]}"
     doubled = [t for t in producer.accepted if len(seen[t][1]) > 1]
@@ -179,12 +212,23 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
     assert doubled == [] and early == [], f"doubled {doubled[:5]}, early {early[:5]}"
     assert len(after) >= RATE * (AFTER - 2), f"only {len(after)} tasks due after the outage"
     added = p99(after)
-    print(f"{fault}: broker out {outage:.2f} s; added p99 {added:.1f} ms ({len(after)} tasks)")
-    late = _where_late(judged, seen, producer, daemons, at, recovered) if added > 25 else ""
+    views = ", ".join(
+        f"{name}{'*' if name in linked else ''} {'-' if end is None else f'+{end - at:.2f}'}"
+        for name, end in per_node.items()
+    )
+    print(
+        f"{fault}: broker out {outage:.2f} s (back per node, * engines on it: {views}); "
+        f"added p99 {added:.1f} ms ({len(after)} tasks)"
+    )
+    late = ""
+    if added > 25:
+        late = _where_late(judged, seen, producer, daemons, at, recovered)
+        late += "\n" + await asyncio.to_thread(_where_linked, cluster, daemons, at)
     if late:
         print(late)
     assert added <= ADDED_P99_MS, (
-        f"{fault}: broker out {outage:.2f} s; tasks due after it p99 {added:.0f} ms late\n{late}"
+        f"{fault}: broker out {outage:.2f} s ({views}); tasks due after it p99 {added:.0f} ms "
+        f"late\n{late}"
     )
 
 
@@ -215,6 +259,58 @@ def _where_late(
     )
 
 
+_SERVER_STAMP = re.compile(r"^\[\d+\] (\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6}) ")
+_SERVER_NOISE = re.compile(r"\[DBG\]|\[TRC\]")
+
+
+def _engine_nodes(cluster: NatsCluster, daemons: Cluster) -> dict[str, str]:
+    """{node name: daemon name} of the nodes the daemons' engine connections are on now."""
+    on: dict[str, str] = {}
+    for member in daemons.members:
+        try:
+            node = cluster.client_node(f"mq-scheduler {member.name} engine", timeout=2.0)
+        except ClusterError:
+            continue
+        on[node.name] = f"{on[node.name]}, {member.name}" if node.name in on else member.name
+    return on
+
+
+def _where_linked(cluster: NatsCluster, daemons: Cluster, at: float, most: int = 80) -> str:
+    """Which node each daemon's engine connection is on now, and what the nodes' own logs say
+    from a second before the fault on (leader elections, routes, stale clients): whether a
+    daemon's 503s were the broker's everywhere or one node's."""
+    on = [f"{who} on {node}" for node, who in _engine_nodes(cluster, daemons).items()]
+    out: list[tuple[float, str]] = []
+    for node in cluster.nodes:
+        try:
+            text = (node.store / "nats-server.log").read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            stamp = _SERVER_STAMP.match(line)
+            if stamp is None or _SERVER_NOISE.search(line):
+                continue
+            t = datetime.strptime(stamp[1], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            if t >= at - 1.0:
+                out.append((t, f"{t - at:+7.3f} {node.name}: {line[stamp.end() :][:200]}"))
+    out.sort()
+    kept: list[str] = []
+    last, alike = "", 0  # a line like the one before (the same but for numbers) is counted
+    for _, line in out:
+        shape = re.sub(r"\d+", "#", line[8:])
+        if shape == last:
+            alike += 1
+            continue
+        if alike:
+            kept.append(f"        ... and {alike} more like it")
+        kept.append(line)
+        last, alike = shape, 0
+    if alike:
+        kept.append(f"        ... and {alike} more like it")
+    lines = "\n".join(kept[:most]) or "(none)"
+    return f"engine links now: {', '.join(on)}; the nodes' logs, s after the fault:\n{lines}"
+
+
 _LINK = re.compile(r"puller\.|intake\.|nats\.|link\.|leader\.|engine\.term")
 _NOISE = re.compile(r"trace\.|puller\.pull ")  # a line per task or per pull: not the story
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
@@ -229,10 +325,17 @@ def _link_lines(daemons: Cluster, at: float, most: int = 120) -> str:
             text = member.log_path.read_text(errors="replace")
         except OSError:
             continue
+        said = "\0"  # a campaign lost again for the same reason is not news
         for line in text.splitlines():
             stamp = _STAMP.match(line)
             if stamp is None or not _LINK.search(line) or _NOISE.search(line):
                 continue
+            if "leader.campaign_lost" in line:
+                if line.endswith(said):
+                    continue
+                said = line[line.find("error=") :]
+            else:
+                said = "\0"
             t = datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
             if t >= at - 1.0:
                 out.append((t, f"{t - at:+7.3f} {member.name}: {line[stamp.end() :][:200]}"))

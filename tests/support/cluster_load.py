@@ -5,7 +5,8 @@ resends (same `Nats-Msg-Id`) a publish that has no PubAck after `RETRY_AFTER`, a
 producer would through an election: a task is *accepted* once it has its PubAck. `Probe` writes
 to the target stream every `PROBE_EVERY` s: the broker's own unwritable window after a fault is
 the time to its first stored write (and to the producer's first PubAck from the lane, and to
-the lane consumer's first answer: `ConsumerProbe`).
+the lane consumer's first answer: `ConsumerProbe`); `NodeProbes` time it as the clients of one
+node see it.
 `lateness` reads the target stream back: per task id, store time minus due time of each copy.
 """
 
@@ -167,6 +168,33 @@ class ConsumerProbe(Probe):
 
     async def _write(self, n: int) -> None:
         await self.js.consumer_info(self.stream, self.consumer, timeout=0.5)
+
+
+class NodeProbes:
+    """The probes of one node on a connection pinned to it (it never moves to another node):
+    the broker's outage as a client of that node sees it. The other probes time the outage
+    from whichever node their connection landed on, and a node can be out for its clients
+    while another answers (a thawed node's return can make a raft group elect again; a client
+    of another node may be answered sooner, or not at all: measured per node, not assumed).
+    `subjects`: the streams' subjects to write a probe to; `consumer`: (stream, durable) whose
+    info to ask for."""
+
+    def __init__(self, node: str, nc: Any, probes: list[Probe]) -> None:
+        self.node, self.nc, self.probes = node, nc, probes
+
+    @classmethod
+    async def open(
+        cls, node: str, url: str, subjects: list[str], consumer: tuple[str, str]
+    ) -> NodeProbes:
+        nc = await nats.connect(url, allow_reconnect=False, name=f"probe {node}")
+        js = nc.jetstream()
+        probes = [Probe(js, subject) for subject in subjects]
+        probes.append(ConsumerProbe(js, *consumer))
+        return cls(node, nc, probes)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.close()
 
 
 async def lateness(urls: list[str], stream: str) -> dict[str, tuple[float, list[float]]]:
