@@ -122,6 +122,18 @@ def rfc3339(instant: datetime) -> str:
     return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+def to_rfc3339_us(dt: datetime) -> str:
+    """RFC 3339 UTC with microseconds and a Z, always six digits: 2026-11-22T06:00:00.000000Z.
+
+    The API's instants (HTTP answers and the NATS verbs' records): fixed width, so their
+    text sorts as the instants do (pydantic's own text drops a zero fraction, so `...:35Z`
+    sorted after `...:35.050000Z`), and lossless, so an instant read from one answer can be
+    sent back as a filter (`due_after=`) and mean exactly that instant. A naive datetime is
+    taken as UTC (the database's `timestamptz` values never are)."""
+    utc = dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+    return f"{utc.isoformat(timespec='microseconds')[:26]}Z"
+
+
 _SECOND_TEXT: dict[datetime, str] = {}
 _TEXT: dict[datetime, str] = {}
 

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from scheduler.messages.envelope import bounded_instant
+from scheduler.operations.records import Instant as Answered  # an instant in an answer
 
 TASK_ID = r"^[\x21-\x7e]{1,200}$"  # the envelope's id rule: printable ASCII, no spaces
 JOB_NAME = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
@@ -274,7 +275,7 @@ class BackfillWindow(Body):
 
 
 class BackfillItem(BaseModel):
-    scheduled_for: datetime
+    scheduled_for: Answered
     msg_id: str = Field(description="the delivery's Nats-Msg-Id: <job>@backfill-<occurrence>")
     status: Literal["fired", "already_fired", "in_flight", "planned"] = Field(
         description="fired now; fired by an earlier backfill; being published by another "

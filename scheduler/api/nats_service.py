@@ -22,7 +22,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any
 
 from nats.aio.client import Client
@@ -32,7 +31,7 @@ from nats.micro.service import Service
 
 from scheduler import __version__
 from scheduler.api.pace import Pace
-from scheduler.clock import Clock, to_rfc3339
+from scheduler.clock import Clock
 from scheduler.errors import EnvelopeError, RequestError, TargetRefusedError
 from scheduler.messages.envelope import ID_RULE, duplicate_key, valid_id
 from scheduler.messages.subjects import check_target, target_from_rest
@@ -176,7 +175,7 @@ class SchedulerService:
         task = await self.tasks.get(_task_id(body), target)
         if task is None:
             return {"status": "not_found", "id": body.get("id")}
-        return {"status": "found", "task": {k: _plain(v) for k, v in task.model_dump().items()}}
+        return {"status": "found", "task": task.model_dump(mode="json")}
 
 
 def _body(data: bytes) -> dict[str, Any]:
@@ -205,10 +204,6 @@ def _internal(verb: str, subject: str) -> dict[str, Any]:
     error_id = uuid.uuid4().hex[:12]
     log.exception("api.%s.failed subject=%s error_id=%s", verb, subject, error_id)
     return _error("internal", f"the request failed on the server (error id {error_id}, in its log)")
-
-
-def _plain(value: Any) -> Any:
-    return to_rfc3339(value) if isinstance(value, datetime) else value
 
 
 def _unwritten(exc: WriteFailed) -> str:

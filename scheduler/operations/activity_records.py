@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field
 
-from scheduler.operations.records import Record
+from scheduler.operations.records import Instant, Record
 
 
 class ActivityEntry(Record):
     id: int
-    at: datetime = Field(description="when the request was taken")
+    at: Instant = Field(description="when the request was taken")
     who: str = Field(description="the token kind and the client's address, e.g. admin@10.0.0.7")
     via: Literal["api", "console"] = Field(description="a direct API call, or the web console")
     session: str | None = Field(description="the console session's tag (via console only)")

@@ -3,12 +3,11 @@ the HTTP API serves them as they are)."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from pydantic import Field
 
-from scheduler.operations.records import Record
+from scheduler.operations.records import Instant, Record
 
 
 class ScheduleSummary(Record):
@@ -20,31 +19,31 @@ class ScheduleSummary(Record):
     active: bool = Field(description="false once the job was removed from YAML")
     paused: bool = Field(description="paused in YAML or by an operator")
     paused_in_yaml: bool
-    paused_at: datetime | None = Field(description="when an operator paused it")
+    paused_at: Instant | None = Field(description="when an operator paused it")
     paused_by: str | None = Field(description="who paused it: token kind and address")
     pause_note: str | None = Field(default=None, description="why, as the operator wrote it")
     failed: bool = Field(
         description="stopped by a permanent publish error (failed_error says why); fires again "
         "once its definition changes or an operator resumes it"
     )
-    failed_at: datetime | None = Field(description="when the leader stopped it")
+    failed_at: Instant | None = Field(description="when the leader stopped it")
     failed_reason: str | None = Field(description="the error's code, e.g. too_large")
     failed_error: str | None = Field(description="the error, naming the YAML field at fault")
     file: str | None
     line: int | None
-    last_scheduled_for: datetime | None = Field(description="the occurrence last handled")
-    last_fired_at: datetime | None
+    last_scheduled_for: Instant | None = Field(description="the occurrence last handled")
+    last_fired_at: Instant | None
     skipped: int
 
 
 class Occurrence(Record):
-    scheduled_for: datetime
-    fire_at: datetime = Field(description="the occurrence plus its fixed jitter")
+    scheduled_for: Instant
+    fire_at: Instant = Field(description="the occurrence plus its fixed jitter")
 
 
 class Fire(Record):
-    scheduled_for: datetime
-    fired_at: datetime
+    scheduled_for: Instant
+    fired_at: Instant
     lateness_ms: float
     attempt: int
     epoch: int

@@ -32,7 +32,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
 
-from scheduler.clock import Clock, to_rfc3339
+from scheduler.clock import Clock, to_rfc3339, to_rfc3339_us
 from scheduler.cron.expression import occurrences
 from scheduler.cron.jobs import Job, job_from_definition, load_dir, schedule_files
 from scheduler.cron.misfire import fire_time
@@ -171,7 +171,7 @@ class ScheduleOperations:
         fired = Advance(job.name, job.subject, now, self.clock.now(), ack.stream, ack.seq)
         logged = await self._confirm(fired, msg_id, ack.duplicate)
         data = {"msg_id": msg_id, "subject": job.subject, "stream": ack.stream, "seq": ack.seq}
-        data |= {"fired_at": to_rfc3339(now), "fire_log": logged}
+        data |= {"fired_at": to_rfc3339_us(now), "fire_log": logged}
         return Outcome("triggered", name, data=data)
 
     async def backfill(

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Any
 
 from pydantic import Field
 
-from scheduler.operations.records import Record
+from scheduler.operations.records import Instant, Record
 
 
 class DeadLetterSummary(Record):
@@ -21,12 +20,12 @@ class DeadLetterSummary(Record):
     stage: str = Field(description="intake (bad input, never a task) or firing")
     error: str | None
     attempts: int
-    first_seen: datetime
-    last_failed: datetime
+    first_seen: Instant
+    last_failed: Instant
     resolved: bool
-    resolved_at: datetime | None
+    resolved_at: Instant | None
     resolved_by: str | None
-    replayed_at: datetime | None
+    replayed_at: Instant | None
     raw_size: int | None = Field(
         default=None, description="the message's size in bytes as received (null: not recorded)"
     )

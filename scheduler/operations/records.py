@@ -9,9 +9,19 @@ dead letters, cron jobs and the activity log have a `*_records` module each."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
+
+from scheduler.clock import to_rfc3339_us
+
+# An instant in an answer: RFC 3339 UTC with six fraction digits and a Z in JSON (HTTP and the
+# NATS verbs alike), so every answer's instants have one width and sort as text as in time.
+Instant = Annotated[
+    datetime,
+    PlainSerializer(to_rfc3339_us, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time"}, mode="serialization"),
+]
 
 
 class Record(BaseModel):
@@ -40,7 +50,7 @@ class LeaseHolder(Record):
 
 
 class Stats(Record):
-    at: datetime
+    at: Instant
     pending: int
     pending_by_subject: list[SubjectCount]
     due: dict[str, int] = Field(description="pending tasks due within 1m, 5m, 15m, 1h")
@@ -49,7 +59,7 @@ class Stats(Record):
     leader: LeaseHolder
     epoch: int
     epoch_taken_by: str | None
-    epoch_taken_at: datetime | None
+    epoch_taken_at: Instant | None
     instance: dict[str, Any] = Field(description="how the answering instance sees itself")
 
 
@@ -60,7 +70,7 @@ class HistoryLateness(Record):
 
 
 class HistoryBucket(Record):
-    start: datetime
+    start: Instant
     deliveries: int | None = Field(description="null: before `covered_since` (not read)")
     per_minute: float | None
     p50_ms: float | None
@@ -74,8 +84,8 @@ class LateFire(Record):
     kind: Literal["cron", "delayed"]
     key: str = Field(description="the cron job's name or the delayed task's id")
     subject: str
-    scheduled_for: datetime
-    fired_at: datetime
+    scheduled_for: Instant
+    fired_at: Instant
     lateness_ms: float
     attempt: int
     epoch: int
@@ -86,20 +96,20 @@ class LateFire(Record):
 class EpochSeen(Record):
     epoch: int
     instance: str
-    first_fired_at: datetime
-    last_fired_at: datetime
+    first_fired_at: Instant
+    last_fired_at: Instant
 
 
 class History(Record):
-    at: datetime = Field(description="when these figures were read (shared for a few seconds)")
+    at: Instant = Field(description="when these figures were read (shared for a few seconds)")
     window: Literal["1h", "1d"]
     job: str | None
-    since: datetime
-    until: datetime
+    since: Instant
+    until: Instant
     bucket_seconds: int
     deliveries: int
     truncated: bool = Field(description="more deliveries than one read takes: see covered_since")
-    covered_since: datetime | None
+    covered_since: Instant | None
     abnormal_ms: float
     lateness_ms: HistoryLateness
     buckets: list[HistoryBucket]
@@ -123,7 +133,7 @@ class LeaseAge(Record):
 
 
 class PartsHealth(Record):
-    at: datetime
+    at: Instant
     instance: str | None
     role: str | None
     nats: str = Field(description="connected, disconnected or closed")
@@ -138,8 +148,8 @@ class Instance(Record):
     instance: str
     role: Literal["leader", "standby"]
     epoch: int | None
-    since: datetime | None = Field(description="when it took this role")
-    last_seen: datetime = Field(description="its latest heartbeat (every 5 s)")
+    since: Instant | None = Field(description="when it took this role")
+    last_seen: Instant = Field(description="its latest heartbeat (every 5 s)")
     stale: bool = Field(description="no heartbeat for 15 s: crashed, or cut off from NATS")
 
 
@@ -151,7 +161,7 @@ class InstanceList(Record):
 class AuditRun(Record):
     run: str = Field(description="the run's folder under SCHEDULER_AUDIT_DIR")
     day: str = Field(description="the day audited: the folder's name, or when it was written")
-    written_at: datetime = Field(description="when its summary.json was written")
+    written_at: Instant = Field(description="when its summary.json was written")
     has_report: bool
 
 

@@ -7,12 +7,11 @@ so a page is joined, never decoded into these."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field
 
-from scheduler.operations.records import Record
+from scheduler.operations.records import Instant, Record
 
 
 class TaskSummary(Record):
@@ -20,12 +19,12 @@ class TaskSummary(Record):
     target: str
     status: str = Field(description="pending, claimed, fired, cancelled, expired, dead, ...")
     priority: int | None = Field(description="null once fired (the task's row is deleted)")
-    due_at: datetime = Field(description="when it fires (moves on retries and reschedules)")
-    scheduled_for: datetime = Field(description="the time the producer (or a replay) asked for")
-    expires_at: datetime | None
+    due_at: Instant = Field(description="when it fires (moves on retries and reschedules)")
+    scheduled_for: Instant = Field(description="the time the producer (or a replay) asked for")
+    expires_at: Instant | None
     attempts: int
-    created_at: datetime | None = Field(description="null once fired")
-    fired_at: datetime | None
+    created_at: Instant | None = Field(description="null once fired")
+    fired_at: Instant | None
 
 
 class TaskState(TaskSummary):
@@ -36,8 +35,8 @@ class TaskState(TaskSummary):
 
 
 class Delivery(Record):
-    scheduled_for: datetime
-    fired_at: datetime
+    scheduled_for: Instant
+    fired_at: Instant
     attempt: int
     epoch: int
     instance: str
@@ -47,8 +46,8 @@ class Delivery(Record):
 
 class TaskDetail(TaskState):
     claimed_epoch: int | None
-    claimed_at: datetime | None
-    updated_at: datetime
+    claimed_at: Instant | None
+    updated_at: Instant
     headers: dict[str, Any] = Field(description="producer headers delivered with the task")
     envelope: dict[str, Any] | None = Field(description="the stored envelope, when it is JSON")
     payload_base64: str | None = Field(description="the stored bytes, when they are not JSON")

@@ -16,7 +16,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from scheduler.clock import Clock, to_rfc3339
+from scheduler.clock import Clock, to_rfc3339_us
 from scheduler.engine.delayed import rescheduled
 from scheduler.errors import RequestError
 from scheduler.messages.envelope import (
@@ -107,7 +107,7 @@ class TaskOperations:
         await self.bus.store(subject, raw)
         due = ceil_ms(env.due_at(now or self.clock.now()))  # as intake stores it
         return DelayedScheduled(
-            status="scheduled", id=env.id, target=target, due_at=to_rfc3339(due)
+            status="scheduled", id=env.id, target=target, due_at=to_rfc3339_us(due)
         )
 
     async def get(self, task_id: str, target: str | None = None) -> TaskState | None:
@@ -180,7 +180,7 @@ class TaskOperations:
         if ref is None:
             return Outcome(status, task_id, _explain(status, task_id))
         await self.notify_leader(ref)
-        return Outcome(status, task_id, data={"due_at": to_rfc3339(ceil_ms(due))})  # as stored
+        return Outcome(status, task_id, data={"due_at": to_rfc3339_us(ceil_ms(due))})  # as stored
 
     def check_due(self, due: datetime) -> None:
         try:  # a time PostgreSQL or the engine's arithmetic cannot hold (year 1, year 9999)

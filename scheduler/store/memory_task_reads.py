@@ -9,7 +9,7 @@ same instant, in the order they fired (fired time, then id), the subject and due
 on the delivery, with a day's slack before `due_after` on the fired time; a subject filter is
 exact or a prefix when it ends in `.>`; keyset pages after the last row's key. Each listed
 task is its summary as PostgreSQL's `json_build_object` writes it (`SUMMARY_JSON`: its
-separators, its escapes, instants in UTC with `Z` and microseconds only when there are any),
+separators, its escapes, instants in UTC with six fraction digits and `Z`),
 keyed by the due (or fired) time in integer microseconds. One task's detail is its row with
 headers and bytes, or, once fired, its tombstone and latest delivery, with its deliveries in
 the order they were due. Ids compare by code point, as PostgreSQL compares them under a `C`
@@ -21,9 +21,10 @@ tests/contracts/test_task_reads.py holds the twin and PostgreSQL to the same ans
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from scheduler.clock import to_rfc3339_us
 from scheduler.operations.stores import Listed, TaskFilter
 from scheduler.store.memory import MemoryTaskStore, Row
 from scheduler.store.memory_dead_letters import subject_matches
@@ -176,7 +177,5 @@ def _text(value: str) -> str:
 
 
 def iso_text(at: datetime) -> str:
-    """`overview.iso_text`: UTC, `Z`, the microseconds only when there are any."""
-    u = at.astimezone(UTC)
-    text = f"{u.year:04d}-{u.month:02d}-{u.day:02d}T{u.hour:02d}:{u.minute:02d}:{u.second:02d}"
-    return text + (f".{u.microsecond:06d}" if u.microsecond else "") + "Z"
+    """`overview.iso_text`: `scheduler.clock.to_rfc3339_us`, the API's form of an instant."""
+    return to_rfc3339_us(at)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.clock import to_rfc3339_us
 from scheduler.metrics import Metrics
 from scheduler.operations.stores import TaskFilter, TaskReads
 from scheduler.records import ClaimedTask, Fired, NewTask
@@ -139,7 +140,7 @@ async def test_held_tasks_page_by_their_key(store: Reads) -> None:
 async def test_a_listed_task_is_its_summary_as_postgresql_writes_it(store: Reads) -> None:
     """A listed task is its summary's JSON text in PostgreSQL's form: the model's fields in order,
     ` : ` and `, ` between them, strings escaped only where JSON must (a quote, a backslash, a
-    control) and instants in UTC with `Z` and microseconds only when there are any."""
+    control) and instants in UTC with six fraction digits and `Z`."""
     target = 'mq.t\u00e2ches."q"\\b\t\x01\x7f.\u2028\U0001f600'
     due = datetime(2031, 3, 4, 5, 6, 7, 120_000, tzinfo=UTC)
     task = NewTask("odd-1", target, b"{}", {}, 7, due, due.replace(microsecond=0), None)
@@ -149,7 +150,7 @@ async def test_a_listed_task_is_its_summary_as_postgresql_writes_it(store: Reads
     assert listed.doc == (
         '{"id" : "odd-1", "target" : "mq.t\u00e2ches.\\"q\\"\\\\b\\t\\u0001\x7f.\u2028\U0001f600", '
         '"status" : "pending", "priority" : 7, "due_at" : "2031-03-04T05:06:07.120000Z", '
-        '"scheduled_for" : "2031-03-04T05:06:07Z", "expires_at" : null, "attempts" : 0, '
+        '"scheduled_for" : "2031-03-04T05:06:07.000000Z", "expires_at" : null, "attempts" : 0, '
         f'"created_at" : "{created}", "fired_at" : null}}'
     )
     at = datetime.fromisoformat(created.replace("Z", "+00:00"))
@@ -190,12 +191,12 @@ async def test_fired_tasks_list_in_the_order_they_fired_with_filters_and_pages(
         "target": "mq.u.x",
         "status": "fired",
         "priority": None,
-        "due_at": due[1].isoformat().replace("+00:00", "Z"),
-        "scheduled_for": due[1].isoformat().replace("+00:00", "Z"),
+        "due_at": to_rfc3339_us(due[1]),
+        "scheduled_for": to_rfc3339_us(due[1]),
         "expires_at": None,
         "attempts": 1,
         "created_at": None,
-        "fired_at": at.isoformat().replace("+00:00", "Z"),
+        "fired_at": to_rfc3339_us(at),
     }
     assert [json.loads(r.doc)["id"] for r in await store.reads.fired(EVERY, (at, "fa"), 10)] == [
         "fb",

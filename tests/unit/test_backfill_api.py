@@ -127,7 +127,11 @@ async def test_occurrences_follow_the_jobs_time_zone(api: EdgeOnTwins) -> None:
     r = await _fill(api, "berlin", start, start + timedelta(days=3), dry_run=True)
     assert r.status == 200, r
     got = [i["scheduled_for"] for i in r.body["items"]]
-    assert got == ["2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]
+    assert got == [
+        "2026-03-28T01:30:00.000000Z",
+        "2026-03-29T01:00:00.000000Z",
+        "2026-03-30T00:30:00.000000Z",
+    ]
     assert r.body["status"] == "planned" and r.body["fired"] == 0
     assert {i["status"] for i in r.body["items"]} == {"planned"}
 

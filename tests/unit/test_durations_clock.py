@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from scheduler.clock import FakeClock, to_rfc3339
+from scheduler.clock import FakeClock, to_rfc3339, to_rfc3339_us
 from scheduler.durations import parse_duration
 
 
@@ -132,3 +132,26 @@ def test_backoff_doubles_from_the_first_wait_up_to_the_cap_with_jitter() -> None
         waits = [backoff_seconds(0.5, attempt, cap=60.0) for _ in range(200)]
         assert all(base * 0.8 <= w <= base * 1.2 for w in waits)
         assert max(waits) - min(waits) > base * 0.1
+
+
+def test_to_rfc3339_us_has_one_width_and_sorts_as_the_instants_do() -> None:
+    """The API's form of an instant: UTC, six fraction digits and a Z whatever the instant
+    (a whole second, one microsecond, another zone, a naive value taken as UTC), so the texts
+    of any instants sort as the instants do and read back exactly."""
+    zone = timezone(timedelta(hours=-5, minutes=-30))
+    whole = datetime(2026, 12, 7, 1, 2, 35, tzinfo=UTC)
+    instants = [
+        whole + timedelta(milliseconds=50),
+        whole,
+        whole + timedelta(microseconds=1),
+        (whole + timedelta(seconds=1)).astimezone(zone),
+        datetime(1970, 1, 1, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+    ]
+    texts = [to_rfc3339_us(i) for i in instants]
+    assert texts[1] == "2026-12-07T01:02:35.000000Z"
+    assert texts[3] == "2026-12-07T01:02:36.000000Z"
+    assert {len(t) for t in texts} == {len("2026-12-07T01:02:35.000000Z")}
+    assert sorted(texts) == [to_rfc3339_us(i) for i in sorted(instants)]
+    assert [datetime.fromisoformat(t.replace("Z", "+00:00")) for t in texts] == instants
+    assert to_rfc3339_us(whole.replace(tzinfo=None)) == texts[1]

@@ -12,6 +12,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from scheduler.clock import to_rfc3339_us
 from scheduler.operations.history import bucket_start
 from tests.integration.api.harness import envelope, poll
 from tests.support.edge_twins import READ, EdgeOnTwins
@@ -83,7 +84,7 @@ async def test_history_buckets_lateness_and_names_the_cause_of_abnormal_fires(
         and "epoch 900 (old-leader)" in (late["t-gap"]["cause"])
     )
     assert late["t-retry"]["cause"].startswith("retried: delivered at attempt 3")
-    gap = next(b for b in h["buckets"] if b["start"] == due.isoformat().replace("+00:00", "Z"))
+    gap = next(b for b in h["buckets"] if b["start"] == to_rfc3339_us(due))
     assert gap["abnormal"] and gap["max_ms"] == 7341 and gap["deliveries"] == 1
     assert {e["epoch"] for e in h["epochs"]} >= {900, 901}
     day = await history(api, window="1d")

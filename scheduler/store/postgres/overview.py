@@ -26,14 +26,9 @@ _TASK_SUMMARY = (
 
 
 def iso_text(column: str) -> str:
-    """SQL writing an instant as the API writes one (pydantic's form, `TaskSummary`): UTC,
-    `Z`, the microseconds only when there are any, e.g. `2026-11-22T06:00:00.120000Z`."""
-    utc = f"({column} AT TIME ZONE 'UTC')"
-    return (
-        f"to_char({utc}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN "
-        f"date_part('microseconds', {utc})::int % 1000000 = 0 THEN '' "
-        f"ELSE to_char({utc}, '.US') END || 'Z'"
-    )
+    """SQL writing an instant as the API writes one (`scheduler.clock.to_rfc3339_us`, the
+    records' `Instant`): UTC, six fraction digits, `Z`, e.g. `2026-11-22T06:00:00.120000Z`."""
+    return f"to_char(({column} AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
 
 
 def micros(column: str) -> str:

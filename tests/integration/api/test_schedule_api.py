@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from scheduler import client
-from scheduler.clock import to_rfc3339
+from scheduler.clock import to_rfc3339_us
 from scheduler.records import ceil_ms
 from tests.integration.api.harness import READ, TARGET, ApiHarness, envelope, poll
 
@@ -52,7 +52,7 @@ async def test_envelope_form_answers_as_the_nats_verb_and_delivers_the_bytes(
     other = envelope(due, org_id="org-1")
     verb = await client.schedule(api.nc, TARGET, other)
     assert set(r.body) == set(verb) and r.body["status"] == verb["status"] == "scheduled"
-    assert r.body["id"] == doc["id"] and r.body["due_at"] == verb["due_at"] == to_rfc3339(
+    assert r.body["id"] == doc["id"] and r.body["due_at"] == verb["due_at"] == to_rfc3339_us(
         ceil_ms(due)
     )
     msgs = await poll(lambda: _delivered(api, 0.3), lambda m: len(m) == 2, within=10)
