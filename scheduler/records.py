@@ -116,6 +116,9 @@ class Insertion:
     stored: list[TaskRef] = field(default_factory=list)
     # the id was stored before with the same target and bytes: an idempotent no-op
     resent: list[NewTask] = field(default_factory=list)
+    # of those, the ones whose row still waits to fire, as the heap sees them (the owner of a
+    # partition is told of a redelivered one: `scheduler.engine.delayed.stored`)
+    resent_refs: list[TaskRef] = field(default_factory=list)
     # the id is taken by a task with another target or other bytes: `duplicate_id`
     taken: list[NewTask] = field(default_factory=list)
     # PostgreSQL refused the row itself (the error's text): `unstorable`
@@ -128,6 +131,7 @@ class Insertion:
         self.stored += other.stored
         self.cancelled += other.cancelled
         self.resent += other.resent
+        self.resent_refs += other.resent_refs
         self.taken += other.taken
         self.refused += other.refused
         return self

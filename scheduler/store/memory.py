@@ -187,9 +187,12 @@ class MemoryTaskStore:
             if t.id in fresh:
                 fresh.discard(t.id)
                 continue
-            kept = (self.rows.get(t.id) or self.fired[t.id]).task
+            row = self.rows.get(t.id)
+            kept = (row or self.fired[t.id]).task
             same = kept.target == t.target and kept.payload == t.payload
             (result.resent if same else result.taken).append(t)
+            if same and row is not None and row.status == "pending":
+                result.resent_refs.append(row.ref())
         return result
 
     async def record_bad_intake(self, rows: Sequence[dict[str, Any]]) -> None:

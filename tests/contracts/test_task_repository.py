@@ -98,7 +98,8 @@ async def status(repo: Repo, t: NewTask) -> str:
 
 
 async def test_an_id_is_stored_once_and_a_resend_told_from_a_clash(repo: Repo) -> None:
-    """A resent task (same target, same bytes) is `resent`; another task under a taken id is
+    """A resent task (same target, same bytes) is `resent`, with the heap entry of its row,
+    which waits to fire (`resent_refs`, the stored one's); another task under a taken id is
     `taken`; only the first is stored."""
     first = task()
     same = NewTask(first.id, first.target, first.payload, {}, 5, first.due_at, first.due_at, None)
@@ -107,6 +108,19 @@ async def test_an_id_is_stored_once_and_a_resend_told_from_a_clash(repo: Repo) -
     assert [r.task_id for r in got.stored] == [first.id]
     again = await repo.tasks.insert_batch([same, other])
     assert (again.stored, again.resent, again.taken) == ([], [same], [other])
+    assert again.resent_refs == got.stored
+
+
+async def test_a_resend_of_a_claimed_or_fired_task_has_no_heap_entry(repo: Repo) -> None:
+    """Only a resend whose row waits to fire (pending, held by no leader) names its heap
+    entry: one claimed or fired is nothing to fire again."""
+    held, fired = task(0), task(0)
+    await repo.tasks.insert_batch([held, fired])
+    epoch = await repo.take_office()
+    assert len(await claim(repo.tasks, epoch, [held.id], NOW + timedelta(seconds=1))) == 1
+    await _fire(repo, fired)
+    again = await repo.tasks.insert_batch([held, fired])
+    assert (again.stored, again.resent, again.resent_refs) == ([], [held, fired], [])
 
 
 async def test_pages_come_in_firing_order_past_the_cursor(repo: Repo) -> None:

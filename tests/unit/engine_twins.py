@@ -29,10 +29,13 @@ class Delivery:
     reply: str = ""
     headers: dict[str, str] | None = None
     termed: bool = False
+    meta: Any = None  # JetStream's delivery metadata, when a test gives one
 
     @property
     def metadata(self) -> Any:
-        raise AttributeError("not a JetStream message")
+        if self.meta is None:
+            raise AttributeError("not a JetStream message")
+        return self.meta
 
     async def in_progress(self) -> None:
         pass
@@ -95,6 +98,7 @@ class Engine:
     stop: asyncio.Event
     runner: asyncio.Task[None] | None = None
     counter: int = 0
+    sent: dict[str, Delivery] = field(default_factory=dict)  # `send`'s messages by task id
 
     def send(self, delay_ms: int, priority: int = 5, target: str = "inference.chat") -> str:
         """A producer's envelope on the lane, due `delay_ms` after the fake clock's now."""
@@ -111,7 +115,8 @@ class Engine:
             "data": {"n": self.counter},
         }
         subject = f"mq.delay.{target}"
-        self.lane.queue.put_nowait(Delivery(subject, json.dumps(doc).encode(), f"ack.{task_id}"))
+        msg = self.sent[task_id] = Delivery(subject, json.dumps(doc).encode(), f"ack.{task_id}")
+        self.lane.queue.put_nowait(msg)
         return task_id
 
     def delivered(self) -> list[Stored]:

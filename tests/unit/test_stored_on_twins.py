@@ -11,10 +11,12 @@ from datetime import timedelta
 
 import pytest
 
+from scheduler.bus.memory import DeliveryMetadata, SequencePair
 from scheduler.engine.delayed import stored
 from scheduler.partitions import partition_of
 from scheduler.records import NewTask, to_ms
-from tests.unit.engine_twins import T0, Engine, Office, engine_on_twins
+from scheduler.store.memory import MemoryTaskStore
+from tests.unit.engine_twins import T0, Delivery, Engine, Office, engine_on_twins
 
 P = 8
 MINE = frozenset({0, 1, 2})
@@ -55,8 +57,8 @@ async def recorded(twin: Engine) -> list[tuple[str, bytes]]:
     return sent
 
 
-async def sharing_twin() -> Engine:
-    twin = await engine_on_twins(partitions=P)
+async def sharing_twin(store: MemoryTaskStore | None = None) -> Engine:
+    twin = await engine_on_twins(store, partitions=P)
     office = SharingOffice(await twin.store.take_office("twin"), MINE)
     twin.engine.office = twin.office = office
     return twin
@@ -126,3 +128,42 @@ async def test_under_one_partition_no_notice_is_sent_or_heard() -> None:
         assert not [s for s, _ in twin.bus.listeners if s.startswith(stored.SUBJECT_PREFIX)]
     finally:
         await twin.close()
+
+
+def _meta(delivered: int, consumer_seq: int) -> DeliveryMetadata:
+    seqs = SequencePair(stream=consumer_seq or 7, consumer=consumer_seq)
+    return DeliveryMetadata("MQ_DELAY", "scheduler-intake", seqs, delivered, T0)
+
+
+async def test_a_stored_task_taken_again_from_the_lane_is_noticed_a_producers_resend_is_not() -> (
+    None
+):
+    """A task of another partition already stored, whose lane message comes again (delivered
+    twice, or read back from the stream: its storer may have died between its commit and its
+    notice), is named in a notice by the engine that takes it again; the same bytes sent anew
+    by the producer (a new message, delivered once) are not: a producer cannot push entries
+    onto the owner's heap by resending."""
+    first = await sharing_twin()
+    await first.start()
+    try:
+        ids = [first.send(delay_ms=300) for _ in range(16)]
+        await first.until(lambda: all(i in first.store.rows for i in ids))
+    finally:
+        await first.close()
+    task_id = next(i for i in ids if partition_of(i, P) not in MINE)
+    msg = first.sent[task_id]
+    for delivered, consumer_seq in ((1, 5), (2, 5), (1, 0)):
+        twin = await sharing_twin(first.store)  # another engine, on the same database
+        sent = await recorded(twin)
+        await twin.start()
+        try:
+            again = Delivery(msg.subject, msg.data, f"ack.{delivered}.{consumer_seq}")
+            again.meta = _meta(delivered, consumer_seq)
+            twin.lane.queue.put_nowait(again)
+            await twin.until(twin.lane.queue.empty)
+            await twin.settle()
+        finally:
+            await twin.close()
+        named = [r.task_id for _, d in sent for r in stored.decode(d)[1]]
+        want = [] if delivered == 1 and consumer_seq else [task_id]
+        assert named == want, (delivered, consumer_seq, named)

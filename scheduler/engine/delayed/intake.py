@@ -37,7 +37,7 @@ from scheduler.errors import EnvelopeError, TargetRefusedError
 from scheduler.messages.envelope import Envelope, Limits, check_org, check_size, parse_envelope
 from scheduler.messages.headers import block_size, forwarded, printable, producer_msg_id
 from scheduler.messages.subjects import check_target, delay_lane_prefix, target_from_rest
-from scheduler.records import Insertion, NewTask, ceil_ms, to_ms
+from scheduler.records import Insertion, NewTask, TaskRef, ceil_ms, to_ms
 from scheduler.settings import Settings
 
 T = TypeVar("T")
@@ -393,10 +393,9 @@ class Intake:
             log.info("intake.cancelled_on_arrival count=%d", len(insertion.cancelled))
         if pushed:
             self.horizon.wake_up()
-        if self.notices is not None and insertion.stored:
-            await self.notices.send(
-                insertion.stored, to_ms(self.clock.now() + self.settings.horizon)
-            )
+        if self.notices is not None and (insertion.stored or insertion.resent_refs):
+            refs = insertion.stored + _taken_again(msgs, tasks, insertion.resent_refs)
+            await self.notices.send(refs, to_ms(self.clock.now() + self.settings.horizon))
         return insertion
 
     async def _with_progress(self, work: Awaitable[T], msgs: Sequence[Delivery]) -> T:
@@ -525,3 +524,27 @@ def _original_id(msg: Delivery) -> str:
         return f"intake:{msg.metadata.sequence.stream}"
     except Exception:  # not a JetStream message
         return "intake:?"
+
+
+def _taken_again(
+    msgs: Sequence[Delivery], tasks: Sequence[NewTask], refs: Sequence[TaskRef]
+) -> list[TaskRef]:
+    """Of `refs` (resends whose row waits to fire), those whose lane message came here again:
+    delivered more than once, or read back from the stream (consumer sequence 0, a dead
+    engine's batch: `scheduler.bus.nats.puller`). The engine that stored such a task may have
+    died between its commit and its notice, and the owner would find the task only by its
+    sweep, seconds overdue (bench/README.md, the kill at 500/s). A producer's own resend is a
+    new message, delivered once: the engine that stored the first copy told the owner, and
+    telling it again at every resend would let a producer push entries onto the owner's heap."""
+    if not refs:
+        return []
+    again = {t.id for m, t in zip(msgs, tasks, strict=True) if _came_again(m)}
+    return [r for r in refs if r.task_id in again]
+
+
+def _came_again(msg: Delivery) -> bool:
+    try:
+        meta = msg.metadata
+        return bool(meta.num_delivered > 1 or meta.sequence.consumer == 0)
+    except Exception:  # not a JetStream message (the twins' tests): taken once
+        return False

@@ -26,6 +26,7 @@ import asyncpg
 from scheduler.messages.headers import printable
 from scheduler.partitions import partition_of
 from scheduler.records import Insertion, NewTask, TaskRef
+from scheduler.store.postgres import task_states as states
 from scheduler.store.postgres.connect import PostgresStore
 from scheduler.store.postgres.task_rows import SEP_SQL, joined, micros, task_ref
 from scheduler.store.postgres.values import ROW_ERRORS
@@ -159,7 +160,8 @@ class TaskIntake:
     ) -> None:
         """Sort the tasks not stored into exact resends and ids taken by another task, the
         row or, for a task that fired, its tombstone (target and digest of the bytes) being
-        the one compared."""
+        the one compared. A resend whose row still waits to fire (pending, unclaimed) has its
+        heap entry kept in `resent_refs`."""
         fresh = set(stored)
         conflicts = []
         for task in tasks:  # within a batch, the first task with an id is the one stored
@@ -171,7 +173,9 @@ class TaskIntake:
             rows = await conn.fetch(
                 "SELECT u.i, CASE WHEN d.id IS NOT NULL THEN d.target = u.target AND "
                 "d.payload = u.payload WHEN f.id IS NOT NULL THEN f.target = u.target AND "
-                "f.digest = md5(u.payload)::uuid ELSE true END AS same "
+                "f.digest = md5(u.payload)::uuid ELSE true END AS same, "
+                f"({states.unclaimed('pending', 'd')}) AS pending, "
+                "d.id, d.due_at, d.priority, d.seq, d.org_id "
                 "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int[]) "
                 "AS u(id, target, payload, i) LEFT JOIN delayed_messages d ON d.id = u.id "
                 "LEFT JOIN fired_tasks f ON d.id IS NULL AND f.id = u.id",
@@ -183,6 +187,8 @@ class TaskIntake:
         for row in rows:
             task = conflicts[row["i"]]
             (result.resent if row["same"] else result.taken).append(task)
+            if row["same"] and row["pending"]:  # its row waits to fire (NULL: none, or fired)
+                result.resent_refs.append(task_ref(row))
 
     async def record_bad_intake(self, rows: Sequence[dict[str, Any]]) -> None:
         """Dead-letter rows for intake messages that were never tasks (bad input).
