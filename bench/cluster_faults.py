@@ -14,6 +14,10 @@ is a raft group of its own, and may lose its leader while the lane's stream keep
 is the end of the last gap of over 0.35 s between successes since the fault (else the first
 success): a probe sent before a SIGSTOP took hold, or a second election when the node is
 thawed, would otherwise end the outage too soon (tests/support/cluster_load.py, `back_after`).
+The same three probes also run on a connection pinned to each node (`NodeProbes`, following
+its node through a restart): `nodes_s` is when the nodes the daemons' engines are on at the
+settle answered them all again, `engines_on` those nodes (a node's clients can see an outage
+the bench's own connection, on another node, does not: after a thaw, seen 2026-12-07).
 
 Faults, one after the other, `--settle` s apart: SIGKILL of the node leading the delay lane
 (`MQ_DELAY`), of the node leading the target stream, of the node leading the lease bucket, of
@@ -62,8 +66,8 @@ from traffic import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scheduler.daemon.embedded import Postgres
-from tests.support.cluster import NatsCluster, Node
-from tests.support.cluster_load import ConsumerProbe, Probe, Producer, lateness
+from tests.support.cluster import ClusterError, NatsCluster, Node
+from tests.support.cluster_load import ConsumerProbe, NodeProbes, Probe, Producer, lateness
 from tests.support.timeline import read_trace, timeline
 
 FAULTS = ("lane", "target", "kv", "meta", "sigstop", "freeze_leader", "daemon")
@@ -105,6 +109,18 @@ class Fleet:
     def stop_all(self) -> None:
         for daemon in self.all:
             daemon.stop()
+
+
+def engine_nodes(cluster: NatsCluster, fleet: Fleet) -> set[str]:
+    """The nodes the live daemons' engine connections are on now (`/connz`)."""
+    on = set()
+    for daemon in fleet.alive():
+        name = daemon.env["SCHEDULER_INSTANCE_ID"]
+        try:
+            on.add(cluster.client_node(f"mq-scheduler {name} engine", timeout=2.0).name)
+        except ClusterError:
+            continue
+    return on
 
 
 async def off_node(nc: Any, node: Node) -> None:
@@ -219,6 +235,7 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
     stop = asyncio.Event()
     windows: list[dict[str, Any]] = []
     tasks: list[asyncio.Task[None]] = []
+    pinned: dict[str, NodeProbes] = {}
     try:
         js = nc.jetstream()
         target = StreamConfig(name="BENCH", subjects=["mq.bench.>"], num_replicas=3,
@@ -230,7 +247,13 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
         producer = await Producer(nc, "mq.delay.bench.x", a.rate, a.lead).start()
         probe, kv_probe = Probe(js, "mq.bench.probe"), Probe(js, "$KV.scheduler_leader.probe")
         intake_probe = ConsumerProbe(js, "MQ_DELAY", "scheduler-intake")
-        loops = (producer, probe, kv_probe, intake_probe)
+        for each in cluster.nodes:  # the outage as each node's clients see it (`nodes_s`)
+            pinned[each.name] = await NodeProbes.open(
+                each.name, each.url, ["mq.bench.probe", "$KV.scheduler_leader.probe"],
+                ("MQ_DELAY", "scheduler-intake"), follow=True,
+            )  # fmt: skip
+        each_node = [p for n in pinned.values() for p in n.probes]
+        loops: list[Producer | Probe] = [producer, probe, kv_probe, intake_probe, *each_node]
         tasks = [asyncio.create_task(x.run(stop)) for x in loops]
         await asyncio.sleep(a.settle)
         for fault in [f for f in FAULTS if f in a.only.split(",")]:
@@ -246,6 +269,12 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
                 "intake_s": intake_probe.back_after(at),
                 "lane_s": producer.back_after(at),
             }
+            linked = await asyncio.to_thread(engine_nodes, cluster, fleet)
+            w["engines_on"] = sorted(linked)
+            if linked:  # the nodes the daemons' engines are on now saw the outage end then
+                node_ends = [pinned[name].back_after(at) for name in linked]
+                known = [t for t in node_ends if t is not None]
+                ends["nodes_s"] = max(known) if len(known) == len(node_ends) else None
             w |= {k: round(t - at, 3) if t else None for k, t in ends.items()}
             w["recovered_at"] = max(t or time.time() for t in ends.values())
             w["broker_s"] = round(w["recovered_at"] - at, 3)
@@ -258,7 +287,8 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
             w["until"] = time.time()
             windows.append(w)
             print(f"cluster_faults: {fault} on {w['node']}: target {w['target_s']} s, lease "
-                  f"bucket {w['kv_s']} s, lane {w['lane_s']} s, lane consumer {w['intake_s']} s",
+                  f"bucket {w['kv_s']} s, lane {w['lane_s']} s, lane consumer {w['intake_s']} s, "
+                  f"engines' nodes {w.get('nodes_s')} s ({','.join(w['engines_on'])})",
                   file=sys.stderr)  # fmt: skip
         stop.set()
         await asyncio.gather(*tasks)
@@ -287,6 +317,8 @@ async def measure(a: argparse.Namespace) -> dict[str, Any]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await nc.close()
+        for probed in pinned.values():
+            await probed.close()
         fleet.stop_all()
         if a.logs:
             os.makedirs(a.logs, exist_ok=True)

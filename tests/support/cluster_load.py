@@ -18,6 +18,7 @@ import json
 import time
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 import nats.js.errors
@@ -113,8 +114,11 @@ class Producer:
 class Probe:
     """A JetStream publish to `subject` every PROBE_EVERY s; the wall times of stored ones."""
 
-    def __init__(self, js: Any, subject: str) -> None:
-        self.js, self.subject = js, subject
+    def __init__(self, js: Any, subject: str, tag: str = "") -> None:
+        """`tag` sets this probe's message ids apart from another probe's on the same subject:
+        the server refuses a publish whose `Nats-Msg-Id` is still in process for another
+        ("duplicate message id is in process", 10158), which would read as an outage."""
+        self.js, self.subject, self.tag = js, subject, tag
         self.ok: list[float] = []
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -131,7 +135,7 @@ class Probe:
 
     async def _write(self, n: int) -> None:
         await self.js.publish(
-            self.subject, b"p", timeout=0.5, headers={"Nats-Msg-Id": f"probe-{n}"}
+            self.subject, b"p", timeout=0.5, headers={"Nats-Msg-Id": f"probe{self.tag}-{n}"}
         )
 
     def first_after(self, at: float) -> float | None:
@@ -184,13 +188,41 @@ class NodeProbes:
 
     @classmethod
     async def open(
-        cls, node: str, url: str, subjects: list[str], consumer: tuple[str, str]
+        cls,
+        node: str,
+        url: str,
+        subjects: list[str],
+        consumer: tuple[str, str],
+        follow: bool = False,
     ) -> NodeProbes:
-        nc = await nats.connect(url, allow_reconnect=False, name=f"probe {node}")
+        """`follow`: when its node goes (killed, restarted), reconnect to that node again and
+        only to it (a bench restarts the nodes it kills); else the connection just ends."""
+        if not follow:
+            nc = await nats.connect(url, allow_reconnect=False, name=f"probe {node}")
+            return cls(node, nc, cls._probes(node, nc, subjects, consumer))
+        port = urlsplit(url).port
+
+        def same_node(servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
+            own = next((s for s in servers if s.uri.port == port), servers[0])
+            return own, 0.2
+
+        nc = await nats.connect(
+            url, name=f"probe {node}", max_reconnect_attempts=-1,
+            reconnect_to_server_handler=same_node,
+        )  # fmt: skip
+        return cls(node, nc, cls._probes(node, nc, subjects, consumer))
+
+    @staticmethod
+    def _probes(node: str, nc: Any, subjects: list[str], consumer: tuple[str, str]) -> list[Probe]:
         js = nc.jetstream()
-        probes = [Probe(js, subject) for subject in subjects]
+        probes = [Probe(js, subject, tag=node) for subject in subjects]
         probes.append(ConsumerProbe(js, *consumer))
-        return cls(node, nc, probes)
+        return probes
+
+    def back_after(self, at: float) -> float | None:
+        """When this node's probes were all answered again after `at` (`Probe.back_after`)."""
+        ends = [p.back_after(at) for p in self.probes]
+        return None if None in ends else max(e for e in ends if e is not None)
 
     async def close(self) -> None:
         if not self.nc.is_closed:
