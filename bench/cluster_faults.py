@@ -66,7 +66,7 @@ from traffic import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scheduler.daemon.embedded import Postgres
-from tests.support.cluster import ClusterError, NatsCluster, Node
+from tests.support.cluster import NatsCluster, Node
 from tests.support.cluster_load import ConsumerProbe, NodeProbes, Probe, Producer, lateness
 from tests.support.timeline import read_trace, timeline
 
@@ -113,14 +113,8 @@ class Fleet:
 
 def engine_nodes(cluster: NatsCluster, fleet: Fleet) -> set[str]:
     """The nodes the live daemons' engine connections are on now (`/connz`)."""
-    on = set()
-    for daemon in fleet.alive():
-        name = daemon.env["SCHEDULER_INSTANCE_ID"]
-        try:
-            on.add(cluster.client_node(f"mq-scheduler {name} engine", timeout=2.0).name)
-        except ClusterError:
-            continue
-    return on
+    names = [f"mq-scheduler {d.env['SCHEDULER_INSTANCE_ID']} engine" for d in fleet.alive()]
+    return set(cluster.nodes_of(names).values())
 
 
 async def off_node(nc: Any, node: Node) -> None:

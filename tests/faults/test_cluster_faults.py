@@ -19,7 +19,7 @@ import pytest
 from nats.js.api import StorageType, StreamConfig
 
 from tests.faults.harness import Cluster
-from tests.support.cluster import ClusterError, NatsCluster, Node
+from tests.support.cluster import NatsCluster, Node
 from tests.support.cluster_load import (
     ConsumerProbe,
     NodeProbes,
@@ -262,14 +262,12 @@ _SERVER_NOISE = re.compile(r"\[DBG\]|\[TRC\]")
 
 
 def _engine_nodes(cluster: NatsCluster, daemons: Cluster) -> dict[str, str]:
-    """{node name: daemon name} of the nodes the daemons' engine connections are on now."""
+    """{node name: daemon names} of the nodes the daemons' engine connections are on now."""
+    found = cluster.nodes_of(f"mq-scheduler {m.name} engine" for m in daemons.members)
     on: dict[str, str] = {}
-    for member in daemons.members:
-        try:
-            node = cluster.client_node(f"mq-scheduler {member.name} engine", timeout=2.0)
-        except ClusterError:
-            continue
-        on[node.name] = f"{on[node.name]}, {member.name}" if node.name in on else member.name
+    for client, node in found.items():
+        name = client.split()[1]
+        on[node] = f"{on[node]}, {name}" if node in on else name
     return on
 
 

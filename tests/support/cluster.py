@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -261,6 +262,17 @@ class NatsCluster:
                     return self.node(leader)
             time.sleep(0.05)
         raise ClusterError(f"stream {stream} has no leader within {timeout:g}s")
+
+    def nodes_of(self, names: Iterable[str], timeout: float = 2.0) -> dict[str, str]:
+        """{client name: node name} of the clients `names` found connected (`client_node`);
+        one not found within `timeout` is left out."""
+        found: dict[str, str] = {}
+        for name in names:
+            try:
+                found[name] = self.client_node(name, timeout).name
+            except ClusterError:
+                continue
+        return found
 
     def client_node(self, name: str, timeout: float = 10.0) -> Node:
         """The node a client named `name` is connected to (its `/connz`), waiting for it."""
