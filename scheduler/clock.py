@@ -109,10 +109,11 @@ class FakeClock:
         self._now += timedelta(seconds=seconds)
 
 
-# The two RFC 3339 texts of an instant, both UTC with a Z. They differ on purpose and each is
+# The three RFC 3339 texts of an instant, all UTC with a Z. They differ on purpose and each is
 # part of the wire contract: `rfc3339` (no fixed precision: `2026-11-22T06:00:00Z`) names cron
 # occurrences (their `Nats-Msg-Id`, `job@<instant>`), `to_rfc3339` (milliseconds always) stamps
-# headers, envelopes and API answers. Changing either changes what consumers see.
+# headers and envelopes, `to_rfc3339_us` (microseconds always) writes the API's answers.
+# Changing any changes what consumers see.
 
 
 def rfc3339(instant: datetime) -> str:

@@ -167,15 +167,10 @@ def _value(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, datetime):
-        return _text(iso_text(value))
+        return _text(to_rfc3339_us(value))  # `overview.iso_text`, the API's form
     return _text(value) if isinstance(value, str) else str(int(value))
 
 
 def _text(value: str) -> str:
     """A JSON string as PostgreSQL escapes one: quote, backslash and controls only."""
     return json.dumps(value, ensure_ascii=False)
-
-
-def iso_text(at: datetime) -> str:
-    """`overview.iso_text`: `scheduler.clock.to_rfc3339_us`, the API's form of an instant."""
-    return to_rfc3339_us(at)

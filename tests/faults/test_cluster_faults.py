@@ -221,7 +221,7 @@ async def test_a_node_loss_costs_no_more_than_the_brokers_own_outage(
     late = ""
     if added > 25:
         late = _where_late(judged, seen, producer, daemons, at, recovered)
-        late += "\n" + await asyncio.to_thread(_where_linked, cluster, daemons, at)
+        late += "\n" + _where_linked(cluster, linked, at)
     if late:
         print(late)
     assert added <= ADDED_P99_MS, (
@@ -271,11 +271,12 @@ def _engine_nodes(cluster: NatsCluster, daemons: Cluster) -> dict[str, str]:
     return on
 
 
-def _where_linked(cluster: NatsCluster, daemons: Cluster, at: float, most: int = 80) -> str:
-    """Which node each daemon's engine connection is on now, and what the nodes' own logs say
-    from a second before the fault on (leader elections, routes, stale clients): whether a
-    daemon's 503s were the broker's everywhere or one node's."""
-    on = [f"{who} on {node}" for node, who in _engine_nodes(cluster, daemons).items()]
+def _where_linked(cluster: NatsCluster, linked: dict[str, str], at: float, most: int = 80) -> str:
+    """Which node each daemon's engine connection was on at the end of the load (`linked`,
+    `_engine_nodes`), and what the nodes' own logs say from a second before the fault on
+    (leader elections, routes, stale clients): whether a daemon's 503s were the broker's
+    everywhere or one node's."""
+    on = [f"{who} on {node}" for node, who in linked.items()]
     out: list[tuple[float, str]] = []
     for node in cluster.nodes:
         try:
@@ -304,7 +305,7 @@ def _where_linked(cluster: NatsCluster, daemons: Cluster, at: float, most: int =
     if alike:
         kept.append(f"        ... and {alike} more like it")
     lines = "\n".join(kept[:most]) or "(none)"
-    return f"engine links now: {', '.join(on)}; the nodes' logs, s after the fault:\n{lines}"
+    return f"engine links: {', '.join(on)}; the nodes' logs, s after the fault:\n{lines}"
 
 
 _LINK = re.compile(r"puller\.|intake\.|nats\.|link\.|leader\.|engine\.term")
