@@ -292,3 +292,51 @@ async def test_the_horizon_never_loses_or_doubles_against_a_model_store(catchup_
     claimed exactly once."""
     splits = [await _model_run(seed, catchup_on) for seed in range(60)]
     assert (sum(splits) > 100) == catchup_on, splits  # split and joined, when on
+
+
+async def test_claims_wake_the_loader_only_after_a_load_found_no_room() -> None:
+    """With room to spare, a claim does not wake the loader (it polls each second, and a
+    load per claim step read an empty page forty times a second); once a load found too
+    little room for a page, the claim that makes room wakes it, once."""
+    from scheduler.engine.delayed.horizon import Horizon
+
+    horizon = Horizon(HorizonHeap(max_tasks=40), page=8)
+    stored = [ref(f"t{i}", 100 + i) for i in range(60)]
+
+    async def fetch(after: tuple[int, int, int], until: int, limit: int) -> list[TaskRef]:
+        return [t for t in stored if after < t.key <= (until, 99, 0)][:limit]
+
+    assert await horizon.load(fetch, 110, 0) == (8, True)  # a full page: more to read
+    horizon.take_due(105, 2)
+    assert not horizon.hungry.is_set()  # room to spare: the loader's poll suffices
+
+    while (await horizon.load(fetch, 200, 0))[1]:
+        pass  # pages until the heap has no room for another
+    assert len(horizon) > 40 - 8
+    horizon.take_due(105, 1)  # not yet a page's room
+    assert not horizon.hungry.is_set()
+    horizon.take_due(120, 8)
+    assert horizon.hungry.is_set()  # the room the last load lacked: wake it
+    horizon.hungry.clear()
+    horizon.take_due(125, 2)
+    assert not horizon.hungry.is_set()  # once, until a load finds no room again
+
+
+async def test_a_trim_wakes_the_loader_once_the_claimer_made_room() -> None:
+    """Offers that overfill the heap trim its tail and move the cursor back: the loader must
+    read the tail again, so the claim that makes a page's room wakes it (its page had room
+    when it last read: only the trim says so)."""
+    from scheduler.engine.delayed.horizon import Horizon
+
+    horizon = Horizon(HorizonHeap(max_tasks=16), page=4)
+    assert await horizon.load(_no_more, 1_000, 0) == (0, False)  # all loaded up to 1,000
+    await horizon.offer_all([ref(f"t{i}", 100 + i) for i in range(20)])  # over the bound
+    assert horizon.heap.evicted > 0
+    horizon.take_due(101, 1)  # a page's room not yet made: nothing to wake for
+    assert not horizon.hungry.is_set()
+    horizon.take_due(110, 8)
+    assert horizon.hungry.is_set()
+
+
+async def _no_more(after: tuple[int, int, int], until: int, limit: int) -> list[TaskRef]:
+    return []

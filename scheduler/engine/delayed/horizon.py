@@ -288,7 +288,10 @@ class Horizon:
     does both under the lock (`arm` with the write): otherwise the loader could read past a task
     written but not yet offered, move its cursor beyond it, and the offer would be refused.
     `hungry` is set when the claimer has taken enough off the heap for the loader to read a
-    page (the loader waits on it).
+    page after a load found too little room for one, or after a trim gave up the heap's tail
+    (the loader waits on it, else polls every second: with room to spare, intake and notices
+    offer what falls due inside the loaded range, and a load per claim step would read an
+    empty page 40 times a second).
 
     **Catch-up** (`catchup`, off by default: due order). When on and tasks overdue by more than
     its lag wait (on the heap, or in PostgreSQL behind the cursor), the horizon splits at
@@ -307,6 +310,10 @@ class Horizon:
         self.heap = heap if heap is not None else HorizonHeap()
         self.wake = asyncio.Event()  # set when tasks go on the heap (the claimer waits on it)
         self.hungry = asyncio.Event()  # set when the loader has room for a page again
+        # a load found too little room for a page, or a trim gave up the heap's tail, since
+        # the loader was last woken (`hungry` once the claimer makes room); trims seen so far
+        self._starved = False
+        self._evicted = 0
         self.page = page
         self.catchup = catchup
         self.backlog: HorizonHeap | None = None  # while split: the tasks with keys <= split_at
@@ -397,7 +404,10 @@ class Horizon:
     ) -> tuple[int, bool]:
         page = self.page_size(heap)
         start = heap.cursor
-        if page <= 0 or start >= (until_ms, *AFTER_ALL):
+        if start >= (until_ms, *AFTER_ALL):
+            return 0, False
+        if page <= 0:
+            self._starved = True  # the claimer wakes the loader once it made room
             return 0, False
         refs = await fetch(start, until_ms, page)
         if heap.cursor != start:
@@ -473,9 +483,9 @@ class Horizon:
 
     def take_due(self, until_ms: int, limit: int, backlog_limit: int | None = None) -> list[Entry]:
         """Pop up to `limit` tasks due by `until_ms`, in firing order; wake the loader when
-        that made room for a page. While a backlog is split off: the present first, leaving
-        the backlog its share of `limit` (at most `backlog_limit`), and all the rest when the
-        present has nothing due."""
+        that made room for the page a load had no room for (or a trim gave up). While a
+        backlog is split off: the present first, leaving the backlog its share of `limit` (at
+        most `backlog_limit`), and all the rest when the present has nothing due."""
         backlog = self.backlog
         if backlog is None or self.catchup is None:
             out = self.heap.pop_due(until_ms, limit)
@@ -487,7 +497,15 @@ class Horizon:
                 reserve = min(cap, max(1, int(limit * self.catchup.share)))
             out = self.heap.pop_due(until_ms, limit - reserve)
             out += backlog.pop_due(until_ms, min(cap, limit - len(out)))
-        if out and (self.page_size() or (backlog is not None and self.page_size(backlog))):
+        evicted = self.heap.evicted + (backlog.evicted if backlog is not None else 0)
+        if evicted != self._evicted:  # a trim moved a cursor back: the loader reads past it
+            self._evicted, self._starved = evicted, True
+        if (
+            out
+            and self._starved
+            and (self.page_size() or (backlog is not None and self.page_size(backlog)))
+        ):
+            self._starved = False
             self.hungry.set()
         return out
 
