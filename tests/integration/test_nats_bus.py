@@ -100,6 +100,30 @@ async def test_a_filtered_intake_consumer_on_the_lane_stream_loses_its_filter(
         await bus.close()
 
 
+async def test_a_changed_intake_ack_wait_reaches_the_existing_consumer(settings: Settings) -> None:
+    """`SCHEDULER_INTAKE_ACK_WAIT` changed on a deployment whose consumer exists updates the
+    consumer at start (it decides when a dead engine's lane messages come back); unchanged, the
+    consumer is left alone."""
+    from datetime import timedelta
+
+    bus = NatsBus(settings, Metrics())
+    await bus.connect()
+    try:
+        assert bus.js is not None
+        await provision(bus, embedded=True)
+        info = await bus.js.consumer_info("MQ_DELAY", "scheduler-intake")
+        assert info.config.ack_wait == settings.intake_ack_wait.total_seconds()
+        bus.settings = settings.model_copy(update={"intake_ack_wait": timedelta(seconds=2)})
+        notes = {n.name: n for n in await provision(bus, embedded=True)}
+        assert notes["MQ_DELAY/scheduler-intake"].status == "updated"
+        info = await bus.js.consumer_info("MQ_DELAY", "scheduler-intake")
+        assert info.config.ack_wait == 2
+        notes = {n.name: n for n in await provision(bus, embedded=True)}
+        assert notes["MQ_DELAY/scheduler-intake"].status == "exists"
+    finally:
+        await bus.close()
+
+
 async def test_publish_while_disconnected_fails_instead_of_buffering(tmp_path: Path) -> None:
     """With the reconnect buffer disabled, a publish during an outage raises at once."""
     server = NatsServer(tmp_path / "nats").start()

@@ -599,13 +599,16 @@ async def ensure_consumer(
     js: JetStreamContext, stream: str, durable: str, filter_subject: str | None, ack_wait: float
 ) -> ProvisionNote:
     """Create the durable pull consumer of the delay lane unless it exists; an existing one
-    whose filter differs from `filter_subject` is updated (see `provision` for why)."""
+    whose filter differs from `filter_subject` (see `provision` for why) or whose ack wait
+    differs from `ack_wait` (`SCHEDULER_INTAKE_ACK_WAIT` changed) is updated."""
     name = f"{stream}/{durable}"
     try:
         info = await js.consumer_info(stream, durable)
     except NotFoundError:
         info = None
-    if info is not None and (info.config.filter_subject or None) == filter_subject:
+    same_filter = info is not None and (info.config.filter_subject or None) == filter_subject
+    same_wait = info is not None and abs((info.config.ack_wait or 0) - ack_wait) < 0.001
+    if same_filter and same_wait:
         return ProvisionNote("consumer", name, "exists")
     config = js_api.ConsumerConfig(
         durable_name=durable,
@@ -621,10 +624,12 @@ async def ensure_consumer(
         return ProvisionNote("consumer", name, "created")
     try:
         await js.add_consumer(stream, config)  # no action given: the server updates it
-    except Exception as exc:  # an older server may refuse: the old filter still works
+    except Exception as exc:  # an older server may refuse: the old config still works
         log.warning("nats.consumer_update_failed consumer=%s error=%r", name, exc)
-        return ProvisionNote("consumer", name, "exists", f"filter kept: {exc}")
-    return ProvisionNote("consumer", name, "updated", f"filter {filter_subject or 'none'}")
+        return ProvisionNote("consumer", name, "exists", f"config kept: {exc}")
+    return ProvisionNote(
+        "consumer", name, "updated", f"filter {filter_subject or 'none'}, ack wait {ack_wait:g} s"
+    )
 
 
 def nodedup_stream(settings: Settings) -> str:
