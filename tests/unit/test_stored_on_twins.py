@@ -167,3 +167,39 @@ async def test_a_stored_task_taken_again_from_the_lane_is_noticed_a_producers_re
         named = [r.task_id for _, d in sent for r in stored.decode(d)[1]]
         want = [] if delivered == 1 and consumer_seq else [task_id]
         assert named == want, (delivered, consumer_seq, named)
+
+
+async def test_a_stored_task_taken_again_by_its_owner_goes_on_its_heap_and_fires_on_time() -> None:
+    """The owner itself takes again the lane message of a task another engine stored in one of
+    its partitions and died before firing (its cursor passed the task's key before the task
+    was stored, so its loader will not read it): the exact resend puts it on the owner's heap,
+    and it fires at its millisecond, not when a sweep finds it seconds overdue."""
+    owner = await sharing_twin()  # the store keeps the owner's clock
+    # another engine's intake in the same partitions, at the owner's epoch (neither fences the
+    # other), that dies after storing
+    storer = await engine_on_twins(owner.store, partitions=P)
+    epoch = await owner.store.take_office("twin")
+    owner.engine.office = owner.office = SharingOffice(epoch, MINE)
+    storer.engine.office = storer.office = SharingOffice(epoch, MINE)
+    await owner.start()  # its loader's cursor is past what falls due in the next minutes
+    try:
+        await storer.start()
+        try:
+            ids = [storer.send(delay_ms=1_500) for _ in range(16)]
+            await storer.until(lambda: all(i in storer.store.rows for i in ids))
+        finally:
+            storer.stop.set()
+            assert storer.runner is not None
+            storer.runner.cancel()  # killed: nothing more of its term runs
+            await asyncio.gather(storer.runner, return_exceptions=True)
+        task_id = next(i for i in ids if partition_of(i, P) in MINE)
+        due_ms = to_ms(owner.store.rows[task_id].task.due_at)
+        msg = storer.sent[task_id]
+        again = Delivery(msg.subject, msg.data, "ack.again")
+        again.meta = _meta(2, 7)
+        owner.lane.queue.put_nowait(again)
+        await owner.until(lambda: task_id in owner.ids(), limit_ms=10_000)
+        late_ms = to_ms(owner.clock.now()) - due_ms
+        assert 0 <= late_ms <= 100, late_ms
+    finally:
+        await owner.close()

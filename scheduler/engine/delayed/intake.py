@@ -369,13 +369,16 @@ class Intake:
 
     async def _store(self, msgs: Sequence[Delivery], tasks: list[NewTask]) -> Insertion:
         """`insert_batch` under the horizon's lock: stored tasks the loader has passed go onto the
-        heap at once (`Horizon.arm`); under P > 1 the owners of the others due soon are told
+        heap at once (`Horizon.arm`), and so do tasks stored before whose lane message came
+        here again (`_taken_again`); under P > 1 the owners of the others due soon are told
         (`notices`)."""
         insertion: Insertion
         try:
             insertion, pushed = await self.horizon.arm(
                 self._with_progress(self.tasks.insert_batch(tasks), msgs),
-                lambda done: done.stored,
+                # with the tasks stored, those stored before whose lane message came again:
+                # their storer may have died before firing them, in this term's partitions too
+                lambda done: [*done.stored, *_taken_again(msgs, tasks, done.resent_refs)],
                 wake=False,
             )
         except BaseException:
