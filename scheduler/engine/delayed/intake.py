@@ -373,13 +373,18 @@ class Intake:
         here again (`_taken_again`); under P > 1 the owners of the others due soon are told
         (`notices`)."""
         insertion: Insertion
+        # the tasks stored, and those stored before whose lane message came again (their
+        # storer may have died before firing them, in this term's partitions too): offered to
+        # the heap under the lock, and the owners of the others are told
+        offered: list[TaskRef] = []
+
+        def to_offer(done: Insertion) -> list[TaskRef]:
+            offered.extend([*done.stored, *_taken_again(msgs, tasks, done.resent_refs)])
+            return offered
+
         try:
             insertion, pushed = await self.horizon.arm(
-                self._with_progress(self.tasks.insert_batch(tasks), msgs),
-                # with the tasks stored, those stored before whose lane message came again:
-                # their storer may have died before firing them, in this term's partitions too
-                lambda done: [*done.stored, *_taken_again(msgs, tasks, done.resent_refs)],
-                wake=False,
+                self._with_progress(self.tasks.insert_batch(tasks), msgs), to_offer, wake=False
             )
         except BaseException:
             if self.ledger is not None:  # nothing stored: the redelivery counts them again
@@ -396,9 +401,8 @@ class Intake:
             log.info("intake.cancelled_on_arrival count=%d", len(insertion.cancelled))
         if pushed:
             self.horizon.wake_up()
-        if self.notices is not None and (insertion.stored or insertion.resent_refs):
-            refs = insertion.stored + _taken_again(msgs, tasks, insertion.resent_refs)
-            await self.notices.send(refs, to_ms(self.clock.now() + self.settings.horizon))
+        if self.notices is not None and offered:
+            await self.notices.send(offered, to_ms(self.clock.now() + self.settings.horizon))
         return insertion
 
     async def _with_progress(self, work: Awaitable[T], msgs: Sequence[Delivery]) -> T:
