@@ -155,20 +155,21 @@ class LeaderEngine:
         """Fire `partitions`, a superset of this term's, without stopping what it fires: hear
         the gained partitions' stored notices, own them, put their ready tasks up to the
         loader's cursor on the heap (above it the loader reads them: its pages read the
-        office, which holds them), and take over their orphans. False, before anything is
-        changed, when the horizon is split for catch-up (two cursors)."""
+        office, which holds them), those already due split off as a backlog that goes out
+        beside what this term fires, not before it (`Catchup.for_growth`), and take over their
+        orphans. False, before anything is changed, unless `partitions` adds to this term's."""
         held = self._partitions
-        if held is None or not held < partitions or self.horizon.backlog is not None:
+        if held is None or not held < partitions:
             return False
         gained = sorted(partitions - held)
         # heard before the tasks are read back: a task stored after the read has its notice
         heard.extend([await self.bus.listen(stored.subject(p), self._on_stored) for p in gained])
         self._own(partitions, growing=True)
         read = await self.horizon.read_back(
-            lambda after, until, limit: self.tasks.load_page(after, from_ms(until), limit, gained)
+            lambda after, until, limit: self.tasks.load_page(after, from_ms(until), limit, gained),
+            to_ms(self.clock.now()),
+            Catchup.for_growth(self.settings),
         )
-        if read is None:
-            return False  # split for catch-up meanwhile: the restart reloads it all
         dispatcher.reclaim_orphans()
         log.info("engine.partitions_grown gained=%s read_back=%d", gained, read)
         return True

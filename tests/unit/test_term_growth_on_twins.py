@@ -8,14 +8,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
 from scheduler.engine.delayed import stored
 from scheduler.partitions import partition_of
-from scheduler.records import NewTask, to_ms
+from scheduler.records import Claimed, NewTask, to_ms
 from scheduler.store.memory import MemoryTaskStore
 from tests.unit.engine_twins import T0, Engine, Office, engine_on_twins
 
@@ -123,20 +124,85 @@ async def test_a_gain_joins_the_running_term_and_fires_every_gained_task_once(
     assert office.ended == [office.epoch or office.ended[0]]
 
 
-async def test_a_term_split_for_catch_up_does_not_grow() -> None:
-    """With catch-up on and a backlog split off (two cursors), the engine answers that it did
-    not grow, before changing anything: the office then hands the term over."""
+async def test_a_term_split_for_catch_up_grows_and_fires_each_gained_task_once() -> None:
+    """With catch-up on and a backlog split off (two cursors), a gain still joins the running
+    term: each gained task goes to the range its key falls in (the backlog's, read later by
+    its loader when past its cursor), and every task, kept or gained, fires once."""
     twin, office = await growing_twin(catchup="on_time_first")
-    await store(twin, ids_in(MINE, "late", 3_000), -60_000)  # overdue by a minute: a backlog
+    late = ids_in(MINE, "late", 3_000)
+    await store(twin, late, -60_000)  # overdue by a minute: a backlog
+    gained_late = ids_in(GAINED, "glate", 20)
+    await store(twin, gained_late, -30_000)  # the gained partitions' part of it
+    gained_soon = ids_in(GAINED, "gsoon", 20)
+    await store(twin, gained_soon, 3_000)
     await twin.start()
     try:
         await twin.until(lambda: twin.engine.horizon.backlog is not None, limit_ms=1_000)
         office.growths.put_nowait(MINE | GAINED)
-        await twin.settle()
-        assert twin.engine.horizon.backlog is not None  # (still split when the growth came)
         await twin.until(lambda: bool(office.answers), limit_ms=500)
-        assert office.answers == [False]
+        assert office.answers == [True]
         listening = {s for s, _ in twin.bus.listeners if s.startswith(stored.SUBJECT_PREFIX)}
-        assert listening == {stored.subject(p) for p in MINE}
+        assert listening == {stored.subject(p) for p in MINE | GAINED}
+        wanted = set(late + gained_late + gained_soon)
+
+        def all_fired() -> bool:
+            twin.engine.horizon.hungry.set()  # as in the test above: the loader's real second
+            return wanted <= set(twin.ids())
+
+        await twin.until(all_fired, step_ms=5, limit_ms=20_000)
+        fired = twin.ids()
+        assert sorted(fired) == sorted(wanted), "each task once"
+        assert not office.ended
     finally:
         await twin.close()
+
+
+async def test_a_gained_backlog_goes_out_beside_the_tasks_the_term_already_fires() -> None:
+    """A dead engine's partitions come with 3,000 tasks already due (each claim a 20 ms round
+    trip of fake time, as under load, 50 a claim): the growth splits them off as a backlog whatever
+    `SCHEDULER_CATCHUP` says (due order here), so the term's own tasks falling due meanwhile
+    go out on time, not after the backlog (issue 37: a dead engine stalls only its own
+    share); the backlog still goes out whole, once each, in firing order, and the horizon is
+    one range again once it is out."""
+    twin, office = await growing_twin(batch=50)
+    assert twin.engine.settings.catchup == "due_order"
+    backlog = ids_in(GAINED, "dead", 3_000)
+    own = ids_in(MINE, "own", 20)
+    for n, task_id in enumerate(backlog):  # due 2 s before the gain at 1 s, in this order
+        await store(twin, [task_id], -1_000 + n // 100)
+    for n, task_id in enumerate(own):  # due from 10 ms after the gain, 5 ms apart
+        await store(twin, [task_id], 1_010 + 5 * n)
+    claim = twin.store.claim_within
+
+    async def slow_claim(epoch: int, ids: Sequence[str], until: datetime, budget: int) -> Claimed:
+        await twin.clock.sleep(0.02)
+        return await claim(epoch, ids, until, budget)
+
+    twin.store.claim_within = slow_claim  # type: ignore[method-assign]
+    await twin.start()
+    try:
+        await twin.until(lambda: twin.clock.now() >= T0 + timedelta(seconds=1))
+        office.growths.put_nowait(MINE | GAINED)
+        wanted = set(backlog + own)
+
+        def all_fired() -> bool:
+            twin.engine.horizon.hungry.set()
+            return wanted <= set(twin.ids())
+
+        await twin.until(all_fired, limit_ms=20_000)
+        await twin.until(lambda: twin.engine.horizon.backlog is None, limit_ms=2_000)
+    finally:
+        await twin.close()
+    assert office.answers == [True]
+    fired = twin.ids()
+    assert sorted(fired) == sorted(wanted), "each task once"
+    assert [i for i in fired if i in set(backlog)] == backlog, "the backlog in firing order"
+    late = {
+        m.headers["Nats-Msg-Id"]: (
+            datetime.fromisoformat(m.headers["Mq-Fired-At"])
+            - datetime.fromisoformat(m.headers["Mq-Scheduled-For"])
+        )
+        for m in twin.delivered()
+    }
+    worst = max(late[i] for i in own)  # in due order: 219 ms (seen), behind the backlog
+    assert worst <= timedelta(milliseconds=10), f"own tasks up to {worst} late"

@@ -39,11 +39,6 @@ LOOKAHEAD_MS = 80
 CLAIM_LEAD_MS = 40
 CLAIM_STEP_MS = 25
 CLAIMS_IN_FLIGHT = 4
-# While a backlog is split off (SCHEDULER_CATCHUP=on_time_first, `horizon.Catchup`), its tasks
-# are claimed only while fewer than this many tasks are armed or being claimed: a task due now
-# is claimed first, and then waits behind at most that many of the backlog's to be published
-# (2,000 at 25,000/s: 80 ms).
-CATCHUP_ARMED = 2_000
 
 
 class Claimer:
@@ -125,8 +120,9 @@ class Claimer:
         behind = nxt is not None and nxt <= now  # a backlog drains: claims queue up
         until = now + (throttles.busy_lookahead(LOOKAHEAD_MS) if behind else LOOKAHEAD_MS)
         backlog_limit = None
-        if self.horizon.backlog is not None:
-            backlog_limit = CATCHUP_ARMED - len(self.armed) - self._claiming
+        split_by = self.horizon.split_by  # while a backlog is split off: its `armed` cap
+        if split_by is not None:
+            backlog_limit = split_by.armed - len(self.armed) - self._claiming
         entries = self.horizon.take_due(
             until, min(throttles.claim_limit, self.room()), backlog_limit
         )

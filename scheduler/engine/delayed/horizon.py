@@ -260,6 +260,16 @@ class HorizonHeap:
 
 
 CATCHUP_LAG_MS = 1_000  # overdue by more than this when a backlog forms: part of it
+# While a backlog is split off, its tasks are claimed only while fewer than this many tasks
+# are armed or being claimed (`Claimer.claim_due`): a task due now is claimed first, and then
+# waits behind at most that many of the backlog's to be published (2,000 at 25,000/s: 80 ms).
+CATCHUP_ARMED = 2_000
+# A term's growth (`Catchup.for_growth`): the tasks of the gained partitions already due when
+# they are read back are a backlog at once (lag 0), and go out beside the present, at most
+# this many armed or being claimed at a time: on a 2-core host at capacity an engine
+# publishes a few thousand a second, so a task due now waits behind ~250 of them for a few
+# milliseconds (behind 2,000 it waited 100-300 ms: issue 37's kill, bench/README.md).
+GROWTH_ARMED = 250
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,16 +277,26 @@ class Catchup:
     """`SCHEDULER_CATCHUP=on_time_first`: while tasks overdue by more than `lag_ms` wait
     (a backlog), the horizon keeps them apart from the present, and each claim takes what
     falls due now first, giving the backlog `share` of it (all of it when nothing else is
-    due). See `Horizon` and docs/operations.md."""
+    due), and none while `armed` tasks are armed or being claimed. See `Horizon` and
+    docs/operations.md. A term that grows in place splits so whatever the setting
+    (`for_growth`)."""
 
     share: float
     lag_ms: int = CATCHUP_LAG_MS
+    armed: int = CATCHUP_ARMED
 
     @staticmethod
     def of(settings: Settings) -> Catchup | None:
         if settings.catchup != "on_time_first":
             return None
         return Catchup(settings.catchup_backlog_share)
+
+    @staticmethod
+    def for_growth(settings: Settings) -> Catchup:
+        """The split of a term that gained partitions (`Horizon.read_back`): another engine's
+        overdue tasks must not hold up the partitions this one already fires (issue 37: a
+        dead engine stalls only its own share), whatever `SCHEDULER_CATCHUP` says."""
+        return Catchup(settings.catchup_backlog_share, lag_ms=0, armed=GROWTH_ARMED)
 
 
 class Horizon:
@@ -301,7 +321,12 @@ class Horizon:
     every offer, put-back and page goes to the range its key falls in, so nothing changes for
     correctness; each range gets half the bounds. `take_due` serves the present first and the
     backlog its share. When the backlog is loaded to `split_at` and empty, the two are one
-    again.
+    again (at the loader's next page, which the claimer asks for once it took the last).
+
+    **Growth** (`read_back` with a `Catchup.for_growth`). A term that gains partitions reads
+    their tasks up to the cursor back onto the heap; those already due (a dead engine's, due
+    while its leases ran out) are split off as a backlog at once, whatever the setting, so
+    they go out beside the present instead of before it. The split is the same as above.
     """
 
     def __init__(
@@ -318,6 +343,7 @@ class Horizon:
         self.catchup = catchup
         self.backlog: HorizonHeap | None = None  # while split: the tasks with keys <= split_at
         self.split_at: Key | None = None
+        self.split_by: Catchup | None = None  # while split: the rule in force (share, armed)
         self._bounds = (self.heap.max_tasks, self.heap.max_bytes)
         self._lock = asyncio.Lock()
         # the tasks this term may fire, by id (None: all): under P > 1 a term holds some of the
@@ -416,43 +442,50 @@ class Horizon:
         return len(refs), len(refs) >= page
 
     async def read_back(
-        self, fetch: Callable[[Key, int, int], Awaitable[list[TaskRef]]]
-    ) -> int | None:
+        self,
+        fetch: Callable[[Key, int, int], Awaitable[list[TaskRef]]],
+        now_ms: int | None = None,
+        catchup: Catchup | None = None,
+    ) -> int:
         """Offer the tasks `fetch(after, until ms, limit)` reads (in firing order) up to the
         cursor, a page at a time, each page read and offered under the lock: a term that gains
         partitions reads theirs so, and the cursor rule holds for them again (above the
-        cursor the loader's pages read them). A cursor that moves between pages is harmless:
-        forward, the loader read what it passed (a task pushed twice is harmless); back (a
-        trim), what lies past it is the loader's again. Returns how many were pushed; None,
-        nothing more read, while a backlog is split off (two cursors)."""
+        cursor the loader's pages read them). While a backlog is split off each task goes to
+        the range its key falls in (one the backlog's cursor has not reached is its loader's
+        to read). A cursor that moves between pages is harmless: forward, the loader read what
+        it passed (a task pushed twice is harmless); back (a trim), what lies past it is the
+        loader's again. With `catchup` (a growth), what is overdue by its lag at `now_ms` once
+        a page is on is split off as a backlog, in the same hold of the lock, before the
+        claimer can take it in due order. Returns how many were pushed."""
         after, pushed = BEFORE_ALL, 0
         while True:
             async with self._lock:
-                if self.backlog is not None:
-                    return None
                 cursor = self.heap.cursor
                 if after >= cursor:
                     return pushed
                 refs = await fetch(after, cursor[0], self.page)
                 pushed += self._offer(refs)
+                if catchup is not None and now_ms is not None and self.backlog is None:
+                    self._split_or_merge(now_ms, catchup)
             if pushed:
                 self.wake.set()
             if len(refs) < self.page:
                 return pushed
             after = refs[-1].key
 
-    def _split_or_merge(self, now_ms: int) -> None:
-        """Split a backlog off (catch-up on, tasks overdue by more than its lag on the heap or
-        behind the cursor), or join it back once it is loaded and drained."""
-        catchup = self.catchup
-        if catchup is None:
-            return
+    def _split_or_merge(self, now_ms: int, catchup: Catchup | None = None) -> None:
+        """Split a backlog off (catch-up on, or `catchup` given: tasks overdue by more than
+        its lag on the heap or behind the cursor), or join it back once it is loaded and
+        drained."""
         backlog, at = self.backlog, self.split_at
         if backlog is not None and at is not None:
-            if not len(backlog) and backlog.cursor >= at:
-                self.backlog = self.split_at = None
+            if self._caught_up():
+                self.backlog = self.split_at = self.split_by = None
                 self.heap.bound(*self._bounds)
                 log.info("horizon.caught_up")
+            return
+        catchup = catchup if catchup is not None else self.catchup
+        if catchup is None:
             return
         edge = now_ms - catchup.lag_ms
         first = self.heap.next_due_ms()
@@ -460,11 +493,16 @@ class Horizon:
             return
         at = (edge, *AFTER_ALL)
         self.backlog = self.heap.split_off(at)
-        self.split_at = at
+        self.split_at, self.split_by = at, catchup
         half = (max(1, self._bounds[0] // 2), max(1, self._bounds[1] // 2))
         self.backlog.bound(*half)
         self.heap.bound(*half)
         log.info("horizon.backlog_split at_ms=%d on_heap=%d", edge, len(self.backlog))
+
+    def _caught_up(self) -> bool:
+        """While split: the backlog is loaded up to `split_at` and empty (one range again)."""
+        backlog, at = self.backlog, self.split_at
+        return backlog is not None and at is not None and not backlog and backlog.cursor >= at
 
     def put_back(self, refs: Iterable[TaskRef], wake: bool = False) -> None:
         """Push tasks taken but not claimed back, unconditionally."""
@@ -486,15 +524,15 @@ class Horizon:
         that made room for the page a load had no room for (or a trim gave up). While a
         backlog is split off: the present first, leaving the backlog its share of `limit` (at
         most `backlog_limit`), and all the rest when the present has nothing due."""
-        backlog = self.backlog
-        if backlog is None or self.catchup is None:
+        backlog, split_by = self.backlog, self.split_by
+        if backlog is None or split_by is None:
             out = self.heap.pop_due(until_ms, limit)
         else:
             cap = limit if backlog_limit is None else max(0, min(limit, backlog_limit))
             first = backlog.next_due_ms()
             reserve = 0
             if cap and first is not None and first <= until_ms:
-                reserve = min(cap, max(1, int(limit * self.catchup.share)))
+                reserve = min(cap, max(1, int(limit * split_by.share)))
             out = self.heap.pop_due(until_ms, limit - reserve)
             out += backlog.pop_due(until_ms, min(cap, limit - len(out)))
         evicted = self.heap.evicted + (backlog.evicted if backlog is not None else 0)
@@ -507,13 +545,15 @@ class Horizon:
         ):
             self._starved = False
             self.hungry.set()
+        if out and self._caught_up():  # the loader's next page joins the two ranges again
+            self.hungry.set()
         return out
 
     def disarm(self) -> None:
         """Forget every task (office lost: the next leader reloads from PostgreSQL)."""
         self.heap.reset()
         self.heap.bound(*self._bounds)
-        self.backlog = self.split_at = None
+        self.backlog = self.split_at = self.split_by = None
 
     def wake_up(self) -> None:
         self.wake.set()
