@@ -48,6 +48,20 @@ def test_repeats_forget_the_oldest_past_their_bound() -> None:
     assert len(repeats) == 3
 
 
+def test_the_same_bytes_on_another_subject_are_another_key() -> None:
+    """The key holds the subject: the same envelope sent to another target is another task's
+    message, never acked as a resend of the first; the key is one 16-byte digest."""
+    data = b'{"id":"t1"}'
+    first = key_of(Delivery(SUBJECT, data))
+    assert first is not None and len(first) == 16
+    assert key_of(Delivery(SUBJECT, data)) == first
+    assert key_of(Delivery(SUBJECT + ".other", data)) != first
+    assert key_of(Delivery(SUBJECT, data + b" ")) != first
+    repeats = Repeats()
+    repeats.add([first])
+    assert not repeats.known(key_of(Delivery("mq.delay.inference.other", data)))
+
+
 async def test_a_copy_of_a_committed_task_is_acked_without_a_store_call(rig: Rig) -> None:
     """A task, then two copies of its bytes a batch later (a producer's resends): one insert,
     all three messages acked."""

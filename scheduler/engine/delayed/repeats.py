@@ -10,8 +10,8 @@ the tasks behind the copies fell due while they waited, up to 2.9 s late.
 
 A copy repeats its task exactly: the same subject (so the same target) and the same bytes (so
 the same envelope and id), which is what the id rule calls an exact resend, a no-op that is
-acked. `Repeats` remembers that key, `(subject, digest of the bytes)`, for the tasks intake
-committed lately (stored, or found stored already), and intake acks a message with a key it
+acked. `Repeats` remembers that key, one digest of the subject and the bytes, for the tasks
+intake committed lately (stored, or found stored already), and intake acks a message with a key it
 knows before it validates anything. A message whose key it does not know (another task with
 the same id, other bytes, a copy of a task not committed yet) goes the whole way, as before.
 """
@@ -24,19 +24,27 @@ from collections.abc import Iterable
 
 from scheduler.engine.ports import Delivery
 
-Key = tuple[str, bytes]
+Key = bytes
 
-# Keys kept (about 150 bytes each): at 1,000 tasks a second, the last 100 s of intake, longer
-# than a producer resending every second goes on through any election (4-10 s).
+# Keys kept (about 100 bytes each with the dict's slot): at 1,000 tasks a second, the last
+# 100 s of intake, longer than a producer resending every second goes on through any election
+# (4-10 s). As a `(subject, digest)` pair a key took about 230 bytes, 23 MB for the 100,000
+# (the subject string kept alive per key): what took the engine's RSS over 200 MB while a
+# million tasks due at one instant went through intake (bench/README.md, host P).
 REMEMBER = 100_000
 
 
 def key_of(msg: Delivery) -> Key | None:
-    """The message's key, or None for a message that must be judged whatever its bytes (its
-    subject or headers could not be decoded: intake dead-letters it)."""
+    """The message's key, a 16-byte digest of its subject and bytes (a subject holds no
+    whitespace, so the newline between them keeps every pair apart), or None for a message
+    that must be judged whatever its bytes (its subject or headers could not be decoded:
+    intake dead-letters it)."""
     if getattr(msg, "defect", None) is not None:
         return None
-    return msg.subject, hashlib.blake2b(msg.data, digest_size=16).digest()
+    digest = hashlib.blake2b(msg.subject.encode(), digest_size=16)
+    digest.update(b"\n")
+    digest.update(msg.data)
+    return digest.digest()
 
 
 class Repeats:
