@@ -135,6 +135,13 @@ async def test_a_term_split_for_catch_up_grows_and_fires_each_gained_task_once()
     await store(twin, gained_late, -30_000)  # the gained partitions' part of it
     gained_soon = ids_in(GAINED, "gsoon", 20)
     await store(twin, gained_soon, 3_000)
+    claim = twin.store.claim_within
+
+    async def slow_claim(epoch: int, ids: Sequence[str], until: datetime, budget: int) -> Claimed:
+        await twin.clock.sleep(0.02)  # the backlog lasts a few claims, so the gain meets it
+        return await claim(epoch, ids, until, budget)
+
+    twin.store.claim_within = slow_claim  # type: ignore[method-assign]
     await twin.start()
     try:
         await twin.until(lambda: twin.engine.horizon.backlog is not None, limit_ms=1_000)
@@ -206,3 +213,51 @@ async def test_a_gained_backlog_goes_out_beside_the_tasks_the_term_already_fires
     }
     worst = max(late[i] for i in own)  # in due order: 219 ms (seen), behind the backlog
     assert worst <= timedelta(milliseconds=10), f"own tasks up to {worst} late"
+
+
+@pytest.mark.parametrize("catchup", ["due_order", "on_time_first"])
+async def test_a_capped_backlog_waits_for_room_instead_of_polling(catchup: str) -> None:
+    """While a split backlog's armed share is used (here by claims in flight, each a 20 ms
+    round trip of fake time) and nothing of the present is due, the claim loop sleeps until
+    the dispatcher publishes: it looked again every millisecond before (210 empty looks in the
+    231 ms the 3,000 tasks took, seen; 10 now, in the same time), and the backlog still goes
+    out whole, in firing order."""
+    twin, office = await growing_twin(batch=100, catchup=catchup)
+    backlog = ids_in(GAINED, "dead", 3_000)
+    for n, task_id in enumerate(backlog):  # due 2 s before the gain at 1 s, in this order
+        await store(twin, [task_id], -1_000 + n // 100)
+    claim = twin.store.claim_within
+
+    async def slow_claim(epoch: int, ids: Sequence[str], until: datetime, budget: int) -> Claimed:
+        await twin.clock.sleep(0.02)
+        return await claim(epoch, ids, until, budget)
+
+    twin.store.claim_within = slow_claim  # type: ignore[method-assign]
+    horizon = twin.engine.horizon
+    take_due = horizon.take_due
+    empty = 0
+
+    def counted(until_ms: int, limit: int, backlog_limit: int | None = None) -> list[Any]:
+        nonlocal empty
+        out = take_due(until_ms, limit, backlog_limit)
+        first = horizon.backlog.next_due_ms() if horizon.backlog is not None else None
+        if not out and first is not None and first <= to_ms(twin.clock.now()):
+            empty += 1  # a look that found the backlog due and could take none of it
+        return out
+
+    horizon.take_due = counted  # type: ignore[method-assign]
+    await twin.start()
+    try:
+        await twin.until(lambda: twin.clock.now() >= T0 + timedelta(seconds=1))
+        office.growths.put_nowait(MINE | GAINED)
+
+        def all_fired() -> bool:
+            horizon.hungry.set()
+            return set(backlog) <= set(twin.ids())
+
+        took = await twin.until(all_fired, limit_ms=20_000)
+    finally:
+        await twin.close()
+    assert office.answers == [True]
+    assert [i for i in twin.ids() if i in set(backlog)] == backlog, "once each, in order"
+    assert empty <= took // 10, f"{empty} empty looks in {took} ms"

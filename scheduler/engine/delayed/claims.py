@@ -220,10 +220,22 @@ class Claimer:
             self._orphans_left = False  # that was the last page
         self.arm_or_park(got)
 
-    def idle_seconds(self) -> float:
+    def backlog_capped(self) -> bool:
+        """True while a split backlog has tasks due but its armed share is used (armed or
+        being claimed): nothing of it may be claimed until the dispatcher publishes some."""
+        split_by, backlog = self.horizon.split_by, self.horizon.backlog
+        if split_by is None or backlog is None:
+            return False
+        first = backlog.next_due_ms()
+        if first is None or first > to_ms(self.clock.now()) + LOOKAHEAD_MS:
+            return False
+        return split_by.armed - len(self.armed) - self._claiming <= 0
+
+    def idle_seconds(self, present_only: bool = False) -> float:
         """Until the next claim: when the next task enters the lookahead, but not sooner than
-        a step after the last claim, unless it would then be claimed too close to its time."""
-        nxt = self.horizon.next_due()
+        a step after the last claim, unless it would then be claimed too close to its time
+        (with `present_only`: of the tasks not split off as a backlog)."""
+        nxt = self.horizon.heap.next_due_ms() if present_only else self.horizon.next_due()
         if nxt is None:
             return 1.0
         at = min(max(nxt - LOOKAHEAD_MS, self._last_claim_ms + CLAIM_STEP_MS), nxt - CLAIM_LEAD_MS)

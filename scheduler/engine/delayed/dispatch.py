@@ -56,6 +56,10 @@ BOOK_DEFER_MAX = 20_000
 # (a million due at one instant reached a gigabyte that way). One booking takes at most
 # BOOK_DEFER_MAX outcomes, so no statement grows with the backlog either.
 UNBOOKED_MAX = 2 * BOOK_DEFER_MAX
+# While a split backlog's armed share is used and nothing else is due, the claim loop sleeps
+# until the dispatcher publishes (which wakes it), at most this long: it used to look again
+# every millisecond until the armed tasks went out.
+CAPPED_WAIT = 0.025
 
 
 class Dispatcher:
@@ -116,6 +120,7 @@ class Dispatcher:
         self.booked_event = asyncio.Event()  # set when a booking made room under UNBOOKED_MAX
         self._booking = 0  # outcomes in the booking under way
         self._failed_waiting = False  # a failed publish waits for the books: book at once
+        self._wake_on_room = False  # the claim loop waits for a publish to make room
         self._outcomes: list[tuple[ClaimedTask, PubAck | PublishError, datetime]] = []
         self._expired: list[ClaimedTask] = []
         self._inflight = 0
@@ -152,7 +157,13 @@ class Dispatcher:
                     continue
                 wait = claims.idle_seconds()
                 if wait > 0 or not await claims.claim_due(epoch):
-                    await self._wait(self.horizon.wake, max(wait, 0.001))
+                    if claims.backlog_capped():  # until the dispatcher publishes (it wakes
+                        self._wake_on_room = True  # the loop then), or the present is due
+                        wait = min(claims.idle_seconds(present_only=True), CAPPED_WAIT)
+                        await self._wait(self.horizon.wake, max(wait, 0.001))
+                        self._wake_on_room = False
+                    else:
+                        await self._wait(self.horizon.wake, max(wait, 0.001))
         finally:
             stopped.cancel()
             await self._finish(dispatcher, books)
@@ -239,6 +250,8 @@ class Dispatcher:
         counts = self._org_inflight
         if due:
             self.room_event.set()
+            if self._wake_on_room:  # a split backlog waits for this room (`run`)
+                self.horizon.wake.set()
         for due_ms, *_, task in due:
             lateness[due_ms] = lateness.get(due_ms, 0) + 1
             if task.expires_at is not None and task.expires_at <= now and not task.doubted:
