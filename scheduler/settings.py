@@ -206,7 +206,7 @@ class Settings(BaseSettings):
     api_pool_size: int = Field(default=3, ge=1, le=100)
     api_statement_timeout: Duration = Field(default=timedelta(seconds=5), gt=timedelta(0))
     api_max_concurrent: int = Field(default=8, ge=1, le=1000)
-    api_read_rows_per_second: int = Field(default=20_000, ge=0, le=10_000_000)
+    api_read_rows_per_second: int = Field(default=10_000, ge=0, le=10_000_000)
     audit_dir: Path | None = None
     ui_session_ttl: Duration = Field(default=timedelta(hours=12), gt=timedelta(0))
     # operator actions in `activity_log` (scheduler/api/activity.py), pruned hourly past this

@@ -63,8 +63,10 @@ class QueryGate:
 
 
 MAX_WAIT = 1.0  # seconds a listing may wait for the rows budget before it is refused
-# Rows a listing's second of work is worth: at the default budget (20,000 rows/s) the listings'
-# queries get a quarter of a second each second. It was 10,000 (what full pages cost: a 500-row
+# Rows a listing's second of work is worth: at the default budget (10,000 rows/s) the listings'
+# queries get an eighth of a second each second (a quarter at the former 20,000, when firing's
+# p99 under a flood of empty filters was 1.7-1.8x its quiet figure, 1.22x at 10,000:
+# bench/README.md, host Q). It was 10,000 (what full pages cost: a 500-row
 # page of pending tasks took 43-74 ms of handler time on a busy 2-core host), which let a flood
 # of `limit=1` listings whose filters match nothing keep PostgreSQL busy for more than a core:
 # firing's p99 went to 10.5 ms against 2 quiet (bench/edge_attacks.py), 4.1-5 ms at 80,000. A
