@@ -196,6 +196,16 @@ async def grow_office(
     return len(rows) == len(gained_)
 
 
+# A prepared statement run more than five times may keep a generic plan, planned without its
+# parameters: an array parameter (`unnest($2::text[])`, `string_to_array($3, ...)`) is then
+# estimated at 10 elements whatever it holds. For an outcome (a booking, a retry, dead
+# letters) that picked a nested loop over the task rows that rescans `u` for each: quadratic,
+# 200 ms for a booking of 800 and over a second for the largest, 2.3x the rest of the
+# booking's time at 3,000 tasks/s (bench/README.md, host Q, with auto_explain). Planned with
+# its parameters, each array's length is known and the join is by hash or by the key.
+CUSTOM_PLAN = "SET LOCAL plan_cache_mode = force_custom_plan"
+
+
 async def fenced(
     conn: asyncpg.Connection,
     epoch: int,
@@ -204,6 +214,7 @@ async def fenced(
     rows: str | None = None,
     partitions: Collection[int] = OFFICE_OF_ONE,
     office: Collection[int] | None = None,
+    custom_plan: bool = False,
 ) -> list[asyncpg.Record]:
     """Run one statement that writes only while `epoch` is the current fencing epoch of every
     one of `partitions` (the partitions of the rows it writes); raise FencedError, having
@@ -223,7 +234,11 @@ async def fenced(
     partition another term holds at its own number.
 
     The statement always yields a row (`in_office` left-joined to `rows`), so a fenced epoch
-    is told apart from a write that matched nothing."""
+    is told apart from a write that matched nothing.
+
+    `custom_plan`: plan this execution for its own parameters (`plan_cache_mode =
+    force_custom_plan` for its transaction) rather than by the prepared statement's generic
+    plan, which estimates every array at 10 elements (see `CUSTOM_PLAN`)."""
     owned = sorted(set(partitions))
     if not owned:
         raise ValueError("a fenced statement names the partitions it writes to: none given")
@@ -233,13 +248,16 @@ async def fenced(
     if owned != [0]:
         lead, more = _LEAD_OVER.format(owned=f"${len(args) + 2}::smallint[]"), (owned,)
     found = f"SELECT true AS fenced_row, r.* FROM ({rows}) AS r" if rows else _NOTHING
-    result = await conn.fetch(
+    statement = (
         f"WITH {lead}, {writes} SELECT (SELECT count(*) FROM lead) AS in_office, f.* "
-        f"FROM (SELECT 1) AS one LEFT JOIN ({found}) AS f ON true",
-        epoch,
-        *args,
-        *more,
+        f"FROM (SELECT 1) AS one LEFT JOIN ({found}) AS f ON true"
     )
+    if custom_plan:
+        async with conn.transaction():
+            await conn.execute(CUSTOM_PLAN)
+            result = await conn.fetch(statement, epoch, *args, *more)
+    else:
+        result = await conn.fetch(statement, epoch, *args, *more)
     if not result or result[0]["in_office"] == 0:
         raise FencedError(epoch)
     return [r for r in result if r["fenced_row"]]

@@ -417,6 +417,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 texts[2],
                 [f.stream_seq for f in fired],
                 **fenced_by(self._partitions_of(f.task.id for f in fired), self.office),
+                custom_plan=True,
             )
 
     async def retry_later(
@@ -444,6 +445,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 [e for _, _, e, _ in items],
                 [doubt for _, _, _, doubt in items],
                 **fenced_by(self._partitions_of(t.id for t, _, _, _ in items), self.office),
+                custom_plan=True,
             )
 
     async def expire(self, epoch: int, ids: Sequence[str]) -> None:
@@ -484,6 +486,7 @@ class TaskStore(TaskIntake, TaskAdmin):
                 [printable(e) for _, e, _ in items],
                 [r for _, _, r in items],
                 **fenced_by(self._partitions_of(t.id for t, _, _ in items), self.office),
+                custom_plan=True,
             )
 
     async def pending_count(self) -> int:
