@@ -157,13 +157,13 @@ class Dispatcher:
                     continue
                 wait = claims.idle_seconds()
                 if wait > 0 or not await claims.claim_due(epoch):
-                    if claims.backlog_capped():  # until the dispatcher publishes (it wakes
-                        self._wake_on_room = True  # the loop then), or the present is due
+                    # a capped backlog waits until the dispatcher publishes (it then wakes
+                    # the loop) or the present is due
+                    self._wake_on_room = claims.backlog_capped()
+                    if self._wake_on_room:
                         wait = min(claims.idle_seconds(present_only=True), CAPPED_WAIT)
-                        await self._wait(self.horizon.wake, max(wait, 0.001))
-                        self._wake_on_room = False
-                    else:
-                        await self._wait(self.horizon.wake, max(wait, 0.001))
+                    await self._wait(self.horizon.wake, max(wait, 0.001))
+                    self._wake_on_room = False
         finally:
             stopped.cancel()
             await self._finish(dispatcher, books)

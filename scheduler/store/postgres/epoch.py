@@ -200,9 +200,9 @@ async def grow_office(
 # parameters: an array parameter (`unnest($2::text[])`, `string_to_array($3, ...)`) is then
 # estimated at 10 elements whatever it holds. For an outcome (a booking, a retry, dead
 # letters) that picked a nested loop over the task rows that rescans `u` for each: quadratic,
-# 200 ms for a booking of 800 and over a second for the largest, 2.3x the rest of the
-# booking's time at 3,000 tasks/s (bench/README.md, host Q, with auto_explain). Planned with
-# its parameters, each array's length is known and the join is by hash or by the key.
+# 200 ms for a booking of 800 and over a second for the largest; at 3,000 tasks/s 51 such
+# bookings took as long as the other 405 together (bench/README.md, host Q, auto_explain).
+# Planned with its parameters, each array's length is known and the join is by hash or by key.
 CUSTOM_PLAN = "SET LOCAL plan_cache_mode = force_custom_plan"
 
 
