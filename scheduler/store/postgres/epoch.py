@@ -203,7 +203,11 @@ async def grow_office(
 # 200 ms for a booking of 800 and over a second for the largest; at 3,000 tasks/s 51 such
 # bookings took as long as the other 405 together (bench/README.md, host Q, auto_explain).
 # Planned with its parameters, each array's length is known and the join is by hash or by key.
-CUSTOM_PLAN = "SET LOCAL plan_cache_mode = force_custom_plan"
+# So such a statement is prepared afresh for each run (a new prepared statement is planned for
+# its parameters for its first five runs), one more round trip. Not `SET LOCAL plan_cache_mode`
+# in a transaction around it: a leader frozen (SIGSTOP) between its statements would hold that
+# transaction open, and with it the lock on its office rows that a successor's take waits for
+# (tests/faults' SIGSTOP test caught it: no successor within 9 s).
 
 
 async def fenced(
@@ -236,9 +240,9 @@ async def fenced(
     The statement always yields a row (`in_office` left-joined to `rows`), so a fenced epoch
     is told apart from a write that matched nothing.
 
-    `custom_plan`: plan this execution for its own parameters (`plan_cache_mode =
-    force_custom_plan` for its transaction) rather than by the prepared statement's generic
-    plan, which estimates every array at 10 elements (see `CUSTOM_PLAN`)."""
+    `custom_plan`: plan this execution for its own parameters (a statement prepared for it
+    alone) rather than by the cached statement's generic plan, which estimates every array
+    at 10 elements (see the comment above)."""
     owned = sorted(set(partitions))
     if not owned:
         raise ValueError("a fenced statement names the partitions it writes to: none given")
@@ -252,10 +256,8 @@ async def fenced(
         f"WITH {lead}, {writes} SELECT (SELECT count(*) FROM lead) AS in_office, f.* "
         f"FROM (SELECT 1) AS one LEFT JOIN ({found}) AS f ON true"
     )
-    if custom_plan:
-        async with conn.transaction():
-            await conn.execute(CUSTOM_PLAN)
-            result = await conn.fetch(statement, epoch, *args, *more)
+    if custom_plan:  # a statement of its own, not the cached one: planned for these arrays
+        result = await (await conn.prepare(statement)).fetch(epoch, *args, *more)
     else:
         result = await conn.fetch(statement, epoch, *args, *more)
     if not result or result[0]["in_office"] == 0:

@@ -40,8 +40,8 @@ to the primary key (`BY_IDS_OF_U`), and a test explains the three statements und
 statistics (`test_outcomes_read_their_rows_by_id_when_the_statistics_saw_an_empty_table`).
 Both hold only for a plan made with the statement's own arrays: a prepared statement's generic
 plan (kept after five executions) estimates every array at 10 elements and rescanned `u` per
-row all the same (a booking of 800: 200 ms). So outcomes run with `custom_plan`
-(`epoch.CUSTOM_PLAN`).
+row all the same (a booking of 800: 200 ms). So outcomes run with `custom_plan` (each
+prepared afresh, see `epoch.fenced`).
 
 Claims and reclaims return payloads only up to a byte budget (a running sum over the rows the
 statement touched): rows past it come back without their payload, claimed all the same, and
