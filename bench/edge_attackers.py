@@ -202,8 +202,10 @@ async def raw_connection(
             writer.write(head)
             while time.time() < until and not answers.done() and sent < MAX_BYTES:
                 sent += await asyncio.wait_for(feed(writer), max(0.05, until - time.time()))
-        except TimeoutError:
-            pass  # the phase ended while the server was not reading
+        except TimeoutError:  # the phase ended while the server was not reading
+            await asyncio.sleep(0)  # (an answer that came with the timeout is counted first)
+            if not answers.done():
+                tally.statuses[f"{label}unanswered at the phase's end"] += 1
         except (ConnectionError, OSError):
             tally.statuses[f"{label}reset while sending"] += 1
         finally:

@@ -10,8 +10,9 @@ than the head's deadline. The body's own deadline is the edge's (`scheduler.api.
 which reads it before the app runs.
 
 Connections themselves are bounded too. Reads keep a pace (`scheduler.api.pace`), but a client
-that opens a new connection for every request (an endless chunked GET is answered 400 and
-closed, and the client comes straight back: 570 connections a second from one client) costs
+that opens a new connection for every request (an endless chunked GET was answered 400 and
+closed, and the client came straight back: 570 connections a second from one client; it is
+held unread now and answered after `HELD_ANSWER_WAIT`, `scheduler.api.lingering`) costs
 the edge an accept, a protocol, an answer and a close each, beyond its read: new connections
 keep a pace of their own (`SCHEDULER_API_MAX_CONNECTIONS_PER_SECOND`, a second's worth at
 once), and one past it is accepted but not read until its turn (the head's deadline runs from
@@ -193,18 +194,20 @@ class HeadDeadlineProtocol(LingeringH11Protocol):
 
     def _body_unread(self) -> bool:
         """After a head: when its method takes no body (GET, HEAD, DELETE, OPTIONS) and a body
-        follows, the edge answers without reading it (`scheduler.api.edge.BodyGuard`), so what
-        arrives of it is dropped here, unparsed, until the connection closes (at most
-        `DROPPED_BYTES` of it are read, answer sent or not: then it closes). An endless
-        chunked body of one-byte chunks cost h11 ~0.7 of a core to parse, 200 connections a
-        second, before the 400 that refused it was even sent."""
+        follows, the edge answers without reading it (`scheduler.api.edge.BodyGuard`): what
+        arrived of it with the head is dropped here, unparsed, and nothing more is read (the
+        connection is held, `LingeringTransport.hold`, and ends `LINGER_SECONDS` after its
+        answer). An endless chunked body of one-byte chunks cost h11 ~0.7 of a core to parse,
+        200 connections a second, before the 400 that refused it was even sent; read and
+        dropped up to 64 KiB a connection, it came back for a new one 210 times a second."""
         if self.conn.their_state is not h11.SEND_BODY or self.scope is None:
             return False
         if self.scope["method"] in BODY_METHODS:
             return False
         self._dropping = True
-        if self.linger is not None:  # an honest client's body fits; an endless one is cut
+        if self.linger is not None:  # what came with the head is dropped; then nothing is read
             self.linger.limit = DROPPED_BYTES
+            self.linger.hold()
         self._cancel_head_timer()
         return True
 

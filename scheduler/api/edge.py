@@ -20,7 +20,9 @@ body is parsed or a dependency checks a token:
   so a body still arriving holds no admission slot (`scheduler.api.gate`), and a client that
   goes away mid-body leaves one `api.body_abandoned` line. Its refusals close the connection:
   the daemon discards at most 1 MiB more for at most 2 s so the answer is not lost to a reset
-  (`scheduler.api.lingering`), then reads nothing more of a client that keeps sending.
+  (`scheduler.api.lingering`), then reads nothing more of a client that keeps sending. A
+  body on a GET, HEAD, DELETE or OPTIONS is not read at all, and its connection's answer goes
+  out 1 s after the head (`LingeringTransport.hold`, set by `scheduler.api.deadlines`).
 """
 
 from __future__ import annotations
