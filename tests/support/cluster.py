@@ -32,13 +32,22 @@ from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
-from scheduler.daemon.embedded import free_port, nats_server_binary, wait_for_port
+from scheduler.daemon.embedded import EmbeddedError, free_port, nats_server_binary, wait_for_port
 
 CLUSTER_NAME = "mqs-test"
+# Starts of the whole cluster, each on fresh ports, while a node finds one of its ports taken:
+# ports are chosen free, but a server of a parallel test can bind one before the node does (a
+# node then exits at once, and the suite waited 30 s for it before failing every test of the
+# session's cluster).
+START_ATTEMPTS = 3
 
 
 class ClusterError(RuntimeError):
     """The cluster did not form or answer in time."""
+
+
+class PortTaken(ClusterError):
+    """A node exited at start: one of its ports was taken meanwhile."""
 
 
 @dataclass
@@ -123,18 +132,65 @@ class NatsCluster:
         node.stopped = False
 
     def start(self, timeout: float = 30.0) -> NatsCluster:
-        """Start every node and wait until each answers and all agree on a meta leader."""
-        for node in self.nodes:
-            self._spawn(node)
-        try:
+        """Start every node and wait until each answers and all agree on a meta leader; a
+        node that exits because a port of its was taken meanwhile has the whole cluster
+        started again on fresh ports (at most START_ATTEMPTS starts)."""
+        for attempt in range(1, START_ATTEMPTS + 1):
             for node in self.nodes:
-                wait_for_port("127.0.0.1", node.client_port, timeout)
-            self.wait_meta_leader(timeout)
-            self.wait_healthy(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+                self._spawn(node)
+            try:
+                for node in self.nodes:
+                    self._wait_listening(node, timeout)
+                self.wait_meta_leader(timeout)
+                self.wait_healthy(timeout)
+                for node in self.nodes:  # (another server may answer on a port a node lost)
+                    self._check_alive(node)
+                return self
+            except PortTaken:
+                self._end_all()
+                if attempt == START_ATTEMPTS:
+                    self.stop()
+                    raise
+                self._fresh_ports()
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _wait_listening(self, node: Node, timeout: float) -> None:
+        """Until `node` takes connections; at once if its process exited (its log says why)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive(node)
+            try:
+                wait_for_port("127.0.0.1", node.client_port, 0.2)
+                return
+            except EmbeddedError:
+                if time.monotonic() >= deadline:
+                    raise
+
+    def _check_alive(self, node: Node) -> None:
+        """Raise if `node`'s process exited: PortTaken when a port was taken, else its log."""
+        if node.proc is None or node.proc.poll() is None:
+            return
+        log = (node.store / "nats-server.log").read_text(errors="replace")
+        if "already in use" in log:
+            raise PortTaken(f"{node.name}: {log[-500:]}")
+        raise ClusterError(f"{node.name} exited at start: {log[-2000:]}")
+
+    def _end_all(self) -> None:
+        for node in self.nodes:
+            self._end(node)
+
+    def _fresh_ports(self) -> None:
+        """New ports for every node (routes name them all) and empty stores."""
+        for node in self.nodes:
+            node.client_port, node.route_port, node.monitor_port = (
+                free_port(),
+                free_port(),
+                free_port(),
+            )
+            shutil.rmtree(node.store, ignore_errors=True)
 
     def stop(self) -> None:
         """End every node by its pid (a stopped one is continued first) and remove the store."""
