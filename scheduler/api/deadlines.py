@@ -196,10 +196,11 @@ class HeadDeadlineProtocol(LingeringH11Protocol):
         """After a head: when its method takes no body (GET, HEAD, DELETE, OPTIONS) and a body
         follows, the edge answers without reading it (`scheduler.api.edge.BodyGuard`): what
         arrived of it with the head is dropped here, unparsed, and nothing more is read (the
-        connection is held, `LingeringTransport.hold`, and ends `LINGER_SECONDS` after its
-        answer). An endless chunked body of one-byte chunks cost h11 ~0.7 of a core to parse,
-        200 connections a second, before the 400 that refused it was even sent; read and
-        dropped up to 64 KiB a connection, it came back for a new one 210 times a second."""
+        connection is held, `LingeringTransport.hold`: answered `HELD_ANSWER_WAIT` after the
+        head, ended `LINGER_SECONDS` after it). An endless chunked body of one-byte chunks
+        cost h11 ~0.7 of a core to parse, 200 connections a second, before the 400 that
+        refused it was even sent; read and dropped up to 64 KiB a connection, it came back
+        for a new one 210 times a second."""
         if self.conn.their_state is not h11.SEND_BODY or self.scope is None:
             return False
         if self.scope["method"] in BODY_METHODS:
