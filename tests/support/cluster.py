@@ -194,8 +194,7 @@ class NatsCluster:
 
     def stop(self) -> None:
         """End every node by its pid (a stopped one is continued first) and remove the store."""
-        for node in self.nodes:
-            self._end(node)
+        self._end_all()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
