@@ -122,7 +122,7 @@ class Claimer:
         backlog_limit = None
         split_by = self.horizon.split_by  # while a backlog is split off: its `armed` cap
         if split_by is not None:
-            backlog_limit = split_by.armed - len(self.armed) - self._claiming
+            backlog_limit = self._backlog_room(split_by.armed)
         entries = self.horizon.take_due(
             until, min(throttles.claim_limit, self.room()), backlog_limit
         )
@@ -229,7 +229,12 @@ class Claimer:
         first = backlog.next_due_ms()
         if first is None or first > to_ms(self.clock.now()) + LOOKAHEAD_MS:
             return False
-        return split_by.armed - len(self.armed) - self._claiming <= 0
+        return self._backlog_room(split_by.armed) <= 0
+
+    def _backlog_room(self, cap: int) -> int:
+        """How many more of a split backlog may be claimed under its armed `cap`: what is
+        armed or being claimed counts against it (`claim_due`'s limit, `backlog_capped`)."""
+        return cap - len(self.armed) - self._claiming
 
     def idle_seconds(self, present_only: bool = False) -> float:
         """Until the next claim: when the next task enters the lookahead, but not sooner than
