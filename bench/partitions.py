@@ -42,7 +42,9 @@ Scenarios (`--scenarios`, all by default; `single` always runs first):
   again by a live engine: p99 lateness of those in partitions it did not own <= 25 ms, and the
   longest wait (lateness) of those in its partitions <= TTL + 1 s.
 - `join`: a fourth engine starts at a third of the run, and leaves (SIGTERM) at two thirds,
-  each time once the map has settled.
+  each time once the map has settled. The join's window splits, as the kill's, into `own`
+  (the partitions the fourth engine took: they moved) and `others` (the ones kept, which see
+  their engine's term change).
 - `rolling`: from a fifth of the run, each engine in turn gets SIGTERM, is started again (same
   instance id) and the next waits until it holds partitions again, `--pause` (5 s) between.
 Every fault has a window (the lateness of the tasks due in it, as for the kill) and the
@@ -580,7 +582,8 @@ async def join(fleet: Fleet, names: list[str], start: float, a: argparse.Namespa
     t = time.time()
     fleet.start(extra)
     back = await fleet.settle({*names, extra}, f"settled with {extra}")
-    events = [{"event": "join", "engine": extra, "at": t, "settled_at": back,
+    moved = sorted(in_office(await fleet.map()).get(extra, set()))  # its window's `own`
+    events = [{"event": "join", "engine": extra, "at": t, "settled_at": back, "partitions": moved,
                "settled_after_s": round(back - t, 3)}]  # fmt: skip
     await at(start + 2 * a.seconds / 3)
     t = time.time()

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from scheduler.aio import first_of
 from scheduler.clock import Clock, to_rfc3339
@@ -23,6 +23,12 @@ from scheduler.leadership.tenure import Tenure
 
 HEARTBEAT_EVERY = 5.0
 STALE_AFTER = timedelta(seconds=3 * HEARTBEAT_EVERY)  # a record not renewed this long is stale
+KEY_PREFIX = "instances."
+
+
+def heartbeat_key(instance: str) -> str:
+    """The key of `instance`'s heartbeat in the state bucket."""
+    return KEY_PREFIX + re.sub(r"[^-/_=a-zA-Z0-9]", "_", instance)
 
 
 class Heartbeat:
@@ -48,7 +54,7 @@ class Heartbeat:
         self._stamp = stamp
         self._leaving = False
         self._writing = asyncio.Lock()  # a put in flight finishes before `leave` deletes
-        self.key = "instances." + re.sub(r"[^-/_=a-zA-Z0-9]", "_", tenure.instance)
+        self.key = heartbeat_key(tenure.instance)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Beat until `stop`, every few seconds and at once when the role changes (`since`:
@@ -94,3 +100,43 @@ class Heartbeat:
                 await asyncio.wait_for(self._kv.delete(self.key), timeout=1.0)
             except Exception as exc:  # NATS away: readers show the record as stale instead
                 self._log.debug("leader.heartbeat_delete_failed error=%r", exc)
+
+
+async def watch_arrivals(
+    kv: KeyValue,
+    own: str,
+    arrived: asyncio.Event,
+    clock: Clock,
+    log: logging.Logger,
+    rewatch: float,
+) -> None:
+    """Follow the heartbeats in the state bucket `kv` forever, headers only: `arrived` is set
+    when an instance's record appears that this watch has not seen (or saw deleted since: an
+    engine that left on SIGTERM and starts again), other than `own`'s key. Partitioned
+    engines count each other at every pass anyway; this only makes the engines that hold a
+    surplus give it back as soon as an engine joins, all at about the same moment, instead of
+    each at its own next pass (the joiner then takes its share in one campaign, not piece by
+    piece). Nothing is decided from it. The first records the watch reads may set `arrived`
+    once: a pass more, no harm."""
+    seen: set[str] = set()
+    while True:
+        try:
+            watcher = await kv.watch(KEY_PREFIX + ">", meta_only=True)
+        except Exception as exc:  # the periodic passes still count; try watching again later
+            log.debug("leader.arrival_watch_failed error=%r", exc)
+        else:
+            try:
+                async for entry in watcher:
+                    if entry is None or entry.key == own:
+                        continue
+                    if entry.operation in (KV_DEL, KV_PURGE):
+                        seen.discard(entry.key)
+                    elif entry.key not in seen:
+                        seen.add(entry.key)
+                        arrived.set()
+            finally:
+                try:
+                    await watcher.stop()
+                except Exception as exc:  # a closed connection has no subscription left
+                    log.debug("leader.watch_stop_failed error=%r", exc)
+        await clock.sleep(rewatch)

@@ -29,7 +29,9 @@ needs at once) while it holds fewer than its share, releases its surplus (gracef
 term, then a revision-checked delete of the keys) when it holds more. A dead engine leaves the
 count at its keys' self-fence deadline, before they expire (TTL after its last renew), so the
 others take its partitions at their full share, each in one term change. A resigning engine
-deletes its heartbeat, then its keys; the others watch the keys and campaign at once.
+deletes its heartbeat, then its keys; the others watch the keys and campaign once the deletes
+stop coming (`_settle`). A joining engine's first heartbeat wakes the others
+(`heartbeat.watch_arrivals`), so they give back their surplus together, at once.
 """
 
 from __future__ import annotations
@@ -50,7 +52,12 @@ from scheduler.aio import first_of
 from scheduler.clock import Clock
 from scheduler.leadership.bounded import bounded
 from scheduler.leadership.events import LeadershipEvents
-from scheduler.leadership.heartbeat import HEARTBEAT_EVERY, Heartbeat
+from scheduler.leadership.heartbeat import (
+    HEARTBEAT_EVERY,
+    Heartbeat,
+    heartbeat_key,
+    watch_arrivals,
+)
 from scheduler.leadership.lease import KvLease, watch_deletes
 from scheduler.leadership.tenure import Tenure, TenureOffice
 from scheduler.operations.instances import read_instances
@@ -62,7 +69,8 @@ TakeOffice = Callable[..., Awaitable[int]]  # take_office(pool, instance, floor,
 GrowOffice = Callable[..., Awaitable[bool]]  # grow_office(pool, instance, epoch, kept, gained)
 KEY_PREFIX = "p."
 HANDOVER_GRACE = 6.0  # s at most for a term to wind down gracefully (a publish times out in 5)
-VACANCY_SETTLE = 0.025  # s from a key's delete to the campaign (the others' deletes arrive)
+VACANCY_SETTLE = 0.025  # s without a key's delete before the campaign (the others arrive)
+VACANCY_SETTLE_MAX = 0.25  # s at most from the first delete to the campaign
 
 
 def lease_key(partition: int) -> str:
@@ -220,20 +228,43 @@ class PartitionedLeadership(TenureOffice):
                     self._kv, KEY_PREFIX + ">", vacated, self._clock, self._log, self._rewatch
                 )
                 watching = tg.create_task(vacancies, name="partition-watch")
+                arrived = asyncio.Event()
+                arrivals = None
+                if self._state_kv is not None and self._live_of is None:
+                    own = heartbeat_key(self.instance)
+                    follow = watch_arrivals(
+                        self._state_kv, own, arrived, self._clock, self._log, self._rewatch
+                    )
+                    arrivals = tg.create_task(follow, name="partition-arrivals")
                 while not stop.is_set() and not self._resigned:
                     self._wake.clear()
                     vacated.clear()
+                    arrived.clear()
                     await self.step()
                     waits = [self._clock.sleep(self._campaign_every), stop.wait()]
-                    await first_of(*waits, self._wake.wait(), vacated.wait())
+                    await first_of(*waits, self._wake.wait(), vacated.wait(), arrived.wait())
                     if vacated.is_set() and not self._wake.is_set():
-                        # an engine giving its keys back deletes them all at once: take them
-                        # in one campaign (one term change), not the first alone
-                        await first_of(self._clock.sleep(VACANCY_SETTLE), stop.wait())
+                        await self._settle(vacated, stop)
                 renewing.cancel()
                 watching.cancel()
+                if arrivals is not None:
+                    arrivals.cancel()
         finally:
             self.tenure.end("stopped")
+
+    async def _settle(self, vacated: asyncio.Event, stop: asyncio.Event) -> None:
+        """After a key's delete, wait until none has come for VACANCY_SETTLE (at most
+        VACANCY_SETTLE_MAX in all), so that keys given back together are taken in one
+        campaign (one term change), not the first alone: an engine giving its keys back
+        deletes them all at once, and engines giving back their surplus to one that joined
+        do so each after its own wind-down, tens of milliseconds apart."""
+        give_up = self._clock.monotonic() + VACANCY_SETTLE_MAX
+        while not stop.is_set() and not self._wake.is_set():
+            vacated.clear()
+            left = give_up - self._clock.monotonic()
+            await first_of(self._clock.sleep(max(0.0, min(VACANCY_SETTLE, left))), stop.wait())
+            if not vacated.is_set() or left <= VACANCY_SETTLE:
+                return
 
     async def _renewing(self, stop: asyncio.Event) -> None:
         """A renew pass every renew interval, and at once when asked (`_renew_now`)."""

@@ -379,6 +379,28 @@ async def test_a_resigning_engines_partitions_are_taken_at_once_in_one_term(
     assert len(engines.changes["a"]) - before == 1, engines.changes["a"][before:]
 
 
+async def test_engines_give_back_their_surplus_as_soon_as_an_engine_joins(
+    engines: Engines,
+) -> None:
+    """With passes 10 s apart, a third engine joining two that hold four partitions each has
+    its share within a second: its first heartbeat wakes the other two (they watch the
+    heartbeats), which give back their surplus at once instead of at their next pass, and it
+    takes what both gave back in one term, not piece by piece."""
+    engines.settings = engines.settings.with_overrides(campaign_interval=timedelta(seconds=10))
+    a = await engines.start("a")
+    b = await engines.start("b")
+    await until(lambda: shared_fairly(a, b), within=5)
+    before = {n: len(engines.changes[n]) for n in "ab"}
+    t0 = time.monotonic()
+    c = await engines.start("c")
+    await until(lambda: shared_fairly(a, b, c), within=5)
+    took = time.monotonic() - t0
+    assert took < 1.0, f"the joiner had its share {took:.2f} s after it started"
+    await asyncio.sleep(0.5)  # (a second term of the joiner's would show here)
+    assert engines.changes["c"] == [sorted(c.term)]
+    assert {n: len(engines.changes[n]) - before[n] for n in "ab"} == {"a": 1, "b": 1}
+
+
 async def stand_in(lead: PartitionedLeadership, stop: asyncio.Event, grows: bool) -> None:
     """The engine's side of `engine.office.Shares`, without firing: each term runs until it is
     handed over or lost, answering each growth it is handed with `grows`."""
