@@ -3,7 +3,8 @@
 Taking office: re-publish tasks an earlier leader claimed but never marked fired (the target
 stream's duplicate window drops the repeats), then run the loader, intake, firing and cron loops
 together until the daemon stops or office is lost. The heap is rebuilt from PostgreSQL each time;
-a term that gains partitions in place (P > 1, `Shares.grown`) reads theirs back onto it (`_grow`).
+a term that gains partitions in place (P > 1, `Shares.resized`) reads theirs back onto it (`_grow`),
+one that gives some back stops firing theirs and goes quiet on them without ending (`_shrink`).
 Everything goes through the ports (`scheduler.engine.ports`); the daemon hands in the real
 adapters, the engine's unit tests the in-memory twins.
 """
@@ -42,6 +43,7 @@ ANALYZE_EVERY = 5.0  # at most; see TaskStore.analyze_if_stale
 STALE_CLAIM = timedelta(seconds=30)
 PUBLISH_TIMEOUT = 5.0
 DLQ_DRAIN = 1.0
+SHRINK_WAIT = 3.0  # s at most for a shrinking term to go quiet (the office waits HANDOVER_GRACE)
 
 
 class OfficeLost(Exception):
@@ -107,19 +109,19 @@ class LeaderEngine:
             ender.cancel()
             shares.term_ended(epoch)
 
-    def _own(self, partitions: frozenset[int], growing: bool = False) -> None:
+    def _own(self, partitions: frozenset[int], in_place: bool = False) -> None:
         """Fire only the tasks and cron jobs of `partitions` this term (the loader and the
-        sweep read only those: `TaskStore.office`, which the office sets); `growing`: the
-        running term gained some of them (cron takes its jobs at its next tick)."""
+        sweep read only those: `TaskStore.office`, which the office sets); `in_place`: the
+        running term's set changed (cron takes it at its next tick)."""
         count = self.settings.partitions
         self._partitions = partitions
         self.horizon.owns = owns = lambda task_id: partition_of(task_id, count) in partitions
-        if self.notices is not None and growing:
+        if self.notices is not None and in_place:
             self.notices.owns = owns
         if self.cron is not None:
             jobs = lambda name: partition_of(name, count) in partitions  # noqa: E731
-            if growing:
-                self.cron.grow(jobs)
+            if in_place:
+                self.cron.regroup(jobs)
             else:
                 self.cron.own(jobs)
         log.info("engine.partitions count=%d of=%d", len(partitions), count)
@@ -129,28 +131,80 @@ class LeaderEngine:
         shares: Shares,
         epoch: int,
         stop: asyncio.Event,
-        heard: list[Subscription],
+        heard: dict[int, Subscription],
         dispatcher: Dispatcher,
         source: Source,
     ) -> None:
-        """Grow this term in place each time the office says it gained partitions
-        (`Shares.grown`), and answer whether it did (`growth_applied`)."""
+        """Grow or shrink this term in place each time the office says its set changed
+        (`Shares.resized`), and answer whether it did (`resize_applied`)."""
         while not stop.is_set():
-            growth = asyncio.ensure_future(shares.grown(epoch))
-            await first_of(growth, stop.wait())
-            if not growth.done() or growth.cancelled():
+            resize = asyncio.ensure_future(shares.resized(epoch))
+            await first_of(resize, stop.wait())
+            if not resize.done() or resize.cancelled():
                 return
+            partitions = resize.result()
+            held = self._partitions
             try:
-                ok = await self._grow(growth.result(), heard, dispatcher)
-                if ok:
-                    source.reread()  # a dead engine's intake batch in flight: read it back
+                if held is not None and partitions < held:
+                    ok = await self._shrink(partitions, heard, dispatcher, stop)
+                else:
+                    ok = await self._grow(partitions, heard, dispatcher)
+                    if ok:
+                        source.reread()  # a dead engine's intake batch in flight: read it back
             except Exception as exc:  # the office then hands the term over, as before
-                log.warning("engine.grow_failed epoch=%d error=%r", epoch, exc)
+                log.warning("engine.resize_failed epoch=%d error=%r", epoch, exc)
                 ok = False
-            shares.growth_applied(epoch, ok)
+            shares.resize_applied(epoch, ok)
+
+    async def _shrink(
+        self,
+        partitions: frozenset[int],
+        heard: dict[int, Subscription],
+        dispatcher: Dispatcher,
+        stop: asyncio.Event,
+    ) -> bool:
+        """Fire only `partitions`, a subset of this term's, without stopping what it fires of
+        them: own only them (the released partitions' tasks leave the heap, no claim, offer,
+        page or orphan of theirs is armed any more, cron leaves their jobs at its next tick),
+        then wait until nothing of theirs is armed, in flight or unrecorded
+        (`Dispatcher.quiet`) and cron ticks without them. True then: the office narrows the
+        stores' office and gives their keys back. Tasks of theirs a claim took but that
+        were not armed stay claimed at this term's number: the next owner takes them over as
+        orphans (never published here, so published once). False when the wait runs out or
+        the term stops: the office then changes terms (the handover records the rest)."""
+        held = self._partitions
+        if held is None or not partitions or not partitions < held:
+            return False
+        released = sorted(held - partitions)
+        count = self.settings.partitions
+        gone = frozenset(released)
+        self._own(partitions, in_place=True)
+        self.horizon.forget_unowned()
+        dispatcher.forget_unowned(partitions)
+        quiet = dispatcher.quiet(lambda task_id: partition_of(task_id, count) in gone)
+        waits = [quiet]
+        if self.cron is not None:
+            waits.append(self.cron.regrouped())
+        done = asyncio.ensure_future(asyncio.gather(*waits))
+        try:
+            await first_of(done, stop.wait(), self.clock.sleep(SHRINK_WAIT))
+        finally:
+            if not done.done():
+                done.cancel()
+        if not done.done() or done.cancelled() or done.exception() is not None:
+            return False
+        for p in released:
+            sub = heard.pop(p, None)
+            try:
+                if sub is not None:
+                    await sub.unsubscribe()  # (a notice still heard is refused by `owns`)
+            except Exception as exc:
+                log.debug("engine.unsubscribe_failed partition=%d error=%r", p, exc)
+        log.info("engine.partitions_shrunk released=%s", released)
+        return True
 
     async def _grow(
-        self, partitions: frozenset[int], heard: list[Subscription], dispatcher: Dispatcher
+        self, partitions: frozenset[int], heard: dict[int, Subscription], dispatcher: Dispatcher
     ) -> bool:
         """Fire `partitions`, a superset of this term's, without stopping what it fires: hear
         the gained partitions' stored notices, own them, put their ready tasks up to the
@@ -162,9 +216,11 @@ class LeaderEngine:
         if held is None or not held < partitions:
             return False
         gained = sorted(partitions - held)
+        dispatcher.claims.reclaim_in = None  # (the stores' office holds the grown set)
         # heard before the tasks are read back: a task stored after the read has its notice
-        heard.extend([await self.bus.listen(stored.subject(p), self._on_stored) for p in gained])
-        self._own(partitions, growing=True)
+        for p in gained:
+            heard[p] = await self.bus.listen(stored.subject(p), self._on_stored)
+        self._own(partitions, in_place=True)
         read = await self.horizon.read_back(
             lambda after, until, limit: self.tasks.load_page(after, from_ms(until), limit, gained),
             to_ms(self.clock.now()),
@@ -243,7 +299,7 @@ class LeaderEngine:
             for check in list(self._checks):
                 check.cancel()
             await sub.unsubscribe()
-            for each in heard:
+            for each in heard.values():
                 await each.unsubscribe()
             await dead.drain(DLQ_DRAIN)  # copies in flight: their acks, not a failure log each
             await publisher.close()
@@ -392,13 +448,15 @@ class LeaderEngine:
         overdue = await self.tasks.overdue(self.clock.now() - timedelta(seconds=2), 1000)
         await self.horizon.offer_all(overdue)
 
-    async def _hear_stored(self) -> tuple[StoredNotices | None, list[Subscription]]:
+    async def _hear_stored(self) -> tuple[StoredNotices | None, dict[int, Subscription]]:
         """Over partitions (P > 1): the term's sender of stored notices, and its subscriptions
         to the notices of its own partitions (`engine.delayed.stored`); under P = 1 neither."""
         owns, partitions = self.horizon.owns, self._partitions
         if owns is None or partitions is None or self.settings.partitions == 1:
-            return None, []
-        heard = [await self.bus.listen(stored.subject(p), self._on_stored) for p in partitions]
+            return None, {}
+        heard = {
+            p: await self.bus.listen(stored.subject(p), self._on_stored) for p in sorted(partitions)
+        }
         return StoredNotices(self.bus.notify, self.settings.partitions, owns), heard
 
     async def _on_stored(self, data: bytes) -> None:

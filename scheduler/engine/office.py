@@ -52,8 +52,9 @@ class Office(Protocol):
 class Shares(Protocol):
     """An office whose terms each hold a set of partitions (P > 1,
     `scheduler.leadership.partitioned.PartitionedLeadership`): a term whose set only gains
-    partitions grows in place (`grown`); for any other change of its set it ends gracefully
-    (`handover`) and the next term takes office over the new set."""
+    partitions grows in place, one whose set only loses some shrinks in place (`resized`);
+    for any other change of its set it ends gracefully (`handover`) and the next term takes
+    office over the new set."""
 
     @property
     def handover(self) -> asyncio.Event:
@@ -70,18 +71,26 @@ class Shares(Protocol):
         """The engine's term of `epoch` has wound down: the next one may take office."""
         ...
 
-    async def grown(self, epoch: int) -> frozenset[int]:
-        """Wait until the running term of `epoch` gains partitions in place (at its own epoch,
-        nothing released or lost); return the term's new set. The stores' office holds it
-        already and the gained partitions' former owners are fenced. Only a term that waits
-        here is grown; the engine answers with `growth_applied`."""
+    async def resized(self, epoch: int) -> frozenset[int]:
+        """Wait until the running term of `epoch` changes its set in place (at its own
+        epoch); return the term's new set. Only a term that waits here is resized; the
+        engine answers with `resize_applied`.
+
+        A superset (a growth): the stores' office holds it already and the gained
+        partitions' former owners are fenced. A subset (a shrink): the partitions left out
+        are still the term's in the stores and their keys still held; the engine stops
+        taking new work of them and answers once nothing of theirs is armed, in flight or
+        unrecorded; only then does the office narrow the stores' office and give their
+        keys back."""
         ...
 
-    def growth_applied(self, epoch: int, ok: bool) -> None:
-        """The engine's answer to the growth `grown` handed the term of `epoch`: True once it
-        fires the gained partitions too (their notices heard, their ready tasks up to the
-        loader's cursor on the heap, their orphans to reclaim, their cron jobs next); False
-        when it cannot, and the office then changes terms as before (a handover)."""
+    def resize_applied(self, epoch: int, ok: bool) -> None:
+        """The engine's answer to the set `resized` handed the term of `epoch`. A growth:
+        True once it fires the gained partitions too (their notices heard, their ready tasks
+        up to the loader's cursor on the heap, their orphans to reclaim, their cron jobs
+        next). A shrink: True once it fires nothing more of the partitions left out and
+        everything of theirs it published is recorded (their cron jobs no longer ticked).
+        False when it cannot, and the office then changes terms as before (a handover)."""
         ...
 
 

@@ -98,9 +98,11 @@ class TaskRepository(Protocol):
         stale: timedelta | None = None,
         limit: int = 1000,
         budget: int = 2**62,
+        partitions: Collection[int] | None = None,
     ) -> Claimed:
         """Fenced: take over tasks claimed by earlier epochs (or claimed longer than `stale`)
-        and never booked, a page at a time, to publish them again."""
+        and never booked, a page at a time, to publish them again; those of the office's
+        partitions, or of `partitions` when given (a term that gives some back)."""
         ...
 
     async def current_epoch(self) -> int:

@@ -13,7 +13,7 @@ The engine acts in terms, as under P = 1: a term is one epoch (`take_office` ove
 partitions) over a fixed set of partitions, `may_act()` true while every one of them may act.
 A term that only gains partitions (nothing released or lost, no fenced write to recheck)
 grows in place, at its own number (`_grow`: `grow_office`, then the engine joins them,
-`engine.office.Shares.grown`): term numbers are unique, so every former owner of a gained
+`engine.office.Shares.resized`): term numbers are unique, so every former owner of a gained
 partition held another number and is fenced. Whenever the set changes otherwise (or a growth
 fails) the term ends and the next one takes office over the new set: a release ends it
 gracefully (`handover`: the engine stops claiming and finishes its batch in flight, as on
@@ -128,11 +128,12 @@ class PartitionedLeadership(TenureOffice):
         self._live = 1
         self._highest_epoch = 0
         self._resigned = False
-        # the engine waiting for its running term to grow (`grown`): the term's epoch and the
-        # future that hands it the grown set; then its answer (`growth_applied`)
+        # the engine waiting for its running term to change in place (`resized`): the term's
+        # epoch and the future that hands it the new set; then its answer (`resize_applied`)
         self._growth: tuple[int, asyncio.Future[frozenset[int]]] | None = None
         self._applied = asyncio.Event()
         self._applied_ok = False
+        self._given_back: set[int] = set()  # partitions the current term shrank away
 
     # -- the Office protocol (epoch, wait and lost: TenureOffice) ---------------------------------
     def may_act(self, partition: int | None = None) -> bool:
@@ -167,8 +168,8 @@ class PartitionedLeadership(TenureOffice):
             self._ended.set()
             self._applied.set()  # (a growth it was applying: not applied)
 
-    async def grown(self, epoch: int) -> frozenset[int]:
-        """Wait until the running term of `epoch` gains partitions in place; its new set."""
+    async def resized(self, epoch: int) -> frozenset[int]:
+        """Wait until the running term of `epoch` grows or shrinks in place; its new set."""
         waiter: asyncio.Future[frozenset[int]] = asyncio.get_running_loop().create_future()
         self._growth = (epoch, waiter)
         try:
@@ -177,8 +178,8 @@ class PartitionedLeadership(TenureOffice):
             if self._growth is not None and self._growth[1] is waiter:
                 self._growth = None
 
-    def growth_applied(self, epoch: int, ok: bool) -> None:
-        """The engine's answer to the growth `grown` handed it."""
+    def resize_applied(self, epoch: int, ok: bool) -> None:
+        """The engine's answer to the new set `resized` handed it (a growth or a shrink)."""
         if self._running == epoch:
             self._applied_ok = ok
             self._applied.set()
@@ -301,7 +302,7 @@ class PartitionedLeadership(TenureOffice):
             held |= await self._campaign(share - len(held))
         wanted = frozenset(held - set(surplus))
         if wanted != self.term or (wanted and not self.tenure.held()):
-            if not await self._grow(wanted, surplus):
+            if not await self._grow(wanted, surplus) and not await self._shrink(wanted, surplus):
                 await self._change(wanted, surplus)
 
     def share(self) -> int:
@@ -479,6 +480,7 @@ class PartitionedLeadership(TenureOffice):
         if not wanted or self._resigned:
             return
         self.term = wanted
+        self._given_back = set()
         self._on_term(sorted(wanted))
         self.tenure.begin(epoch, self._clock.now(), min(self.deadlines[p] for p in wanted))
         self._renew_now.set()  # the term's epoch into its keys now, not at the next pass
@@ -488,7 +490,7 @@ class PartitionedLeadership(TenureOffice):
         """Join the partitions of `wanted` the running term does not hold to it, at its own
         number (docs/leadership.md, "A term that grows"): only a gain alone (nothing released
         or lost, no fenced write to recheck) of a term the engine runs and waits to grow
-        (`grown`). False when it cannot, or when anything fails on the way: the caller then
+        (`resized`). False when it cannot, or when anything fails on the way: the caller then
         changes terms as before (a new number over them all fences whatever this wrote)."""
         epoch, kept, waiting = self.tenure.recorded()[0], self.term, self._growth
         if (
@@ -505,6 +507,11 @@ class PartitionedLeadership(TenureOffice):
         ):
             return False
         gained = wanted - kept
+        if gained & self._given_back:
+            # its claims left there carry this term's number: not orphans for it (a new
+            # term's number makes them so), and `grow_office` refuses while one of them
+            # still holds it
+            return False
         try:
             grow = self._grow_office(self._pool, self.instance, epoch, sorted(kept), sorted(gained))
             grew = await self._bounded(grow, min(self.deadlines[p] for p in wanted))
@@ -524,14 +531,58 @@ class PartitionedLeadership(TenureOffice):
         self._applied.clear()
         self._applied_ok = False
         waiting[1].set_result(wanted)
-        return await self._growth_applied(epoch)
+        return await self._resize_applied(epoch)
 
-    async def _growth_applied(self, epoch: int) -> bool:
-        """The engine's answer to a growth (at most HANDOVER_GRACE; none: not applied)."""
+    async def _shrink(self, wanted: frozenset[int], release: Collection[int]) -> bool:
+        """Give back the partitions of the running term that `wanted` leaves out without
+        ending it (docs/leadership.md, "A term that shrinks"): only a loss alone (the term's
+        set shrinks to `wanted`, nothing gained, no fenced write to recheck) of a term the
+        engine runs and waits to resize (`resized`). The engine stops taking new work of the
+        partitions left out and answers once nothing of theirs is armed, in flight or
+        unrecorded; then the stores' office narrows to `wanted` (a write naming one of the
+        others is refused before it is sent from then on) and only then are their keys given
+        back (the taker's term, above every number issued, fences them in PostgreSQL too).
+        False when it cannot, or when the engine does not answer yes: the caller then
+        changes terms as before (the handover publishes and records whatever is left)."""
+        epoch, kept, waiting = self.tenure.recorded()[0], self.term, self._growth
+        if (
+            self._recheck
+            or not wanted
+            or not wanted < kept
+            or not wanted <= set(self.held)
+            or epoch is None
+            or self._running != epoch
+            or waiting is None
+            or waiting[0] != epoch
+            or waiting[1].done()
+            or not self.tenure.held()
+        ):
+            return False
+        left = sorted(kept - wanted)
+        self._log.info("leader.partitions_shrinking epoch=%d released=%s", epoch, left)
+        self._applied.clear()
+        self._applied_ok = False
+        waiting[1].set_result(wanted)
+        if not await self._resize_applied(epoch):
+            return False
+        if self.tenure.recorded()[0] != epoch or not self.tenure.held():
+            return False  # (the term ended meanwhile: the restart gives them back)
+        if not wanted <= set(self.held):
+            return False  # (a kept key lost meanwhile: the term ends at once anyway)
+        self.term = wanted
+        self._given_back |= set(left)
+        self._on_term(sorted(wanted))
+        self.tenure.deadline = min(self.deadlines[p] for p in wanted)
+        await self._release_all([*release, *(p for p in left if p not in release)])
+        self._log.info("leader.partitions_shrunk epoch=%d released=%s", epoch, left)
+        return True
+
+    async def _resize_applied(self, epoch: int) -> bool:
+        """The engine's answer to a resize (at most HANDOVER_GRACE; none: not applied)."""
         await self._wait_for_engine(self._applied.is_set, self._applied)
         if self._applied.is_set() and self._applied_ok:
             return True
-        self._log.warning("leader.growth_not_applied epoch=%d", epoch)
+        self._log.warning("leader.resize_not_applied epoch=%d", epoch)
         return False
 
     async def _wind_down(self) -> None:

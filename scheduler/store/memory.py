@@ -275,6 +275,7 @@ class MemoryTaskStore:
         stale: timedelta | None = None,
         limit: int = 1000,
         budget: int = 2**62,
+        partitions: Collection[int] | None = None,
     ) -> Claimed:
         self.fence(epoch)
         now = self.now()
@@ -282,6 +283,7 @@ class MemoryTaskStore:
             r
             for r in sorted(self.rows.values(), key=lambda r: r.key)
             if r.status == "claimed"
+            and (partitions is None or partition_of(r.task.id, self.partitions) in partitions)
             and (
                 r.claimed_epoch != epoch
                 or (stale is not None and r.claimed_at is not None and r.claimed_at < now - stale)

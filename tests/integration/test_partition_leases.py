@@ -413,11 +413,11 @@ async def stand_in(lead: PartitionedLeadership, stop: asyncio.Event, grows: bool
         if lead.partitions_of(epoch) is None:
             continue
         while lead.tenure.recorded()[0] == epoch and not lead.handover.is_set():
-            growth = asyncio.ensure_future(lead.grown(epoch))
+            growth = asyncio.ensure_future(lead.resized(epoch))
             await first_of(growth, lead.handover.wait(), lead.lost.wait(), stop.wait())
             if not growth.done() or growth.cancelled():
                 break
-            lead.growth_applied(epoch, grows)
+            lead.resize_applied(epoch, grows)
             if not grows:
                 await first_of(lead.handover.wait(), lead.lost.wait(), stop.wait())
                 break
@@ -471,4 +471,57 @@ async def test_a_growth_the_engine_cannot_apply_falls_back_to_a_new_term(
     await until(lambda: a.may_act() and a.term == ALL and a.epoch != old, within=8)
     assert a.epoch is not None and a.epoch > old
     assert ALL in [frozenset(t) for t in engines.changes["a"]]  # the growth was tried first
+    assert {e for e, _ in (await offices(pool)).values()} == {a.epoch}
+
+
+async def test_a_term_gives_its_surplus_back_in_place_to_an_engine_that_joins(
+    engines: Engines, pool: asyncpg.Pool
+) -> None:
+    """Two engines whose engine side waits to resize hold four partitions each; a third
+    joins. Each of the two gives its surplus back without ending its term (same epoch, its
+    kept partitions' offices unchanged, never out of office), narrowing its stores' office
+    before the keys go; the joiner takes them at a number above both."""
+    leads = await with_stand_ins(engines, "ab", grows=True)
+    await until(lambda: shared_fairly(*leads.values()), within=8)
+    epochs = {n: lead.epoch for n, lead in leads.items()}
+    before = {n: lead.term for n, lead in leads.items()}
+    out_of_office = False
+
+    def watch() -> bool:
+        nonlocal out_of_office
+        out_of_office = out_of_office or not all(lead.may_act() for lead in leads.values())
+        return False
+
+    c = await engines.start("c")
+    engines.tasks["c"].append(asyncio.create_task(stand_in(c, engines.stops["c"], True)))
+    await until(lambda: watch() or shared_fairly(*leads.values(), c), within=6)
+    assert {n: lead.epoch for n, lead in leads.items()} == epochs, "no new term"
+    assert not out_of_office, "a term that shrank was out of office meanwhile"
+    assert all(lead.term < before[n] for n, lead in leads.items())
+    assert all(engines.changes[n][-1] == sorted(lead.term) for n, lead in leads.items())
+    found = await offices(pool)
+    for n, lead in leads.items():
+        assert {p: found[p] for p in lead.term} == {p: (epochs[n], n) for p in lead.term}
+    assert c.epoch is not None and all(c.epoch > e for e in epochs.values() if e is not None)
+    assert {p: found[p] for p in c.term} == {p: (c.epoch, "c") for p in c.term}
+
+
+async def test_a_term_takes_back_what_it_gave_away_in_a_new_term_not_in_place(
+    engines: Engines, pool: asyncpg.Pool
+) -> None:
+    """One engine gives partitions back in place to a second that joined, which then dies.
+    Taking them back, the first does not grow its term in place: its own claims left there
+    carry its term's number and would not be orphans for that number (they would wait for
+    the stale-claim sweep), so it takes office anew over all eight, above every number."""
+    leads = await with_stand_ins(engines, "a", grows=True)
+    a = leads["a"]
+    await until(lambda: a.may_act() and a.term == ALL, within=5)
+    first = a.epoch
+    b = await engines.start("b")
+    engines.tasks["b"].append(asyncio.create_task(stand_in(b, engines.stops["b"], True)))
+    await until(lambda: shared_fairly(a, b), within=6)
+    assert a.epoch == first, "the give-back kept the term"
+    engines.kill("b")
+    await until(lambda: a.may_act() and a.term == ALL, within=8)
+    assert a.epoch is not None and first is not None and a.epoch > first
     assert {e for e, _ in (await offices(pool)).values()} == {a.epoch}

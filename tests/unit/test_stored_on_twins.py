@@ -36,11 +36,11 @@ class SharingOffice(Office):
     def term_ended(self, epoch: int) -> None:
         pass
 
-    async def grown(self, epoch: int) -> frozenset[int]:
+    async def resized(self, epoch: int) -> frozenset[int]:
         await asyncio.Event().wait()  # this twin's term never grows
         raise AssertionError("unreachable")
 
-    def growth_applied(self, epoch: int, ok: bool) -> None:
+    def resize_applied(self, epoch: int, ok: bool) -> None:
         raise AssertionError("no growth was handed out")
 
 

@@ -43,11 +43,11 @@ class GrowingOffice(Office):
     def term_ended(self, epoch: int) -> None:
         self.ended.append(epoch)
 
-    async def grown(self, epoch: int) -> frozenset[int]:
+    async def resized(self, epoch: int) -> frozenset[int]:
         self.partitions = self.store.owned = await self.growths.get()  # as the daemon's on_term
         return self.partitions
 
-    def growth_applied(self, epoch: int, ok: bool) -> None:
+    def resize_applied(self, epoch: int, ok: bool) -> None:
         self.answers.append(ok)
 
 

@@ -79,6 +79,8 @@ class CronEngine:
         # again first (`grow`)
         self._grown: Callable[[str], bool] | None = None
         self._grew = asyncio.Event()
+        self._regrouped = asyncio.Event()  # set once the loop ticks with the last `regroup`
+        self._regrouped.set()
 
     # -- the catalog, as the daemon and the management API see it ---------------------------------
     @property
@@ -111,20 +113,27 @@ class CronEngine:
         return mine
 
     def own(self, owns: Callable[[str], bool]) -> None:
-        """A new term fires the jobs `owns` names (a growth left from the last term is void)."""
+        """A new term fires the jobs `owns` names (a change left from the last term is void)."""
         self.owns, self._grown = owns, None
         self._grew.clear()
+        self._regrouped.set()
 
-    def grow(self, owns: Callable[[str], bool]) -> None:
-        """The term gains partitions in place: from its next tick it fires the jobs `owns`
+    def regroup(self, owns: Callable[[str], bool]) -> None:
+        """The term's partitions change in place: from its next tick it fires the jobs `owns`
         names, with every cursor read again first (a gained job's former owner may have moved
         its cursor since this term read them; its writes are fenced now, so the read is
-        final). Until then it fires the jobs it had."""
+        final). Until then it fires the jobs it had (a shrink waits for that: `regrouped`)."""
         self._grown = owns
+        self._regrouped = asyncio.Event()
         self._grew.set()
 
+    async def regrouped(self) -> None:
+        """Return once the loop ticks with the jobs of the last `regroup` (at once if none is
+        pending): no tick of the jobs it left out is in flight or will start."""
+        await self._regrouped.wait()
+
     async def _regrown(self, cursors: dict[str, datetime]) -> dict[str, datetime]:
-        """The cursors to tick with: read again, and the grown jobs owned, after a `grow`."""
+        """The cursors to tick with: read again, and the jobs owned anew, after a `regroup`."""
         owns = self._grown
         if owns is None:
             return cursors
@@ -132,6 +141,7 @@ class CronEngine:
         fresh = await self.store.cursors()
         self.owns, self._grown = owns, None
         self.planner.forget()  # (planned and prepared for the jobs as they were)
+        self._regrouped.set()
         log.info("cron.grown jobs=%d", len(self.term_jobs))
         return fresh
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from scheduler.records import ClaimedTask, to_ms
 
@@ -42,6 +42,10 @@ class Armed:
 
     def __contains__(self, task_id: str) -> bool:
         return task_id in self._ids
+
+    def ids(self) -> Collection[str]:
+        """The ids of the tasks armed (a view: not to be changed)."""
+        return self._ids
 
     def add(self, tasks: Iterable[ClaimedTask]) -> int:
         """Arm `tasks` (any order); ids already armed are skipped. Returns how many were new."""

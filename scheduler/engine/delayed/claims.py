@@ -76,6 +76,10 @@ class Claimer:
         self._taken = asyncio.Event()  # set once the latest claim's result is taken
         self._taken.set()
         self._orphans_left = False  # a reclaim of orphans is under way, page by page
+        self._refilling = False  # a refill's statement is in flight (`refill`)
+        # after the term gave partitions back: the partitions orphans are reclaimed in (the
+        # stores' office still names the others until the office narrows it); None: the office
+        self.reclaim_in: list[int] | None = None
         self._orphan_stale: timedelta | None = None
         self._last_claim_ms = 0
         # the fair limits while two or more orgs compete, else the FIFO ones (`fairness`)
@@ -87,14 +91,29 @@ class Claimer:
         return bool(self._parked) or self._orphans_left
 
     async def settle(self) -> None:
-        """Wait for the claims in flight (stopping)."""
+        """Wait for the claims in flight (stopping, or a term giving partitions back). A
+        wait cancelled (a shrink that gave up) leaves them running: a claim committed in
+        PostgreSQL is still armed."""
         if self._claims:
-            await asyncio.gather(*self._claims, return_exceptions=True)
+            await asyncio.wait(set(self._claims))
+
+    @property
+    def refilling(self) -> bool:
+        """True while a refill (parked payloads, a page of orphans) is in flight."""
+        return self._refilling
 
     def forget(self) -> None:
         """Office lost: parked tasks stay claimed in PostgreSQL for the next leader."""
         self._parked.clear()
         self._orphans_left = False
+
+    def forget_unowned(self) -> None:
+        """The term gave partitions back: their parked tasks stay claimed in PostgreSQL at
+        this term's number, for their next owner to take over as orphans (never published
+        here). Claims still in flight drop theirs the same way (`arm_or_park`)."""
+        owns = self.horizon.owns
+        if owns is not None:
+            self._parked = [t for t in self._parked if owns(t.id)]
 
     def reclaim_orphans(self, stale: timedelta | None = None) -> None:
         """Take over, page by page as room allows, the tasks claimed by earlier leaders (and
@@ -131,6 +150,14 @@ class Claimer:
             return False
         self._last_claim_ms = now
         await self._slots.acquire()
+        owns = self.horizon.owns
+        if owns is not None and self.horizon.narrowed:
+            # (taken before the term gave partitions back: theirs stay pending for their
+            # next owner, unclaimed; a claim of them could reach PostgreSQL after its take)
+            entries = [e for e in entries if owns(e[3])]
+            if not entries:
+                self._slots.release()
+                return True
         self._claiming += len(entries)
         # each claim in flight may take a share of the byte room: one taking all that is left
         # would leave the next ones' payloads parked (claimed, fetched again later, in order)
@@ -182,12 +209,18 @@ class Claimer:
         task in firing order (it would go out first), so such tasks are parked too, their
         payloads dropped until they are fetched again in order."""
         ready, parked = claimed.ready, claimed.parked
+        owns = self.horizon.owns
+        if owns is not None and self.horizon.narrowed:
+            # the term gave partitions back while this claim (or page of orphans) was in
+            # flight: their tasks stay claimed for their next owner (`forget_unowned`)
+            ready = [t for t in ready if owns(t.id)]
+            parked = [t for t in parked if owns(t.id)]
         if parked or self._parked:
             first = firing_order(min((*parked, *self._parked), key=firing_order))
             due_ms, priority, seq = to_ms(first[0]), first[1], first[2]
             later = self.armed.take_after(due_ms, priority, seq)
+            later += [t for t in ready if firing_order(t) > first]
             ready = [t for t in ready if firing_order(t) <= first]
-            later += [t for t in claimed.ready if firing_order(t) > first]
             for task in later:
                 task.payload = b""
             self._parked = sorted([*self._parked, *parked, *later], key=firing_order)
@@ -196,6 +229,7 @@ class Claimer:
     async def refill(self, epoch: int) -> None:
         """Fetch parked payloads, or take over a page of orphans, within the room there is."""
         room, budget = self.room(), max(self.armed.byte_room() - self._reserved, 1)
+        self._refilling = True
         try:
             if self._parked:  # they stay parked while fetched: claims finishing meanwhile
                 chunk = [t.id for t in self._parked[:room]]  # must still see them
@@ -206,7 +240,9 @@ class Claimer:
                 self.arm_or_park(Claimed(got.ready, []))
                 return
             limit = min(self.settings.batch, room)
-            got = await self.tasks.reclaim_orphans(epoch, self._orphan_stale, limit, budget)
+            got = await self.tasks.reclaim_orphans(
+                epoch, self._orphan_stale, limit, budget, partitions=self.reclaim_in
+            )
         except FencedError:
             self._on_fenced(epoch)
             return
@@ -214,6 +250,8 @@ class Claimer:
             log.warning("reclaim.failed error=%r", exc)
             await self.clock.sleep(0.5)
             return
+        finally:
+            self._refilling = False
         if got.ready or got.parked:
             log.info("engine.reclaimed count=%d", len(got.ready) + len(got.parked))
         if len(got.ready) + len(got.parked) < limit:

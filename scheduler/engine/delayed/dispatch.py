@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -60,6 +60,7 @@ UNBOOKED_MAX = 2 * BOOK_DEFER_MAX
 # until the dispatcher publishes (which wakes it), at most this long: it used to look again
 # every millisecond until the armed tasks went out.
 CAPPED_WAIT = 0.025
+QUIET_POLL = 0.002  # s between looks while a term that gives partitions back goes quiet
 
 
 class Dispatcher:
@@ -125,6 +126,11 @@ class Dispatcher:
         self._expired: list[ClaimedTask] = []
         self._inflight = 0
         self._inflight_bytes = 0
+        self._flying: set[str] = set()  # the ids of the tasks published and not answered
+        # outcomes (and expiries) gathered and booked so far, each list booked in order
+        self._outcomes_in = self._outcomes_booked = 0
+        self._expired_in = self._expired_booked = 0
+        self._book_now = False  # `quiet` waits for bookings: no burst holds them back
         # unacknowledged publishes per org, when fair (see `Throttles.allowance`)
         self._org_inflight: dict[str, int] | None = {} if self.throttles.fair else None
         self._closing = False
@@ -174,6 +180,37 @@ class Dispatcher:
             return
         for event in (self.horizon.wake, self.room_event, self.booked_event):
             event.set()
+
+    def forget_unowned(self, partitions: Collection[int]) -> None:
+        """The term gave partitions back and keeps `partitions`: their parked tasks stay
+        claimed for their next owner (`Claimer.forget_unowned`), orphans are reclaimed in
+        the kept ones only; what is armed of theirs still goes out on time."""
+        self.claims.forget_unowned()
+        self.claims.reclaim_in = sorted(partitions)
+
+    async def quiet(self, released: Callable[[str], bool]) -> None:
+        """Return once nothing of the tasks `released` names is being claimed, armed, in
+        flight or unrecorded (a term that gives their partitions back: after this, the term
+        writes nothing of theirs). The claims in flight finish first (they drop what they
+        took of them, as the heap holds none of them any more); what is armed of them goes
+        out at its due millisecond (within the claim lookahead), its answer arrives, and every
+        outcome gathered until then is booked."""
+        await self.claims.settle()
+        claims = self.claims
+        while (
+            claims.refilling
+            or any(map(released, self.armed.ids()))
+            or any(map(released, self._flying))
+        ):
+            await self.clock.sleep(QUIET_POLL)
+        outcomes, expired = self._outcomes_in, self._expired_in
+        self._book_now = True  # (a burst's bookings are held back: not these)
+        try:
+            while self._outcomes_booked < outcomes or self._expired_booked < expired:
+                self.outcome_event.set()  # (a bookkeeper gathering more: book what is there)
+                await self.clock.sleep(QUIET_POLL)
+        finally:
+            self._book_now = False
 
     def reclaim_orphans(self, stale: timedelta | None = None) -> None:
         """See `Claimer.reclaim_orphans`."""
@@ -256,12 +293,14 @@ class Dispatcher:
             lateness[due_ms] = lateness.get(due_ms, 0) + 1
             if task.expires_at is not None and task.expires_at <= now and not task.doubted:
                 self._expired.append(task)
+                self._expired_in += 1
                 self.outcome_event.set()
                 continue
             refused = self._refused(task.target)  # re-checked at fire time
             if refused is not None:
                 error = PublishError(task.target, refused, True, "target_refused")
                 self._outcomes.append((task, error, now))
+                self._outcomes_in += 1
                 self.outcome_event.set()
                 continue
             size += len(task.payload)
@@ -276,6 +315,7 @@ class Dispatcher:
             if trace.on():
                 trace.step("sent", (t.id for t in batch))
             self._inflight += len(batch)
+            self._flying.update(t.id for t in batch)
             self._inflight_bytes += size
             await self.publisher.publish_tasks(batch, done, now)
 
@@ -311,6 +351,7 @@ class Dispatcher:
 
     def _done(self, task: ClaimedTask, outcome: PubAck | PublishError) -> None:
         self._inflight -= 1
+        self._flying.discard(task.id)
         self._inflight_bytes -= len(task.payload)
         counts = self._org_inflight
         if counts is not None:
@@ -327,6 +368,7 @@ class Dispatcher:
         ):
             self.acked_event.set()
         self._outcomes.append((task, outcome, self.clock.now()))
+        self._outcomes_in += 1
         if isinstance(outcome, PubAck):  # delivered: the books need neither bytes nor headers
             task.payload, task.headers = b"", {}
             if len(self._outcomes) in (1, BOOK_BATCH):  # the first wakes an idle bookkeeper
@@ -358,6 +400,8 @@ class Dispatcher:
                 self._booking = len(outcomes) + len(expired)
                 try:
                     await self.books.book(epoch, outcomes, expired)
+                    self._outcomes_booked += len(outcomes)
+                    self._expired_booked += len(expired)
                 except Exception as exc:  # PostgreSQL away: keep the outcomes, retry shortly
                     log.warning("books.failed count=%d error=%r", len(outcomes), exc)
                     if self._books_closing and not self.office.may_act():
@@ -376,7 +420,7 @@ class Dispatcher:
 
     def _draining(self) -> bool:
         """True while tasks already due wait to be claimed or published (a burst drains)."""
-        if self._books_closing or not self.office.may_act():
+        if self._books_closing or self._book_now or not self.office.may_act():
             return False
         now = self.now_ms()
         nxt = self.horizon.next_due()

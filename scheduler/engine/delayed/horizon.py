@@ -172,13 +172,21 @@ class HorizonHeap:
         self._push(ref, pack(ref))
         self._bound()
 
-    def loaded(self, refs: list[TaskRef], complete_until_ms: int | None) -> None:
-        """Record a loader page: push it, and advance the cursor to its last key.
+    def loaded(
+        self,
+        refs: list[TaskRef],
+        complete_until_ms: int | None,
+        owns: Callable[[str], bool] | None = None,
+    ) -> None:
+        """Record a loader page: push it (with `owns`, the tasks it accepts), and advance the
+        cursor to its last key.
 
         `complete_until_ms` says the page held every pending task due up to that time, so the
         cursor may move to the end of that millisecond even if the page was short.
         """
         for ref in refs:
+            if owns is not None and not owns(ref.task_id):
+                continue
             self._push(ref, pack(ref))
         if refs:
             self.cursor = max(self.cursor, refs[-1].key)
@@ -350,6 +358,9 @@ class Horizon:
         # partitions, and intake or a notice may name a task of another's (the loader and the
         # sweep read the term's partitions only)
         self.owns: Callable[[str], bool] | None = None
+        # after a term gave partitions back (`forget_unowned`): the loader's pages, read from
+        # the stores' office until the office narrows it, keep only what `owns` accepts
+        self._filter_pages = False
 
     def _offer(self, refs: Iterable[TaskRef]) -> int:
         owns = self.owns
@@ -438,7 +449,8 @@ class Horizon:
         refs = await fetch(start, until_ms, page)
         if heap.cursor != start:
             return 0, False
-        heap.loaded(refs, None if len(refs) >= page else until_ms)
+        filtered = self.owns if self._filter_pages else None
+        heap.loaded(refs, None if len(refs) >= page else until_ms, filtered)
         return len(refs), len(refs) >= page
 
     async def read_back(
@@ -504,9 +516,26 @@ class Horizon:
         backlog, at = self.backlog, self.split_at
         return backlog is not None and at is not None and not backlog and backlog.cursor >= at
 
+    @property
+    def narrowed(self) -> bool:
+        """True once this term gave partitions back (`forget_unowned`): what the heap, a
+        loader page, a claim or a page of orphans holds of theirs is dropped."""
+        return self._filter_pages
+
+    def forget_unowned(self) -> None:
+        """The term gave partitions back (`owns` accepts them no more): their tasks on the
+        heap are dropped as they come up (`take_due`: filtering the whole heap at once, a
+        hash per entry, would hold the event loop for a large one), and the loader's pages,
+        read from the stores' office until the office narrows it, keep only the others.
+        Their next owner loads them from PostgreSQL."""
+        self._filter_pages = self.owns is not None
+
     def put_back(self, refs: Iterable[TaskRef], wake: bool = False) -> None:
-        """Push tasks taken but not claimed back, unconditionally."""
+        """Push tasks taken but not claimed back (those of this term's partitions)."""
+        owns = self.owns
         for ref in refs:
+            if owns is not None and not owns(ref.task_id):
+                continue  # (a partition given back meanwhile: its next owner loads it)
             self._heap_for(ref.key).push(ref)
             if wake:
                 self.wake.set()
@@ -547,6 +576,9 @@ class Horizon:
             self.hungry.set()
         if out and self._caught_up():  # the loader's next page joins the two ranges again
             self.hungry.set()
+        owns = self.owns
+        if self._filter_pages and owns is not None and out:
+            out = [e for e in out if owns(e[3])]  # (a partition given back: not ours now)
         return out
 
     def disarm(self) -> None:
@@ -554,6 +586,7 @@ class Horizon:
         self.heap.reset()
         self.heap.bound(*self._bounds)
         self.backlog = self.split_at = self.split_by = None
+        self._filter_pages = False
 
     def wake_up(self) -> None:
         self.wake.set()
