@@ -215,6 +215,14 @@ class LeaderEngine:
         held = self._partitions
         if held is None or not held < partitions:
             return False
+        count = self.settings.partitions
+        left = {partition_of(i, count) for i in dispatcher.claims.left_claimed}
+        if left & partitions:
+            # it gave some back with its own claims left there: they carry this term's
+            # number, so they would be orphans for no one here; a new term's number makes
+            # them orphans for it (the office hands the term over on this answer)
+            log.info("engine.grow_refused regained=%s", sorted(left & partitions))
+            return False
         gained = sorted(partitions - held)
         dispatcher.claims.reclaim_in = None  # (the stores' office holds the grown set)
         # heard before the tasks are read back: a task stored after the read has its notice

@@ -133,7 +133,6 @@ class PartitionedLeadership(TenureOffice):
         self._growth: tuple[int, asyncio.Future[frozenset[int]]] | None = None
         self._applied = asyncio.Event()
         self._applied_ok = False
-        self._given_back: set[int] = set()  # partitions the current term shrank away
 
     # -- the Office protocol (epoch, wait and lost: TenureOffice) ---------------------------------
     def may_act(self, partition: int | None = None) -> bool:
@@ -480,7 +479,6 @@ class PartitionedLeadership(TenureOffice):
         if not wanted or self._resigned:
             return
         self.term = wanted
-        self._given_back = set()
         self._on_term(sorted(wanted))
         self.tenure.begin(epoch, self._clock.now(), min(self.deadlines[p] for p in wanted))
         self._renew_now.set()  # the term's epoch into its keys now, not at the next pass
@@ -507,11 +505,6 @@ class PartitionedLeadership(TenureOffice):
         ):
             return False
         gained = wanted - kept
-        if gained & self._given_back:
-            # its claims left there carry this term's number: not orphans for it (a new
-            # term's number makes them so), and `grow_office` refuses while one of them
-            # still holds it
-            return False
         try:
             grow = self._grow_office(self._pool, self.instance, epoch, sorted(kept), sorted(gained))
             grew = await self._bounded(grow, min(self.deadlines[p] for p in wanted))
@@ -570,7 +563,6 @@ class PartitionedLeadership(TenureOffice):
         if not wanted <= set(self.held):
             return False  # (a kept key lost meanwhile: the term ends at once anyway)
         self.term = wanted
-        self._given_back |= set(left)
         self._on_term(sorted(wanted))
         self.tenure.deadline = min(self.deadlines[p] for p in wanted)
         await self._release_all([*release, *(p for p in left if p not in release)])

@@ -111,7 +111,9 @@ async def test_a_claim_in_flight_during_a_shrink_arms_nothing_of_the_given_parti
     """A claim of 3's and 0's tasks is in flight (a 30 ms round trip) when 3 is given back:
     it comes back with both claimed, arms 0's and drops 3's, which stay claimed at this term's
     number (the next owner takes them over as orphans: published once, by it); the engine
-    answers only after the claim is back."""
+    answers only after the claim is back. Offered those partitions back later, it refuses to
+    grow in place (its claims there would be orphans for no one at its own number): the
+    office then starts a new term."""
     twin, office = await shrinking_twin()
     kept = ids_in(KEPT, "k", 5)
     given = ids_in(GIVEN, "g", 5)
@@ -140,5 +142,8 @@ async def test_a_claim_in_flight_during_a_shrink_arms_nothing_of_the_given_parti
         await twin.until(lambda: twin.clock.now() >= T0 + timedelta(seconds=2))
         assert not set(given) & set(twin.ids())
         assert all(twin.store.status(i) == "claimed" for i in given)
+        office.growths.put_nowait(KEPT | GIVEN)
+        await twin.until(lambda: len(office.answers) == 2, limit_ms=1_000)
+        assert office.answers == [True, False]
     finally:
         await twin.close()

@@ -80,6 +80,9 @@ class Claimer:
         # after the term gave partitions back: the partitions orphans are reclaimed in (the
         # stores' office still names the others until the office narrows it); None: the office
         self.reclaim_in: list[int] | None = None
+        # tasks claimed at this term's number and dropped as their partition was given back:
+        # their next owner takes them over as orphans; not orphans for this term's number
+        self.left_claimed: set[str] = set()
         self._orphan_stale: timedelta | None = None
         self._last_claim_ms = 0
         # the fair limits while two or more orgs compete, else the FIFO ones (`fairness`)
@@ -113,6 +116,7 @@ class Claimer:
         here). Claims still in flight drop theirs the same way (`arm_or_park`)."""
         owns = self.horizon.owns
         if owns is not None:
+            self.left_claimed.update(t.id for t in self._parked if not owns(t.id))
             self._parked = [t for t in self._parked if owns(t.id)]
 
     def reclaim_orphans(self, stale: timedelta | None = None) -> None:
@@ -213,6 +217,7 @@ class Claimer:
         if owns is not None and self.horizon.narrowed:
             # the term gave partitions back while this claim (or page of orphans) was in
             # flight: their tasks stay claimed for their next owner (`forget_unowned`)
+            self.left_claimed.update(t.id for t in (*ready, *parked) if not owns(t.id))
             ready = [t for t in ready if owns(t.id)]
             parked = [t for t in parked if owns(t.id)]
         if parked or self._parked:
