@@ -490,19 +490,8 @@ class PartitionedLeadership(TenureOffice):
         or lost, no fenced write to recheck) of a term the engine runs and waits to grow
         (`resized`). False when it cannot, or when anything fails on the way: the caller then
         changes terms as before (a new number over them all fences whatever this wrote)."""
-        epoch, kept, waiting = self.tenure.recorded()[0], self.term, self._growth
-        if (
-            release
-            or self._recheck
-            or not kept
-            or not kept < wanted
-            or epoch is None
-            or self._running != epoch
-            or waiting is None
-            or waiting[0] != epoch
-            or waiting[1].done()
-            or not self.tenure.held()
-        ):
+        epoch, kept, waiting = self._waiting_to_resize()
+        if release or not kept or not kept < wanted or epoch is None or waiting is None:
             return False
         gained = wanted - kept
         try:
@@ -521,10 +510,7 @@ class PartitionedLeadership(TenureOffice):
         self.tenure.deadline = min(self.deadlines[p] for p in wanted)
         self._renew_now.set()  # the term's epoch into the gained keys now
         self._log.info("leader.partitions_grown epoch=%d gained=%s", epoch, sorted(gained))
-        self._applied.clear()
-        self._applied_ok = False
-        waiting[1].set_result(wanted)
-        return await self._resize_applied(epoch)
+        return await self._resize(epoch, waiting[1], wanted)
 
     async def _shrink(self, wanted: frozenset[int], release: Collection[int]) -> bool:
         """Give back the partitions of the running term that `wanted` leaves out without
@@ -537,26 +523,14 @@ class PartitionedLeadership(TenureOffice):
         back (the taker's term, above every number issued, fences them in PostgreSQL too).
         False when it cannot, or when the engine does not answer yes: the caller then
         changes terms as before (the handover publishes and records whatever is left)."""
-        epoch, kept, waiting = self.tenure.recorded()[0], self.term, self._growth
-        if (
-            self._recheck
-            or not wanted
-            or not wanted < kept
-            or not wanted <= set(self.held)
-            or epoch is None
-            or self._running != epoch
-            or waiting is None
-            or waiting[0] != epoch
-            or waiting[1].done()
-            or not self.tenure.held()
-        ):
+        epoch, kept, waiting = self._waiting_to_resize()
+        if not wanted or not wanted < kept or not wanted <= set(self.held):
+            return False
+        if epoch is None or waiting is None:
             return False
         left = sorted(kept - wanted)
         self._log.info("leader.partitions_shrinking epoch=%d released=%s", epoch, left)
-        self._applied.clear()
-        self._applied_ok = False
-        waiting[1].set_result(wanted)
-        if not await self._resize_applied(epoch):
+        if not await self._resize(epoch, waiting[1], wanted):
             return False
         if self.tenure.recorded()[0] != epoch or not self.tenure.held():
             return False  # (the term ended meanwhile: the restart gives them back)
@@ -568,6 +542,34 @@ class PartitionedLeadership(TenureOffice):
         await self._release_all([*release, *(p for p in left if p not in release)])
         self._log.info("leader.partitions_shrunk epoch=%d released=%s", epoch, left)
         return True
+
+    def _waiting_to_resize(
+        self,
+    ) -> tuple[int | None, frozenset[int], tuple[int, asyncio.Future[frozenset[int]]] | None]:
+        """The running term's epoch, its set and the engine's wait for a resize (`resized`);
+        the epoch None unless the term may act, no fenced write waits to be rechecked, and
+        the engine runs that term and waits to resize it."""
+        epoch, kept, waiting = self.tenure.recorded()[0], self.term, self._growth
+        if (
+            self._recheck
+            or epoch is None
+            or self._running != epoch
+            or waiting is None
+            or waiting[0] != epoch
+            or waiting[1].done()
+            or not self.tenure.held()
+        ):
+            return None, kept, None
+        return epoch, kept, waiting
+
+    async def _resize(
+        self, epoch: int, waiter: asyncio.Future[frozenset[int]], wanted: frozenset[int]
+    ) -> bool:
+        """Hand the engine the term's new set and wait for its answer (`_resize_applied`)."""
+        self._applied.clear()
+        self._applied_ok = False
+        waiter.set_result(wanted)
+        return await self._resize_applied(epoch)
 
     async def _resize_applied(self, epoch: int) -> bool:
         """The engine's answer to a resize (at most HANDOVER_GRACE; none: not applied)."""
