@@ -164,8 +164,9 @@ class LeaderEngine:
         stop: asyncio.Event,
     ) -> bool:
         """Fire only `partitions`, a subset of this term's, without stopping what it fires of
-        them: own only them (the released partitions' tasks leave the heap, no claim, offer,
-        page or orphan of theirs is armed any more, cron leaves their jobs at its next tick),
+        them: own only them (the released partitions' tasks leave the heap as they come up,
+        no claim, offer, page or orphan of theirs is armed any more, cron leaves their jobs at
+        its next tick),
         then wait until nothing of theirs is armed, in flight or unrecorded
         (`Dispatcher.quiet`) and cron ticks without them. True then: the office narrows the
         stores' office and gives their keys back. Tasks of theirs a claim took but that
