@@ -19,6 +19,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from scheduler.aio import first_of
 from scheduler.clock import Clock, to_rfc3339
+from scheduler.leadership.lease import follow_keys
 from scheduler.leadership.tenure import Tenure
 
 HEARTBEAT_EVERY = 5.0
@@ -119,24 +120,14 @@ async def watch_arrivals(
     piece). Nothing is decided from it. The first records the watch reads may set `arrived`
     once: a pass more, no harm."""
     seen: set[str] = set()
-    while True:
-        try:
-            watcher = await kv.watch(KEY_PREFIX + ">", meta_only=True)
-        except Exception as exc:  # the periodic passes still count; try watching again later
-            log.debug("leader.arrival_watch_failed error=%r", exc)
-        else:
-            try:
-                async for entry in watcher:
-                    if entry is None or entry.key == own:
-                        continue
-                    if entry.operation in (KV_DEL, KV_PURGE):
-                        seen.discard(entry.key)
-                    elif entry.key not in seen:
-                        seen.add(entry.key)
-                        arrived.set()
-            finally:
-                try:
-                    await watcher.stop()
-                except Exception as exc:  # a closed connection has no subscription left
-                    log.debug("leader.watch_stop_failed error=%r", exc)
-        await clock.sleep(rewatch)
+
+    def on_entry(entry: KeyValue.Entry) -> None:
+        if entry.key == own:
+            return
+        if entry.operation in (KV_DEL, KV_PURGE):
+            seen.discard(entry.key)
+        elif entry.key not in seen:
+            seen.add(entry.key)
+            arrived.set()
+
+    await follow_keys(kv, KEY_PREFIX + ">", on_entry, clock, log, rewatch)

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -228,16 +229,35 @@ async def watch_deletes(
     """Follow `keys` (a subject pattern: `p.>`) forever, headers only: `deleted` is set when
     one of them is deleted or purged (a lease given back, or an expiry marker on servers that
     send them). It only wakes a campaign sooner; leadership is never decided from it."""
+
+    def on_entry(entry: KeyValue.Entry) -> None:
+        if entry.operation in (KV_DEL, KV_PURGE):
+            deleted.set()
+
+    await follow_keys(kv, keys, on_entry, clock, log, rewatch)
+
+
+async def follow_keys(
+    kv: KeyValue,
+    keys: str,
+    on_entry: Callable[[KeyValue.Entry], None],
+    clock: Clock,
+    log: logging.Logger,
+    rewatch: float,
+) -> None:
+    """Hand every entry of `keys` (a subject pattern), headers only, to `on_entry`, forever:
+    a watch that fails or ends is opened again `rewatch` s later. For hints that only wake a
+    pass sooner (`watch_deletes`, `heartbeat.watch_arrivals`): nothing is decided from it."""
     while True:
         try:
             watcher = await kv.watch(keys, meta_only=True)
-        except Exception as exc:  # the periodic campaigns still run; try watching again later
-            log.debug("leader.watch_failed error=%r", exc)
+        except Exception as exc:  # the periodic passes still run; try watching again later
+            log.debug("leader.watch_failed keys=%s error=%r", keys, exc)
         else:
             try:
                 async for entry in watcher:
-                    if entry is not None and entry.operation in (KV_DEL, KV_PURGE):
-                        deleted.set()
+                    if entry is not None:
+                        on_entry(entry)
             finally:
                 await _stop_watcher(watcher, log)
         await clock.sleep(rewatch)

@@ -154,8 +154,8 @@ class Claimer:
             return False
         self._last_claim_ms = now
         await self._slots.acquire()
-        owns = self.horizon.owns
-        if owns is not None and self.horizon.narrowed:
+        owns = self.horizon.narrowed
+        if owns is not None:
             # (taken before the term gave partitions back: theirs stay pending for their
             # next owner, unclaimed; a claim of them could reach PostgreSQL after its take)
             entries = [e for e in entries if owns(e[3])]
@@ -213,8 +213,8 @@ class Claimer:
         task in firing order (it would go out first), so such tasks are parked too, their
         payloads dropped until they are fetched again in order."""
         ready, parked = claimed.ready, claimed.parked
-        owns = self.horizon.owns
-        if owns is not None and self.horizon.narrowed:
+        owns = self.horizon.narrowed
+        if owns is not None:
             # the term gave partitions back while this claim (or page of orphans) was in
             # flight: their tasks stay claimed for their next owner (`forget_unowned`)
             self.left_claimed.update(t.id for t in (*ready, *parked) if not owns(t.id))

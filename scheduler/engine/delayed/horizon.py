@@ -449,8 +449,7 @@ class Horizon:
         refs = await fetch(start, until_ms, page)
         if heap.cursor != start:
             return 0, False
-        filtered = self.owns if self._filter_pages else None
-        heap.loaded(refs, None if len(refs) >= page else until_ms, filtered)
+        heap.loaded(refs, None if len(refs) >= page else until_ms, self.narrowed)
         return len(refs), len(refs) >= page
 
     async def read_back(
@@ -517,10 +516,10 @@ class Horizon:
         return backlog is not None and at is not None and not backlog and backlog.cursor >= at
 
     @property
-    def narrowed(self) -> bool:
-        """True once this term gave partitions back (`forget_unowned`): what the heap, a
-        loader page, a claim or a page of orphans holds of theirs is dropped."""
-        return self._filter_pages
+    def narrowed(self) -> Callable[[str], bool] | None:
+        """Once this term gave partitions back (`forget_unowned`), `owns`: what the heap, a
+        loader page, a claim or a page of orphans holds of theirs is dropped; else None."""
+        return self.owns if self._filter_pages else None
 
     def forget_unowned(self) -> None:
         """The term gave partitions back (`owns` accepts them no more): their tasks on the
@@ -576,8 +575,8 @@ class Horizon:
             self.hungry.set()
         if out and self._caught_up():  # the loader's next page joins the two ranges again
             self.hungry.set()
-        owns = self.owns
-        if self._filter_pages and owns is not None and out:
+        owns = self.narrowed
+        if owns is not None and out:
             out = [e for e in out if owns(e[3])]  # (a partition given back: not ours now)
         return out
 
